@@ -1,0 +1,1 @@
+"""Recording: logical threads, context-local state, RecordFunction, callbacks, the profiler."""

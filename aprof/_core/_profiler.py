@@ -1,0 +1,281 @@
+"""The profiler (SPEC 5): start, stop, and hand the data to post-processing.
+
+Context scope (the default): starting pushes a fresh ``ProfilerState`` into the
+``PROFILER_STATE`` debug-info slot and the profile's ``Recorder`` into the
+context's recording state. Tasks and propagated work spawned afterwards
+inherit both, so they are recorded; nothing else is, even on the same loop.
+A profile started in a spawned task replaces the recorder in that task's
+context: it takes the subtree for itself.
+
+Global scope registers the recorder as a global callback: every logical
+thread in the process is recorded while it runs.
+"""
+
+from __future__ import annotations
+
+import warnings
+from time import perf_counter_ns
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+from . import _callbacks
+from ._callbacks import RF_STATE, AprofWarning, RecordFunctionCallback
+from ._debug_info import DEBUG_INFO, DebugInfoKind, SlotRef
+from ._record_function import RecordFunction, get_default_node_id
+from ._recorder import ProfilerState, Recorder
+from ._threads import current_logical_thread
+
+if TYPE_CHECKING:
+    from os import PathLike
+
+    from .._post._analysis import EventAverages
+    from .._post._events import FunctionEvent
+    from .._post._session import Session
+
+__all__ = ["profile"]
+
+_SCOPES: Final = ("context", "global")
+
+
+def _check_bool(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"profile: option {name!r} must be True or False, got {value!r}")
+    return value
+
+
+class profile:
+    """Profile the current context and everything it spawns (SPEC 5).
+
+    Use as ``async with``/``with``, or call :meth:`start` and :meth:`stop`.
+    After stop, :meth:`events`, :meth:`key_averages`,
+    :meth:`export_chrome_trace` and :meth:`save` give the results.
+
+    Args:
+        record_inputs: Keep ``repr()`` of each range's inputs (never the objects).
+        with_stack: Attach the Python call stack at each range's start.
+        python_tracer: Record every Python call (the tracer; not built yet).
+        profile_memory: Record allocations (not built yet).
+        tasks: Record every spawned task as a TASK range on its own track.
+        scope: ``"context"`` (the default: this context and what it spawns)
+            or ``"global"`` (every logical thread in the process).
+        node_id: Tag events with this node id (default:
+            :func:`aprof.get_default_node_id`).
+
+    Raises:
+        TypeError: an option has the wrong type (unknown options are
+            rejected by Python itself, naming the option).
+        ValueError: ``scope`` is not ``"context"`` or ``"global"``.
+        NotImplementedError: an option whose feature is not built yet.
+
+    Example:
+        >>> import asyncio, aprof
+        >>> async def main():
+        ...     async with aprof.profile() as prof:
+        ...         with aprof.record_function("work"):
+        ...             await asyncio.sleep(0)
+        ...     return prof
+        >>> prof = asyncio.run(main())
+        >>> [e.name for e in prof.events()]
+        ['work']
+    """
+
+    def __init__(
+        self,
+        *,
+        record_inputs: bool = False,
+        with_stack: bool = False,
+        python_tracer: bool = False,
+        profile_memory: bool = False,
+        tasks: bool = True,
+        scope: Literal["context", "global"] = "context",
+        node_id: int | None = None,
+    ) -> None:
+        self.record_inputs = _check_bool("record_inputs", record_inputs)
+        self.with_stack = _check_bool("with_stack", with_stack)
+        self.tasks = _check_bool("tasks", tasks)
+        if _check_bool("python_tracer", python_tracer):
+            raise NotImplementedError("profile: option 'python_tracer' needs the Python tracer, which is not built yet")
+        if _check_bool("profile_memory", profile_memory):
+            raise NotImplementedError("profile: option 'profile_memory' is not built yet")
+        if scope not in _SCOPES:
+            raise ValueError(f"profile: option 'scope' must be 'context' or 'global', got {scope!r}")
+        if node_id is not None and (isinstance(node_id, bool) or not isinstance(node_id, int) or node_id < 0):
+            raise ValueError(f"profile: option 'node_id' must be an int >= 0, got {node_id!r}")
+        self.scope = scope
+        self.node_id = node_id
+        self._state: ProfilerState | None = None
+        self._recorder: Recorder | None = None
+        self._slot: SlotRef | None = None
+        self._global_handle: int | None = None
+        self._prev_recorder: Recorder | None = None
+        self._prev_slot: object = None
+        self._session: Session | None = None
+
+    # -- lifecycle ----------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        """Whether the profile is recording."""
+        return self._state is not None
+
+    def start(self) -> profile:
+        """Start recording.
+
+        Raises:
+            RuntimeError: this profile is already running, or another profile
+                is already running in this same logical thread's context.
+        """
+        if self._state is not None:
+            raise RuntimeError("profile.start: this profile is already running")
+        lt = current_logical_thread()
+        node = get_default_node_id() if self.node_id is None else self.node_id
+        state = ProfilerState(record_inputs=self.record_inputs, with_stack=self.with_stack, node_id=node, start_lt=lt)
+        recorder = Recorder(state)
+        if self.scope == "global":
+            self._global_handle = _callbacks.add_global_callback(_global_callback(recorder))
+        else:
+            st = RF_STATE.get()
+            cur = st.recorder
+            if cur is not None and cur.state is not None and cur.state.start_lt is lt:
+                raise RuntimeError(
+                    "profile.start: a profile is already running in this context; "
+                    "stop it first, or start the new one in a spawned task to profile that subtree"
+                )
+            self._prev_recorder = cur
+            slot = SlotRef(state)
+            cur_debug = DEBUG_INFO.get()
+            k = DebugInfoKind.PROFILER_STATE
+            self._prev_slot = cur_debug[k]
+            DEBUG_INFO.set((*cur_debug[:k], slot, *cur_debug[k + 1 :]))
+            RF_STATE.set(st.replace(recorder=recorder))
+            self._slot = slot
+        self._state = state
+        self._recorder = recorder
+        self._session = None
+        return self
+
+    def stop(self) -> profile:
+        """Stop recording and consolidate the events.
+
+        May be called from another task or thread than the one that started
+        the profile. Ranges still open are closed at the stop time and flagged
+        ``unfinished``; events that arrive later are dropped.
+
+        Raises:
+            RuntimeError: the profile is not running.
+        """
+        state, recorder = self._state, self._recorder
+        if state is None or recorder is None:
+            raise RuntimeError("profile.stop: this profile is not running")
+        stop_ns = perf_counter_ns()
+        state.running = False
+        state.stop_ns = stop_ns
+        recorder.state = None
+        self._state = self._recorder = None
+        if self._global_handle is not None:
+            _callbacks.remove_callback(self._global_handle)
+            self._global_handle = None
+        else:
+            self._restore_context(recorder)
+        from .._post._session import Session  # post-processing reads, never writes back
+
+        self._session = Session.from_state(state)
+        return self
+
+    def _restore_context(self, recorder: Recorder) -> None:
+        # Undo start() field by field in the current context, if it is the
+        # starting one (or a copy of it): other changes made since (callbacks
+        # registered, guards still open) are kept. From any other context
+        # there is nothing to undo: the starting context keeps only the
+        # emptied recorder and slot, which record nothing and hold no data.
+        slot, self._slot = self._slot, None
+        if slot is not None:
+            slot.value = None
+        prev, self._prev_recorder = self._prev_recorder, None
+        prev_slot, self._prev_slot = self._prev_slot, None
+        st = RF_STATE.get()
+        if st.recorder is recorder:
+            RF_STATE.set(st.replace(recorder=prev))
+        k = DebugInfoKind.PROFILER_STATE
+        cur = DEBUG_INFO.get()
+        if cur[k] is slot:
+            DEBUG_INFO.set((*cur[:k], prev_slot, *cur[k + 1 :]))
+
+    def __enter__(self) -> profile:
+        return self.start()
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        if self._state is not None:
+            self.stop()
+
+    async def __aenter__(self) -> profile:
+        return self.start()
+
+    async def __aexit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        if self._state is not None:
+            self.stop()
+
+    def __del__(self) -> None:
+        # A profile dropped while running: stop recording, quietly keep
+        # nothing alive, and say so once (RELIABILITY LC-04).
+        recorder = getattr(self, "_recorder", None)
+        if recorder is None:
+            return
+        state = recorder.state
+        recorder.state = None
+        if state is not None:
+            state.running = False
+        slot = getattr(self, "_slot", None)
+        if slot is not None:
+            slot.value = None
+        handle = getattr(self, "_global_handle", None)
+        if handle is not None:
+            _callbacks.remove_callback(handle)
+        warnings.warn("aprof: a running profile was garbage-collected without stop(); it was stopped", AprofWarning, stacklevel=1)
+
+    # -- results ------------------------------------------------------------
+
+    @property
+    def session(self) -> Session:
+        """The stopped profile's :class:`aprof.Session`.
+
+        Raises:
+            RuntimeError: the profile is running or was never started.
+        """
+        if self._session is None:
+            if self._state is not None:
+                raise RuntimeError("profile: results are available after stop(); the profile is still running")
+            raise RuntimeError("profile: no results; the profile was never started")
+        return self._session
+
+    def events(self) -> list[FunctionEvent]:
+        """All recorded events, track by track, in start order (SPEC 6.2)."""
+        return self.session.events()
+
+    def key_averages(self, group_by: str = "name") -> EventAverages:
+        """Aggregate events by ``"name"``, ``"track"`` or ``"stack"`` (SPEC 6.4)."""
+        return self.session.key_averages(group_by)
+
+    def export_chrome_trace(self, path: str | PathLike[str]) -> None:
+        """Write a Chrome/Perfetto trace (``.json`` or ``.json.gz``) (SPEC 9.1)."""
+        self.session.export_chrome_trace(path)
+
+    def save(self, path: str | PathLike[str]) -> None:
+        """Write the whole session, for :func:`aprof.load` (SPEC 6.5)."""
+        self.session.save(path)
+
+    def __repr__(self) -> str:
+        status = "running" if self._state is not None else ("stopped" if self._session is not None else "new")
+        return f"<aprof.profile scope={self.scope} {status}>"
+
+
+def _global_callback(recorder: Recorder) -> RecordFunctionCallback:
+    def start(rf: RecordFunction) -> Any:
+        assert rf._lt is not None
+        return recorder.start(rf, rf._lt, 2)
+
+    def end(rf: RecordFunction, rec: Any) -> None:
+        if rec is not None and rf._lt is not None and rf._end_lt is not None:
+            recorder.end(rec, rf._lt, rf._end_lt_for_record(), rf._exception)
+
+    return RecordFunctionCallback(start, end)

@@ -1,0 +1,340 @@
+"""Carrying the caller's context into other threads (SPEC 2.5, 7.4).
+
+Python copies the context into tasks and into ``asyncio.to_thread``, but not
+into ``loop.run_in_executor``, ``Executor.submit`` or ``threading.Thread``.
+These helpers capture ``contextvars.copy_context()`` at submit time and run
+the work inside a fresh copy of it in the worker (anyio's
+``WorkerThread.run`` and trio's ``_threads.py`` do the same), so a profile,
+and the user's own context variables, follow the work.
+
+Each run is an ``EXECUTOR`` range on the worker's track, carrying the
+submitter's logical thread as ``forward_thread_id``, the submission's
+sequence number and its time, so exports can draw the arrow.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import concurrent.futures.thread
+import contextvars
+import functools
+import os
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, Future
+from time import perf_counter_ns
+from typing import Any, ParamSpec, TypeVar
+
+from ._callbacks import RecordScope
+from ._record_function import RecordFunction, next_sequence_nr
+from ._threads import current_logical_thread
+
+__all__ = ["install_propagation", "launch", "propagating", "uninstall_propagation", "wrap"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_THREAD_PREFIX = "aprof-launch"
+
+
+def _name_of(fn: Callable[..., Any]) -> str:
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__qualname__
+
+
+def _run_in(ctx: contextvars.Context, fn: Callable[..., R], args: Any, kwargs: Any, fwd: int, seq: int, submit_ns: int) -> R:
+    return ctx.copy().run(_run_executor_range, fn, args, kwargs, fwd, seq, submit_ns)
+
+
+def _run_executor_range(fn: Callable[..., R], args: Any, kwargs: Any, fwd: int, seq: int, submit_ns: int) -> R:
+    rf = RecordFunction(RecordScope.EXECUTOR)
+    if not rf.is_active:
+        return fn(*args, **kwargs)
+    rf.forward_thread_id = fwd
+    rf._extra = {"submit_ns": submit_ns}
+    rf.before(_name_of(fn), (), seq)
+    try:
+        return fn(*args, **kwargs)
+    except BaseException as exc:
+        rf._exception = type(exc).__name__
+        raise
+    finally:
+        rf.end()
+
+
+class _Wrapped:
+    """A callable that runs ``fn`` in a copy of the context it was made in."""
+
+    __slots__ = ("__wrapped__", "_ctx", "_fwd", "_seq", "_submit_ns")
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.__wrapped__ = fn
+        self._ctx = contextvars.copy_context()
+        self._fwd = current_logical_thread().id
+        self._seq = next_sequence_nr()
+        self._submit_ns = perf_counter_ns()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # A fresh copy per call: the same wrapped callable may run in several
+        # workers at once, and a Context can be entered by one thread at a time.
+        return _run_in(self._ctx, self.__wrapped__, args, kwargs, self._fwd, self._seq, self._submit_ns)
+
+    def __repr__(self) -> str:
+        return f"<aprof.wrap of {self.__wrapped__!r}>"
+
+
+def wrap(fn: Callable[P, R]) -> Callable[P, R]:
+    """Return a callable that runs ``fn`` in a copy of the current context.
+
+    For ``loop.run_in_executor``, ``Executor.submit``, callbacks and
+    ``threading.Thread(target=...)``. Each call is recorded as an
+    ``EXECUTOR`` range on the worker's track, linked to this point.
+
+    Raises:
+        TypeError: ``fn`` is not callable.
+
+    Example:
+        >>> import asyncio, aprof
+        >>> async def main():
+        ...     loop = asyncio.get_running_loop()
+        ...     return await loop.run_in_executor(None, aprof.wrap(sum), [1, 2])
+        >>> asyncio.run(main())
+        3
+    """
+    if not callable(fn):
+        raise TypeError(f"wrap: expected a callable, got {fn!r}")
+    return _Wrapped(fn)
+
+
+# ---------------------------------------------------------------------------
+# launch: aprof's own pool (the seed's at::launch)
+# ---------------------------------------------------------------------------
+
+
+class _LaunchPool:
+    """A small thread pool whose idle workers exit after ``idle_s``.
+
+    Workers do not linger, so aprof owns no threads once work is done, and
+    nothing a job's context held is kept alive by an idle worker.
+    """
+
+    def __init__(self, max_workers: int, idle_s: float) -> None:
+        self._max = max_workers
+        self._idle_s = idle_s
+        self._q: queue.SimpleQueue[tuple[Future[Any], Callable[..., Any], Any, Any]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+        self._threads: set[threading.Thread] = set()
+        self._n = 0
+
+    def submit(self, fn: Callable[..., Any], args: Any, kwargs: Any) -> Future[Any]:
+        fut: Future[Any] = Future()
+        with self._lock:
+            self._q.put((fut, fn, args, kwargs))
+            if self._idle == 0 and len(self._threads) < self._max:
+                self._n += 1
+                t = threading.Thread(target=self._worker, name=f"{_THREAD_PREFIX}-{self._n}", daemon=True)
+                t._aprof_owned = True  # type: ignore[attr-defined]
+                self._threads.add(t)
+                t.start()
+            else:
+                # The submit may land before an idle worker wakes: that is fine,
+                # the worker takes it from the queue.
+                pass
+        return fut
+
+    def _worker(self) -> None:
+        me = threading.current_thread()
+        while True:
+            with self._lock:
+                self._idle += 1
+            try:
+                item = self._q.get(timeout=self._idle_s)
+            except queue.Empty:
+                with self._lock:
+                    self._idle -= 1
+                    if self._q.empty():
+                        self._threads.discard(me)
+                        return
+                continue
+            with self._lock:
+                self._idle -= 1
+            fut, fn, args, kwargs = item
+            del item
+            if fut.set_running_or_notify_cancel():
+                try:
+                    result = fn(*args, **kwargs)
+                except BaseException as exc:
+                    fut.set_exception(exc)
+                else:
+                    fut.set_result(result)
+            del fut, fn, args, kwargs
+
+    def threads(self) -> list[threading.Thread]:
+        with self._lock:
+            return list(self._threads)
+
+
+_pool = _LaunchPool(max_workers=min(32, (os.cpu_count() or 1) + 4), idle_s=0.5)
+
+
+def _reset_pool_after_fork() -> None:
+    global _pool
+    _pool = _LaunchPool(_pool._max, _pool._idle_s)
+
+
+os.register_at_fork(after_in_child=_reset_pool_after_fork)
+
+
+def launch(fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> Future[R]:
+    """Run ``fn(*args, **kwargs)`` on aprof's thread pool with the caller's context.
+
+    The seed's ``at::launch``: the job sees the caller's context variables
+    (so the caller's profile records it, as an ``EXECUTOR`` range on the
+    worker's track). Idle workers exit after half a second.
+
+    Returns:
+        A ``concurrent.futures.Future`` for the result.
+
+    Raises:
+        TypeError: ``fn`` is not callable.
+    """
+    if not callable(fn):
+        raise TypeError(f"launch: expected a callable, got {fn!r}")
+    return _pool.submit(_Wrapped(fn), args, kwargs)
+
+
+def launch_threads() -> list[threading.Thread]:
+    """aprof's pool threads alive now (for tests and diagnostics)."""
+    return _pool.threads()
+
+
+# ---------------------------------------------------------------------------
+# propagating(executor)
+# ---------------------------------------------------------------------------
+
+
+class _PropagatingExecutor(Executor):
+    """An executor whose ``submit`` and ``map`` carry the submitter's context."""
+
+    def __init__(self, inner: Executor) -> None:
+        self._inner = inner
+
+    def submit(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
+        if not callable(fn):
+            raise TypeError(f"propagating(...).submit: expected a callable, got {fn!r}")
+        return self._inner.submit(_Wrapped(fn), *args, **kwargs)
+
+    def map(self, fn: Callable[..., R], *iterables: Any, timeout: float | None = None, chunksize: int = 1) -> Iterator[R]:
+        # Executor.map submits through self.submit, one wrapped call each.
+        return super().map(fn, *iterables, timeout=timeout, chunksize=chunksize)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self._inner.shutdown(wait=wait, cancel_futures=cancel_futures)
+
+    @property
+    def inner(self) -> Executor:
+        """The executor that runs the work."""
+        return self._inner
+
+    def __repr__(self) -> str:
+        return f"<aprof.propagating {self._inner!r}>"
+
+
+def propagating(executor: Executor) -> Executor:
+    """Wrap ``executor`` so ``submit`` and ``map`` carry the submitter's context.
+
+    Args:
+        executor: A ``ThreadPoolExecutor`` or any thread-based ``Executor``.
+
+    Returns:
+        An ``Executor``; shutting it down shuts down ``executor``.
+
+    Raises:
+        TypeError: ``executor`` is not an ``Executor``.
+        NotImplementedError: ``executor`` is a ``ProcessPoolExecutor``
+            (contexts cannot cross processes yet; SPEC 11.4).
+
+    Example:
+        >>> import aprof
+        >>> from concurrent.futures import ThreadPoolExecutor
+        >>> with aprof.propagating(ThreadPoolExecutor(2)) as pool:
+        ...     pool.submit(sum, [1, 2]).result()
+        3
+    """
+    if isinstance(executor, concurrent.futures.ProcessPoolExecutor):
+        raise NotImplementedError(
+            "propagating: ProcessPoolExecutor is not supported yet: a context cannot cross into "
+            "another process (SPEC 11.4); use a ThreadPoolExecutor"
+        )
+    if not isinstance(executor, Executor):
+        raise TypeError(f"propagating: expected a concurrent.futures.Executor, got {executor!r}")
+    if isinstance(executor, _PropagatingExecutor):
+        return executor
+    return _PropagatingExecutor(executor)
+
+
+# ---------------------------------------------------------------------------
+# install_propagation: process-wide
+# ---------------------------------------------------------------------------
+
+_ORIGINAL_SUBMIT = concurrent.futures.ThreadPoolExecutor.submit
+_ORIGINAL_START = threading.Thread.start
+_install_lock = threading.Lock()
+_installed = False
+
+
+def _submit(self: concurrent.futures.ThreadPoolExecutor, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+    if callable(fn) and not isinstance(fn, _Wrapped):
+        fn = _Wrapped(fn)
+    return _ORIGINAL_SUBMIT(self, fn, *args, **kwargs)
+
+
+def _start(self: threading.Thread) -> None:
+    # Executor workers and aprof's own threads run many jobs, each in its own
+    # context: giving the worker its starter's context would keep that
+    # context (and its profile) alive for the worker's whole life.
+    target = getattr(self, "_target", None)
+    if (
+        target is not None
+        and target is not concurrent.futures.thread._worker  # type: ignore[attr-defined]
+        and not getattr(self, "_aprof_owned", False)
+        and not isinstance(target, _Wrapped)
+    ):
+        self._target = _Wrapped(target)  # type: ignore[attr-defined]
+    _ORIGINAL_START(self)
+
+
+def install_propagation() -> None:
+    """Make ``ThreadPoolExecutor.submit`` (so ``loop.run_in_executor`` too,
+    uvloop included) and ``threading.Thread`` carry the caller's context,
+    process-wide, until :func:`uninstall_propagation`. Idempotent.
+
+    ``Thread`` subclasses that override ``run()`` instead of passing
+    ``target=`` are not wrapped.
+    """
+    global _installed
+    with _install_lock:
+        if _installed:
+            return
+        concurrent.futures.ThreadPoolExecutor.submit = _submit  # type: ignore[method-assign,assignment]
+        threading.Thread.start = _start  # type: ignore[method-assign]
+        _installed = True
+
+
+def uninstall_propagation() -> None:
+    """Restore the standard library's originals. Idempotent."""
+    global _installed
+    with _install_lock:
+        if not _installed:
+            return
+        concurrent.futures.ThreadPoolExecutor.submit = _ORIGINAL_SUBMIT  # type: ignore[method-assign]
+        threading.Thread.start = _ORIGINAL_START  # type: ignore[method-assign]
+        _installed = False
+
+
+def is_propagation_installed() -> bool:
+    """Whether :func:`install_propagation` is in effect."""
+    return _installed

@@ -1,0 +1,662 @@
+"""RecordFunction, user ranges and the recording switch (SPEC 3, 4).
+
+Two paths, one meaning:
+
+* the **general path** builds a :class:`RecordFunction`, decides which
+  callbacks are active (scope, sampling) when it is constructed, as the seed
+  does, runs their starts in ``before()`` and their ends in ``end()``;
+* the **fast path**, taken by :class:`record_function` when the only listener
+  is the context's profile recorder, appends the raw record inline. It writes
+  exactly the record the general path's recorder writes.
+
+With nothing listening, a range costs one context-variable read and a tuple
+test (the seed's ``isActive``), which is close to a ``nullcontext()``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import itertools
+from collections.abc import AsyncGenerator, Callable, Generator, Iterable
+from time import perf_counter_ns
+from contextvars import Token
+from types import TracebackType
+from typing import Any, Final, TypeVar, cast, overload
+
+from . import _callbacks
+from ._callbacks import (
+    MODE_FAST,
+    MODE_OFF,
+    MODE_SLOW,
+    RF_STATE,
+    Entry,
+    RecordScope,
+    report_failure,
+    sampled,
+)
+from ._debug_info import restore_slot
+from ._recorder import KIND_RANGE, R_END, R_END_LT, R_EXC, R_KIND, Recorder
+from ._threads import LogicalThread, current_logical_thread
+
+__all__ = [
+    "DisableRecordFunctionGuard",
+    "RecordFunction",
+    "RecordFunctionGuard",
+    "enable_record_function",
+    "get_default_node_id",
+    "is_record_function_enabled",
+    "mark",
+    "record_function",
+    "set_default_node_id",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_range_handles = itertools.count(1)
+_sequence_numbers = itertools.count(1)
+_default_node_id = 0
+
+
+def next_sequence_nr() -> int:
+    """A process-wide increasing number, for linking spawns and submissions."""
+    return next(_sequence_numbers)
+
+
+def set_default_node_id(node_id: int) -> None:
+    """Tag events of profiles started from now on with ``node_id``.
+
+    Used to merge profiles of several processes (SPEC 3.5, 11.4).
+
+    Raises:
+        TypeError: ``node_id`` is not an int.
+        ValueError: ``node_id`` is negative.
+    """
+    global _default_node_id
+    if isinstance(node_id, bool) or not isinstance(node_id, int):
+        raise TypeError(f"set_default_node_id: node_id must be an int, got {node_id!r}")
+    if node_id < 0:
+        raise ValueError(f"set_default_node_id: node_id must be >= 0, got {node_id}")
+    _default_node_id = node_id
+
+
+def get_default_node_id() -> int:
+    """The node id that new profiles tag their events with (0 by default)."""
+    return _default_node_id
+
+
+def _check_scope(scope: object) -> RecordScope:
+    if not isinstance(scope, RecordScope):
+        raise TypeError(f"RecordFunction: scope must be a RecordScope, got {scope!r}")
+    return scope
+
+
+def _exc_name(et: type[BaseException] | None) -> str | None:
+    return None if et is None else et.__name__
+
+
+class RecordFunction:
+    """The low-level range guard (the seed's ``at::RecordFunction``).
+
+    Which callbacks are active is decided when it is constructed (scopes,
+    on/off switches, sampling); ``before()`` runs their starts and ``end()``
+    their ends, each exactly once.
+
+    Args:
+        scope: The kind of range.
+
+    Raises:
+        TypeError: ``scope`` is not a :class:`RecordScope`.
+
+    Example:
+        >>> import aprof
+        >>> rf = aprof.RecordFunction(aprof.RecordScope.FUNCTION)
+        >>> if rf.is_active:
+        ...     rf.before("matmul", (3, 4))
+        >>> rf.end()
+    """
+
+    __slots__ = (
+        "_active",
+        "_args",
+        "_ended",
+        "_end_lt",
+        "_exception",
+        "_extra",
+        "_forced_async",
+        "_inputs",
+        "_instant",
+        "_lt",
+        "_needs_outputs",
+        "_outputs",
+        "_rec",
+        "_recorder",
+        "_started",
+        "_todo",
+        "forward_thread_id",
+        "handle",
+        "name",
+        "scope",
+        "seq_nr",
+    )
+
+    def __init__(self, scope: RecordScope = RecordScope.FUNCTION) -> None:
+        self.scope = _check_scope(scope)
+        self.name = ""
+        self.seq_nr = -1
+        self.handle = 0
+        self.forward_thread_id = 0
+        self._args: str | None = None
+        self._inputs: tuple[Any, ...] = ()
+        self._outputs: tuple[Any, ...] = ()
+        self._needs_outputs = False
+        self._lt: LogicalThread | None = None
+        self._end_lt: LogicalThread | None = None
+        self._active: list[tuple[Entry, Any]] = []
+        self._rec: list[Any] | None = None
+        self._exception: str | None = None
+        self._extra: dict[str, Any] | None = None
+        self._started = False
+        self._ended = False
+        self._forced_async = False
+        self._instant = False
+        self._todo, self._recorder = self._select(scope)
+
+    @staticmethod
+    def _select(scope: RecordScope) -> tuple[list[Entry], Recorder | None]:
+        st = RF_STATE.get()
+        if st.mode == MODE_OFF:
+            return [], None
+        todo: list[Entry] = []
+        for entries in (_callbacks.global_entries, st.callbacks):
+            for e in entries:
+                if not e.enabled or e.removed:
+                    continue
+                cb = e.callback
+                if cb._scopes and scope not in cb._scopes:
+                    continue
+                if cb._prob < 1.0 and not sampled(cb._prob):
+                    continue
+                todo.append(e)
+        rec = st.recorder
+        if rec is not None and rec.state is None:
+            rec = None
+        return todo, rec
+
+    # -- accessors --------------------------------------------------------
+
+    @property
+    def is_active(self) -> bool:
+        """Whether some callback (or a profile) will see this range."""
+        return bool(self._todo) or self._recorder is not None
+
+    @property
+    def inputs(self) -> tuple[Any, ...]:
+        """The range's inputs, filled only when a callback needs them."""
+        return self._inputs
+
+    @property
+    def outputs(self) -> tuple[Any, ...]:
+        """The range's outputs, set by :meth:`set_outputs`."""
+        return self._outputs
+
+    def set_outputs(self, values: Iterable[Any]) -> None:
+        """Record outputs, kept only when a callback needs them."""
+        if self._needs_outputs:
+            self._outputs = tuple(values)
+
+    @property
+    def needs_outputs(self) -> bool:
+        """Whether an active callback asked for outputs."""
+        return self._needs_outputs
+
+    @property
+    def thread_id(self) -> int:
+        """The logical thread that ran the start callbacks (0 before start)."""
+        return self._lt.id if self._lt is not None else 0
+
+    @property
+    def end_thread_id(self) -> int:
+        """The logical thread that ran the end callbacks (0 before end)."""
+        return self._end_lt.id if self._end_lt is not None else 0
+
+    @property
+    def is_async(self) -> bool:
+        """Whether the range ended in another logical thread, or was marked async."""
+        if self._forced_async:
+            return True
+        return self._end_lt is not None and self._end_lt is not self._lt
+
+    @property
+    def exception(self) -> str | None:
+        """The type name of the exception that ended the range, if any."""
+        return self._exception
+
+    def _set_async(self) -> None:
+        """Mark the range async: it may end in another logical thread."""
+        self._forced_async = True
+
+    @staticmethod
+    def current_thread_id() -> int:
+        """The current logical thread id (same as :func:`aprof.current_thread_id`)."""
+        return current_logical_thread().id
+
+    # -- lifecycle --------------------------------------------------------
+
+    def before(self, name: str, args: Iterable[Any] = (), sequence_nr: int = -1) -> None:
+        """Start the range: run the active start callbacks.
+
+        Args:
+            name: The range's name.
+            args: The inputs, kept only if a callback needs them.
+            sequence_nr: A sequence number linking this range to another.
+
+        Raises:
+            TypeError: ``name`` is not a str.
+            RuntimeError: ``before()`` was already called.
+        """
+        if not isinstance(name, str):
+            raise TypeError(f"RecordFunction.before: name must be a str, got {type(name).__name__}")
+        if self._started:
+            raise RuntimeError(f"RecordFunction.before: range {self.name!r} was already started")
+        self._started = True
+        self.name = name
+        self.seq_nr = sequence_nr
+        todo = self._todo
+        recorder = self._recorder
+        if not todo and recorder is None:
+            return
+        needs_inputs = recorder is not None and recorder.state is not None and recorder.state.record_inputs
+        for e in todo:
+            cb = e.callback
+            needs_inputs = needs_inputs or cb._needs_inputs
+            self._needs_outputs = self._needs_outputs or cb._needs_outputs
+            if cb._needs_ids and not self.handle:
+                self.handle = next(_range_handles)
+        if needs_inputs:
+            self._inputs = tuple(args)
+        lt = self._lt = current_logical_thread()
+        active = self._active
+        try:
+            for e in todo:
+                try:
+                    ctx = e.callback._start(self)
+                except Exception as exc:
+                    report_failure(e, "start", name, exc)
+                    continue
+                active.append((e, ctx))
+        except BaseException:
+            # KeyboardInterrupt and friends propagate, but the callbacks that
+            # did start still get their end, so their stacks stay balanced.
+            self._exception = "start interrupted"
+            self._run_ends(None)
+            self._ended = True
+            raise
+        if recorder is not None:
+            # The recorder starts last and ends first, so the recorded span
+            # measures the user's code, not the other callbacks.
+            self._rec = recorder.start(self, lt, 1)
+
+    def end(self) -> None:
+        """End the range: run the end callbacks of the starts that ran.
+
+        Idempotent: a second call does nothing.
+        """
+        if self._ended or not self._started:
+            return
+        self._ended = True
+        end_lt = self._end_lt = current_logical_thread()
+        rec = self._rec
+        if rec is not None:
+            self._rec = None
+            assert self._recorder is not None and self._lt is not None
+            self._recorder.end(rec, self._lt, self._end_lt_for_record(), self._exception)
+        if self._active:
+            self._run_ends(end_lt)
+
+    def _end_lt_for_record(self) -> LogicalThread:
+        end_lt = self._end_lt
+        assert end_lt is not None
+        if self._forced_async and end_lt is self._lt:
+            return _ASYNC_MARKER
+        return end_lt
+
+    def _run_ends(self, end_lt: LogicalThread | None) -> None:
+        pending: BaseException | None = None
+        for e, ctx in self._active:
+            end = e.callback._end
+            if end is None or not e.enabled and e.reported:
+                continue
+            try:
+                end(self, ctx)
+            except Exception as exc:
+                report_failure(e, "end", self.name, exc)
+            except BaseException as exc:
+                if pending is None:
+                    pending = exc
+        self._active = []
+        if pending is not None:
+            raise pending
+
+    def __repr__(self) -> str:
+        return f"<RecordFunction {self.name!r} scope={self.scope.name}>"
+
+
+# A stand-in end thread for ranges marked async with _set_async() that ended
+# where they started: consolidation shows them as async slices on their track.
+_ASYNC_MARKER: Final = LogicalThread("marker", "<async>")
+
+
+# ---------------------------------------------------------------------------
+# record_function: the user's range
+# ---------------------------------------------------------------------------
+
+
+class record_function:
+    """A named range around a block of code or a function call.
+
+    Usable as ``with``, ``async with``, a decorator (functions, coroutine
+    functions, generators, async generators), or explicitly with
+    :meth:`start` and :meth:`end`, which may run in different tasks. An
+    exception or cancellation inside the range ends it, records the
+    exception's type name, and propagates unchanged.
+
+    Args:
+        name: The range's name (any str, including empty).
+        args: An optional string kept with the event (e.g. "batch=32").
+
+    Raises:
+        TypeError: ``name`` is not a str, or ``args`` is neither a str nor None.
+
+    Example:
+        >>> import aprof
+        >>> @aprof.record_function("fetch")
+        ... async def fetch(url): ...
+        >>> with aprof.record_function("parse", args="size=4k"):
+        ...     pass
+    """
+
+    __slots__ = ("_lt", "_rec", "_recorder", "_rf", "args", "name")
+
+    def __init__(self, name: str, args: str | None = None) -> None:
+        if type(name) is not str and not isinstance(name, str):
+            raise TypeError(f"record_function: name must be a str, got {type(name).__name__}")
+        if args is not None and not isinstance(args, str):
+            raise TypeError(f"record_function: args must be a str or None, got {type(args).__name__}")
+        self.name = name
+        self.args = args
+        self._rec: list[Any] | None = None
+        self._rf: RecordFunction | None = None
+
+    def __enter__(self) -> record_function:
+        st = RF_STATE.get()
+        mode = st.mode
+        if mode == MODE_OFF:
+            return self
+        if mode == MODE_SLOW or _callbacks.global_entries:
+            self._slow_start()
+        elif mode == MODE_FAST:
+            recorder = st.recorder
+            ps = recorder.state  # type: ignore[union-attr]
+            if ps is not None and ps.running:
+                lt = self._lt = current_logical_thread()
+                rec = self._rec = [
+                    self.name, RecordScope.USER_SCOPE, perf_counter_ns(),
+                    None, None, None, self.args, -1, 0, None, None, KIND_RANGE, None,
+                ]  # fmt: skip
+                lst = ps.lists.get(lt)
+                if lst is None:
+                    lst = ps.list_for(lt)
+                lst.append(rec)
+                self._recorder = recorder
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        rec = self._rec
+        if rec is not None:
+            self._rec = None
+            ps = self._recorder.state
+            if ps is not None and ps.running:
+                rec[R_END] = perf_counter_ns()
+                if et is not None:
+                    rec[R_EXC] = et.__name__
+                lt = current_logical_thread()
+                if lt is not self._lt:
+                    rec[R_END_LT] = lt
+        elif self._rf is not None:
+            rf, self._rf = self._rf, None
+            if et is not None:
+                rf._exception = et.__name__
+            rf.end()
+
+    async def __aenter__(self) -> record_function:
+        return self.__enter__()
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.__exit__(et, ev, tb)
+
+    def _slow_start(self) -> None:
+        rf = RecordFunction(RecordScope.USER_SCOPE)
+        if rf.is_active:
+            rf._args = self.args
+            rf.before(self.name, () if self.args is None else (self.args,))
+            self._rf = rf
+
+    def start(self) -> record_function:
+        """Open the range now; :meth:`end` may be called from another task."""
+        return self.__enter__()
+
+    def end(self) -> None:
+        """Close the range. Idempotent. Ending in another logical thread than
+        the one that started it marks the event ``is_async``."""
+        self.__exit__(None, None, None)
+
+    def _set_outputs(self, value: object) -> None:
+        rf = self._rf
+        if rf is not None and rf._needs_outputs:
+            rf._outputs = (value,)
+
+    # -- decorator --------------------------------------------------------
+
+    @overload
+    def __call__(self, fn: F) -> F: ...
+    @overload
+    def __call__(self, fn: classmethod[Any, Any, Any]) -> classmethod[Any, Any, Any]: ...
+    @overload
+    def __call__(self, fn: staticmethod[Any, Any]) -> staticmethod[Any, Any]: ...
+    def __call__(self, fn: Any) -> Any:
+        """Decorate a function so each call is one range.
+
+        For coroutine functions, generators and async generators the range
+        covers the whole run, from first entry to final return, raise or
+        close, never mere construction: an un-awaited coroutine records
+        nothing.
+        """
+        if isinstance(fn, classmethod):
+            return classmethod(self(fn.__func__))
+        if isinstance(fn, staticmethod):
+            return staticmethod(self(fn.__func__))
+        if not callable(fn):
+            raise TypeError(f"record_function: cannot decorate {fn!r}, it is not callable")
+        return _decorate(fn, self.name, self.args)
+
+
+def _decorate(fn: Callable[..., Any], name: str, args: str | None) -> Callable[..., Any]:
+    if inspect.isasyncgenfunction(fn):
+        return _async_gen_wrapper(fn, name, args)
+
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def coro_wrapper(*a: Any, **k: Any) -> Any:
+            r = record_function(name, args)
+            with r:
+                result = await fn(*a, **k)
+                r._set_outputs(result)
+            return result
+
+        return coro_wrapper
+
+    if inspect.isgeneratorfunction(fn):
+
+        @functools.wraps(fn)
+        def gen_wrapper(*a: Any, **k: Any) -> Generator[Any, Any, Any]:
+            r = record_function(name, args)
+            with r:
+                result = yield from fn(*a, **k)
+                r._set_outputs(result)
+            return result
+
+        return gen_wrapper
+
+    @functools.wraps(fn)
+    def wrapper(*a: Any, **k: Any) -> Any:
+        r = record_function(name, args)
+        with r:
+            result = fn(*a, **k)
+            r._set_outputs(result)
+        return result
+
+    return wrapper
+
+
+def _async_gen_wrapper(fn: Callable[..., Any], name: str, args: str | None) -> Callable[..., Any]:
+    # An async generator cannot `yield from`, so forward asend/athrow/aclose
+    # by hand (the shape of async_generator's yield_from_). The range is a
+    # plain `with`: it spans the generator's whole life across its yields,
+    # and needs no context variable, so finalizing the generator in another
+    # task or by GC cannot trip contextvars (RELIABILITY CP-12).
+    @functools.wraps(fn)
+    async def agen_wrapper(*a: Any, **k: Any) -> AsyncGenerator[Any, Any]:
+        with record_function(name, args):
+            agen = fn(*a, **k)
+            try:
+                item = await agen.__anext__()
+            except StopAsyncIteration:
+                return
+            while True:
+                try:
+                    sent = yield item
+                except GeneratorExit:
+                    await agen.aclose()
+                    raise
+                except BaseException as exc:
+                    try:
+                        item = await agen.athrow(exc)
+                    except StopAsyncIteration:
+                        return
+                else:
+                    try:
+                        item = await (agen.__anext__() if sent is None else agen.asend(sent))
+                    except StopAsyncIteration:
+                        return
+
+    return agen_wrapper
+
+
+# ---------------------------------------------------------------------------
+# mark and the recording switch
+# ---------------------------------------------------------------------------
+
+
+def mark(name: str, args: str | None = None) -> None:
+    """Record an instant event named ``name`` (SPEC 4.4).
+
+    Callbacks see it as a range that starts and ends at once.
+
+    Raises:
+        TypeError: ``name`` is not a str.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"mark: name must be a str, got {type(name).__name__}")
+    st = RF_STATE.get()
+    mode = st.mode
+    if mode == MODE_OFF:
+        return
+    if mode == MODE_SLOW or _callbacks.global_entries:
+        rf = RecordFunction(RecordScope.USER_SCOPE)
+        if rf.is_active:
+            rf._instant = True
+            rf._args = args
+            rf.before(name, () if args is None else (args,))
+            rf.end()
+    elif mode == MODE_FAST and st.recorder is not None:
+        st.recorder.instant(name, RecordScope.USER_SCOPE, current_logical_thread(), args)
+
+
+def enable_record_function(enabled: bool = True) -> None:
+    """Switch recording on or off for the current context (SPEC 3.4).
+
+    Tasks and propagated work spawned while it is off inherit "off".
+    """
+    st = RF_STATE.get()
+    if st.enabled != bool(enabled):
+        RF_STATE.set(st.replace(enabled=bool(enabled)))
+
+
+def is_record_function_enabled() -> bool:
+    """Whether recording is on in the current context."""
+    return RF_STATE.get().enabled
+
+
+class RecordFunctionGuard:
+    """Switch recording on (or off) for the body of a ``with`` block.
+
+    Args:
+        enabled: The state inside the block.
+
+    Example:
+        >>> import aprof
+        >>> with aprof.RecordFunctionGuard(enabled=False):
+        ...     aprof.is_record_function_enabled()
+        False
+    """
+
+    __slots__ = ("_enabled", "_prev", "_set", "_token")
+
+    def __init__(self, enabled: bool = True) -> None:
+        self._enabled = bool(enabled)
+        self._prev = True
+        self._token: Token[Any] | None = None
+        self._set: object = None
+
+    def __enter__(self) -> RecordFunctionGuard:
+        st = RF_STATE.get()
+        self._prev = st.enabled
+        new = st.replace(enabled=self._enabled)
+        self._token = RF_STATE.set(new)
+        self._set = new
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        token = self._token
+        if token is None:
+            return
+        self._token = None
+        prev = self._prev
+        restore_slot(RF_STATE, token, self._set, lambda cur: cur.replace(enabled=prev), self)
+
+    async def __aenter__(self) -> RecordFunctionGuard:
+        return self.__enter__()
+
+    async def __aexit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        self.__exit__(et, ev, tb)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(enabled={self._enabled})"
+
+
+class DisableRecordFunctionGuard(RecordFunctionGuard):
+    """Switch recording off for the body of a ``with`` block."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        super().__init__(enabled=False)
+
+    def __repr__(self) -> str:
+        return "DisableRecordFunctionGuard()"

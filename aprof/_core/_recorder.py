@@ -1,0 +1,170 @@
+"""The profiler's recording half: raw records and per-thread event lists.
+
+Recording does as little as possible: one small list per range, appended to
+the list of the logical thread that started it, in start order. Its end is
+written into the same list object when the range ends, wherever that happens:
+a range ended in another task is "popped on its originating thread" for free,
+as in the seed. Building ``FunctionEvent`` objects, nesting, names and flags
+all happen at stop (``aprof._post._consolidate``).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from time import perf_counter_ns
+from typing import TYPE_CHECKING, Any, Final
+
+from ._threads import LogicalThread
+
+if TYPE_CHECKING:
+    from ._callbacks import RecordScope
+    from ._record_function import RecordFunction
+
+# Layout of a raw record (a plain list, the cheapest mutable thing to build).
+R_NAME: Final = 0  # str
+R_SCOPE: Final = 1  # RecordScope
+R_START: Final = 2  # perf_counter_ns at start
+R_END: Final = 3  # perf_counter_ns at end, None while open
+R_END_LT: Final = 4  # LogicalThread that ended it, None if the starting one
+R_EXC: Final = 5  # exception type name that ended it, or None
+R_ARGS: Final = 6  # the user's args string, or None
+R_SEQ: Final = 7  # sequence number, -1 if none
+R_FWD: Final = 8  # forward (spawning/submitting) logical thread id, 0 if none
+R_INPUTS: Final = 9  # tuple of input reprs (record_inputs), or None
+R_STACK: Final = 10  # tuple of (file, line, function) frames (with_stack), or None
+R_KIND: Final = 11  # KIND_RANGE or KIND_INSTANT
+R_EXTRA: Final = 12  # dict of extra fields (tasks: outcome, ...), or None
+
+KIND_RANGE: Final = 0
+KIND_INSTANT: Final = 1
+
+
+def safe_repr(value: object, limit: int = 200) -> str:
+    """repr() that never raises and never runs away."""
+    try:
+        text = repr(value)
+    except BaseException as exc:  # noqa: BLE001 - a user's __repr__ may raise anything
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        return f"<{type(value).__qualname__} object (repr raised {type(exc).__name__})>"
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return text
+
+
+def capture_stack(skip: int) -> tuple[tuple[str, int, str], ...]:
+    """The Python call stack of the caller, innermost first."""
+    frames = []
+    try:
+        f = sys._getframe(skip + 1)
+    except ValueError:
+        return ()
+    while f is not None:
+        code = f.f_code
+        frames.append((code.co_filename, f.f_lineno or 0, code.co_qualname))
+        f = f.f_back  # type: ignore[assignment]
+    return tuple(frames)
+
+
+class ProfilerState:
+    """A running profile's recorded data: one raw event list per logical thread."""
+
+    __slots__ = (
+        "__weakref__",
+        "dropped",
+        "lists",
+        "node_id",
+        "record_inputs",
+        "running",
+        "start_lt",
+        "start_ns",
+        "stop_ns",
+        "with_stack",
+    )
+
+    def __init__(self, *, record_inputs: bool, with_stack: bool, node_id: int, start_lt: LogicalThread) -> None:
+        self.lists: dict[LogicalThread, list[list[Any]]] = {}
+        self.running = True
+        self.record_inputs = record_inputs
+        self.with_stack = with_stack
+        self.node_id = node_id
+        self.start_lt = start_lt
+        self.start_ns = perf_counter_ns()
+        self.stop_ns: int | None = None
+        self.dropped = 0
+
+    def list_for(self, lt: LogicalThread) -> list[list[Any]]:
+        lst = self.lists.get(lt)
+        if lst is None:
+            # Only lt's own OS thread appends to lt's list, so no lock is
+            # needed for the append; creating the entry is a dict store.
+            lst = self.lists[lt] = []
+        return lst
+
+
+class Recorder:
+    """The profile's recording callback (the seed's profiler callback).
+
+    It lives in the context (or the global registry), and points at the
+    profile's state until the profile stops; stopping empties ``state`` so
+    that any context still holding the recorder records nothing more and
+    keeps nothing alive.
+    """
+
+    __slots__ = ("__weakref__", "fast", "lock", "state")
+
+    def __init__(self, state: ProfilerState) -> None:
+        self.state: ProfilerState | None = state
+        # The inline path in record_function handles plain ranges; stacks and
+        # input reprs go through start()/end() below.
+        self.fast = not (state.record_inputs or state.with_stack)
+        self.lock = threading.Lock()
+
+    def start(self, rf: RecordFunction, lt: LogicalThread, skip: int) -> list[Any] | None:
+        st = self.state
+        if st is None or not st.running:
+            return None
+        inputs = None
+        if st.record_inputs and rf._inputs:
+            inputs = tuple(safe_repr(v) for v in rf._inputs)
+        stack = capture_stack(skip + 1) if st.with_stack else None
+        t = perf_counter_ns()
+        instant = rf._instant
+        rec = [
+            rf.name,
+            rf.scope,
+            t,
+            t if instant else None,
+            None,
+            None,
+            rf._args,
+            rf.seq_nr,
+            rf.forward_thread_id,
+            inputs,
+            stack,
+            KIND_INSTANT if instant else KIND_RANGE,
+            rf._extra,
+        ]
+        st.list_for(lt).append(rec)
+        return rec
+
+    def end(self, rec: list[Any], lt: LogicalThread, end_lt: LogicalThread, exc: str | None) -> None:
+        st = self.state
+        if st is None or not st.running:
+            return  # ended after stop: dropped (the stop closed it as unfinished)
+        if rec[R_KIND] != KIND_RANGE:
+            return
+        rec[R_END] = perf_counter_ns()
+        if exc is not None:
+            rec[R_EXC] = exc
+        if end_lt is not lt:
+            rec[R_END_LT] = end_lt
+
+    def instant(self, name: str, scope: RecordScope, lt: LogicalThread, args: str | None) -> None:
+        st = self.state
+        if st is None or not st.running:
+            return
+        t = perf_counter_ns()
+        stack = capture_stack(2) if st.with_stack else None
+        st.list_for(lt).append([name, scope, t, t, None, None, args, -1, 0, None, stack, KIND_INSTANT, None])

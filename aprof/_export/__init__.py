@@ -1,0 +1,1 @@
+"""Exporters: one output format per module."""

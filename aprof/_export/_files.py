@@ -1,0 +1,80 @@
+"""Writing output files safely: clear errors, and never half a file.
+
+Every exporter writes to a temporary file beside the target and renames it
+into place, so a failure (a full disk, an interrupt) leaves the target as it
+was, and the data is still in memory for a retry.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import stat
+import tempfile
+from collections.abc import Iterable
+from os import PathLike
+from pathlib import Path
+
+__all__ = ["atomic_write_text", "check_output_path"]
+
+
+def check_output_path(path: object, what: str, suffixes: tuple[str, ...]) -> Path:
+    """Validate an output path before any work is done.
+
+    Raises:
+        TypeError: ``path`` is not a str or path-like (e.g. a file object).
+        ValueError: the name does not end in one of ``suffixes``.
+        FileNotFoundError: the directory does not exist.
+        IsADirectoryError: the path is a directory.
+        PermissionError: the path is a read-only file.
+    """
+    if not isinstance(path, (str, PathLike)):
+        raise TypeError(f"{what}: expected a file path (str or os.PathLike), got {type(path).__name__}")
+    p = Path(path)
+    name = p.name.lower()
+    if not any(name.endswith(s) for s in suffixes):
+        raise ValueError(f"{what}: cannot tell the format of {str(p)!r}: the name must end in one of {', '.join(suffixes)}")
+    if p.is_dir():
+        raise IsADirectoryError(f"{what}: {str(p)!r} is a directory, not a file path")
+    parent = p.parent
+    if not parent.is_dir():
+        raise FileNotFoundError(f"{what}: cannot write {str(p)!r}: directory {str(parent)!r} does not exist")
+    if p.exists():
+        mode = p.stat().st_mode
+        if not mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH) or not os.access(p, os.W_OK):
+            raise PermissionError(f"{what}: cannot write {str(p)!r}: the file is read-only")
+    return p
+
+
+def atomic_write_text(path: Path, chunks: Iterable[str], *, compress: bool, what: str) -> None:
+    """Write ``chunks`` to ``path`` through a temporary file and a rename.
+
+    Raises:
+        OSError: writing failed; the message names ``path``. The target is
+            untouched and no temporary file is left behind.
+    """
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as raw:
+            if compress:
+                with gzip.GzipFile(filename=path.name[:-3], mode="wb", fileobj=raw, compresslevel=6, mtime=0) as gz:
+                    for chunk in chunks:
+                        gz.write(chunk.encode("utf-8", "surrogatepass"))
+            else:
+                for chunk in chunks:
+                    raw.write(chunk.encode("utf-8", "surrogatepass"))
+            raw.flush()
+        os.replace(tmp, path)
+    except OSError as exc:
+        _remove_quietly(tmp)
+        raise OSError(exc.errno, f"{what}: cannot write {str(path)!r}: {exc.strerror or exc}") from exc
+    except BaseException:
+        _remove_quietly(tmp)
+        raise
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

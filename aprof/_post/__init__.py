@@ -1,0 +1,1 @@
+"""Post-processing: consolidation, analysis, sessions."""

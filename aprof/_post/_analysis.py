@@ -1,0 +1,179 @@
+"""Aggregation and the summary table (SPEC 6.4)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Final
+
+from ._events import FunctionEvent
+
+if TYPE_CHECKING:
+    from ._session import Session
+
+__all__ = ["EventAverages", "FunctionEventAvg", "key_averages"]
+
+GROUP_BY: Final = ("name", "track", "stack")
+_STACK_DEPTH: Final = 5
+
+
+class FunctionEventAvg:
+    """One row of :meth:`aprof.profile.key_averages`: a group of events.
+
+    Times are nanoseconds. ``running_ns`` and ``waiting_ns`` split the total
+    of task ranges into time on the loop and time suspended (0 when unknown).
+    """
+
+    __slots__ = ("count", "key", "max_ns", "min_ns", "running_ns", "self_ns", "stack", "total_ns", "waiting_ns")
+
+    def __init__(self, key: str, stack: tuple[tuple[str, int, str], ...] = ()) -> None:
+        self.key = key
+        self.stack = stack
+        self.count = 0
+        self.total_ns = 0
+        self.self_ns = 0
+        self.min_ns = 0
+        self.max_ns = 0
+        self.running_ns = 0
+        self.waiting_ns = 0
+
+    @property
+    def mean_ns(self) -> float:
+        """Average duration."""
+        return self.total_ns / self.count if self.count else 0.0
+
+    def add(self, ev: FunctionEvent) -> None:
+        d = ev.duration_ns
+        if self.count == 0 or d < self.min_ns:
+            self.min_ns = d
+        if d > self.max_ns:
+            self.max_ns = d
+        self.count += 1
+        self.total_ns += d
+        self.self_ns += ev.self_duration_ns
+        extra = ev.extra
+        if extra:
+            self.running_ns += int(extra.get("running_ns", 0))
+            self.waiting_ns += int(extra.get("waiting_ns", 0))
+
+    def __repr__(self) -> str:
+        return f"<FunctionEventAvg {self.key!r} count={self.count} total={_fmt(self.total_ns)}>"
+
+
+_SORT_KEYS: Final[dict[str, Callable[[FunctionEventAvg], Any]]] = {
+    "total": lambda r: -r.total_ns,
+    "self": lambda r: -r.self_ns,
+    "count": lambda r: -r.count,
+    "mean": lambda r: -r.mean_ns,
+    "max": lambda r: -r.max_ns,
+    "min": lambda r: -r.min_ns,
+    "running": lambda r: -r.running_ns,
+    "waiting": lambda r: -r.waiting_ns,
+    "name": lambda r: r.key,
+}
+
+
+class EventAverages:
+    """The rows of :meth:`aprof.profile.key_averages`, iterable and indexable by key."""
+
+    def __init__(self, rows: list[FunctionEventAvg], group_by: str) -> None:
+        self._rows = rows
+        self.group_by = group_by
+
+    def __iter__(self) -> Iterator[FunctionEventAvg]:
+        return iter(self._rows)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, key: str) -> FunctionEventAvg:
+        for r in self._rows:
+            if r.key == key:
+                return r
+        raise KeyError(key)
+
+    def table(self, sort_by: str = "total", row_limit: int | None = None) -> str:
+        """Render the rows as a text table.
+
+        Args:
+            sort_by: One of ``total``, ``self``, ``count``, ``mean``, ``max``,
+                ``min``, ``running``, ``waiting``, ``name``.
+            row_limit: Show at most this many rows (all when None).
+
+        Raises:
+            ValueError: unknown ``sort_by`` or a negative ``row_limit``.
+        """
+        key = _SORT_KEYS.get(sort_by)
+        if key is None:
+            raise ValueError(f"table: unknown sort_by {sort_by!r}; expected one of {', '.join(_SORT_KEYS)}")
+        if row_limit is not None and (isinstance(row_limit, bool) or not isinstance(row_limit, int) or row_limit < 0):
+            raise ValueError(f"table: row_limit must be an int >= 0 or None, got {row_limit!r}")
+        rows = sorted(self._rows, key=key)
+        if row_limit is not None:
+            rows = rows[:row_limit]
+        show_tasks = any(r.running_ns or r.waiting_ns for r in rows)
+        header = [self.group_by.capitalize(), "Count", "Total", "Self", "Mean", "Min", "Max"]
+        if show_tasks:
+            header += ["Running", "Waiting"]
+        body = []
+        for r in rows:
+            label = r.key if len(r.key) <= 60 else r.key[:57] + "..."
+            label = label.replace("\n", "\\n").replace("\t", "\\t")
+            cells = [label, str(r.count), _fmt(r.total_ns), _fmt(r.self_ns), _fmt(r.mean_ns), _fmt(r.min_ns), _fmt(r.max_ns)]
+            if show_tasks:
+                cells += [_fmt(r.running_ns), _fmt(r.waiting_ns)]
+            body.append(cells)
+        widths = [max(len(h), *(len(c[i]) for c in body)) if body else len(h) for i, h in enumerate(header)]
+        line = "-" * (sum(widths) + 2 * (len(widths) - 1))
+
+        def fmt_row(cells: list[str]) -> str:
+            first = cells[0].ljust(widths[0])
+            rest = [c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True)]
+            return "  ".join([first, *rest]).rstrip()
+
+        out = [line, fmt_row(header), line, *(fmt_row(c) for c in body), line]
+        return "\n".join(out)
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def __repr__(self) -> str:
+        return f"<EventAverages group_by={self.group_by!r} rows={len(self._rows)}>"
+
+
+def _fmt(ns: float) -> str:
+    if ns >= 1e9:
+        return f"{ns / 1e9:.3f}s"
+    if ns >= 1e6:
+        return f"{ns / 1e6:.3f}ms"
+    if ns >= 1e3:
+        return f"{ns / 1e3:.3f}us"
+    return f"{ns:.0f}ns"
+
+
+def key_averages(session: Session, group_by: str = "name") -> EventAverages:
+    """Aggregate a session's events (instants excluded)."""
+    if group_by not in GROUP_BY:
+        raise ValueError(f"key_averages: unknown group_by {group_by!r}; expected one of {', '.join(GROUP_BY)}")
+    rows: dict[Any, FunctionEventAvg] = {}
+    tracks = {t.id: t for t in session.tracks()}
+    for ev in session.events():
+        if ev.is_instant:
+            continue
+        if group_by == "name":
+            k: Any = ev.name
+            label = ev.name
+            stack: tuple[tuple[str, int, str], ...] = ()
+        elif group_by == "track":
+            k = ev.thread_id
+            t = tracks.get(ev.thread_id)
+            label = f"{t.name if t else ev.track} ({ev.thread_id})"
+            stack = ()
+        else:
+            stack = tuple(ev.stack[:_STACK_DEPTH]) if ev.stack else ()
+            k = (ev.name, stack)
+            label = ev.name if not stack else f"{ev.name} @ {stack[0][0]}:{stack[0][1]}"
+        row = rows.get(k)
+        if row is None:
+            row = rows[k] = FunctionEventAvg(label, stack)
+        row.add(ev)
+    return EventAverages(list(rows.values()), group_by)

@@ -1,0 +1,225 @@
+"""A stopped profile's results, and the session file format (SPEC 6.5).
+
+A :class:`Session` is what post-processing works on: events, tracks and
+metadata. ``profile.stop()`` builds one; :func:`load` reads one back from a
+file written by ``save()``, with the same analysis and export methods.
+
+The session file is gzip-compressed JSON: ``{"format": "aprof-session",
+"version": 1, "metadata": {...}, "tracks": [...], "events": [[...], ...]}``,
+one array per event in the order of ``_FIELDS``, with ``parent`` as an index
+into the event list.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import sys
+import zlib
+from os import PathLike
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from .. import _version
+from .._core._callbacks import RecordScope
+from .._core._recorder import ProfilerState
+from .._export._files import atomic_write_text, check_output_path
+from ._events import FunctionEvent, Track, consolidate
+
+if TYPE_CHECKING:
+    from ._analysis import EventAverages
+
+__all__ = ["Session", "load"]
+
+FORMAT: Final = "aprof-session"
+VERSION: Final = 1
+SUFFIXES: Final = (".aprof",)
+_FIELDS: Final = (
+    "name", "scope", "start_ns", "end_ns", "thread_id", "end_thread_id", "os_thread_id", "track",
+    "is_async", "is_instant", "unfinished", "exception", "sequence_nr", "forward_thread_id",
+    "inputs", "stack", "node_id", "args", "extra", "parent",
+)  # fmt: skip
+
+
+class Session:
+    """Recorded events with their tracks and metadata.
+
+    Returned by ``profile.session`` and :func:`aprof.load`; has the same
+    analysis and export methods as a stopped :class:`aprof.profile`.
+    """
+
+    def __init__(self, events: list[FunctionEvent], tracks: dict[int, Track], metadata: dict[str, Any]) -> None:
+        self._events = events
+        self._tracks = tracks
+        self.metadata = metadata
+
+    @classmethod
+    def from_state(cls, state: ProfilerState) -> Session:
+        """Consolidate a stopped profile's raw lists."""
+        stop_ns = state.stop_ns if state.stop_ns is not None else state.start_ns
+        events, tracks = consolidate(state.lists, stop_ns, state.node_id)
+        state.lists = {}  # the raw records are not needed any more
+        metadata = {
+            "aprof_version": _version.__version__,
+            "python": sys.version.split()[0],
+            "node_id": state.node_id,
+            "pids": {str(state.node_id): os.getpid()},
+            "start_ns": state.start_ns,
+            "stop_ns": stop_ns,
+            "dropped": state.dropped,
+        }
+        return cls(events, tracks, metadata)
+
+    def events(self) -> list[FunctionEvent]:
+        """All events, track by track, in start order."""
+        return list(self._events)
+
+    def tracks(self) -> list[Track]:
+        """The tracks that have events, in order of first activity."""
+        return sorted(self._tracks.values(), key=_first_start(self._events))
+
+    @property
+    def dropped(self) -> int:
+        """Events that were not kept (buffer limits)."""
+        return int(self.metadata.get("dropped", 0))
+
+    def key_averages(self, group_by: str = "name") -> EventAverages:
+        """Aggregate events by ``"name"``, ``"track"`` or ``"stack"`` (SPEC 6.4).
+
+        Raises:
+            ValueError: unknown ``group_by``.
+        """
+        from ._analysis import key_averages
+
+        return key_averages(self, group_by)
+
+    def export_chrome_trace(self, path: str | PathLike[str]) -> None:
+        """Write a Chrome/Perfetto trace; gzip when the path ends in ``.gz``."""
+        from .._export._chrome import export_chrome_trace
+
+        export_chrome_trace(self, path)
+
+    def save(self, path: str | PathLike[str]) -> None:
+        """Write the whole session to ``path`` (``.aprof``) for :func:`aprof.load`.
+
+        Raises:
+            TypeError, ValueError, OSError: the path is unusable; the message
+                names it and nothing is written.
+        """
+        p = check_output_path(path, "save", SUFFIXES)
+        atomic_write_text(p, [json.dumps(self._to_json(), allow_nan=False)], compress=True, what="save")
+
+    def _to_json(self) -> dict[str, Any]:
+        index = {id(e): i for i, e in enumerate(self._events)}
+        rows = []
+        for e in self._events:
+            d = e.to_dict()
+            d["parent"] = index.get(id(e.parent), -1) if e.parent is not None else -1
+            rows.append([d[f] for f in _FIELDS])
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "metadata": self.metadata,
+            "tracks": [t.to_dict() for t in self._tracks.values()],
+            "fields": list(_FIELDS),
+            "events": rows,
+        }
+
+    def __repr__(self) -> str:
+        return f"<aprof.Session {len(self._events)} events on {len(self._tracks)} tracks>"
+
+
+def _first_start(events: list[FunctionEvent]) -> Any:
+    first: dict[int, int] = {}
+    for e in events:
+        if e.thread_id not in first or e.start_ns < first[e.thread_id]:
+            first[e.thread_id] = e.start_ns
+
+    def key(t: Track) -> tuple[int, int]:
+        return (first.get(t.id, 0), t.id)
+
+    return key
+
+
+def load(path: str | PathLike[str]) -> Session:
+    """Read a session written by ``profile.save()`` / ``Session.save()``.
+
+    Args:
+        path: The ``.aprof`` file.
+
+    Returns:
+        A :class:`Session` with the same analysis and export methods.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: the file is empty, truncated, not JSON, or not an aprof
+            session (the message names the file).
+    """
+    if not isinstance(path, (str, PathLike)):
+        raise TypeError(f"load: expected a file path, got {type(path).__name__}")
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except IsADirectoryError:
+        raise IsADirectoryError(f"load: {str(p)!r} is a directory, not a session file") from None
+    if not raw:
+        raise ValueError(f"load: {str(p)!r} is empty, not an aprof session")
+    try:
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
+        doc = json.loads(raw)
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        raise ValueError(f"load: {str(p)!r} is a truncated or corrupt gzip file ({exc})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"load: {str(p)!r} is truncated or not JSON ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        if isinstance(doc, dict) and "traceEvents" in doc:
+            raise ValueError(f"load: {str(p)!r} is a Chrome trace, not an aprof session (write one with prof.save())")
+        raise ValueError(f"load: {str(p)!r} is not an aprof session (no 'format': {FORMAT!r})")
+    if doc.get("version") != VERSION:
+        raise ValueError(f"load: {str(p)!r} is an aprof session of version {doc.get('version')!r}; this aprof reads version {VERSION}")
+    try:
+        return _from_json(doc)
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise ValueError(f"load: {str(p)!r} is a damaged aprof session ({type(exc).__name__}: {exc})") from None
+
+
+def _from_json(doc: dict[str, Any]) -> Session:
+    fields = doc["fields"]
+    tracks = {int(t["id"]): Track(int(t["id"]), str(t["name"]), str(t["kind"]), int(t["os_thread_id"]), int(t["node_id"])) for t in doc["tracks"]}
+    events: list[FunctionEvent] = []
+    parents: list[int] = []
+    for row in doc["events"]:
+        d = dict(zip(fields, row, strict=True))
+        e = FunctionEvent.__new__(FunctionEvent)
+        e.name = str(d["name"])
+        e.scope = RecordScope(d["scope"])
+        e.start_ns = int(d["start_ns"])
+        e.end_ns = int(d["end_ns"])
+        e.thread_id = int(d["thread_id"])
+        e.end_thread_id = int(d["end_thread_id"])
+        e.os_thread_id = int(d["os_thread_id"])
+        e.track = str(d["track"])
+        e.is_async = bool(d["is_async"])
+        e.is_instant = bool(d["is_instant"])
+        e.unfinished = bool(d["unfinished"])
+        e.exception = d["exception"]
+        e.sequence_nr = int(d["sequence_nr"])
+        e.forward_thread_id = int(d["forward_thread_id"])
+        e.inputs = tuple(d["inputs"]) if d["inputs"] is not None else None
+        e.stack = tuple((str(f), int(line), str(fn)) for f, line, fn in d["stack"]) if d["stack"] is not None else None
+        e.node_id = int(d["node_id"])
+        e.args = d["args"]
+        e.extra = d["extra"]
+        e.parent = None
+        e.children = []
+        events.append(e)
+        parents.append(int(d["parent"]))
+    for e, pi in zip(events, parents, strict=True):
+        if pi >= 0:
+            parent = events[pi]
+            e.parent = parent
+            if not e.is_async:
+                parent.children.append(e)
+    return Session(events, tracks, dict(doc["metadata"]))

@@ -1,0 +1,158 @@
+"""Shared fixtures: every async scenario on every backend, and a leak check.
+
+``backend`` runs a test body on asyncio, asyncio with the eager task factory
+(3.12+), uvloop, trio, and anyio over asyncio and over trio. Test bodies use
+the ``Backend`` object's small vocabulary (``run``, ``sleep``, ``group``,
+``to_thread``, ``checkpoint``) so one scenario covers all six.
+
+The autouse ``no_leftovers`` fixture checks, after every test, what
+RELIABILITY.md asks: profile hooks untouched, no aprof state or callback left
+in the test's context, no propagation patch, no aprof thread alive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+
+import aprof
+from aprof._core import _propagation
+
+# The eager task factory exists from 3.12 on; on 3.11 it is not a backend.
+BACKENDS = ["asyncio", *(["asyncio-eager"] if sys.version_info >= (3, 12) else []), "uvloop", "trio", "anyio-asyncio", "anyio-trio"]
+
+
+class Group:
+    """A started task group: asyncio.TaskGroup, a trio nursery or an anyio group."""
+
+    def __init__(self, start_soon: Callable[..., Any]) -> None:
+        self.start_soon = start_soon
+
+
+class Backend:
+    """One async runtime, seen through the operations the tests need."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.is_trio = name in ("trio", "anyio-trio")
+        self.is_anyio = name.startswith("anyio")
+
+    def __repr__(self) -> str:
+        return f"<Backend {self.name}>"
+
+    def run(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+        name = self.name
+        if name == "asyncio":
+            return asyncio.run(fn(*args))
+        if name == "asyncio-eager":
+
+            async def eager_main() -> Any:
+                asyncio.get_running_loop().set_task_factory(asyncio.eager_task_factory)  # type: ignore[attr-defined]
+                return await fn(*args)
+
+            return asyncio.run(eager_main())
+        if name == "uvloop":
+            import uvloop
+
+            return uvloop.run(fn(*args))
+        if name == "trio":
+            import trio
+
+            return trio.run(fn, *args)
+        import anyio
+
+        return anyio.run(fn, *args, backend="trio" if name == "anyio-trio" else "asyncio")
+
+    async def sleep(self, seconds: float) -> None:
+        if self.is_anyio:
+            import anyio
+
+            await anyio.sleep(seconds)
+        elif self.is_trio:
+            import trio
+
+            await trio.sleep(seconds)
+        else:
+            await asyncio.sleep(seconds)
+
+    async def checkpoint(self) -> None:
+        await self.sleep(0)
+
+    @contextlib.asynccontextmanager
+    async def group(self) -> AsyncIterator[Group]:
+        if self.is_anyio:
+            import anyio
+
+            async with anyio.create_task_group() as tg:
+                yield Group(tg.start_soon)
+        elif self.is_trio:
+            import trio
+
+            async with trio.open_nursery() as nursery:
+                yield Group(nursery.start_soon)
+        else:
+            async with asyncio.TaskGroup() as tg:
+                yield Group(lambda fn, *a: tg.create_task(fn(*a)))
+
+    async def to_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if self.is_anyio:
+            import anyio.to_thread
+
+            return await anyio.to_thread.run_sync(fn, *args)
+        if self.is_trio:
+            import trio
+
+            return await trio.to_thread.run_sync(fn, *args)
+        return await asyncio.to_thread(fn, *args)
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> Backend:
+    return Backend(request.param)
+
+
+def _aprof_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if getattr(t, "_aprof_owned", False) and t.is_alive()]
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers() -> Any:
+    profile_hook, trace_hook = sys.getprofile(), sys.gettrace()
+    yield
+    problems = []
+    if sys.getprofile() is not profile_hook:
+        problems.append(f"sys.setprofile hook left behind: {sys.getprofile()!r}")
+        sys.setprofile(profile_hook)
+    if sys.gettrace() is not trace_hook:
+        problems.append(f"sys.settrace hook left behind: {sys.gettrace()!r}")
+        sys.settrace(trace_hook)
+    if sys.version_info >= (3, 12):
+        for tool in range(6):
+            owner = sys.monitoring.get_tool(tool)
+            if owner is not None and "aprof" in owner:
+                problems.append(f"sys.monitoring tool {tool} still held by {owner!r}")
+                sys.monitoring.free_tool_id(tool)
+    if aprof.get_debug_info(aprof.DebugInfoKind.PROFILER_STATE) is not None:
+        problems.append("a profiler state is left in the test's context")
+    if aprof.has_callbacks():
+        problems.append("callbacks are left registered")
+        aprof.clear_callbacks()
+    if _propagation.is_propagation_installed():
+        problems.append("install_propagation() was left in effect")
+        aprof.uninstall_propagation()
+    deadline = time.monotonic() + 5.0
+    while _aprof_threads() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if _aprof_threads():
+        problems.append(f"aprof threads still alive: {_aprof_threads()}")
+    gc.collect()
+    if problems:
+        pytest.fail("; ".join(problems))
