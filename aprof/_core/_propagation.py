@@ -299,7 +299,7 @@ def _start(self: threading.Thread) -> None:
     target = getattr(self, "_target", None)
     if (
         target is not None
-        and target is not concurrent.futures.thread._worker  # type: ignore[attr-defined]
+        and target is not concurrent.futures.thread._worker
         and not getattr(self, "_aprof_owned", False)
         and not isinstance(target, _Wrapped)
     ):

@@ -19,10 +19,10 @@ import functools
 import inspect
 import itertools
 from collections.abc import AsyncGenerator, Callable, Generator, Iterable
-from time import perf_counter_ns
 from contextvars import Token
+from time import perf_counter_ns
 from types import TracebackType
-from typing import Any, Final, TypeVar, cast, overload
+from typing import Any, Final, TypeVar, cast
 
 from . import _callbacks
 from ._callbacks import (
@@ -36,7 +36,7 @@ from ._callbacks import (
     sampled,
 )
 from ._debug_info import restore_slot
-from ._recorder import KIND_RANGE, R_END, R_END_LT, R_EXC, R_KIND, Recorder
+from ._recorder import KIND_RANGE, R_END, R_END_LT, R_EXC, Recorder
 from ._threads import LogicalThread, current_logical_thread
 
 __all__ = [
@@ -309,7 +309,8 @@ class RecordFunction:
         rec = self._rec
         if rec is not None:
             self._rec = None
-            assert self._recorder is not None and self._lt is not None
+            assert self._recorder is not None
+            assert self._lt is not None
             self._recorder.end(rec, self._lt, self._end_lt_for_record(), self._exception)
         if self._active:
             self._run_ends(end_lt)
@@ -417,7 +418,7 @@ class record_function:
         rec = self._rec
         if rec is not None:
             self._rec = None
-            ps = self._recorder.state
+            ps = self._recorder.state  # type: ignore[union-attr]
             if ps is not None and ps.running:
                 rec[R_END] = perf_counter_ns()
                 if et is not None:
@@ -462,13 +463,7 @@ class record_function:
 
     # -- decorator --------------------------------------------------------
 
-    @overload
-    def __call__(self, fn: F) -> F: ...
-    @overload
-    def __call__(self, fn: classmethod[Any, Any, Any]) -> classmethod[Any, Any, Any]: ...
-    @overload
-    def __call__(self, fn: staticmethod[Any, Any]) -> staticmethod[Any, Any]: ...
-    def __call__(self, fn: Any) -> Any:
+    def __call__(self, fn: F) -> F:
         """Decorate a function so each call is one range.
 
         For coroutine functions, generators and async generators the range
@@ -477,12 +472,12 @@ class record_function:
         nothing.
         """
         if isinstance(fn, classmethod):
-            return classmethod(self(fn.__func__))
+            return cast(F, classmethod(self(fn.__func__)))
         if isinstance(fn, staticmethod):
-            return staticmethod(self(fn.__func__))
+            return cast(F, staticmethod(self(fn.__func__)))
         if not callable(fn):
             raise TypeError(f"record_function: cannot decorate {fn!r}, it is not callable")
-        return _decorate(fn, self.name, self.args)
+        return cast(F, _decorate(fn, self.name, self.args))
 
 
 def _decorate(fn: Callable[..., Any], name: str, args: str | None) -> Callable[..., Any]:

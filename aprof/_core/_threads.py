@@ -23,21 +23,41 @@ import threading
 import weakref
 from typing import Any, Final
 
-try:  # pragma: no cover - depends on the CPython version
-    from _asyncio import _get_running_loop
-except ImportError:  # pragma: no cover
-    from asyncio.events import _get_running_loop
 
-if sys.version_info >= (3, 12):
-    from _asyncio import current_task as _asyncio_current_task
+def _detect_asyncio() -> Any:
+    """Stand-in for asyncio's running-loop getter until asyncio is imported.
 
-    def _task_of(loop: Any) -> Any:
-        return _asyncio_current_task(loop)
+    aprof must not import ``_asyncio`` itself: importing the C module before
+    ``asyncio`` leaves asyncio's Python side with a different current-task
+    table (3.11 and 3.12), which breaks ``TaskGroup`` and ``current_task()``.
+    So we bind asyncio's C primitives only once the program has imported
+    asyncio; until then no loop can be running.
+    """
+    if "asyncio" not in sys.modules:
+        return None
+    return _bind_asyncio()()
 
-else:  # 3.11: asyncio.current_task is a Python wrapper around this dict.
-    from _asyncio import _current_tasks
 
-    _task_of = _current_tasks.get
+def _bind_asyncio() -> Any:
+    global _get_running_loop, _task_of
+    import asyncio.events
+    import asyncio.tasks
+
+    if sys.version_info >= (3, 12):
+        current_task = asyncio.tasks.current_task  # the C function on 3.12+
+
+        def task_of(loop: Any) -> Any:
+            return current_task(loop)
+
+        _task_of = task_of
+    else:  # 3.11: asyncio.current_task is a Python wrapper around this dict.
+        _task_of = asyncio.tasks._current_tasks.get  # type: ignore[attr-defined]
+    _get_running_loop = asyncio.events._get_running_loop
+    return _get_running_loop
+
+
+_get_running_loop: Any = _detect_asyncio
+_task_of: Any = None
 
 __all__ = ["LogicalThread", "current_logical_thread", "current_thread_id"]
 
@@ -93,19 +113,21 @@ def _find_trio_run_context() -> Any:
     global _trio_run_context
     if "trio" not in sys.modules:
         return None
+    # trio keeps the running task in a thread-local; trio.lowlevel.current_task()
+    # reads the same attribute but raises outside a task, which would cost an
+    # exception on every event of a plain thread.
     try:
-        from trio._core._run import GLOBAL_RUN_CONTEXT
+        from trio._core import _run
+
+        ctx: Any = _run.GLOBAL_RUN_CONTEXT
     except Exception:  # pragma: no cover - a trio without it: fall back to threads
-        GLOBAL_RUN_CONTEXT = threading.local()
-    _trio_run_context = GLOBAL_RUN_CONTEXT
-    return GLOBAL_RUN_CONTEXT
+        ctx = threading.local()
+    _trio_run_context = ctx
+    return ctx
 
 
 def _new_task_thread(task: Any, kind: str) -> LogicalThread:
-    if kind == "asyncio":
-        name = task.get_name()
-    else:
-        name = task.name
+    name = task.get_name() if kind == "asyncio" else task.name
     lt = LogicalThread(kind, str(name), task)
     try:
         setattr(task, _TASK_ATTR, lt)

@@ -1,0 +1,165 @@
+"""``aprof`` on the command line (SPEC 10.1).
+
+``aprof run [options] script.py [args...]`` or ``aprof run -m module
+[args...]`` profiles a program from its first line, prints the summary table
+and writes the trace, even when the program raises, exits or is interrupted.
+The program's exit code is aprof's. ``aprof report FILE`` prints the summary
+of a saved session.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+
+from .. import _version
+from .._core._profiler import profile
+from .._core._propagation import install_propagation, uninstall_propagation
+from .._post._analysis import _SORT_KEYS
+from .._post._session import Session, load
+
+__all__ = ["main"]
+
+_FORMATS = (".json", ".json.gz", ".aprof")
+
+
+class _UsageError(Exception):
+    """A one-line error for the user, printed without a traceback."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="aprof", description="A profiler for async Python.")
+    p.add_argument("--version", action="version", version=f"aprof {_version.__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="profile a Python program", description="Profile a script or module from its first line.")
+    run.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script (like python -m)")
+    run.add_argument("-o", "--output", metavar="FILE", help=f"write the trace here; format from the name: {', '.join(_FORMATS)} (default: <program>.trace.json)")
+    run.add_argument("--scope", choices=("context", "global"), default="global", help="record the whole process (global, the default) or only the main context and what it spawns")
+    run.add_argument("--propagate", action="store_true", help="carry context into run_in_executor, ThreadPoolExecutor.submit and threading.Thread")
+    run.add_argument("--with-stack", action="store_true", help="attach the Python stack to each range")
+    run.add_argument("--sort", default="total", choices=sorted(_SORT_KEYS), help="sort the summary table by this column")
+    run.add_argument("--row-limit", type=int, default=30, help="rows in the summary table (default 30)")
+    run.add_argument("--no-summary", action="store_true", help="do not print the summary table")
+    run.add_argument("target", nargs="?", help="the script to run")
+    run.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the program")
+
+    report = sub.add_parser("report", help="print the summary of a saved session")
+    report.add_argument("file")
+    report.add_argument("--sort", default="total", choices=sorted(_SORT_KEYS))
+    report.add_argument("--row-limit", type=int, default=30)
+    report.add_argument("--group-by", default="name", choices=("name", "track", "stack"))
+    return p
+
+
+def _output_path(args: argparse.Namespace) -> Path:
+    if args.output:
+        out = Path(args.output)
+        if not any(out.name.lower().endswith(s) for s in _FORMATS):
+            raise _UsageError(f"cannot tell the format of {args.output!r}: use a name ending in {', '.join(_FORMATS)}")
+        if not out.parent.is_dir():
+            raise _UsageError(f"cannot write {args.output!r}: directory {str(out.parent)!r} does not exist")
+        return out
+    stem = args.module if args.module else Path(args.target).stem
+    return Path(f"{stem}.trace.json")
+
+
+def _write(session: Session, out: Path) -> None:
+    if out.name.lower().endswith(".aprof"):
+        session.save(out)
+    else:
+        session.export_chrome_trace(out)
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.module and args.target:
+        args.args = [args.target, *args.args]
+        args.target = None
+    if not args.module and not args.target:
+        raise _UsageError("run: give a script (aprof run script.py) or a module (aprof run -m module)")
+    if args.target and not Path(args.target).is_file():
+        raise _UsageError(f"run: cannot find script {args.target!r}")
+    out = _output_path(args)
+
+    prog = args.module or args.target
+    sys.argv = [prog, *args.args]
+    if args.target:
+        sys.path.insert(0, str(Path(args.target).resolve().parent))
+    if args.propagate:
+        install_propagation()
+    prof = profile(scope=args.scope, with_stack=args.with_stack)
+    code = 0
+    prof.start()
+    try:
+        if args.module:
+            runpy.run_module(args.module, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(args.target, run_name="__main__")
+    except SystemExit as exc:
+        code = _exit_code(exc.code)
+    except KeyboardInterrupt:
+        print("aprof: interrupted", file=sys.stderr)
+        code = 130
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        if prof.running:
+            prof.stop()
+        if args.propagate:
+            uninstall_propagation()
+    session = prof.session
+    if not args.no_summary:
+        print(session.key_averages().table(sort_by=args.sort, row_limit=args.row_limit), file=sys.stderr)
+    try:
+        _write(session, out)
+    except (OSError, ValueError, TypeError) as exc:
+        print(f"aprof: {exc}", file=sys.stderr)
+        return code or 1
+    print(f"aprof: wrote {out} ({len(session.events())} events on {len(session.tracks())} tracks)", file=sys.stderr)
+    return code
+
+
+def _exit_code(code: object) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _report(args: argparse.Namespace) -> int:
+    try:
+        session = load(args.file)
+    except FileNotFoundError:
+        raise _UsageError(f"report: no such file {args.file!r}") from None
+    except (ValueError, OSError) as exc:
+        raise _UsageError(str(exc)) from None
+    print(session.key_averages(args.group_by).table(sort_by=args.sort, row_limit=args.row_limit))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code."""
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "run":
+            return _run(args)
+        return _report(args)
+    except _UsageError as exc:
+        print(f"aprof: {exc}", file=sys.stderr)
+        return 2
+
+
+def entry() -> None:  # pragma: no cover - thin wrapper for console_scripts
+    sys.exit(main())
+
+
+if __name__ == "__main__":  # pragma: no cover
+    os._exit(main())
