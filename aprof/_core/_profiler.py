@@ -13,7 +13,9 @@ thread in the process is recorded while it runs.
 
 from __future__ import annotations
 
+import sys
 import warnings
+from collections.abc import Callable
 from time import perf_counter_ns
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -109,6 +111,7 @@ class profile:
         self._global_handle: int | None = None
         self._prev_recorder: Recorder | None = None
         self._prev_slot: object = None
+        self._task_hooks: list[Callable[[], None]] = []
         self._session: Session | None = None
 
     # -- lifecycle ----------------------------------------------------------
@@ -129,7 +132,9 @@ class profile:
             raise RuntimeError("profile.start: this profile is already running")
         lt = current_logical_thread()
         node = get_default_node_id() if self.node_id is None else self.node_id
-        state = ProfilerState(record_inputs=self.record_inputs, with_stack=self.with_stack, node_id=node, start_lt=lt)
+        state = ProfilerState(
+            record_inputs=self.record_inputs, with_stack=self.with_stack, node_id=node, start_lt=lt, tasks=self.tasks
+        )
         recorder = Recorder(state)
         if self.scope == "global":
             self._global_handle = _callbacks.add_global_callback(_global_callback(recorder))
@@ -152,6 +157,8 @@ class profile:
         self._state = state
         self._recorder = recorder
         self._session = None
+        if self.tasks:
+            self._task_hooks = _install_task_hooks(recorder, global_scope=self.scope == "global")
         return self
 
     def stop(self) -> profile:
@@ -172,6 +179,9 @@ class profile:
         state.stop_ns = stop_ns
         recorder.state = None
         self._state = self._recorder = None
+        hooks, self._task_hooks = self._task_hooks, []
+        for undo in hooks:
+            undo()
         if self._global_handle is not None:
             _callbacks.remove_callback(self._global_handle)
             self._global_handle = None
@@ -228,6 +238,8 @@ class profile:
         slot = getattr(self, "_slot", None)
         if slot is not None:
             slot.value = None
+        for undo in getattr(self, "_task_hooks", ()):
+            undo()
         handle = getattr(self, "_global_handle", None)
         if handle is not None:
             _callbacks.remove_callback(handle)
@@ -267,6 +279,36 @@ class profile:
     def __repr__(self) -> str:
         status = "running" if self._state is not None else ("stopped" if self._session is not None else "new")
         return f"<aprof.profile scope={self.scope} {status}>"
+
+
+def _install_task_hooks(recorder: Recorder, global_scope: bool) -> list[Callable[[], None]]:
+    """Hook task creation in the loop or trio run this profile starts in.
+
+    Returns the undo actions, run at stop. asyncio and trio are imported here
+    only if the program already runs them.
+    """
+    undo: list[Callable[[], None]] = []
+    if global_scope:
+        from .._integrations._tasks import global_task_recorders
+
+        global_task_recorders.append(recorder)
+        undo.append(lambda: global_task_recorders.remove(recorder))
+    if "asyncio" in sys.modules:
+        from .._integrations import _asyncio
+
+        loop = _asyncio.running_loop()
+        if loop is not None:
+            _asyncio.install_task_factory(loop)
+            undo.append(lambda: _asyncio.uninstall_task_factory(loop))
+    if "trio" in sys.modules:
+        import trio
+
+        if trio.lowlevel.in_trio_run():
+            from .._integrations import _trio
+
+            token = _trio.install_instrument()
+            undo.append(lambda: _trio.uninstall_instrument(token))
+    return undo
 
 
 def _global_callback(recorder: Recorder) -> RecordFunctionCallback:

@@ -80,10 +80,14 @@ class ProfilerState:
         "start_lt",
         "start_ns",
         "stop_ns",
+        "tasks",
         "with_stack",
     )
 
-    def __init__(self, *, record_inputs: bool, with_stack: bool, node_id: int, start_lt: LogicalThread) -> None:
+    def __init__(
+        self, *, record_inputs: bool, with_stack: bool, node_id: int, start_lt: LogicalThread, tasks: bool = False
+    ) -> None:
+        self.tasks = tasks
         self.lists: dict[LogicalThread, list[list[Any]]] = {}
         self.running = True
         self.record_inputs = record_inputs

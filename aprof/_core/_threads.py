@@ -89,6 +89,16 @@ class LogicalThread:
         self.os_thread_id = threading.get_ident()
         self._task_ref = weakref.ref(task) if task is not None else None
 
+    def bind(self, task: object, kind: str) -> None:
+        """Make this the logical thread of ``task`` (created before the task was)."""
+        self.kind = kind
+        self._task_ref = weakref.ref(task)
+        try:
+            setattr(task, _TASK_ATTR, self)
+        except AttributeError:  # a task class with __slots__: keep it in a side table
+            _side_table[id(task)] = self
+            weakref.finalize(task, _side_table.pop, id(task), None)
+
     def current_name(self) -> str:
         """The task's name now (tasks can be renamed), else the name it had."""
         ref = self._task_ref
@@ -128,13 +138,26 @@ def _find_trio_run_context() -> Any:
 
 def _new_task_thread(task: Any, kind: str) -> LogicalThread:
     name = task.get_name() if kind == "asyncio" else task.name
-    lt = LogicalThread(kind, str(name), task)
-    try:
-        setattr(task, _TASK_ATTR, lt)
-    except AttributeError:  # a task class with __slots__: keep it in a side table
-        _side_table[id(task)] = lt
-        weakref.finalize(task, _side_table.pop, id(task), None)
+    lt = LogicalThread(kind, str(name))
+    lt.bind(task, kind)
     return lt
+
+
+def current_task_and_kind() -> tuple[Any, str]:
+    """The running asyncio or trio task and its kind, or (None, "thread")."""
+    loop = _get_running_loop()
+    if loop is not None:
+        task = _task_of(loop)
+        if task is not None:
+            return task, "asyncio"
+    trio_context = _trio_run_context
+    if trio_context is None and "trio" in sys.modules:
+        trio_context = _find_trio_run_context()
+    if trio_context is not None:
+        task = getattr(trio_context, "task", None)
+        if task is not None:
+            return task, "trio"
+    return None, "thread"
 
 
 _side_table: dict[int, LogicalThread] = {}

@@ -20,6 +20,7 @@ import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from .._core._callbacks import RecordScope
 from ._files import atomic_write_text, check_output_path
 
 if TYPE_CHECKING:
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
 __all__ = ["export_chrome_trace", "chrome_trace_chunks"]
 
 SUFFIXES = (".json", ".json.gz")
+# Rows showing when each task ran get tids above any logical thread id.
+_RUNNING_TID_BASE = 1 << 40
 
 
 def _json_default(value: object) -> str:
@@ -70,8 +73,11 @@ def _event_args(ev: FunctionEvent) -> str:
         args["end_thread_id"] = ev.end_thread_id
     if ev.stack is not None:
         args["stack"] = [f"{f}:{line} {fn}" for f, line, fn in ev.stack]
+    if ev.running_ns is not None:
+        args["running_ns"] = ev.running_ns
+        args["waiting_ns"] = ev.waiting_ns
     if ev.extra:
-        args.update(ev.extra)
+        args.update((k, v) for k, v in ev.extra.items() if k != "steps")
     return _dumps(args) if args else ""
 
 
@@ -96,13 +102,21 @@ def chrome_trace_chunks(session: Session) -> Iterator[str]:
     for node in nodes:
         pid = pids.get(node, node)
         yield sep() + f'{{"ph":"M","name":"process_name","pid":{pid},"tid":0,"args":{{"name":{_dumps(f"aprof node {node}")}}}}}'
+    stepped = {e.thread_id for e in session.events() if e.scope is RecordScope.TASK and e.extra and e.extra.get("steps")}
     for order, track in enumerate(session.tracks()):
         pid = pids.get(track.node_id, track.node_id)
         label = track.name if track.kind == "thread" else f"{track.name} [{track.kind}]"
         yield sep() + f'{{"ph":"M","name":"thread_name","pid":{pid},"tid":{track.id},"args":{{"name":{_dumps(label)}}}}}'
-        yield sep() + f'{{"ph":"M","name":"thread_sort_index","pid":{pid},"tid":{track.id},"args":{{"sort_index":{order}}}}}'
+        yield sep() + f'{{"ph":"M","name":"thread_sort_index","pid":{pid},"tid":{track.id},"args":{{"sort_index":{2 * order}}}}}'
+        if track.id in stepped:
+            # A task's steps overlap its ranges without nesting in them, so
+            # they get a row of their own, right under the task's.
+            rid = _RUNNING_TID_BASE + track.id
+            yield sep() + f'{{"ph":"M","name":"thread_name","pid":{pid},"tid":{rid},"args":{{"name":{_dumps(label + " running")}}}}}'
+            yield sep() + f'{{"ph":"M","name":"thread_sort_index","pid":{pid},"tid":{rid},"args":{{"sort_index":{2 * order + 1}}}}}'
 
     async_id = 0
+    flow_id = 0
     for ev in session.events():
         name = names.get(ev.name)
         if name is None:
@@ -131,6 +145,28 @@ def chrome_trace_chunks(session: Session) -> Iterator[str]:
                 f'{{"ph":"X","name":{name},"cat":"{cat}","pid":{pid},"tid":{ev.thread_id},'
                 f'"ts":{ts:.3f},"dur":{dur:.3f}{args_part}}}'
             )
+        if ev.forward_thread_id and ev.sequence_nr > 0:
+            # A flow arrow from the spawn/submit point to the start of the work.
+            flow_id += 1
+            link_ns = ev.start_ns
+            if ev.extra:
+                link_ns = int(ev.extra.get("spawn_ns", ev.extra.get("submit_ns", link_ns)))
+            ts0 = (link_ns - base) / 1000.0
+            yield sep() + (
+                f'{{"ph":"s","name":"spawn","cat":"{cat}","id":{flow_id},"pid":{pid},'
+                f'"tid":{ev.forward_thread_id},"ts":{ts0:.3f}}}'
+            )
+            yield sep() + (
+                f'{{"ph":"f","bp":"e","name":"spawn","cat":"{cat}","id":{flow_id},"pid":{pid},'
+                f'"tid":{ev.thread_id},"ts":{ts:.3f}}}'
+            )
+        if ev.scope is RecordScope.TASK and ev.extra:
+            steps = ev.extra.get("steps") or ()
+            rid = _RUNNING_TID_BASE + ev.thread_id
+            for i in range(0, len(steps) - 1, 2):
+                s0 = (steps[i] - base) / 1000.0
+                d = (steps[i + 1] - steps[i]) / 1000.0
+                yield sep() + f'{{"ph":"X","name":"running","cat":"step","pid":{pid},"tid":{rid},"ts":{s0:.3f},"dur":{d:.3f}}}'
     yield "\n]}\n"
 
 

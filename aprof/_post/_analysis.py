@@ -50,10 +50,10 @@ class FunctionEventAvg:
         self.count += 1
         self.total_ns += d
         self.self_ns += ev.self_duration_ns
-        extra = ev.extra
-        if extra:
-            self.running_ns += int(extra.get("running_ns", 0))
-            self.waiting_ns += int(extra.get("waiting_ns", 0))
+        if ev.running_ns is not None:
+            self.running_ns += ev.running_ns
+        if ev.waiting_ns is not None:
+            self.waiting_ns += ev.waiting_ns
 
     def __repr__(self) -> str:
         return f"<FunctionEventAvg {self.key!r} count={self.count} total={_fmt(self.total_ns)}>"

@@ -14,6 +14,7 @@ closed at the stop time and flagged ``unfinished``.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -89,6 +90,7 @@ class FunctionEvent:
         "node_id",
         "os_thread_id",
         "parent",
+        "running_ns",
         "scope",
         "sequence_nr",
         "stack",
@@ -96,6 +98,7 @@ class FunctionEvent:
         "thread_id",
         "track",
         "unfinished",
+        "waiting_ns",
     )
 
     name: str
@@ -119,6 +122,8 @@ class FunctionEvent:
     node_id: int
     args: str | None
     extra: dict[str, Any] | None
+    running_ns: int | None
+    waiting_ns: int | None
 
     @property
     def duration_ns(self) -> int:
@@ -158,6 +163,8 @@ class FunctionEvent:
             "node_id": self.node_id,
             "args": self.args,
             "extra": self.extra,
+            "running_ns": self.running_ns,
+            "waiting_ns": self.waiting_ns,
         }
 
     def __repr__(self) -> str:
@@ -169,10 +176,6 @@ class FunctionEvent:
             f"<FunctionEvent {self.name!r} {self.scope.name} track={self.track!r} "
             f"{self.duration_ns / 1e3:.1f}us{flags}{exc}>"
         )
-
-
-def _new_event() -> FunctionEvent:
-    return FunctionEvent.__new__(FunctionEvent)
 
 
 def consolidate(
@@ -191,7 +194,12 @@ def consolidate(
         os_tid = lt.os_thread_id
         tracks[tid] = Track(tid, track_name, lt.kind, os_tid, node_id)
         stack: list[FunctionEvent] = []
-        for rec in list(raw):
+        raw = list(raw)
+        if any(raw[i][R_START] > raw[i + 1][R_START] for i in range(len(raw) - 1)):
+            # An eager task's first step records before its TASK record is
+            # appended (the task is created by its own first step's caller).
+            raw.sort(key=_start_of)
+        for rec in raw:
             ev = new(FunctionEvent)
             start = ev.start_ns = rec[R_START]
             end = rec[R_END]
@@ -214,6 +222,7 @@ def consolidate(
             ev.stack = rec[R_STACK]
             ev.args = rec[R_ARGS]
             ev.extra = rec[R_EXTRA]
+            ev.running_ns = ev.waiting_ns = None
             ev.node_id = node_id
             ev.children = []
             ev.is_instant = instant = rec[R_KIND] == KIND_INSTANT
@@ -234,7 +243,91 @@ def consolidate(
                 if not instant:
                     stack.append(ev)
             append(ev)
+    _finish_tasks(events, tracks)
+    _link_across_tracks(events)
     return events, tracks
+
+
+def _start_of(rec: list[Any]) -> int:
+    return rec[R_START]  # type: ignore[no-any-return]
+
+
+def _finish_tasks(events: list[FunctionEvent], tracks: dict[int, Track]) -> None:
+    """Name TASK events after their track; split time into running and waiting.
+
+    A task's steps are the stretches in which it ran on the loop. Every range
+    on the task's track gets the part of its span covered by steps as
+    ``running_ns``, and the rest as ``waiting_ns``.
+    """
+    steps_of: dict[int, list[int]] = {}
+    for ev in events:
+        if ev.scope is RecordScope.TASK and ev.extra is not None:
+            raw_steps = ev.extra.get("steps")
+            flat = list(raw_steps) if raw_steps is not None else []
+            if len(flat) % 2:
+                flat.append(ev.end_ns)
+            extra = dict(ev.extra)
+            extra["steps"] = flat
+            extra.setdefault("outcome", "unfinished" if ev.unfinished else "finished")
+            ev.extra = extra
+            ev.name = tracks[ev.thread_id].name if ev.thread_id in tracks else ev.name
+            steps_of[ev.thread_id] = flat
+    if not steps_of:
+        return
+    for ev in events:
+        task_steps = steps_of.get(ev.thread_id)
+        if task_steps is None or ev.is_instant:
+            continue
+        running = _overlap(task_steps, ev.start_ns, ev.end_ns)
+        ev.running_ns = running
+        ev.waiting_ns = max(0, ev.duration_ns - running)
+
+
+def _overlap(flat: list[int], start: int, end: int) -> int:
+    """Time in [start, end] covered by the (start, end) pairs in ``flat``."""
+    i = bisect_right(flat, start)
+    i -= i % 2  # to the pair that may contain start
+    total = 0
+    n = len(flat)
+    while i < n:
+        s0, s1 = flat[i], flat[i + 1]
+        if s0 >= end:
+            break
+        lo = s0 if s0 > start else start
+        hi = s1 if s1 < end else end
+        if hi > lo:
+            total += hi - lo
+        i += 2
+    return total
+
+
+def _link_across_tracks(events: list[FunctionEvent]) -> None:
+    """Give spawned and submitted work a parent on the spawner's track.
+
+    A TASK or EXECUTOR event that is top-level on its own track gets as
+    ``parent`` the innermost range open on the spawning track at the spawn
+    (or submit) time. It is not added to that range's ``children``: it runs
+    concurrently, so it is not part of the range's self time.
+    """
+    by_track: dict[int, list[FunctionEvent]] = {}
+    for ev in events:
+        if not ev.is_async and not ev.is_instant:
+            by_track.setdefault(ev.thread_id, []).append(ev)
+    starts = {tid: [e.start_ns for e in evs] for tid, evs in by_track.items()}
+    for ev in events:
+        if ev.parent is not None or not ev.forward_thread_id:
+            continue
+        link_ns = ev.start_ns
+        if ev.extra:
+            link_ns = int(ev.extra.get("spawn_ns", ev.extra.get("submit_ns", link_ns)))
+        evs = by_track.get(ev.forward_thread_id)
+        if not evs:
+            continue
+        i = bisect_right(starts[ev.forward_thread_id], link_ns) - 1
+        cand: FunctionEvent | None = evs[i] if i >= 0 else None
+        while cand is not None and cand.end_ns < link_ns:
+            cand = cand.parent
+        ev.parent = cand
 
 
 def roots(events: Iterable[FunctionEvent]) -> list[FunctionEvent]:

@@ -38,7 +38,7 @@ SUFFIXES: Final = (".aprof",)
 _FIELDS: Final = (
     "name", "scope", "start_ns", "end_ns", "thread_id", "end_thread_id", "os_thread_id", "track",
     "is_async", "is_instant", "unfinished", "exception", "sequence_nr", "forward_thread_id",
-    "inputs", "stack", "node_id", "args", "extra", "parent",
+    "inputs", "stack", "node_id", "args", "extra", "running_ns", "waiting_ns", "parent",
 )  # fmt: skip
 
 
@@ -212,6 +212,8 @@ def _from_json(doc: dict[str, Any]) -> Session:
         e.node_id = int(d["node_id"])
         e.args = d["args"]
         e.extra = d["extra"]
+        e.running_ns = None if d["running_ns"] is None else int(d["running_ns"])
+        e.waiting_ns = None if d["waiting_ns"] is None else int(d["waiting_ns"])
         e.parent = None
         e.children = []
         events.append(e)
@@ -220,6 +222,6 @@ def _from_json(doc: dict[str, Any]) -> Session:
         if pi >= 0:
             parent = events[pi]
             e.parent = parent
-            if not e.is_async:
+            if not e.is_async and parent.thread_id == e.thread_id:
                 parent.children.append(e)
     return Session(events, tracks, dict(doc["metadata"]))

@@ -1,0 +1,1 @@
+"""Integrations: asyncio/uvloop and trio task hooks (anyio rides on both)."""

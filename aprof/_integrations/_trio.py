@@ -1,0 +1,125 @@
+"""trio tasks (SPEC 7.1-7.3), through trio's Instrument API.
+
+trio reports exact task steps (``before_task_step`` / ``after_task_step``),
+spawns (``task_spawned``, called in the spawner's step, so the spawner is the
+current task) and exits. The instrument is added to the run in which a
+profile recording tasks starts, and removed when the last such profile
+stops, even on error.
+
+This module is imported only when trio is already running: aprof never
+imports trio itself.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any
+
+import trio
+
+from .._core._threads import LogicalThread
+from ._tasks import TaskRecords, recorders_in, spawn_records
+
+__all__ = ["install_instrument", "uninstall_instrument"]
+
+
+def _exit_outcome() -> tuple[str, str | None]:
+    # The Instrument API's task_exited(task) does not pass the outcome; the
+    # runner's task_exited(task, outcome) frame, two calls up, has it.
+    f = sys._getframe(2)
+    for _ in range(4):
+        if f is None:
+            break
+        if f.f_code.co_name == "task_exited" and "outcome" in f.f_locals:
+            outcome = f.f_locals["outcome"]
+            error = getattr(outcome, "error", None)
+            if error is None:
+                return "returned", None
+            name = type(error).__name__
+            return ("cancelled" if isinstance(error, trio.Cancelled) else f"raised {name}"), name
+        f = f.f_back  # type: ignore[assignment]
+    return "finished", None
+
+
+class TaskInstrument(trio.abc.Instrument):
+    """Opens TASK records at spawn, stamps steps, closes them at exit."""
+
+    def __init__(self) -> None:
+        self.count = 1
+        self._tasks: dict[trio.lowlevel.Task, TaskRecords] = {}
+
+    def task_spawned(self, task: trio.lowlevel.Task) -> None:
+        recorders = recorders_in(task.context)
+        if not recorders:
+            return
+        lt = LogicalThread("trio", task.name)
+        lt.bind(task, "trio")
+        coro_name = getattr(task.coro, "__qualname__", None) or type(task.coro).__qualname__
+        self._tasks[task] = spawn_records(recorders, lt, task.name, coro_name)
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        records = self._tasks.get(task)
+        if records is not None:
+            records.step_started()
+
+    def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        records = self._tasks.get(task)
+        if records is not None:
+            records.step_ended()
+
+    def task_exited(self, task: trio.lowlevel.Task) -> None:
+        records = self._tasks.pop(task, None)
+        if records is not None:
+            outcome, exc_name = _exit_outcome()
+            records.finished(outcome, exc_name)
+
+
+_installed: dict[Any, TaskInstrument] = {}
+_lock = threading.Lock()
+
+
+def install_instrument() -> Any:
+    """Add (or count one more user of) the instrument in the current trio run.
+
+    Returns:
+        A token for :func:`uninstall_instrument`.
+    """
+    runner_token = trio.lowlevel.current_trio_token()
+    with _lock:
+        inst = _installed.get(runner_token)
+        if inst is not None:
+            inst.count += 1
+            return runner_token
+        inst = TaskInstrument()
+        _installed[runner_token] = inst
+    trio.lowlevel.add_instrument(inst)
+    return runner_token
+
+
+def uninstall_instrument(runner_token: Any) -> None:
+    """Drop one user; the last one removes the instrument, if its run is alive."""
+    with _lock:
+        inst = _installed.get(runner_token)
+        if inst is None:
+            return
+        inst.count -= 1
+        if inst.count > 0:
+            return
+        del _installed[runner_token]
+    try:
+        runner_token.run_sync_soon(_remove, inst)
+    except trio.RunFinishedError:
+        pass  # the run ended: its instruments went with it
+    else:
+        try:
+            trio.lowlevel.remove_instrument(inst)  # in the run: now, not later
+        except (RuntimeError, KeyError):
+            pass  # not inside the run (stopped from a thread): run_sync_soon does it
+
+
+def _remove(inst: TaskInstrument) -> None:
+    try:
+        trio.lowlevel.remove_instrument(inst)
+    except KeyError:
+        pass  # already removed
