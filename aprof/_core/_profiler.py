@@ -58,6 +58,9 @@ class profile:
         python_tracer: Record every Python call (the tracer; not built yet).
         profile_memory: Record allocations (not built yet).
         tasks: Record every spawned task as a TASK range on its own track.
+        loop_block_threshold: Record every stretch in which one step or
+            callback held the event loop longer than this many seconds, with
+            the stack of the blocking code (LOOP_BLOCK ranges).
         scope: ``"context"`` (the default: this context and what it spawns)
             or ``"global"`` (every logical thread in the process).
         node_id: Tag events with this node id (default:
@@ -90,6 +93,7 @@ class profile:
         profile_memory: bool = False,
         tasks: bool = True,
         scope: Literal["context", "global"] = "context",
+        loop_block_threshold: float | None = None,
         node_id: int | None = None,
     ) -> None:
         self.record_inputs = _check_bool("record_inputs", record_inputs)
@@ -103,6 +107,16 @@ class profile:
             raise ValueError(f"profile: option 'scope' must be 'context' or 'global', got {scope!r}")
         if node_id is not None and (isinstance(node_id, bool) or not isinstance(node_id, int) or node_id < 0):
             raise ValueError(f"profile: option 'node_id' must be an int >= 0, got {node_id!r}")
+        if loop_block_threshold is not None and (
+            isinstance(loop_block_threshold, bool)
+            or not isinstance(loop_block_threshold, (int, float))
+            or not loop_block_threshold > 0
+            or loop_block_threshold == float("inf")
+        ):
+            raise ValueError(
+                f"profile: option 'loop_block_threshold' must be a number of seconds > 0, got {loop_block_threshold!r}"
+            )
+        self.loop_block_threshold = loop_block_threshold
         self.scope = scope
         self.node_id = node_id
         self._state: ProfilerState | None = None
@@ -159,6 +173,8 @@ class profile:
         self._session = None
         if self.tasks:
             self._task_hooks = _install_task_hooks(recorder, global_scope=self.scope == "global")
+        if self.loop_block_threshold is not None:
+            self._task_hooks += _start_loop_watch(state, self.loop_block_threshold)
         return self
 
     def stop(self) -> profile:
@@ -309,6 +325,24 @@ def _install_task_hooks(recorder: Recorder, global_scope: bool) -> list[Callable
             token = _trio.install_instrument()
             undo.append(lambda: _trio.uninstall_instrument(token))
     return undo
+
+
+def _start_loop_watch(state: ProfilerState, threshold: float) -> list[Callable[[], None]]:
+    """Watch the running asyncio loop or trio run for steps longer than ``threshold``."""
+    from .._integrations import _loop_block
+
+    if "asyncio" in sys.modules:
+        from .._integrations._asyncio import running_loop
+
+        loop = running_loop()
+        if loop is not None:
+            return [_loop_block.start_asyncio(state, threshold, loop)]
+    if "trio" in sys.modules:
+        import trio
+
+        if trio.lowlevel.in_trio_run():
+            return [_loop_block.start_trio(state, threshold)]
+    return []
 
 
 def _global_callback(recorder: Recorder) -> RecordFunctionCallback:
