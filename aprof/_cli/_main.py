@@ -92,6 +92,8 @@ def _run(args: argparse.Namespace) -> int:
         sys.path.insert(0, str(Path(args.target).resolve().parent))
     if args.propagate:
         install_propagation()
+    if args.scope == "global":
+        import asyncio  # noqa: F401  (so the global profile can hook the loops the program creates)
     prof = profile(scope=args.scope, with_stack=args.with_stack)
     code = 0
     prof.start()

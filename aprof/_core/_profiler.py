@@ -312,6 +312,8 @@ def _install_task_hooks(recorder: Recorder, global_scope: bool) -> list[Callable
     if "asyncio" in sys.modules:
         from .._integrations import _asyncio
 
+        if global_scope:
+            undo.append(_asyncio.hook_new_loops())
         loop = _asyncio.running_loop()
         if loop is not None:
             _asyncio.install_task_factory(loop)

@@ -187,3 +187,52 @@ def running_loop() -> asyncio.AbstractEventLoop | None:
         return asyncio.get_running_loop()
     except RuntimeError:
         return None
+
+
+# ---------------------------------------------------------------------------
+# Loops created while a global profile runs (asyncio.run, uvloop.run, ...)
+# ---------------------------------------------------------------------------
+
+_hook_lock = threading.Lock()
+_hook_users = 0
+_original_lazy_init: Any = None
+_hooked_loops: list[asyncio.AbstractEventLoop] = []
+
+
+def hook_new_loops() -> Callable[[], None]:
+    """Install the task factory on every loop ``asyncio.Runner`` creates from now on.
+
+    ``asyncio.run`` and ``uvloop.run`` both go through ``asyncio.Runner``, so
+    a global profile started before the program's loop exists (``aprof run``)
+    still sees its tasks. Returns the undo action.
+    """
+    global _hook_users, _original_lazy_init
+    import asyncio.runners
+
+    with _hook_lock:
+        _hook_users += 1
+        if _hook_users == 1:
+            original = _original_lazy_init = asyncio.runners.Runner._lazy_init  # type: ignore[attr-defined]
+
+            def _lazy_init(self: Any) -> None:
+                original(self)
+                loop = getattr(self, "_loop", None)
+                if loop is not None and loop not in _hooked_loops:
+                    install_task_factory(loop)
+                    _hooked_loops.append(loop)
+
+            asyncio.runners.Runner._lazy_init = _lazy_init  # type: ignore[attr-defined]
+
+    def undo() -> None:
+        global _hook_users
+        with _hook_lock:
+            _hook_users -= 1
+            if _hook_users > 0:
+                return
+            asyncio.runners.Runner._lazy_init = _original_lazy_init  # type: ignore[attr-defined]
+            loops = list(_hooked_loops)
+            _hooked_loops.clear()
+        for loop in loops:
+            uninstall_task_factory(loop)
+
+    return undo

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Final
 
+from .._core._callbacks import RecordScope
 from ._events import FunctionEvent
 
 if TYPE_CHECKING:
@@ -160,8 +161,12 @@ def key_averages(session: Session, group_by: str = "name") -> EventAverages:
         if ev.is_instant:
             continue
         if group_by == "name":
-            k: Any = ev.name
-            label = ev.name
+            if ev.scope is RecordScope.TASK and ev.extra and ev.extra.get("coro"):
+                # Tasks are named one by one (Task-7, ...): group them by coroutine.
+                label = f"task {ev.extra['coro']}"
+                k: Any = (RecordScope.TASK, label)
+            else:
+                k = label = ev.name
             stack: tuple[tuple[str, int, str], ...] = ()
         elif group_by == "track":
             k = ev.thread_id

@@ -1,0 +1,115 @@
+"""The command line as a user runs it: a subprocess (SPEC 10.1)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import aprof
+
+from .tracecheck import validate_trace
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
+
+
+def run_aprof(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "aprof", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_every_example_runs_under_aprof(example: Path, tmp_path: Path) -> None:
+    # SPEC 10.1, STYLE "every example runs in the test suite".
+    out = tmp_path / "trace.json"
+    proc = run_aprof("run", "-o", str(out), str(example), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    doc = validate_trace(out)
+    assert any(e.get("ph") == "X" for e in doc["traceEvents"])
+    assert f"wrote {out}" in proc.stderr
+
+
+def test_run_fanout_shows_tasks_executors_and_arrows(tmp_path: Path) -> None:
+    # SPEC 10.1, 7.1, 7.2, 7.4: the README's main job.
+    out = tmp_path / "trace.json"
+    proc = run_aprof("run", "-o", str(out), str(ROOT / "examples" / "fanout.py"), "4", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "handled 4 requests" in proc.stdout
+    assert "task handle" in proc.stderr  # the summary table groups tasks by coroutine
+    events = validate_trace(out)["traceEvents"]
+    cats = {e.get("cat") for e in events if e.get("ph") == "X"}
+    assert {"task", "user_scope", "executor"} <= cats
+    assert sum(1 for e in events if e.get("ph") == "s") == sum(1 for e in events if e.get("ph") == "f") > 0
+    names = {e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "thread_name"}
+    assert any(n.startswith("cache-") for n in names)
+
+
+def test_exit_code_and_trace_survive_a_failing_program(tmp_path: Path) -> None:
+    # SPEC 10.1: the program's exit code is aprof's; the trace is written anyway.
+    script = tmp_path / "fails.py"
+    script.write_text("import aprof, sys\nwith aprof.record_function('before'):\n    pass\nsys.exit(3)\n")
+    out = tmp_path / "t.json"
+    proc = run_aprof("run", "-o", str(out), str(script), cwd=tmp_path)
+    assert proc.returncode == 3
+    assert "before" in {e.get("name") for e in validate_trace(out)["traceEvents"]}
+
+    script.write_text("import aprof\nwith aprof.record_function('doomed'):\n    raise ValueError('boom')\n")
+    proc = run_aprof("run", "-o", str(out), str(script), cwd=tmp_path)
+    assert proc.returncode == 1
+    assert "ValueError: boom" in proc.stderr
+    doomed = [e for e in validate_trace(out)["traceEvents"] if e.get("name") == "doomed"]
+    assert doomed[0]["args"]["exception"] == "ValueError"
+
+
+def test_script_arguments_and_module_mode(tmp_path: Path) -> None:
+    # SPEC 10.1: `aprof run -m module args...`, and args reach the script.
+    (tmp_path / "mymod.py").write_text("import sys\nprint('argv', sys.argv[1:])\n")
+    proc = run_aprof("run", "--no-summary", "-o", "m.json", "-m", "mymod", "a", "-o", "b", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "argv ['a', '-o', 'b']" in proc.stdout
+    validate_trace(tmp_path / "m.json")
+
+
+def test_session_output_and_report(tmp_path: Path) -> None:
+    # SPEC 10.1, 6.5: `-o x.aprof` writes a session; `aprof report` prints its summary.
+    script = tmp_path / "s.py"
+    script.write_text("import aprof\nfor _ in range(3):\n    with aprof.record_function('step'):\n        pass\n")
+    proc = run_aprof("run", "-o", "s.aprof", str(script), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert [e.name for e in aprof.load(tmp_path / "s.aprof").events()] == ["step"] * 3
+    report = run_aprof("report", "s.aprof", cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    row = next(line for line in report.stdout.splitlines() if line.startswith("step"))
+    assert row.split()[1] == "3"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run", "missing.py"], "cannot find script 'missing.py'"),
+        (["run", "-o", "t.txt", "s.py"], "cannot tell the format of 't.txt'"),
+        (["run", "-o", "nodir/t.json", "s.py"], "directory 'nodir' does not exist"),
+        (["report", "nothere.aprof"], "no such file 'nothere.aprof'"),
+        (["report", "garbage.aprof"], "is truncated or not JSON"),
+    ],
+)
+def test_bad_input_is_one_line_naming_it(tmp_path: Path, args: list[str], message: str) -> None:
+    # SPEC 10.1, 12: a one-line error that names the file, not a traceback.
+    (tmp_path / "s.py").write_text("pass\n")
+    (tmp_path / "garbage.aprof").write_text("{not json")
+    proc = run_aprof(*args, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_python_dash_m_aprof_matches_the_console_script(tmp_path: Path) -> None:
+    # SPEC 10.1: `python -m aprof` is the same program.
+    proc = run_aprof("--version", cwd=tmp_path)
+    assert proc.returncode == 0
+    assert proc.stdout.strip() == f"aprof {aprof.__version__}"
