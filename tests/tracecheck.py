@@ -25,7 +25,8 @@ def load_trace(path: str | Path) -> dict[str, Any]:
     if raw[:2] == b"\x1f\x8b":
         raw = gzip.decompress(raw)
     doc = json.loads(raw, parse_constant=_reject_constant)
-    assert isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list), "no traceEvents list"
+    assert isinstance(doc, dict), "the trace is not a JSON object"
+    assert isinstance(doc.get("traceEvents"), list), "no traceEvents list"
     return doc
 
 
@@ -41,7 +42,8 @@ def validate_trace(path: str | Path) -> dict[str, Any]:
         assert isinstance(ph, str), f"event without ph: {ev}"
         if ph == "M":
             continue
-        assert "pid" in ev and "tid" in ev, f"event without pid/tid: {ev}"
+        assert "pid" in ev, f"event without pid: {ev}"
+        assert "tid" in ev, f"event without tid: {ev}"
         key = (ev["pid"], ev["tid"])
         if ph == "X":
             assert ev["dur"] >= 0, f"negative dur: {ev}"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, Final
 
 from .._core._callbacks import RecordScope
 from .._core._recorder import (
@@ -71,69 +71,122 @@ class FunctionEvent:
     """One recorded range or instant, after consolidation (SPEC 6.2).
 
     Times are ``time.perf_counter_ns()`` values. ``parent`` and ``children``
-    link ranges nested on the same track; async ranges have a parent (the
-    range they started in) but are not anyone's child.
+    link ranges nested on the same track; async ranges, and the TASK or
+    EXECUTOR range of spawned work, have a parent (the range they started in,
+    or were spawned from) but are not anyone's child.
+
+    An event is a thin view over its raw record: building a million of them
+    at stop costs a handful of attribute stores each, and the fields are read
+    through properties.
     """
 
-    __slots__ = (
-        "args",
-        "children",
-        "end_ns",
-        "end_thread_id",
-        "exception",
-        "extra",
-        "forward_thread_id",
-        "inputs",
-        "is_async",
-        "is_instant",
-        "name",
-        "node_id",
-        "os_thread_id",
-        "parent",
-        "running_ns",
-        "scope",
-        "sequence_nr",
-        "stack",
-        "start_ns",
-        "thread_id",
-        "track",
-        "unfinished",
-        "waiting_ns",
-    )
+    __slots__ = ("_r", "_t", "children", "is_async", "parent", "running_ns", "unfinished", "waiting_ns")
 
-    name: str
-    scope: RecordScope
-    start_ns: int
-    end_ns: int
-    thread_id: int
-    end_thread_id: int
-    os_thread_id: int
-    track: str
-    is_async: bool
-    is_instant: bool
-    unfinished: bool
-    exception: str | None
+    _r: list[Any]
+    _t: Track
     parent: FunctionEvent | None
     children: list[FunctionEvent]
-    sequence_nr: int
-    forward_thread_id: int
-    inputs: tuple[str, ...] | None
-    stack: tuple[tuple[str, int, str], ...] | None
-    node_id: int
-    args: str | None
-    extra: dict[str, Any] | None
+    is_async: bool
+    unfinished: bool
     running_ns: int | None
     waiting_ns: int | None
 
     @property
+    def name(self) -> str:
+        """The range's name (for a TASK range, the task's name)."""
+        return self._r[R_NAME]  # type: ignore[no-any-return]
+
+    @property
+    def scope(self) -> RecordScope:
+        """The kind of range."""
+        return self._r[R_SCOPE]  # type: ignore[no-any-return]
+
+    @property
+    def start_ns(self) -> int:
+        """When it started."""
+        return self._r[R_START]  # type: ignore[no-any-return]
+
+    @property
+    def end_ns(self) -> int:
+        """When it ended (the stop time if it was still open)."""
+        return self._r[R_END]  # type: ignore[no-any-return]
+
+    @property
     def duration_ns(self) -> int:
         """``end_ns - start_ns``."""
-        return self.end_ns - self.start_ns
+        r = self._r
+        return r[R_END] - r[R_START]  # type: ignore[no-any-return]
+
+    @property
+    def thread_id(self) -> int:
+        """The logical thread that started it (its track)."""
+        return self._t.id
+
+    @property
+    def end_thread_id(self) -> int:
+        """The logical thread that ended it."""
+        v = self._r[R_END_LT]
+        return self._t.id if v is None else v
+
+    @property
+    def os_thread_id(self) -> int:
+        """The OS thread its track ran on."""
+        return self._t.os_thread_id
+
+    @property
+    def track(self) -> str:
+        """The name of its track (the task's or thread's name)."""
+        return self._t.name
+
+    @property
+    def node_id(self) -> int:
+        """The node (process) it was recorded in."""
+        return self._t.node_id
+
+    @property
+    def is_instant(self) -> bool:
+        """Whether it is an instant (``aprof.mark``), not a range."""
+        return self._r[R_KIND] == KIND_INSTANT  # type: ignore[no-any-return]
+
+    @property
+    def exception(self) -> str | None:
+        """The type name of the exception that ended it, or None."""
+        return self._r[R_EXC]  # type: ignore[no-any-return]
+
+    @property
+    def sequence_nr(self) -> int:
+        """Sequence number linking it to a spawn or submission (-1 if none)."""
+        return self._r[R_SEQ]  # type: ignore[no-any-return]
+
+    @property
+    def forward_thread_id(self) -> int:
+        """The logical thread that spawned or submitted it (0 if none)."""
+        return self._r[R_FWD]  # type: ignore[no-any-return]
+
+    @property
+    def inputs(self) -> tuple[str, ...] | None:
+        """Reprs of its inputs (``record_inputs=True``), or None."""
+        return self._r[R_INPUTS]  # type: ignore[no-any-return]
+
+    @property
+    def stack(self) -> tuple[tuple[str, int, str], ...] | None:
+        """(file, line, function) frames at its start, innermost first, or None."""
+        return self._r[R_STACK]  # type: ignore[no-any-return]
+
+    @property
+    def args(self) -> str | None:
+        """The ``args`` string given to ``record_function``, or None."""
+        return self._r[R_ARGS]  # type: ignore[no-any-return]
+
+    @property
+    def extra(self) -> dict[str, Any] | None:
+        """Kind-specific fields (tasks: coro, outcome, steps; executors: submit_ns)."""
+        return self._r[R_EXTRA]  # type: ignore[no-any-return]
 
     @property
     def self_duration_ns(self) -> int:
         """Duration minus the time spent in nested children on the same track."""
-        return self.end_ns - self.start_ns - sum(c.end_ns - c.start_ns for c in self.children)
+        return self.duration_ns - sum(c.duration_ns for c in self.children)
 
     def iter_descendants(self) -> Iterator[FunctionEvent]:
         """Children, grandchildren and so on, depth first."""
@@ -168,9 +221,7 @@ class FunctionEvent:
         }
 
     def __repr__(self) -> str:
-        flags = "".join(
-            f" {f}" for f, on in (("async", self.is_async), ("unfinished", self.unfinished)) if on
-        )
+        flags = "".join(f" {f}" for f, on in (("async", self.is_async), ("unfinished", self.unfinished)) if on)
         exc = f" exception={self.exception}" if self.exception else ""
         return (
             f"<FunctionEvent {self.name!r} {self.scope.name} track={self.track!r} "
@@ -178,73 +229,103 @@ class FunctionEvent:
         )
 
 
+_NO_CHILDREN: Final[list[FunctionEvent]] = []  # shared by leaves; replaced on a first child
+
+
+def make_event(rec: list[Any], track: Track, is_async: bool, unfinished: bool) -> FunctionEvent:
+    """An event over ``rec`` with no links yet (used when loading sessions)."""
+    ev = FunctionEvent.__new__(FunctionEvent)
+    ev._r = rec
+    ev._t = track
+    ev.parent = None
+    ev.children = _NO_CHILDREN
+    ev.is_async = is_async
+    ev.unfinished = unfinished
+    ev.running_ns = ev.waiting_ns = None
+    return ev
+
+
+def add_child(parent: FunctionEvent, child: FunctionEvent) -> None:
+    if parent.children is _NO_CHILDREN:
+        parent.children = [child]
+    else:
+        parent.children.append(child)
+
+
 def consolidate(
     lists: dict[LogicalThread, list[list[Any]]], stop_ns: int, node_id: int
 ) -> tuple[list[FunctionEvent], dict[int, Track]]:
-    """Build events and tracks from a stopped profile's raw lists."""
+    """Build events and tracks from a stopped profile's raw lists.
+
+    The raw records become the events' storage: open ones get the stop time
+    as their end, and the ending logical thread is reduced to its id.
+    """
     events: list[FunctionEvent] = []
     tracks: dict[int, Track] = {}
+    spans: dict[int, tuple[int, int]] = {}
     append = events.append
     new = FunctionEvent.__new__
+    no_children = _NO_CHILDREN
     for lt, raw in lists.items():
         if not raw:
             continue
-        track_name = lt.current_name()
         tid = lt.id
-        os_tid = lt.os_thread_id
-        tracks[tid] = Track(tid, track_name, lt.kind, os_tid, node_id)
-        stack: list[FunctionEvent] = []
+        track = tracks[tid] = Track(tid, lt.current_name(), lt.kind, lt.os_thread_id, node_id)
         raw = list(raw)
         if any(raw[i][R_START] > raw[i + 1][R_START] for i in range(len(raw) - 1)):
             # An eager task's first step records before its TASK record is
             # appended (the task is created by its own first step's caller).
             raw.sort(key=_start_of)
+        first = len(events)
+        stack: list[FunctionEvent] = []
+        ends: list[int] = []
         for rec in raw:
             ev = new(FunctionEvent)
-            start = ev.start_ns = rec[R_START]
+            ev._r = rec
+            ev._t = track
+            ev.children = no_children
+            ev.running_ns = ev.waiting_ns = None
+            start = rec[R_START]
             end = rec[R_END]
             if end is None:
-                ev.end_ns = stop_ns if stop_ns > start else start
+                end = rec[R_END] = stop_ns if stop_ns > start else start
                 ev.unfinished = True
             else:
-                ev.end_ns = end
                 ev.unfinished = False
             end_lt = rec[R_END_LT]
-            ev.name = rec[R_NAME]
-            ev.scope = rec[R_SCOPE]
-            ev.thread_id = tid
-            ev.os_thread_id = os_tid
-            ev.track = track_name
-            ev.exception = rec[R_EXC]
-            ev.sequence_nr = rec[R_SEQ]
-            ev.forward_thread_id = rec[R_FWD]
-            ev.inputs = rec[R_INPUTS]
-            ev.stack = rec[R_STACK]
-            ev.args = rec[R_ARGS]
-            ev.extra = rec[R_EXTRA]
-            ev.running_ns = ev.waiting_ns = None
-            ev.node_id = node_id
-            ev.children = []
-            ev.is_instant = instant = rec[R_KIND] == KIND_INSTANT
-            if end_lt is None or end_lt.kind == "marker":
-                ev.end_thread_id = tid
-            else:
-                ev.end_thread_id = end_lt.id
+            if end_lt is not None and type(end_lt) is not int:
+                rec[R_END_LT] = None if end_lt.kind == "marker" else end_lt.id
+            instant = rec[R_KIND] == KIND_INSTANT
             # Pop ranges that ended before this one started.
-            while stack and stack[-1].end_ns <= start and not (instant and stack[-1].end_ns == start):
+            while ends and (ends[-1] < start or (ends[-1] == start and not instant)):
+                ends.pop()
                 stack.pop()
-            parent = ev.parent = stack[-1] if stack else None
-            if end_lt is not None or (parent is not None and ev.end_ns > parent.end_ns):
-                ev.is_async = True  # ended elsewhere, or outlived its enclosing range
+            if stack:
+                parent = ev.parent = stack[-1]
+                if end_lt is not None or end > ends[-1]:
+                    ev.is_async = True  # ended elsewhere, or outlived its enclosing range
+                else:
+                    ev.is_async = False
+                    if parent.children is no_children:
+                        parent.children = [ev]
+                    else:
+                        parent.children.append(ev)
+                    if not instant:
+                        stack.append(ev)
+                        ends.append(end)
             else:
-                ev.is_async = False
-                if parent is not None:
-                    parent.children.append(ev)
-                if not instant:
-                    stack.append(ev)
+                ev.parent = None
+                if end_lt is not None:
+                    ev.is_async = True
+                else:
+                    ev.is_async = False
+                    if not instant:
+                        stack.append(ev)
+                        ends.append(end)
             append(ev)
+        spans[tid] = (first, len(events))
     _finish_tasks(events, tracks)
-    _link_across_tracks(events)
+    _link_across_tracks(events, spans)
     return events, tracks
 
 
@@ -269,8 +350,8 @@ def _finish_tasks(events: list[FunctionEvent], tracks: dict[int, Track]) -> None
             extra = dict(ev.extra)
             extra["steps"] = flat
             extra.setdefault("outcome", "unfinished" if ev.unfinished else "finished")
-            ev.extra = extra
-            ev.name = tracks[ev.thread_id].name if ev.thread_id in tracks else ev.name
+            ev._r[R_EXTRA] = extra
+            ev._r[R_NAME] = ev._t.name
             steps_of[ev.thread_id] = flat
     if not steps_of:
         return
@@ -301,7 +382,7 @@ def _overlap(flat: list[int], start: int, end: int) -> int:
     return total
 
 
-def _link_across_tracks(events: list[FunctionEvent]) -> None:
+def _link_across_tracks(events: list[FunctionEvent], spans: dict[int, tuple[int, int]]) -> None:
     """Give spawned and submitted work a parent on the spawner's track.
 
     A TASK or EXECUTOR event that is top-level on its own track gets as
@@ -309,23 +390,25 @@ def _link_across_tracks(events: list[FunctionEvent]) -> None:
     (or submit) time. It is not added to that range's ``children``: it runs
     concurrently, so it is not part of the range's self time.
     """
-    by_track: dict[int, list[FunctionEvent]] = {}
+    starts: dict[int, list[int]] = {}
     for ev in events:
-        if not ev.is_async and not ev.is_instant:
-            by_track.setdefault(ev.thread_id, []).append(ev)
-    starts = {tid: [e.start_ns for e in evs] for tid, evs in by_track.items()}
-    for ev in events:
-        if ev.parent is not None or not ev.forward_thread_id:
+        r = ev._r
+        fwd = r[R_FWD]
+        if not fwd or ev.parent is not None:
             continue
-        link_ns = ev.start_ns
-        if ev.extra:
-            link_ns = int(ev.extra.get("spawn_ns", ev.extra.get("submit_ns", link_ns)))
-        evs = by_track.get(ev.forward_thread_id)
-        if not evs:
+        span = spans.get(fwd)
+        if span is None:
             continue
-        i = bisect_right(starts[ev.forward_thread_id], link_ns) - 1
-        cand: FunctionEvent | None = evs[i] if i >= 0 else None
-        while cand is not None and cand.end_ns < link_ns:
+        extra = r[R_EXTRA]
+        link_ns = r[R_START]
+        if extra:
+            link_ns = int(extra.get("spawn_ns", extra.get("submit_ns", link_ns)))
+        track_starts = starts.get(fwd)
+        if track_starts is None:
+            track_starts = starts[fwd] = [e._r[R_START] for e in events[span[0] : span[1]]]
+        i = bisect_right(track_starts, link_ns) - 1
+        cand: FunctionEvent | None = events[span[0] + i] if i >= 0 else None
+        while cand is not None and (cand.is_async or cand.is_instant or cand._r[R_END] < link_ns):
             cand = cand.parent
         ev.parent = cand
 

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any, Final
 
 from .. import _version
 from .._core._callbacks import RecordScope
-from .._core._recorder import ProfilerState
+from .._core._recorder import KIND_INSTANT, KIND_RANGE, ProfilerState
 from .._export._files import atomic_write_text, check_output_path
-from ._events import FunctionEvent, Track, consolidate
+from ._events import FunctionEvent, Track, add_child, consolidate, make_event
 
 if TYPE_CHECKING:
     from ._analysis import EventAverages
@@ -192,30 +192,21 @@ def _from_json(doc: dict[str, Any]) -> Session:
     parents: list[int] = []
     for row in doc["events"]:
         d = dict(zip(fields, row, strict=True))
-        e = FunctionEvent.__new__(FunctionEvent)
-        e.name = str(d["name"])
-        e.scope = RecordScope(d["scope"])
-        e.start_ns = int(d["start_ns"])
-        e.end_ns = int(d["end_ns"])
-        e.thread_id = int(d["thread_id"])
-        e.end_thread_id = int(d["end_thread_id"])
-        e.os_thread_id = int(d["os_thread_id"])
-        e.track = str(d["track"])
-        e.is_async = bool(d["is_async"])
-        e.is_instant = bool(d["is_instant"])
-        e.unfinished = bool(d["unfinished"])
-        e.exception = d["exception"]
-        e.sequence_nr = int(d["sequence_nr"])
-        e.forward_thread_id = int(d["forward_thread_id"])
-        e.inputs = tuple(d["inputs"]) if d["inputs"] is not None else None
-        e.stack = tuple((str(f), int(line), str(fn)) for f, line, fn in d["stack"]) if d["stack"] is not None else None
-        e.node_id = int(d["node_id"])
-        e.args = d["args"]
-        e.extra = d["extra"]
+        tid = int(d["thread_id"])
+        track = tracks.get(tid)
+        if track is None:
+            track = tracks[tid] = Track(tid, str(d["track"]), "thread", int(d["os_thread_id"]), int(d["node_id"]))
+        end_tid = int(d["end_thread_id"])
+        stack = tuple((str(f), int(line), str(fn)) for f, line, fn in d["stack"]) if d["stack"] is not None else None
+        rec = [
+            str(d["name"]), RecordScope(d["scope"]), int(d["start_ns"]), int(d["end_ns"]),
+            None if end_tid == tid else end_tid, d["exception"], d["args"], int(d["sequence_nr"]),
+            int(d["forward_thread_id"]), tuple(d["inputs"]) if d["inputs"] is not None else None, stack,
+            KIND_INSTANT if d["is_instant"] else KIND_RANGE, d["extra"],
+        ]  # fmt: skip
+        e = make_event(rec, track, bool(d["is_async"]), bool(d["unfinished"]))
         e.running_ns = None if d["running_ns"] is None else int(d["running_ns"])
         e.waiting_ns = None if d["waiting_ns"] is None else int(d["waiting_ns"])
-        e.parent = None
-        e.children = []
         events.append(e)
         parents.append(int(d["parent"]))
     for e, pi in zip(events, parents, strict=True):
@@ -223,5 +214,5 @@ def _from_json(doc: dict[str, Any]) -> Session:
             parent = events[pi]
             e.parent = parent
             if not e.is_async and parent.thread_id == e.thread_id:
-                parent.children.append(e)
+                add_child(parent, e)
     return Session(events, tracks, dict(doc["metadata"]))
