@@ -36,7 +36,7 @@ from ._callbacks import (
     sampled,
 )
 from ._debug_info import restore_slot
-from ._recorder import KIND_RANGE, R_END, R_END_LT, R_EXC, Recorder
+from ._recorder import Recorder
 from ._threads import LogicalThread, current_logical_thread
 
 __all__ = [
@@ -53,6 +53,8 @@ __all__ = [
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+_get_rf_state = RF_STATE.get
+_USER_SCOPE: Final = RecordScope.USER_SCOPE
 _range_handles = itertools.count(1)
 _sequence_numbers = itertools.count(1)
 _default_node_id = 0
@@ -377,60 +379,71 @@ class record_function:
         ...     pass
     """
 
-    __slots__ = ("_lt", "_rec", "_recorder", "_rf", "args", "name")
+    __slots__ = ("_lt", "_rec", "_recorder", "args", "name")
+
+    _lt: LogicalThread
+    _recorder: Recorder
 
     def __init__(self, name: str, args: str | None = None) -> None:
         if type(name) is not str and not isinstance(name, str):
             raise TypeError(f"record_function: name must be a str, got {type(name).__name__}")
-        if args is not None and not isinstance(args, str):
+        if args is not None and type(args) is not str and not isinstance(args, str):
             raise TypeError(f"record_function: args must be a str or None, got {type(args).__name__}")
         self.name = name
         self.args = args
-        self._rec: list[Any] | None = None
-        self._rf: RecordFunction | None = None
+        # The open range: a raw record (fast path) or a RecordFunction (general path).
+        self._rec: list[Any] | RecordFunction | None = None
 
     def __enter__(self) -> record_function:
-        st = RF_STATE.get()
+        # The hot path: with nothing listening, one context-variable read and
+        # two tests. Modes are literal ints here (see _callbacks.MODE_*).
+        st = _get_rf_state()
         mode = st.mode
-        if mode == MODE_OFF:
-            return self
-        if mode == MODE_SLOW or _callbacks.global_entries:
-            self._slow_start()
-        elif mode == MODE_FAST:
+        if mode == 1:  # MODE_IDLE
+            if _callbacks.global_entries:
+                self._slow_start()
+        elif mode == 2:  # MODE_FAST: only this context's profile is listening
+            if _callbacks.global_entries:
+                self._slow_start()
+                return self
             recorder = st.recorder
             ps = recorder.state  # type: ignore[union-attr]
             if ps is not None and ps.running:
                 lt = self._lt = current_logical_thread()
                 rec = self._rec = [
-                    self.name, RecordScope.USER_SCOPE, perf_counter_ns(),
-                    None, None, None, self.args, -1, 0, None, None, KIND_RANGE, None,
+                    self.name, _USER_SCOPE, perf_counter_ns(),
+                    None, None, None, self.args, -1, 0, None, None, 0, None,
                 ]  # fmt: skip
                 lst = ps.lists.get(lt)
                 if lst is None:
                     lst = ps.list_for(lt)
                 lst.append(rec)
-                self._recorder = recorder
+                self._recorder = recorder  # type: ignore[assignment]
+        elif mode == 3:  # MODE_SLOW
+            self._slow_start()
         return self
 
     def __exit__(
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:
         rec = self._rec
-        if rec is not None:
-            self._rec = None
-            ps = self._recorder.state  # type: ignore[union-attr]
+        if rec is None:
+            return
+        self._rec = None
+        if type(rec) is list:
+            ps = self._recorder.state
             if ps is not None and ps.running:
-                rec[R_END] = perf_counter_ns()
+                rec[3] = perf_counter_ns()  # R_END
                 if et is not None:
-                    rec[R_EXC] = et.__name__
+                    rec[5] = et.__name__  # R_EXC
                 lt = current_logical_thread()
                 if lt is not self._lt:
-                    rec[R_END_LT] = lt
-        elif self._rf is not None:
-            rf, self._rf = self._rf, None
+                    rec[4] = lt  # R_END_LT
+        else:
+            assert isinstance(rec, RecordFunction)
             if et is not None:
-                rf._exception = et.__name__
-            rf.end()
+                rec._exception = et.__name__
+            rec.end()
 
     async def __aenter__(self) -> record_function:
         return self.__enter__()
@@ -445,7 +458,7 @@ class record_function:
         if rf.is_active:
             rf._args = self.args
             rf.before(self.name, () if self.args is None else (self.args,))
-            self._rf = rf
+            self._rec = rf
 
     def start(self) -> record_function:
         """Open the range now; :meth:`end` may be called from another task."""
@@ -457,8 +470,8 @@ class record_function:
         self.__exit__(None, None, None)
 
     def _set_outputs(self, value: object) -> None:
-        rf = self._rf
-        if rf is not None and rf._needs_outputs:
+        rf = self._rec
+        if type(rf) is RecordFunction and rf._needs_outputs:
             rf._outputs = (value,)
 
     # -- decorator --------------------------------------------------------

@@ -25,39 +25,62 @@ from typing import Any, Final
 
 
 def _detect_asyncio() -> Any:
-    """Stand-in for asyncio's running-loop getter until asyncio is imported.
+    """Stand-in for "the running asyncio task" until asyncio is imported.
 
     aprof must not import ``_asyncio`` itself: importing the C module before
     ``asyncio`` leaves asyncio's Python side with a different current-task
     table (3.11 and 3.12), which breaks ``TaskGroup`` and ``current_task()``.
     So we bind asyncio's C primitives only once the program has imported
-    asyncio; until then no loop can be running.
+    asyncio; until then no task can be running.
     """
     if "asyncio" not in sys.modules:
         return None
     return _bind_asyncio()()
 
 
+class _LoopCache(threading.local):
+    loop: Any = None
+
+
 def _bind_asyncio() -> Any:
-    global _get_running_loop, _task_of
+    global _asyncio_task
     import asyncio.events
     import asyncio.tasks
 
+    running_loop = asyncio.events._get_running_loop
     if sys.version_info >= (3, 12):
         current_task = asyncio.tasks.current_task  # the C function on 3.12+
 
-        def task_of(loop: Any) -> Any:
-            return current_task(loop)
+        def task_312() -> Any:
+            loop = running_loop()
+            return None if loop is None else current_task(loop)
 
-        _task_of = task_of
-    else:  # 3.11: asyncio.current_task is a Python wrapper around this dict.
-        _task_of = asyncio.tasks._current_tasks.get  # type: ignore[attr-defined]
-    _get_running_loop = asyncio.events._get_running_loop
-    return _get_running_loop
+        _asyncio_task = task_312
+    else:
+        # 3.11's C _get_running_loop() makes a getpid() system call (~250 ns
+        # here), so look only when some task is running somewhere, and keep
+        # the thread's loop while it is running (BaseEventLoop._thread_id).
+        current_tasks = asyncio.tasks._current_tasks  # type: ignore[attr-defined]
+        get_ident = threading.get_ident
+        cache = _LoopCache()
+
+        def task_311() -> Any:
+            if not current_tasks:
+                return None
+            loop = cache.loop
+            if loop is None or getattr(loop, "_thread_id", None) != get_ident():
+                loop = running_loop()
+                if loop is None:
+                    return None
+                cache.loop = loop
+            return current_tasks.get(loop)
+
+        _asyncio_task = task_311
+    return _asyncio_task
 
 
-_get_running_loop: Any = _detect_asyncio
-_task_of: Any = None
+#: () -> the asyncio task running in this thread, or None.
+_asyncio_task: Any = _detect_asyncio
 
 __all__ = ["LogicalThread", "current_logical_thread", "current_thread_id"]
 
@@ -66,6 +89,20 @@ _TASK_ATTR: Final = "_aprof_logical_thread"
 
 _ids = itertools.count(1)  # next() on a count is atomic under the GIL.
 _tls = threading.local()
+
+
+class _Stepping(threading.local):
+    """The logical thread whose step is running on this OS thread, if known.
+
+    Set by aprof's task hooks around every step of a task they record (the
+    asyncio step proxy, the trio instrument). It lets the hot path skip the
+    running-loop lookup, which on 3.11 makes a getpid() system call.
+    """
+
+    lt: LogicalThread | None = None
+
+
+stepping = _Stepping()
 
 
 class LogicalThread:
@@ -145,11 +182,9 @@ def _new_task_thread(task: Any, kind: str) -> LogicalThread:
 
 def current_task_and_kind() -> tuple[Any, str]:
     """The running asyncio or trio task and its kind, or (None, "thread")."""
-    loop = _get_running_loop()
-    if loop is not None:
-        task = _task_of(loop)
-        if task is not None:
-            return task, "asyncio"
+    task = _asyncio_task()
+    if task is not None:
+        return task, "asyncio"
     trio_context = _trio_run_context
     if trio_context is None and "trio" in sys.modules:
         trio_context = _find_trio_run_context()
@@ -173,15 +208,16 @@ def _thread_lt() -> LogicalThread:
 
 def current_logical_thread() -> LogicalThread:
     """The logical thread running this code (created on first use)."""
-    loop = _get_running_loop()
-    if loop is not None:
-        task = _task_of(loop)
-        if task is not None:
-            try:
-                return getattr(task, _TASK_ATTR)  # type: ignore[no-any-return]
-            except AttributeError:
-                lt = _side_table.get(id(task))
-                return lt if lt is not None else _new_task_thread(task, "asyncio")
+    lt = stepping.lt
+    if lt is not None:
+        return lt
+    task = _asyncio_task()
+    if task is not None:
+        try:
+            return getattr(task, _TASK_ATTR)  # type: ignore[no-any-return]
+        except AttributeError:
+            lt = _side_table.get(id(task))
+            return lt if lt is not None else _new_task_thread(task, "asyncio")
     trio_context = _trio_run_context
     if trio_context is None and "trio" in sys.modules:
         trio_context = _find_trio_run_context()

@@ -24,7 +24,7 @@ from collections.abc import Callable, Coroutine, Generator
 from time import perf_counter_ns
 from typing import Any
 
-from .._core._threads import LogicalThread, current_task_and_kind
+from .._core._threads import LogicalThread, current_task_and_kind, stepping
 from ._tasks import TaskRecords, recorders_in, spawn_records
 
 __all__ = ["TimedCoroutine", "install_task_factory", "uninstall_task_factory"]
@@ -58,7 +58,10 @@ class TimedCoroutine:
     def send(self, value: Any) -> Any:
         if not self._bound:
             self._bind()
-        steps = self._records.steps
+        records = self._records
+        steps = records.steps
+        prev = stepping.lt
+        stepping.lt = records.lt
         steps.append(perf_counter_ns())
         try:
             return self._coro.send(value)
@@ -71,11 +74,15 @@ class TimedCoroutine:
         finally:
             if len(steps) % 2 == 1:
                 steps.append(perf_counter_ns())
+            stepping.lt = prev
 
     def throw(self, *args: Any) -> Any:
         if not self._bound:
             self._bind()
-        steps = self._records.steps
+        records = self._records
+        steps = records.steps
+        prev = stepping.lt
+        stepping.lt = records.lt
         steps.append(perf_counter_ns())
         try:
             return self._coro.throw(*args)
@@ -88,6 +95,7 @@ class TimedCoroutine:
         finally:
             if len(steps) % 2 == 1:
                 steps.append(perf_counter_ns())
+            stepping.lt = prev
 
     def close(self) -> None:
         self._coro.close()

@@ -18,7 +18,7 @@ from typing import Any
 
 import trio
 
-from .._core._threads import LogicalThread
+from .._core._threads import LogicalThread, stepping
 from ._tasks import TaskRecords, recorders_in, spawn_records
 
 __all__ = ["install_instrument", "uninstall_instrument"]
@@ -61,9 +61,15 @@ class TaskInstrument(trio.abc.Instrument):
     def before_task_step(self, task: trio.lowlevel.Task) -> None:
         records = self._tasks.get(task)
         if records is not None:
+            stepping.lt = records.lt
             records.step_started()
+        else:
+            stepping.lt = None
 
     def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        # Cleared whatever the task: its last step ends after task_exited
+        # has already forgotten it.
+        stepping.lt = None
         records = self._tasks.get(task)
         if records is not None:
             records.step_ended()
@@ -71,6 +77,7 @@ class TaskInstrument(trio.abc.Instrument):
     def task_exited(self, task: trio.lowlevel.Task) -> None:
         records = self._tasks.pop(task, None)
         if records is not None:
+            records.step_ended()
             outcome, exc_name = _exit_outcome()
             records.finished(outcome, exc_name)
 
