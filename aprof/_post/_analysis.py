@@ -165,6 +165,11 @@ def key_averages(session: Session, group_by: str = "name") -> EventAverages:
                 # Tasks are named one by one (Task-7, ...): group them by coroutine.
                 label = f"task {ev.extra['coro']}"
                 k: Any = (RecordScope.TASK, label)
+            elif ev.scope is RecordScope.EXECUTOR:
+                # Named after the function handed over, which may also be the
+                # name of a range inside it: keep the two rows apart.
+                label = f"executor {ev.name}"
+                k = (RecordScope.EXECUTOR, label)
             else:
                 k = label = ev.name
             stack: tuple[tuple[str, int, str], ...] = ()
