@@ -36,8 +36,8 @@ from ._callbacks import (
     sampled,
 )
 from ._debug_info import restore_slot
-from ._recorder import Recorder
-from ._threads import LogicalThread, current_logical_thread
+from ._recorder import ProfilerState, Recorder
+from ._threads import LogicalThread, current_logical_thread, stepping
 
 __all__ = [
     "DisableRecordFunctionGuard",
@@ -379,10 +379,9 @@ class record_function:
         ...     pass
     """
 
-    __slots__ = ("_lt", "_rec", "_recorder", "args", "name")
+    __slots__ = ("_ps", "_rec", "args", "name")
 
-    _lt: LogicalThread
-    _recorder: Recorder
+    _ps: ProfilerState
 
     def __init__(self, name: str, args: str | None = None) -> None:
         if type(name) is not str and not isinstance(name, str):
@@ -406,19 +405,20 @@ class record_function:
             if _callbacks.global_entries:
                 self._slow_start()
                 return self
-            recorder = st.recorder
-            ps = recorder.state  # type: ignore[union-attr]
-            if ps is not None and ps.running:
-                lt = self._lt = current_logical_thread()
+            ps = st.recorder.state  # type: ignore[union-attr]
+            if ps is not None:  # None once the profile stopped
+                lt = current_logical_thread()
+                # R_END_LT starts as the starting thread: the end only
+                # rewrites it when the range ends somewhere else.
                 rec = self._rec = [
                     self.name, _USER_SCOPE, perf_counter_ns(),
-                    None, None, None, self.args, -1, 0, None, None, 0, None,
+                    None, lt, None, self.args, -1, 0, None, None, 0, None,
                 ]  # fmt: skip
                 lst = ps.lists.get(lt)
                 if lst is None:
                     lst = ps.list_for(lt)
                 lst.append(rec)
-                self._recorder = recorder  # type: ignore[assignment]
+                self._ps = ps
         elif mode == 3:  # MODE_SLOW
             self._slow_start()
         return self
@@ -431,14 +431,15 @@ class record_function:
             return
         self._rec = None
         if type(rec) is list:
-            ps = self._recorder.state
-            if ps is not None and ps.running:
+            if self._ps.running:
                 rec[3] = perf_counter_ns()  # R_END
                 if et is not None:
                     rec[5] = et.__name__  # R_EXC
-                lt = current_logical_thread()
-                if lt is not self._lt:
-                    rec[4] = lt  # R_END_LT
+                lt = stepping.lt  # set inside recorded task steps: skips the lookup
+                if lt is None:
+                    lt = current_logical_thread()
+                if lt is not rec[4]:
+                    rec[4] = lt  # R_END_LT: ended in another logical thread
         else:
             assert isinstance(rec, RecordFunction)
             if et is not None:

@@ -294,7 +294,10 @@ def consolidate(
                 ev.unfinished = False
             end_lt = rec[R_END_LT]
             if end_lt is not None and type(end_lt) is not int:
-                rec[R_END_LT] = None if end_lt.kind == "marker" else end_lt.id
+                if end_lt is lt:  # the fast path stores the starting thread here
+                    end_lt = rec[R_END_LT] = None
+                else:
+                    rec[R_END_LT] = None if end_lt.kind == "marker" else end_lt.id
             instant = rec[R_KIND] == KIND_INSTANT
             # Pop ranges that ended before this one started.
             while ends and (ends[-1] < start or (ends[-1] == start and not instant)):
