@@ -10,6 +10,7 @@ all happen at stop (``aprof._post._consolidate``).
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from time import perf_counter_ns
@@ -33,11 +34,13 @@ R_SEQ: Final = 7  # sequence number, -1 if none
 R_FWD: Final = 8  # forward (spawning/submitting) logical thread id, 0 if none
 R_INPUTS: Final = 9  # tuple of input reprs (record_inputs), or None
 R_STACK: Final = 10  # tuple of (file, line, function) frames (with_stack), or None
-R_KIND: Final = 11  # KIND_RANGE or KIND_INSTANT
+R_KIND: Final = 11  # KIND_RANGE or KIND_INSTANT, plus FLAG_* bits set at stop
 R_EXTRA: Final = 12  # dict of extra fields (tasks: outcome, ...), or None
 
 KIND_RANGE: Final = 0
 KIND_INSTANT: Final = 1
+FLAG_UNFINISHED: Final = 2  # set by consolidation: still open at stop
+FLAG_ASYNC: Final = 4  # set by consolidation: shown as an async slice
 
 
 def safe_repr(value: object, limit: int = 200) -> str:
@@ -53,13 +56,24 @@ def safe_repr(value: object, limit: int = 200) -> str:
     return text
 
 
+#: aprof's own files (this file is aprof/_core/_recorder.py).
+_APROF_DIR: Final = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
 def capture_stack(skip: int) -> tuple[tuple[str, int, str], ...]:
-    """The Python call stack of the caller, innermost first."""
+    """The Python call stack of the caller, innermost first.
+
+    Leading frames of aprof itself (``record_function.__enter__``, the
+    decorator wrappers, ...) are dropped whatever ``skip`` says, so the stack
+    starts at the user's code however the range was opened.
+    """
     frames = []
     try:
         f = sys._getframe(skip + 1)
     except ValueError:
         return ()
+    while f is not None and f.f_code.co_filename.startswith(_APROF_DIR):
+        f = f.f_back  # type: ignore[assignment]
     while f is not None:
         code = f.f_code
         frames.append((code.co_filename, f.f_lineno or 0, code.co_qualname))

@@ -56,6 +56,8 @@ def atomic_write_text(path: Path, chunks: Iterable[str], *, compress: bool, what
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as raw:
+            # mkstemp makes the file 0o600; give it the mode open(path, "w") would.
+            os.fchmod(raw.fileno(), _mode_for(path))
             if compress:
                 with gzip.GzipFile(filename=path.name[:-3], mode="wb", fileobj=raw, compresslevel=6, mtime=0) as gz:
                     for chunk in chunks:
@@ -71,6 +73,29 @@ def atomic_write_text(path: Path, chunks: Iterable[str], *, compress: bool, what
     except BaseException:
         _remove_quietly(tmp)
         raise
+
+
+def _mode_for(path: Path) -> int:
+    """The existing file's permission bits, else 0o666 less the umask."""
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    # Read it from /proc: os.umask() can only be read by setting it, which
+    # races with files other threads create meanwhile.
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _remove_quietly(path: str) -> None:

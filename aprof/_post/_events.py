@@ -20,6 +20,8 @@ from typing import Any, Final
 
 from .._core._callbacks import RecordScope
 from .._core._recorder import (
+    FLAG_ASYNC,
+    FLAG_UNFINISHED,
     KIND_INSTANT,
     R_ARGS,
     R_END,
@@ -51,9 +53,10 @@ class Track:
         node_id: The process (node) it belongs to.
     """
 
-    __slots__ = ("id", "kind", "name", "node_id", "os_thread_id")
+    __slots__ = ("id", "kind", "name", "node_id", "os_thread_id", "steps")
 
     def __init__(self, id: int, name: str, kind: str, os_thread_id: int, node_id: int) -> None:
+        self.steps: list[int] | None = None  # a task's (start, end) step pairs, flat
         self.id = id
         self.name = name
         self.kind = kind
@@ -80,16 +83,43 @@ class FunctionEvent:
     through properties.
     """
 
-    __slots__ = ("_r", "_t", "children", "is_async", "parent", "running_ns", "unfinished", "waiting_ns")
+    __slots__ = ("_r", "_t", "children", "parent")
 
     _r: list[Any]
     _t: Track
     parent: FunctionEvent | None
     children: list[FunctionEvent]
-    is_async: bool
-    unfinished: bool
-    running_ns: int | None
-    waiting_ns: int | None
+
+    @property
+    def is_async(self) -> bool:
+        """Ended in another logical thread, or outlived the range it started in."""
+        return bool(self._r[R_KIND] & FLAG_ASYNC)
+
+    @property
+    def unfinished(self) -> bool:
+        """Still open at stop (closed at the stop time)."""
+        return bool(self._r[R_KIND] & FLAG_UNFINISHED)
+
+    @property
+    def running_ns(self) -> int | None:
+        """Time of its span during which its task was running on the loop.
+
+        None outside recorded tasks (threads, tasks that started before the
+        profile) and for instants.
+        """
+        steps = self._t.steps
+        r = self._r
+        if steps is None or r[R_KIND] & KIND_INSTANT:
+            return None
+        return _overlap(steps, r[R_START], r[R_END])
+
+    @property
+    def waiting_ns(self) -> int | None:
+        """Time of its span during which its task was suspended."""
+        running = self.running_ns
+        if running is None:
+            return None
+        return max(0, self.duration_ns - running)
 
     @property
     def name(self) -> str:
@@ -146,7 +176,7 @@ class FunctionEvent:
     @property
     def is_instant(self) -> bool:
         """Whether it is an instant (``aprof.mark``), not a range."""
-        return self._r[R_KIND] == KIND_INSTANT  # type: ignore[no-any-return]
+        return bool(self._r[R_KIND] & KIND_INSTANT)
 
     @property
     def exception(self) -> str | None:
@@ -235,13 +265,11 @@ _NO_CHILDREN: Final[list[FunctionEvent]] = []  # shared by leaves; replaced on a
 def make_event(rec: list[Any], track: Track, is_async: bool, unfinished: bool) -> FunctionEvent:
     """An event over ``rec`` with no links yet (used when loading sessions)."""
     ev = FunctionEvent.__new__(FunctionEvent)
+    rec[R_KIND] |= (FLAG_ASYNC if is_async else 0) | (FLAG_UNFINISHED if unfinished else 0)
     ev._r = rec
     ev._t = track
     ev.parent = None
     ev.children = _NO_CHILDREN
-    ev.is_async = is_async
-    ev.unfinished = unfinished
-    ev.running_ns = ev.waiting_ns = None
     return ev
 
 
@@ -284,21 +312,18 @@ def consolidate(
             ev._r = rec
             ev._t = track
             ev.children = no_children
-            ev.running_ns = ev.waiting_ns = None
             start = rec[R_START]
             end = rec[R_END]
             if end is None:
                 end = rec[R_END] = stop_ns if stop_ns > start else start
-                ev.unfinished = True
-            else:
-                ev.unfinished = False
+                rec[R_KIND] |= FLAG_UNFINISHED
             end_lt = rec[R_END_LT]
             if end_lt is not None and type(end_lt) is not int:
                 if end_lt is lt:  # the fast path stores the starting thread here
                     end_lt = rec[R_END_LT] = None
                 else:
                     rec[R_END_LT] = None if end_lt.kind == "marker" else end_lt.id
-            instant = rec[R_KIND] == KIND_INSTANT
+            instant = rec[R_KIND] & KIND_INSTANT
             # Pop ranges that ended before this one started.
             while ends and (ends[-1] < start or (ends[-1] == start and not instant)):
                 ends.pop()
@@ -306,9 +331,8 @@ def consolidate(
             if stack:
                 parent = ev.parent = stack[-1]
                 if end_lt is not None or end > ends[-1]:
-                    ev.is_async = True  # ended elsewhere, or outlived its enclosing range
+                    rec[R_KIND] |= FLAG_ASYNC  # ended elsewhere, or outlived its enclosing range
                 else:
-                    ev.is_async = False
                     if parent.children is no_children:
                         parent.children = [ev]
                     else:
@@ -319,12 +343,10 @@ def consolidate(
             else:
                 ev.parent = None
                 if end_lt is not None:
-                    ev.is_async = True
-                else:
-                    ev.is_async = False
-                    if not instant:
-                        stack.append(ev)
-                        ends.append(end)
+                    rec[R_KIND] |= FLAG_ASYNC
+                elif not instant:
+                    stack.append(ev)
+                    ends.append(end)
             append(ev)
         spans[tid] = (first, len(events))
     _finish_tasks(events, tracks)
@@ -356,15 +378,8 @@ def _finish_tasks(events: list[FunctionEvent], tracks: dict[int, Track]) -> None
             ev._r[R_EXTRA] = extra
             ev._r[R_NAME] = ev._t.name
             steps_of[ev.thread_id] = flat
-    if not steps_of:
-        return
-    for ev in events:
-        task_steps = steps_of.get(ev.thread_id)
-        if task_steps is None or ev.is_instant:
-            continue
-        running = _overlap(task_steps, ev.start_ns, ev.end_ns)
-        ev.running_ns = running
-        ev.waiting_ns = max(0, ev.duration_ns - running)
+    for tid, flat in steps_of.items():
+        tracks[tid].steps = flat
 
 
 def _overlap(flat: list[int], start: int, end: int) -> int:

@@ -12,6 +12,7 @@ into the event list.
 
 from __future__ import annotations
 
+import gc
 import gzip
 import json
 import os
@@ -58,7 +59,15 @@ class Session:
     def from_state(cls, state: ProfilerState) -> Session:
         """Consolidate a stopped profile's raw lists."""
         stop_ns = state.stop_ns if state.stop_ns is not None else state.start_ns
-        events, tracks = consolidate(state.lists, stop_ns, state.node_id)
+        # Building a million linked objects would set off the cyclic GC many
+        # times over, each pass walking every record so far: pause it.
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            events, tracks = consolidate(state.lists, stop_ns, state.node_id)
+        finally:
+            if gc_was_enabled:
+                gc.enable()
         state.lists = {}  # the raw records are not needed any more
         metadata = {
             "aprof_version": _version.__version__,
@@ -173,6 +182,8 @@ def load(path: str | PathLike[str]) -> Session:
         raise ValueError(f"load: {str(p)!r} is a truncated or corrupt gzip file ({exc})") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"load: {str(p)!r} is truncated or not JSON ({exc})") from None
+    except RecursionError:  # e.g. "[[[[...": deeper than any session file nests
+        raise ValueError(f"load: {str(p)!r} is not an aprof session (JSON nested too deeply)") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         if isinstance(doc, dict) and "traceEvents" in doc:
             raise ValueError(f"load: {str(p)!r} is a Chrome trace, not an aprof session (write one with prof.save())")
@@ -205,8 +216,9 @@ def _from_json(doc: dict[str, Any]) -> Session:
             KIND_INSTANT if d["is_instant"] else KIND_RANGE, d["extra"],
         ]  # fmt: skip
         e = make_event(rec, track, bool(d["is_async"]), bool(d["unfinished"]))
-        e.running_ns = None if d["running_ns"] is None else int(d["running_ns"])
-        e.waiting_ns = None if d["waiting_ns"] is None else int(d["waiting_ns"])
+        if e.scope is RecordScope.TASK and isinstance(e.extra, dict) and e.extra.get("steps") is not None:
+            # running/waiting are derived from the task's steps, as at stop
+            track.steps = [int(t) for t in e.extra["steps"]]
         events.append(e)
         parents.append(int(d["parent"]))
     for e, pi in zip(events, parents, strict=True):
