@@ -353,7 +353,7 @@ def _global_callback(recorder: Recorder) -> RecordFunctionCallback:
         return recorder.start(rf, rf._lt, 2)
 
     def end(rf: RecordFunction, rec: Any) -> None:
-        if rec is not None and rf._lt is not None and rf._end_lt is not None:
-            recorder.end(rec, rf._lt, rf._end_lt_for_record(), rf._exception)
+        if rec is not None and rf._end_lt is not None:
+            Recorder.end(rec, rf._end_thread_id_for_record(), rf._exception)
 
     return RecordFunctionCallback(start, end)

@@ -22,7 +22,7 @@ from collections.abc import AsyncGenerator, Callable, Generator, Iterable
 from contextvars import Token
 from time import perf_counter_ns
 from types import TracebackType
-from typing import Any, Final, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from . import _callbacks
 from ._callbacks import (
@@ -36,7 +36,7 @@ from ._callbacks import (
     sampled,
 )
 from ._debug_info import restore_slot
-from ._recorder import ProfilerState, Recorder
+from ._recorder import ASYNC_SAME_THREAD, Recorder
 from ._threads import LogicalThread, current_logical_thread, stepping
 
 __all__ = [
@@ -54,7 +54,6 @@ __all__ = [
 F = TypeVar("F", bound=Callable[..., Any])
 
 _get_rf_state = RF_STATE.get
-_USER_SCOPE: Final = RecordScope.USER_SCOPE
 _range_handles = itertools.count(1)
 _sequence_numbers = itertools.count(1)
 _default_node_id = 0
@@ -155,7 +154,7 @@ class RecordFunction:
         self._lt: LogicalThread | None = None
         self._end_lt: LogicalThread | None = None
         self._active: list[tuple[Entry, Any]] = []
-        self._rec: list[Any] | None = None
+        self._rec: tuple[list[Any], int] | None = None
         self._exception: str | None = None
         self._extra: dict[str, Any] | None = None
         self._started = False
@@ -311,18 +310,16 @@ class RecordFunction:
         rec = self._rec
         if rec is not None:
             self._rec = None
-            assert self._recorder is not None
-            assert self._lt is not None
-            self._recorder.end(rec, self._lt, self._end_lt_for_record(), self._exception)
+            Recorder.end(rec, self._end_thread_id_for_record(), self._exception)
         if self._active:
             self._run_ends(end_lt)
 
-    def _end_lt_for_record(self) -> LogicalThread:
+    def _end_thread_id_for_record(self) -> int:
         end_lt = self._end_lt
         assert end_lt is not None
         if self._forced_async and end_lt is self._lt:
-            return _ASYNC_MARKER
-        return end_lt
+            return ASYNC_SAME_THREAD
+        return end_lt.id
 
     def _run_ends(self, end_lt: LogicalThread | None) -> None:
         pending: BaseException | None = None
@@ -343,11 +340,6 @@ class RecordFunction:
 
     def __repr__(self) -> str:
         return f"<RecordFunction {self.name!r} scope={self.scope.name}>"
-
-
-# A stand-in end thread for ranges marked async with _set_async() that ended
-# where they started: consolidation shows them as async slices on their track.
-_ASYNC_MARKER: Final = LogicalThread("marker", "<async>")
 
 
 # ---------------------------------------------------------------------------
@@ -379,9 +371,9 @@ class record_function:
         ...     pass
     """
 
-    __slots__ = ("_ps", "_rec", "args", "name")
+    __slots__ = ("_idx", "_rec", "args", "name")
 
-    _ps: ProfilerState
+    _idx: int
 
     def __init__(self, name: str, args: str | None = None) -> None:
         if type(name) is not str and not isinstance(name, str):
@@ -390,7 +382,8 @@ class record_function:
             raise TypeError(f"record_function: args must be a str or None, got {type(args).__name__}")
         self.name = name
         self.args = args
-        # The open range: a raw record (fast path) or a RecordFunction (general path).
+        # The open range: the starting thread's raw list (fast path, with the
+        # start's index in _idx) or a RecordFunction (general path).
         self._rec: list[Any] | RecordFunction | None = None
 
     def __enter__(self) -> record_function:
@@ -408,17 +401,12 @@ class record_function:
             ps = st.recorder.state  # type: ignore[union-attr]
             if ps is not None:  # None once the profile stopped
                 lt = current_logical_thread()
-                # R_END_LT starts as the starting thread: the end only
-                # rewrites it when the range ends somewhere else.
-                rec = self._rec = [
-                    self.name, _USER_SCOPE, perf_counter_ns(),
-                    None, lt, None, self.args, -1, 0, None, None, 0, None,
-                ]  # fmt: skip
                 lst = ps.lists.get(lt)
                 if lst is None:
                     lst = ps.list_for(lt)
-                lst.append(rec)
-                self._ps = ps
+                self._idx = len(lst)
+                lst.append((self.name, "user_scope", perf_counter_ns(), self.args))
+                self._rec = lst
         elif mode == 3:  # MODE_SLOW
             self._slow_start()
         return self
@@ -431,15 +419,13 @@ class record_function:
             return
         self._rec = None
         if type(rec) is list:
-            if self._ps.running:
-                rec[3] = perf_counter_ns()  # R_END
-                if et is not None:
-                    rec[5] = et.__name__  # R_EXC
-                lt = stepping.lt  # set inside recorded task steps: skips the lookup
-                if lt is None:
-                    lt = current_logical_thread()
-                if lt is not rec[4]:
-                    rec[4] = lt  # R_END_LT: ended in another logical thread
+            # The end tuple goes to the starting thread's list, naming the
+            # start's index. After stop nobody reads that list: a late end is
+            # dropped for free.
+            lt = stepping.lt  # set inside recorded task steps: skips the lookup
+            if lt is None:
+                lt = current_logical_thread()
+            rec.append((self._idx, perf_counter_ns(), lt.id, None if et is None else et.__name__))
         else:
             assert isinstance(rec, RecordFunction)
             if et is not None:

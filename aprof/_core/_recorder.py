@@ -1,18 +1,28 @@
 """The profiler's recording half: raw records and per-thread event lists.
 
-Recording does as little as possible: one small list per range, appended to
-the list of the logical thread that started it, in start order. Its end is
-written into the same list object when the range ends, wherever that happens:
-a range ended in another task is "popped on its originating thread" for free,
-as in the seed. Building ``FunctionEvent`` objects, nesting, names and flags
-all happen at stop (``aprof._post._consolidate``).
+Recording does as little as possible. A range appends two small tuples to the
+list of the logical thread that started it: a *start* tuple when it starts,
+and an *end* tuple, naming the start's index in that list, when it ends,
+wherever that happens (a range ended in another task is "popped on its
+originating thread", as in the seed).
+
+The tuples hold only strings, ints and None, so CPython's cyclic GC untracks
+them at its first pass: a profile of a million ranges does not make every
+later collection walk a million records (with mutable lists, the GC cost more
+than the recording itself). Building ``FunctionEvent`` objects, nesting, names
+and flags all happen at stop (``aprof._post._events.consolidate``).
+
+Start tuple: ``(name, scope_value, start_ns, args)`` from the fast path, or
+``(name, scope_value, start_ns, args, seq, fwd, inputs, stack, kind, extra)``.
+End tuple: ``(start_index, end_ns, end_thread_id, exception_name)``; an
+``end_thread_id`` of ``ASYNC_SAME_THREAD`` marks a range declared async that
+ended where it started.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import threading
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any, Final
 
@@ -22,12 +32,14 @@ if TYPE_CHECKING:
     from ._callbacks import RecordScope
     from ._record_function import RecordFunction
 
-# Layout of a raw record (a plain list, the cheapest mutable thing to build).
+ASYNC_SAME_THREAD: Final = -1
+
+# Layout of a consolidated record (a list built at stop; FunctionEvent reads it).
 R_NAME: Final = 0  # str
 R_SCOPE: Final = 1  # RecordScope
 R_START: Final = 2  # perf_counter_ns at start
 R_END: Final = 3  # perf_counter_ns at end, None while open
-R_END_LT: Final = 4  # LogicalThread that ended it, None if the starting one
+R_END_LT: Final = 4  # id of the logical thread that ended it, None if the starting one
 R_EXC: Final = 5  # exception type name that ended it, or None
 R_ARGS: Final = 6  # the user's args string, or None
 R_SEQ: Final = 7  # sequence number, -1 if none
@@ -102,7 +114,7 @@ class ProfilerState:
         self, *, record_inputs: bool, with_stack: bool, node_id: int, start_lt: LogicalThread, tasks: bool = False
     ) -> None:
         self.tasks = tasks
-        self.lists: dict[LogicalThread, list[list[Any]]] = {}
+        self.lists: dict[LogicalThread, list[tuple[Any, ...]]] = {}
         self.running = True
         self.record_inputs = record_inputs
         self.with_stack = with_stack
@@ -112,7 +124,7 @@ class ProfilerState:
         self.stop_ns: int | None = None
         self.dropped = 0
 
-    def list_for(self, lt: LogicalThread) -> list[list[Any]]:
+    def list_for(self, lt: LogicalThread) -> list[tuple[Any, ...]]:
         lst = self.lists.get(lt)
         if lst is None:
             # Only lt's own OS thread appends to lt's list, so no lock is
@@ -130,16 +142,16 @@ class Recorder:
     keeps nothing alive.
     """
 
-    __slots__ = ("__weakref__", "fast", "lock", "state")
+    __slots__ = ("__weakref__", "fast", "state")
 
     def __init__(self, state: ProfilerState) -> None:
         self.state: ProfilerState | None = state
         # The inline path in record_function handles plain ranges; stacks and
         # input reprs go through start()/end() below.
         self.fast = not (state.record_inputs or state.with_stack)
-        self.lock = threading.Lock()
 
-    def start(self, rf: RecordFunction, lt: LogicalThread, skip: int) -> list[Any] | None:
+    def start(self, rf: RecordFunction, lt: LogicalThread, skip: int) -> tuple[list[Any], int] | None:
+        """Append a start tuple; returns where it is, for :meth:`end`."""
         st = self.state
         if st is None or not st.running:
             return None
@@ -147,42 +159,27 @@ class Recorder:
         if st.record_inputs and rf._inputs:
             inputs = tuple(safe_repr(v) for v in rf._inputs)
         stack = capture_stack(skip + 1) if st.with_stack else None
-        t = perf_counter_ns()
-        instant = rf._instant
-        rec = [
-            rf.name,
-            rf.scope,
-            t,
-            t if instant else None,
-            None,
-            None,
-            rf._args,
-            rf.seq_nr,
-            rf.forward_thread_id,
-            inputs,
-            stack,
-            KIND_INSTANT if instant else KIND_RANGE,
-            rf._extra,
-        ]
-        st.list_for(lt).append(rec)
-        return rec
+        kind = KIND_INSTANT if rf._instant else KIND_RANGE
+        lst = st.list_for(lt)
+        idx = len(lst)
+        lst.append(
+            (rf.name, rf.scope.value, perf_counter_ns(), rf._args, rf.seq_nr, rf.forward_thread_id, inputs, stack, kind, rf._extra)
+        )
+        return (lst, idx) if kind == KIND_RANGE else None
 
-    def end(self, rec: list[Any], lt: LogicalThread, end_lt: LogicalThread, exc: str | None) -> None:
-        st = self.state
-        if st is None or not st.running:
-            return  # ended after stop: dropped (the stop closed it as unfinished)
-        if rec[R_KIND] != KIND_RANGE:
-            return
-        rec[R_END] = perf_counter_ns()
-        if exc is not None:
-            rec[R_EXC] = exc
-        if end_lt is not lt:
-            rec[R_END_LT] = end_lt
+    @staticmethod
+    def end(where: tuple[list[Any], int], end_thread_id: int, exc: str | None) -> None:
+        """Append the end tuple of the range started at ``where``.
+
+        After stop the list is no longer read, so a late end is dropped
+        without any check here.
+        """
+        lst, idx = where
+        lst.append((idx, perf_counter_ns(), end_thread_id, exc))
 
     def instant(self, name: str, scope: RecordScope, lt: LogicalThread, args: str | None) -> None:
         st = self.state
         if st is None or not st.running:
             return
-        t = perf_counter_ns()
         stack = capture_stack(2) if st.with_stack else None
-        st.list_for(lt).append([name, scope, t, t, None, None, args, -1, 0, None, stack, KIND_INSTANT, None])
+        st.list_for(lt).append((name, scope.value, perf_counter_ns(), args, -1, 0, None, stack, KIND_INSTANT, None))

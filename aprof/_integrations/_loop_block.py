@@ -22,7 +22,6 @@ import threading
 from time import perf_counter_ns
 from typing import Any
 
-from .._core._callbacks import RecordScope
 from .._core._recorder import KIND_RANGE, ProfilerState
 from .._core._threads import LogicalThread
 
@@ -76,9 +75,10 @@ class LoopBlockWatch:
                 start = prev + self.interval_ns
                 extra = {"blocked_task": task_name or self._unknown, "threshold_ns": self.threshold_ns}
                 name = f"loop blocked by {task_name}" if task_name else "loop blocked"
-                st.list_for(self.lt).append(
-                    [name, RecordScope.LOOP_BLOCK, start, now, None, None, None, -1, 0, None, stack, KIND_RANGE, extra]
-                )
+                lst = st.list_for(self.lt)
+                idx = len(lst)
+                lst.append((name, "loop_block", start, None, -1, 0, None, stack, KIND_RANGE, extra))
+                lst.append((idx, now, self.lt.id, None))
         else:
             self._stack = None
             self._task_name = None

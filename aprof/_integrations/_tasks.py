@@ -14,9 +14,9 @@ from array import array
 from time import perf_counter_ns
 from typing import Any, Final
 
-from .._core._callbacks import RF_STATE, RecordScope, RFState
+from .._core._callbacks import RF_STATE, RFState
 from .._core._record_function import next_sequence_nr
-from .._core._recorder import KIND_RANGE, R_END, R_EXC, R_EXTRA, ProfilerState, Recorder
+from .._core._recorder import KIND_RANGE, Recorder
 from .._core._threads import LogicalThread, current_logical_thread
 
 __all__ = ["TaskRecords", "global_task_recorders", "recorders_for"]
@@ -63,15 +63,15 @@ class TaskRecords:
         self.lt = lt
         self.steps = array("q")
         self.finish_ns = 0
-        recs: list[tuple[ProfilerState, list[Any]]] = []
+        recs: list[tuple[list[Any], int, dict[str, Any]]] = []
         for r in recorders:
             ps = r.state
             if ps is None:
                 continue
-            rec = [name, RecordScope.TASK, spawn_ns, None, None, None, None, seq, spawner.id, None, None, KIND_RANGE,
-                   {"coro": coro_name, "spawn_ns": spawn_ns, "steps": self.steps}]  # fmt: skip
-            ps.list_for(lt).append(rec)
-            recs.append((ps, rec))
+            extra = {"coro": coro_name, "spawn_ns": spawn_ns, "steps": self.steps}
+            lst = ps.list_for(lt)
+            recs.append((lst, len(lst), extra))
+            lst.append((name, "task", spawn_ns, None, seq, spawner.id, None, None, KIND_RANGE, extra))
         self.recs = recs
 
     def step_started(self) -> None:
@@ -88,13 +88,11 @@ class TaskRecords:
         steps = self.steps
         if len(steps) % 2 == 1:  # finished mid-step (e.g. cancelled while running)
             steps.append(end)
-        for ps, rec in self.recs:
-            if not ps.running:
-                continue  # finished after the profile stopped: its stop closed it
-            rec[R_END] = end
-            if exc_name is not None:
-                rec[R_EXC] = exc_name
-            rec[R_EXTRA]["outcome"] = outcome
+        for lst, idx, extra in self.recs:
+            # After stop nobody reads lst: a task outliving its profile is
+            # shown unfinished, as its stop left it.
+            extra["outcome"] = outcome
+            lst.append((idx, end, self.lt.id, exc_name))
         self.recs = []
 
 

@@ -20,6 +20,7 @@ from typing import Any, Final
 
 from .._core._callbacks import RecordScope
 from .._core._recorder import (
+    ASYNC_SAME_THREAD,
     FLAG_ASYNC,
     FLAG_UNFINISHED,
     KIND_INSTANT,
@@ -281,7 +282,7 @@ def add_child(parent: FunctionEvent, child: FunctionEvent) -> None:
 
 
 def consolidate(
-    lists: dict[LogicalThread, list[list[Any]]], stop_ns: int, node_id: int
+    lists: dict[LogicalThread, list[tuple[Any, ...]]], stop_ns: int, node_id: int
 ) -> tuple[list[FunctionEvent], dict[int, Track]]:
     """Build events and tracks from a stopped profile's raw lists.
 
@@ -299,15 +300,15 @@ def consolidate(
             continue
         tid = lt.id
         track = tracks[tid] = Track(tid, lt.current_name(), lt.kind, lt.os_thread_id, node_id)
-        raw = list(raw)
-        if any(raw[i][R_START] > raw[i + 1][R_START] for i in range(len(raw) - 1)):
+        records = _records_of(list(raw), tid)  # a snapshot: later appends are dropped
+        if any(records[i][R_START] > records[i + 1][R_START] for i in range(len(records) - 1)):
             # An eager task's first step records before its TASK record is
             # appended (the task is created by its own first step's caller).
-            raw.sort(key=_start_of)
+            records.sort(key=_start_of)
         first = len(events)
         stack: list[FunctionEvent] = []
         ends: list[int] = []
-        for rec in raw:
+        for rec in records:
             ev = new(FunctionEvent)
             ev._r = rec
             ev._t = track
@@ -318,11 +319,6 @@ def consolidate(
                 end = rec[R_END] = stop_ns if stop_ns > start else start
                 rec[R_KIND] |= FLAG_UNFINISHED
             end_lt = rec[R_END_LT]
-            if end_lt is not None and type(end_lt) is not int:
-                if end_lt is lt:  # the fast path stores the starting thread here
-                    end_lt = rec[R_END_LT] = None
-                else:
-                    rec[R_END_LT] = None if end_lt.kind == "marker" else end_lt.id
             instant = rec[R_KIND] & KIND_INSTANT
             # Pop ranges that ended before this one started.
             while ends and (ends[-1] < start or (ends[-1] == start and not instant)):
@@ -352,6 +348,42 @@ def consolidate(
     _finish_tasks(events, tracks)
     _link_across_tracks(events, spans)
     return events, tracks
+
+
+_SCOPES: Final = {s.value: s for s in RecordScope}
+
+
+def _records_of(raw: list[tuple[Any, ...]], tid: int) -> list[list[Any]]:
+    """Pair one thread's start and end tuples into consolidated records.
+
+    See ``aprof._core._recorder`` for the tuple layouts. Ranges with no end
+    keep ``None`` as their end (consolidation closes them at the stop time);
+    a second end for the same start (a range ended twice) is ignored.
+    """
+    at: list[list[Any] | None] = [None] * len(raw)
+    records: list[list[Any]] = []
+    scopes = _SCOPES
+    for i, t in enumerate(raw):
+        if type(t[0]) is str:
+            if len(t) == 4:  # the fast path's user range
+                rec = [t[0], scopes[t[1]], t[2], None, None, None, t[3], -1, 0, None, None, 0, None]
+            else:
+                name, scope, start, args, seq, fwd, inputs, stack, kind, extra = t
+                rec = [name, scopes[scope], start, start if kind & KIND_INSTANT else None, None, None, args, seq, fwd,
+                       inputs, stack, kind, extra]  # fmt: skip
+            at[i] = rec
+            records.append(rec)
+        else:
+            idx, end, end_tid, exc = t
+            rec = at[idx]
+            if rec is None or rec[R_END] is not None:
+                continue
+            rec[R_END] = end
+            if end_tid != tid:
+                rec[R_END_LT] = tid if end_tid == ASYNC_SAME_THREAD else end_tid
+            if exc is not None:
+                rec[R_EXC] = exc
+    return records
 
 
 def _start_of(rec: list[Any]) -> int:
