@@ -21,6 +21,7 @@ import itertools
 import sys
 import threading
 import weakref
+from contextvars import ContextVar
 from typing import Any, Final
 
 
@@ -60,9 +61,10 @@ def _bind_asyncio() -> Any:
         # 3.11's C _get_running_loop() makes a getpid() system call (~250 ns
         # here), so look only when some task is running somewhere, and keep
         # the thread's loop while it is running (BaseEventLoop._thread_id).
-        current_tasks = asyncio.tasks._current_tasks  # type: ignore[attr-defined]
+        global _current_tasks_311
+        current_tasks = _current_tasks_311 = asyncio.tasks._current_tasks  # type: ignore[attr-defined]
         get_ident = threading.get_ident
-        cache = _LoopCache()
+        cache = _loop_cache
 
         def task_311() -> Any:
             if not current_tasks:
@@ -81,6 +83,14 @@ def _bind_asyncio() -> Any:
 
 #: () -> the asyncio task running in this thread, or None.
 _asyncio_task: Any = _detect_asyncio
+
+# 3.11 only: the last task logical thread found in this context, checked
+# against asyncio's current-task table instead of being looked up again.
+_HINTS: Final = sys.version_info < (3, 12)
+_hint: ContextVar[LogicalThread | None] = ContextVar("aprof.logical_thread_hint", default=None)
+_loop_cache = _LoopCache()
+_current_tasks_311: dict[Any, Any] = {}
+_get_ident = threading.get_ident
 
 __all__ = ["LogicalThread", "current_logical_thread", "current_thread_id"]
 
@@ -112,7 +122,7 @@ class LogicalThread:
     task alive.
     """
 
-    __slots__ = ("__weakref__", "_task_ref", "id", "kind", "name", "os_thread_id")
+    __slots__ = ("__weakref__", "_task_ref", "id", "kind", "loop", "name", "os_thread_id")
 
     id: int
     kind: str  # "asyncio", "trio" or "thread"
@@ -124,6 +134,7 @@ class LogicalThread:
         self.kind = kind
         self.name = name
         self.os_thread_id = threading.get_ident()
+        self.loop: Any = None  # the asyncio loop of a task (3.11 hint check)
         self._task_ref = weakref.ref(task) if task is not None else None
 
     def bind(self, task: object, kind: str) -> None:
@@ -211,13 +222,25 @@ def current_logical_thread() -> LogicalThread:
     lt = stepping.lt
     if lt is not None:
         return lt
+    if _HINTS:
+        lt = _hint.get()
+        if lt is not None and lt.os_thread_id == _get_ident():
+            ref = lt._task_ref
+            task = ref() if ref is not None else None
+            if task is not None and _current_tasks_311.get(lt.loop) is task:
+                return lt
     task = _asyncio_task()
     if task is not None:
         try:
-            return getattr(task, _TASK_ATTR)  # type: ignore[no-any-return]
+            lt = getattr(task, _TASK_ATTR)
         except AttributeError:
             lt = _side_table.get(id(task))
-            return lt if lt is not None else _new_task_thread(task, "asyncio")
+            if lt is None:
+                lt = _new_task_thread(task, "asyncio")
+        if _HINTS:
+            lt.loop = _loop_cache.loop
+            _hint.set(lt)  # in the task's own context: its children re-check it
+        return lt
     trio_context = _trio_run_context
     if trio_context is None and "trio" in sys.modules:
         trio_context = _find_trio_run_context()
