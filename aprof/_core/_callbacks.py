@@ -20,6 +20,7 @@ from __future__ import annotations
 import enum
 import itertools
 import math
+import os
 import random
 import threading
 import warnings
@@ -263,6 +264,16 @@ RF_STATE: ContextVar[RFState] = ContextVar("aprof.rf_state", default=EMPTY_RF_ST
 global_entries: tuple[Entry, ...] = ()
 _global_all: tuple[Entry, ...] = ()
 _global_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    # Another thread may have held the lock when the parent forked; in the
+    # child that thread does not exist, so the lock would never be released.
+    global _global_lock
+    _global_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 _registry: weakref.WeakValueDictionary[int, Entry] = weakref.WeakValueDictionary()
 
 

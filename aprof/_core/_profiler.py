@@ -13,8 +13,10 @@ thread in the process is recorded while it runs.
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
+import weakref
 from collections.abc import Callable
 from time import perf_counter_ns
 from types import TracebackType
@@ -170,6 +172,7 @@ class profile:
             self._slot = slot
         self._state = state
         self._recorder = recorder
+        _running.add(recorder)
         self._session = None
         if self.tasks:
             self._task_hooks = _install_task_hooks(recorder, global_scope=self.scope == "global")
@@ -194,6 +197,7 @@ class profile:
         state.running = False
         state.stop_ns = stop_ns
         recorder.state = None
+        _running.discard(recorder)
         self._state = self._recorder = None
         hooks, self._task_hooks = self._task_hooks, []
         for undo in hooks:
@@ -295,6 +299,28 @@ class profile:
     def __repr__(self) -> str:
         status = "running" if self._state is not None else ("stopped" if self._session is not None else "new")
         return f"<aprof.profile scope={self.scope} {status}>"
+
+
+# Running profiles' recorders, so a forked child can switch them off.
+_running: weakref.WeakSet[Recorder] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child records nothing into its parent's profiles.
+
+    Its copy of each running profile is emptied and stopped from recording:
+    ``stop()`` in the child returns an empty session, and the parent's events
+    never appear in the child's exports (RELIABILITY LC-01).
+    """
+    for recorder in list(_running):
+        state = recorder.state
+        recorder.state = None
+        if state is not None:
+            state.running = False
+            state.lists = {}
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _install_task_hooks(recorder: Recorder, global_scope: bool) -> list[Callable[[], None]]:

@@ -181,8 +181,11 @@ _pool = _LaunchPool(max_workers=min(32, (os.cpu_count() or 1) + 4), idle_s=0.5)
 
 
 def _reset_pool_after_fork() -> None:
-    global _pool
+    # The parent's workers do not exist in the child, and another thread may
+    # have held a lock at the fork: start over.
+    global _pool, _install_lock
     _pool = _LaunchPool(_pool._max, _pool._idle_s)
+    _install_lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_reset_pool_after_fork)

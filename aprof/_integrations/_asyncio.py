@@ -19,6 +19,7 @@ Tasks spawned in unprofiled contexts go straight to the previous factory.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Callable, Coroutine, Generator
 from time import perf_counter_ns
@@ -244,3 +245,12 @@ def hook_new_loops() -> Callable[[], None]:
             uninstall_task_factory(loop)
 
     return undo
+
+
+def _after_fork_in_child() -> None:
+    global _lock, _hook_lock
+    _lock = threading.Lock()
+    _hook_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -12,6 +12,7 @@ imports trio itself.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from typing import Any
@@ -130,3 +131,11 @@ def _remove(inst: TaskInstrument) -> None:
         trio.lowlevel.remove_instrument(inst)
     except KeyError:
         pass  # already removed
+
+
+def _after_fork_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,83 @@
+"""Process lifecycle: fork and interpreter exit (RELIABILITY LC-01, LC-02)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from .tracecheck import validate_trace
+
+
+def run_script(tmp_path: Path, code: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(code))
+    return subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def test_fork_while_profiling_and_holding_a_lock(tmp_path: Path) -> None:
+    # LC-01, SPEC 11.4: the child does not deadlock on a lock another thread
+    # held at the fork, and its profile holds none of the parent's events.
+    proc = run_script(
+        tmp_path,
+        """
+        import os, threading, aprof
+        from aprof._core import _callbacks
+
+        prof = aprof.profile().start()
+        with aprof.record_function("parent-before-fork"):
+            pass
+        held = threading.Event(); release = threading.Event()
+        def hold():
+            with _callbacks._global_lock:
+                held.set(); release.wait()
+        t = threading.Thread(target=hold); t.start(); held.wait()
+        pid = os.fork()
+        if pid == 0:
+            h = aprof.add_global_callback(aprof.RecordFunctionCallback(lambda rf: None))  # takes the lock
+            aprof.remove_callback(h)
+            with aprof.record_function("child"):
+                pass
+            prof.stop()
+            names = [e.name for e in prof.events()]
+            prof.export_chrome_trace("child.json")
+            os._exit(0 if names == [] else 3)
+        release.set(); t.join()
+        _, status = os.waitpid(pid, 0)
+        prof.stop()
+        assert [e.name for e in prof.events()] == ["parent-before-fork"], prof.events()
+        print("child exit", os.waitstatus_to_exitcode(status))
+        """,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "child exit 0" in proc.stdout
+    doc = validate_trace(tmp_path / "child.json")
+    assert not [e for e in doc["traceEvents"] if e.get("name") == "parent-before-fork"]
+
+
+def test_exit_with_a_profile_running_and_daemon_threads_in_ranges(tmp_path: Path) -> None:
+    # LC-02: exit code 0, nothing on stderr, no crash.
+    proc = run_script(
+        tmp_path,
+        """
+        import threading, time, aprof
+
+        prof = aprof.profile(scope="global").start()
+        def spin():
+            while True:
+                with aprof.record_function("daemon"):
+                    time.sleep(0.001)
+        for _ in range(3):
+            threading.Thread(target=spin, daemon=True).start()
+        time.sleep(0.05)
+        print("bye")
+        """,
+    )
+    assert proc.returncode == 0
+    assert proc.stdout.strip() == "bye"
+    # The running profile is collected at exit: at most aprof's one warning.
+    assert proc.stderr.count("AprofWarning") <= 1
+    assert "Traceback" not in proc.stderr
