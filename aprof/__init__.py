@@ -42,6 +42,7 @@ from ._core._record_function import (
     record_function,
     set_default_node_id,
 )
+from ._core._schedule import ProfilerAction, schedule, trace_handler
 from ._core._threads import current_thread_id
 from ._post._analysis import EventAverages, FunctionEventAvg
 from ._post._events import FunctionEvent, Track
@@ -59,6 +60,7 @@ __all__ = [
     "EventAverages",
     "FunctionEvent",
     "FunctionEventAvg",
+    "ProfilerAction",
     "RecordFunction",
     "RecordFunctionCallback",
     "RecordFunctionGuard",
@@ -89,8 +91,10 @@ __all__ = [
     "record_function",
     "reenable_callback",
     "remove_callback",
+    "schedule",
     "set_default_node_id",
     "set_record_function_seed_for_testing",
+    "trace_handler",
     "uninstall_propagation",
     "wrap",
 ]

@@ -27,6 +27,7 @@ from ._callbacks import RF_STATE, AprofWarning, RecordFunctionCallback
 from ._debug_info import DEBUG_INFO, DebugInfoKind, SlotRef
 from ._record_function import RecordFunction, get_default_node_id
 from ._recorder import ProfilerState, Recorder
+from ._schedule import ProfilerAction, check_schedule
 from ._threads import current_logical_thread
 
 if TYPE_CHECKING:
@@ -65,6 +66,9 @@ class profile:
             the stack of the blocking code (LOOP_BLOCK ranges).
         scope: ``"context"`` (the default: this context and what it spawns)
             or ``"global"`` (every logical thread in the process).
+        schedule: A step schedule (:func:`aprof.schedule`): record only in
+            the active steps of each cycle, as torch.profiler does.
+        on_trace_ready: Called with the profile at the end of each cycle.
         node_id: Tag events with this node id (default:
             :func:`aprof.get_default_node_id`).
 
@@ -96,6 +100,8 @@ class profile:
         tasks: bool = True,
         scope: Literal["context", "global"] = "context",
         loop_block_threshold: float | None = None,
+        schedule: Callable[[int], ProfilerAction] | None = None,
+        on_trace_ready: Callable[[profile], Any] | None = None,
         node_id: int | None = None,
     ) -> None:
         self.record_inputs = _check_bool("record_inputs", record_inputs)
@@ -119,6 +125,12 @@ class profile:
                 f"profile: option 'loop_block_threshold' must be a number of seconds > 0, got {loop_block_threshold!r}"
             )
         self.loop_block_threshold = loop_block_threshold
+        check_schedule(schedule, on_trace_ready)
+        self.schedule = schedule
+        self.on_trace_ready = on_trace_ready
+        self.step_num = 0
+        self._active = False
+        self._action = ProfilerAction.RECORD
         self.scope = scope
         self.node_id = node_id
         self._state: ProfilerState | None = None
@@ -134,18 +146,67 @@ class profile:
 
     @property
     def running(self) -> bool:
-        """Whether the profile is recording."""
-        return self._state is not None
+        """Whether the profile is between start() and stop()."""
+        return self._active
 
     def start(self) -> profile:
-        """Start recording.
+        """Start the profile: recording, or following its schedule.
 
         Raises:
             RuntimeError: this profile is already running, or another profile
                 is already running in this same logical thread's context.
         """
-        if self._state is not None:
+        if self._active:
             raise RuntimeError("profile.start: this profile is already running")
+        self.step_num = 0
+        self._session = None
+        if self.schedule is None:
+            self._begin()
+        else:
+            self._action = self.schedule(0)
+            if self._action is not ProfilerAction.NONE:
+                self._begin()
+        self._active = True
+        return self
+
+    def step(self) -> None:
+        """Mark the end of a step: move along the schedule (SPEC 5.6).
+
+        At the end of a cycle the recorded events become the profile's
+        results and ``on_trace_ready(prof)`` is called.
+
+        Raises:
+            RuntimeError: the profile is not running.
+        """
+        if not self._active:
+            raise RuntimeError("profile.step: this profile is not running")
+        self.step_num += 1
+        if self.schedule is None:
+            return
+        prev, new = self._action, self.schedule(self.step_num)
+        self._action = new
+        A = ProfilerAction
+        if prev is A.RECORD_AND_SAVE or (prev is A.RECORD and new in (A.NONE, A.WARMUP)):
+            self._finish()
+            self._trace_ready()
+        elif prev is A.WARMUP and new is not A.WARMUP:
+            self._discard()
+        if new is not A.NONE and self._state is None:
+            self._begin()
+
+    def _trace_ready(self) -> None:
+        handler = self.on_trace_ready
+        if handler is not None:
+            handler(self)
+
+    def _discard(self) -> None:
+        # Warmup events are recorded (so the first recorded step pays no
+        # start-up cost) and thrown away, as torch.profiler does.
+        session = self._session
+        self._finish()
+        self._session = session
+
+    def _begin(self) -> None:
         lt = current_logical_thread()
         node = get_default_node_id() if self.node_id is None else self.node_id
         state = ProfilerState(
@@ -173,12 +234,10 @@ class profile:
         self._state = state
         self._recorder = recorder
         _running.add(recorder)
-        self._session = None
         if self.tasks:
             self._task_hooks = _install_task_hooks(recorder, global_scope=self.scope == "global")
         if self.loop_block_threshold is not None:
             self._task_hooks += _start_loop_watch(state, self.loop_block_threshold)
-        return self
 
     def stop(self) -> profile:
         """Stop recording and consolidate the events.
@@ -187,12 +246,30 @@ class profile:
         the profile. Ranges still open are closed at the stop time and flagged
         ``unfinished``; events that arrive later are dropped.
 
+        With a schedule, a cycle cut short by stop() is finished as if its
+        last step had ended: recorded events become the results and
+        ``on_trace_ready`` is called; warmup events are dropped.
+
         Raises:
             RuntimeError: the profile is not running.
         """
-        state, recorder = self._state, self._recorder
-        if state is None or recorder is None:
+        if not self._active:
             raise RuntimeError("profile.stop: this profile is not running")
+        self._active = False
+        if self._state is None:
+            return self
+        if self.schedule is None:
+            self._finish()
+        elif self._action is ProfilerAction.WARMUP:
+            self._discard()
+        else:
+            self._finish()
+            self._trace_ready()
+        return self
+
+    def _finish(self) -> None:
+        state, recorder = self._state, self._recorder
+        assert state is not None and recorder is not None
         stop_ns = perf_counter_ns()
         state.running = False
         state.stop_ns = stop_ns
@@ -210,7 +287,6 @@ class profile:
         from .._post._session import Session  # post-processing reads, never writes back
 
         self._session = Session.from_state(state)
-        return self
 
     def _restore_context(self, recorder: Recorder) -> None:
         # Undo start() field by field in the current context, if it is the
@@ -235,14 +311,14 @@ class profile:
         return self.start()
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
-        if self._state is not None:
+        if self._active:
             self.stop()
 
     async def __aenter__(self) -> profile:
         return self.start()
 
     async def __aexit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
-        if self._state is not None:
+        if self._active:
             self.stop()
 
     def __del__(self) -> None:
@@ -275,7 +351,7 @@ class profile:
             RuntimeError: the profile is running or was never started.
         """
         if self._session is None:
-            if self._state is not None:
+            if self._active:
                 raise RuntimeError("profile: results are available after stop(); the profile is still running")
             raise RuntimeError("profile: no results; the profile was never started")
         return self._session
@@ -297,7 +373,7 @@ class profile:
         self.session.save(path)
 
     def __repr__(self) -> str:
-        status = "running" if self._state is not None else ("stopped" if self._session is not None else "new")
+        status = "running" if self._active else ("stopped" if self._session is not None else "new")
         return f"<aprof.profile scope={self.scope} {status}>"
 
 
