@@ -269,7 +269,8 @@ class profile:
 
     def _finish(self) -> None:
         state, recorder = self._state, self._recorder
-        assert state is not None and recorder is not None
+        assert state is not None
+        assert recorder is not None
         stop_ns = perf_counter_ns()
         state.running = False
         state.stop_ns = stop_ns
