@@ -44,6 +44,7 @@ from ._core._record_function import (
 )
 from ._core._schedule import ProfilerAction, schedule, trace_handler
 from ._core._threads import current_thread_id
+from ._integrations._asgi import ProfilerMiddleware
 from ._post._analysis import EventAverages, FunctionEventAvg
 from ._post._events import FunctionEvent, Track
 from ._post._session import Session, load
@@ -61,6 +62,7 @@ __all__ = [
     "FunctionEvent",
     "FunctionEventAvg",
     "ProfilerAction",
+    "ProfilerMiddleware",
     "RecordFunction",
     "RecordFunctionCallback",
     "RecordFunctionGuard",

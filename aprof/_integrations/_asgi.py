@@ -1,0 +1,121 @@
+"""ASGI middleware (SPEC 11.3): profile chosen requests.
+
+A request is profiled when it asks (the ``aprof`` query parameter or the
+``x-aprof`` header) or when it is drawn by ``sample_rate``. Its profile is
+context-scoped: the request's task and what it spawns, nothing from the
+requests running beside it. The trace is stored in ``directory`` and, when
+the request asks with ``aprof=trace`` (or header ``x-aprof: trace``),
+returned instead of the app's response body.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from os import PathLike
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs
+
+from .._core._profiler import profile
+from .._core._record_function import record_function
+from .._export._chrome import chrome_trace_chunks
+
+__all__ = ["ProfilerMiddleware"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class ProfilerMiddleware:
+    """Profile chosen HTTP requests of an ASGI app.
+
+    Args:
+        app: The ASGI application.
+        directory: Store each request's Chrome trace here (created if
+            missing); None stores nothing.
+        sample_rate: Also profile this fraction of all requests (0..1).
+        query_param: The query parameter that asks for a profile.
+        header: The request header that asks for a profile.
+
+    Raises:
+        ValueError: ``sample_rate`` is outside 0..1.
+
+    Example:
+        >>> import aprof
+        >>> async def app(scope, receive, send): ...
+        >>> app = aprof.ProfilerMiddleware(app, directory="traces")
+
+    ``GET /path?aprof=1`` stores a trace; ``GET /path?aprof=trace`` returns
+    it as the response body (``application/json``).
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        directory: str | PathLike[str] | None = None,
+        sample_rate: float = 0.0,
+        query_param: str = "aprof",
+        header: str = "x-aprof",
+    ) -> None:
+        if isinstance(sample_rate, bool) or not isinstance(sample_rate, (int, float)) or not 0.0 <= sample_rate <= 1.0:
+            raise ValueError(f"ProfilerMiddleware: sample_rate must be a number in 0..1, got {sample_rate!r}")
+        self.app = app
+        self.directory = Path(directory) if directory is not None else None
+        self.sample_rate = float(sample_rate)
+        self.query_param = query_param
+        self.header = header.lower().encode("latin-1")
+        self._rng = random.Random()
+
+    def _wanted(self, scope: Scope) -> str | None:
+        """None, or what the request asked for ("store" or "trace")."""
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+        values = query.get(self.query_param)
+        if values is not None:
+            return "trace" if "trace" in values else "store"
+        for name, value in scope.get("headers", ()):
+            if name.lower() == self.header:
+                return "trace" if value.strip().lower() == b"trace" else "store"
+        if self.sample_rate and self._rng.random() < self.sample_rate:
+            return "store"
+        return None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope.get("type") != "http":
+            await self.app(scope, receive, send)
+            return
+        wanted = self._wanted(scope)
+        if wanted is None:
+            await self.app(scope, receive, send)
+            return
+        method, path = scope.get("method", "GET"), scope.get("path", "/")
+        held: list[Message] = []
+
+        async def hold(message: Message) -> None:
+            held.append(message)
+
+        async with profile() as prof:
+            with record_function(f"{method} {path}"):
+                await self.app(scope, receive, hold if wanted == "trace" else send)
+        session = prof.session
+        if self.directory is not None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", path).strip("_")[:80] or "root"
+            target = self.directory / f"{time.time_ns()}-{method}-{slug}.json"
+            session.export_chrome_trace(target)
+        if wanted == "trace":
+            status = next((m.get("status", 200) for m in held if m["type"] == "http.response.start"), 500)
+            body = "".join(chrome_trace_chunks(session)).encode("utf-8", "surrogatepass")
+            headers = [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"x-aprof-app-status", str(status).encode()),
+            ]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": body})

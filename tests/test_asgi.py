@@ -1,0 +1,110 @@
+"""The ASGI middleware against a real server and a real HTTP client (SPEC 11.3)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs
+
+import aiohttp
+import pytest
+import uvicorn
+
+import aprof
+
+from .tracecheck import validate_trace
+
+
+async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    rid = parse_qs(scope["query_string"].decode()).get("id", ["?"])[0]
+
+    async def sub() -> None:
+        with aprof.record_function(f"sub {rid}"):
+            await asyncio.sleep(0.01)
+
+    with aprof.record_function(f"handler {rid}"):
+        await asyncio.sleep(0.03)
+        await asyncio.gather(sub(), sub())
+    body = f"ok {rid}".encode()
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    traces = tmp_path / "traces"
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(aprof.ProfilerMiddleware(app, directory=traces), log_level="warning", lifespan="on")
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=lambda: asyncio.run(srv.serve(sockets=[sock])), daemon=True)
+    thread.start()
+    for _ in range(200):
+        if srv.started:
+            break
+        threading.Event().wait(0.02)
+    assert srv.started
+    try:
+        yield f"http://127.0.0.1:{port}", traces
+    finally:
+        srv.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+async def fetch_all(urls: list[str]) -> list[tuple[int, bytes]]:
+    async with aiohttp.ClientSession() as session:
+
+        async def one(url: str) -> tuple[int, bytes]:
+            async with session.get(url) as resp:
+                return resp.status, await resp.read()
+
+        return await asyncio.gather(*(one(u) for u in urls))
+
+
+def test_concurrent_requests_get_separate_traces(server: tuple[str, Path]) -> None:
+    # SPEC 11.3, 5.2: each stored trace holds only its own request.
+    base, traces = server
+    urls = [f"{base}/items?aprof=1&id={i}" for i in range(5)] + [f"{base}/items?id=plain"]
+    results = asyncio.run(fetch_all(urls))
+    assert [body for _, body in results] == [f"ok {i}".encode() for i in range(5)] + [b"ok plain"]
+    files = sorted(traces.iterdir())
+    assert len(files) == 5  # the unprofiled request stored nothing
+    seen = set()
+    for f in files:
+        names = [e["name"] for e in validate_trace(f)["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "user_scope"]
+        (handler,) = [n for n in names if n.startswith("handler")]
+        rid = handler.split()[1]
+        assert sorted(names) == ["GET /items", f"handler {rid}", f"sub {rid}", f"sub {rid}"]
+        seen.add(rid)
+    assert seen == {str(i) for i in range(5)}
+
+
+def test_trace_returned_in_the_response(server: tuple[str, Path]) -> None:
+    # SPEC 11.3: ?aprof=trace returns the trace instead of the body.
+    base, _ = server
+    ((status, body),) = asyncio.run(fetch_all([f"{base}/x?aprof=trace&id=7"]))
+    assert status == 200
+    doc = json.loads(body)
+    names = {e.get("name") for e in doc["traceEvents"]}
+    assert {"handler 7", "sub 7", "GET /x"} <= names
+
+
+def test_bad_sample_rate() -> None:
+    # SPEC 12: the error names the option.
+    with pytest.raises(ValueError, match="sample_rate"):
+        aprof.ProfilerMiddleware(app, sample_rate=1.5)
