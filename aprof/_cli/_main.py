@@ -25,7 +25,7 @@ from .._post._session import Session, load
 
 __all__ = ["main"]
 
-_FORMATS = (".json", ".json.gz", ".aprof")
+_FORMATS = (".speedscope.json", ".json", ".json.gz", ".folded", ".aprof")
 
 
 class _UsageError(Exception):
@@ -70,8 +70,13 @@ def _output_path(args: argparse.Namespace) -> Path:
 
 
 def _write(session: Session, out: Path) -> None:
-    if out.name.lower().endswith(".aprof"):
+    name = out.name.lower()
+    if name.endswith(".aprof"):
         session.save(out)
+    elif name.endswith(".speedscope.json"):
+        session.export_speedscope(out)
+    elif name.endswith(".folded"):
+        session.export_folded(out)
     else:
         session.export_chrome_trace(out)
 

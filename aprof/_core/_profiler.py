@@ -369,6 +369,14 @@ class profile:
         """Write a Chrome/Perfetto trace (``.json`` or ``.json.gz``) (SPEC 9.1)."""
         self.session.export_chrome_trace(path)
 
+    def export_speedscope(self, path: str | PathLike[str]) -> None:
+        """Write a speedscope file (``.speedscope.json``) (SPEC 9.2)."""
+        self.session.export_speedscope(path)
+
+    def export_folded(self, path: str | PathLike[str]) -> None:
+        """Write folded stacks (``.folded``) for flame graphs (SPEC 9.2)."""
+        self.session.export_folded(path)
+
     def save(self, path: str | PathLike[str]) -> None:
         """Write the whole session, for :func:`aprof.load` (SPEC 6.5)."""
         self.session.save(path)

@@ -109,6 +109,18 @@ class Session:
 
         export_chrome_trace(self, path)
 
+    def export_speedscope(self, path: str | PathLike[str]) -> None:
+        """Write a speedscope file (``.speedscope.json``), one profile per track (SPEC 9.2)."""
+        from .._export._speedscope import export_speedscope
+
+        export_speedscope(self, path)
+
+    def export_folded(self, path: str | PathLike[str]) -> None:
+        """Write folded stacks (``.folded``) for flame graphs (SPEC 9.2)."""
+        from .._export._folded import export_folded
+
+        export_folded(self, path)
+
     def save(self, path: str | PathLike[str]) -> None:
         """Write the whole session to ``path`` (``.aprof``) for :func:`aprof.load`.
 

@@ -1,0 +1,106 @@
+"""speedscope and folded-stack exports (SPEC 9.2), and the CLI picking them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import aprof
+
+
+def nested_profile(backend) -> aprof.profile:
+    async def child() -> None:
+        with aprof.record_function("leaf"):
+            await backend.sleep(0.002)
+
+    async def main() -> aprof.profile:
+        async with aprof.profile() as prof:
+            with aprof.record_function("outer"):
+                with aprof.record_function("inner"):
+                    await backend.sleep(0.002)
+                async with backend.group() as g:
+                    g.start_soon(child)
+            r = aprof.record_function("async one").start()
+            aprof.mark("instant")
+            r.end()
+        return prof
+
+    return backend.run(main)
+
+
+def test_speedscope_follows_the_schema(backend, tmp_path: Path) -> None:
+    # SPEC 9.2: speedscope's file format, one evented profile per track, O/C nested.
+    prof = nested_profile(backend)
+    out = tmp_path / "p.speedscope.json"
+    prof.export_speedscope(out)
+    doc = json.loads(out.read_text())
+    assert doc["$schema"] == "https://www.speedscope.app/file-format-schema.json"
+    frames = [f["name"] for f in doc["shared"]["frames"]]
+    assert {"outer", "inner", "leaf"} <= set(frames)
+    tracks = {e.thread_id for e in prof.events() if not e.is_async}
+    assert len(doc["profiles"]) == len(tracks)
+    for p in doc["profiles"]:
+        assert p["type"] == "evented"
+        assert p["unit"] == "nanoseconds"
+        stack: list[int] = []
+        last = p["startValue"]
+        for ev in p["events"]:
+            assert ev["at"] >= last
+            last = ev["at"]
+            if ev["type"] == "O":
+                stack.append(ev["frame"])
+            else:
+                assert stack.pop() == ev["frame"]
+        assert not stack
+        assert p["endValue"] == last
+    outer = next(p for p in doc["profiles"] if any(frames[e["frame"]] == "outer" for e in p["events"]))
+    opened = [frames[e["frame"]] for e in outer["events"] if e["type"] == "O"]
+    assert opened[:2] == ["outer", "inner"]
+
+
+def test_folded_stacks_sum_self_times(tmp_path: Path) -> None:
+    # SPEC 9.2: one line per stack, value = self time in microseconds.
+    with aprof.profile() as prof:
+        with aprof.record_function("a;b"):
+            with aprof.record_function("c d"):
+                sum(range(20000))
+    out = tmp_path / "p.folded"
+    prof.export_folded(out)
+    lines = out.read_text().splitlines()
+    by_stack = {line.rsplit(" ", 1)[0]: int(line.rsplit(" ", 1)[1]) for line in lines}
+    events = {e.name: e for e in prof.events()}
+    track = events["a;b"].track.replace(" ", "\u00a0")
+    inner_key = f"{track};a:b;c\u00a0d"
+    assert by_stack[inner_key] == events["c d"].self_duration_ns // 1000
+    assert all(len(line.rsplit(" ", 1)) == 2 for line in lines)
+
+
+@pytest.mark.parametrize("name", ["t.speedscope.json", "t.folded"])
+def test_cli_picks_the_format_from_the_name(tmp_path: Path, name: str) -> None:
+    # SPEC 10.1, 9.2
+    script = tmp_path / "s.py"
+    script.write_text("import aprof\nwith aprof.record_function('x'):\n    sum(range(100000))\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "aprof", "run", "--no-summary", "-o", name, str(script)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    text = (tmp_path / name).read_text()
+    if name.endswith(".folded"):
+        assert text.split(";")[-1].startswith("x ")
+    else:
+        assert json.loads(text)["shared"]["frames"] == [{"name": "x"}]
+
+
+def test_wrong_extension_is_refused(tmp_path: Path) -> None:
+    # SPEC 12, BI-06
+    with aprof.profile() as prof:
+        pass
+    with pytest.raises(ValueError, match="speedscope"):
+        prof.export_speedscope(tmp_path / "x.json")
+    with pytest.raises(ValueError, match="folded"):
+        prof.export_folded(tmp_path / "x.txt")
