@@ -57,27 +57,14 @@ class TimedCoroutine:
             self._records.lt.current_name()
 
     def send(self, value: Any) -> Any:
-        if not self._bound:
-            self._bind()
-        records = self._records
-        steps = records.steps
-        prev = stepping.lt
-        stepping.lt = records.lt
-        steps.append(perf_counter_ns())
-        try:
-            return self._coro.send(value)
-        except StopIteration:
-            self._finish("returned", None)
-            raise
-        except BaseException as exc:
-            self._finish_exc(exc)
-            raise
-        finally:
-            if len(steps) % 2 == 1:
-                steps.append(perf_counter_ns())
-            stepping.lt = prev
+        return self._step(self._coro.send, value)
 
     def throw(self, *args: Any) -> Any:
+        return self._step(self._coro.throw, *args)
+
+    def _step(self, advance: Callable[..., Any], *args: Any) -> Any:
+        """One step of the task: stamp it, publish the task as the one
+        stepping on this thread, and close the task's range when it ends."""
         if not self._bound:
             self._bind()
         records = self._records
@@ -86,7 +73,7 @@ class TimedCoroutine:
         stepping.lt = records.lt
         steps.append(perf_counter_ns())
         try:
-            return self._coro.throw(*args)
+            return advance(*args)
         except StopIteration:
             self._finish("returned", None)
             raise
