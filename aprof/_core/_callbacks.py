@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import enum
 import itertools
-import math
 import os
 import random
 import threading
@@ -185,8 +184,12 @@ class RecordFunctionCallback:
         return self._prob
 
     def __repr__(self) -> str:
+        # Both functions are named, so a warning about a failing end names it.
         name = getattr(self._start, "__qualname__", repr(self._start))
-        return f"<RecordFunctionCallback start={name}>"
+        if self._end is None:
+            return f"<RecordFunctionCallback start={name}>"
+        end = getattr(self._end, "__qualname__", repr(self._end))
+        return f"<RecordFunctionCallback start={name} end={end}>"
 
 
 _handles = itertools.count(1)
@@ -443,9 +446,9 @@ def sampled(prob: float) -> bool:
     """Draw for one callback of probability ``prob`` (the documented rule)."""
     if prob >= 1.0:
         return True
-    if prob <= 0.0 or math.isnan(prob):
-        return False
-    return _rng.random() < prob
+    # Every probability below 1 draws, p=0 included, so the draws a seeded
+    # run makes depend only on which callbacks match, never on their values.
+    return _rng.random() < prob  # random() is in [0, 1): p=0 (or NaN) never runs
 
 
 # ---------------------------------------------------------------------------

@@ -146,18 +146,23 @@ def restore_slot(var: ContextVar[Any], token: Token[Any], mine: object, fieldwis
     context cannot be used: that is a guard handed between tasks, which we
     report clearly instead of letting contextvars raise its ValueError.
     """
-    if var.get() is mine:
-        try:
-            var.reset(token)
-            return
-        except ValueError:
-            # Entered in one context, exited in another that inherited the value.
-            var.set(fieldwise(var.get()))
-            raise RuntimeError(
-                f"{guard!r} was exited in a different context from the one it was entered in; "
-                "it was restored here, and the entering context keeps the value it set"
-            ) from None
-    var.set(fieldwise(var.get()))
+    cur = var.get()
+    try:
+        # Succeeds only in the context the guard was entered in, whatever
+        # changed the variable since; a sibling context must not pass
+        # silently (SPEC 2.3), so the token is tried even when cur is not mine.
+        var.reset(token)
+    except ValueError:
+        # Entered in one context, exited in another. Undo the guard's field
+        # here only if this context inherited the guard's value.
+        if cur is mine:
+            var.set(fieldwise(cur))
+        raise RuntimeError(
+            f"{guard!r} was exited in a different context from the one it was entered in; "
+            "the entering context keeps the value it set"
+        ) from None
+    if cur is not mine:
+        var.set(fieldwise(cur))
 
 
 class ContextState:
@@ -195,8 +200,15 @@ class ContextState:
         try:
             yield self
         finally:
-            RF_STATE.reset(t2)
-            DEBUG_INFO.reset(t1)
+            try:
+                RF_STATE.reset(t2)
+                DEBUG_INFO.reset(t1)
+            except ValueError:
+                # Exited in another context than it was entered in (e.g. a
+                # generator closed elsewhere): say so clearly (SPEC 2.3).
+                raise RuntimeError(
+                    f"{self!r}.applied() was exited in a different context from the one it was entered in"
+                ) from None
 
     def __repr__(self) -> str:
         return f"<ContextState recording={'on' if self._rf.enabled else 'off'} callbacks={len(self._rf.callbacks)}>"
