@@ -480,11 +480,24 @@ class record_function:
         return cast(F, _decorate(fn, self.name, self.args))
 
 
+def _kind_probe(fn: Callable[..., Any]) -> Any:
+    """What says whether calling ``fn`` makes a coroutine or a generator.
+
+    A function, method or partial says it itself; an object with ``__call__``
+    (an ASGI app, say) says it through its class's ``__call__``, which the
+    ``inspect`` predicates do not look at.
+    """
+    if inspect.isroutine(fn) or isinstance(fn, (functools.partial, type)):
+        return fn
+    return type(fn).__call__  # callable(fn) was checked: its class has __call__
+
+
 def _decorate(fn: Callable[..., Any], name: str, args: str | None) -> Callable[..., Any]:
-    if inspect.isasyncgenfunction(fn):
+    probe = _kind_probe(fn)
+    if inspect.isasyncgenfunction(probe):
         return _async_gen_wrapper(fn, name, args)
 
-    if inspect.iscoroutinefunction(fn):
+    if inspect.iscoroutinefunction(probe):
 
         @functools.wraps(fn)
         async def coro_wrapper(*a: Any, **k: Any) -> Any:
@@ -496,7 +509,7 @@ def _decorate(fn: Callable[..., Any], name: str, args: str | None) -> Callable[.
 
         return coro_wrapper
 
-    if inspect.isgeneratorfunction(fn):
+    if inspect.isgeneratorfunction(probe):
 
         @functools.wraps(fn)
         def gen_wrapper(*a: Any, **k: Any) -> Generator[Any, Any, Any]:

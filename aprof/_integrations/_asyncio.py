@@ -26,7 +26,7 @@ from time import perf_counter_ns
 from typing import Any
 
 from .._core._threads import LogicalThread, current_task_and_kind, stepping
-from ._tasks import TaskRecords, recorders_in, spawn_records
+from ._tasks import TaskRecords, coro_qualname, recorders_in, spawn_records
 
 __all__ = ["TimedCoroutine", "install_task_factory", "uninstall_task_factory"]
 
@@ -136,7 +136,7 @@ def _make_factory(prev: TaskFactory | None) -> TaskFactory:
         if recorders and asyncio.iscoroutine(coro):
             name = kwargs.get("name")
             lt = LogicalThread("asyncio", str(name) if name is not None else "Task")
-            coro_name = getattr(coro, "__qualname__", None) or type(coro).__qualname__
+            coro_name = coro_qualname(coro)
             records = spawn_records(recorders, lt, lt.name, coro_name)
             coro = TimedCoroutine(coro, records)
         if prev is not None:

@@ -96,5 +96,29 @@ class TaskRecords:
         self.recs = []
 
 
+def coro_qualname(coro: Any) -> str:
+    """The qualified name of the user's coroutine behind ``coro``.
+
+    anyio (4.x with ``TaskHandle``) spawns every task on a wrapper coroutine,
+    ``TaskHandle._run_coro``, that awaits the user's coroutine, and on trio
+    its ``TaskGroup.start`` spawns ``run_coro_with_task_status``, which calls
+    the user's function in its first step: name the one the user wrote. A
+    coroutine's arguments and closure variables are in its frame before its
+    first step, so the wrapper's ``self`` or ``func`` can be read at spawn.
+    """
+    name = getattr(coro, "__qualname__", None) or type(coro).__qualname__
+    if name == "TaskHandle._run_coro" or name.endswith(".run_coro_with_task_status"):
+        frame = getattr(coro, "cr_frame", None)
+        if frame is not None:
+            f_locals = frame.f_locals
+            inner = getattr(f_locals.get("self"), "_coro", None)
+            if inner is not None:
+                return coro_qualname(inner)
+            func_name = getattr(f_locals.get("func"), "__qualname__", None)
+            if isinstance(func_name, str):
+                return func_name
+    return str(name)
+
+
 def spawn_records(recorders: list[Recorder], task_lt: LogicalThread, name: str, coro_name: str) -> TaskRecords:
     return TaskRecords(recorders, task_lt, name, coro_name, current_logical_thread(), perf_counter_ns())

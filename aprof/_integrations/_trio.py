@@ -20,7 +20,7 @@ from typing import Any
 import trio
 
 from .._core._threads import LogicalThread, stepping
-from ._tasks import TaskRecords, recorders_in, spawn_records
+from ._tasks import TaskRecords, coro_qualname, recorders_in, spawn_records
 
 __all__ = ["install_instrument", "uninstall_instrument"]
 
@@ -56,8 +56,7 @@ class TaskInstrument(trio.abc.Instrument):
             return
         lt = LogicalThread("trio", task.name)
         lt.bind(task, "trio")
-        coro_name = getattr(task.coro, "__qualname__", None) or type(task.coro).__qualname__
-        self._tasks[task] = spawn_records(recorders, lt, task.name, coro_name)
+        self._tasks[task] = spawn_records(recorders, lt, task.name, coro_qualname(task.coro))
 
     def before_task_step(self, task: trio.lowlevel.Task) -> None:
         records = self._tasks.get(task)
