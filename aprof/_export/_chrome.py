@@ -98,17 +98,17 @@ def chrome_trace_chunks(session: Session) -> Iterator[str]:
             return ""
         return ",\n"
 
-    nodes = sorted({t.node_id for t in session.tracks()})
+    tracks = session.tracks()  # sorted by first activity: a walk over every event, so once
+    nodes = sorted({t.node_id for t in tracks})
     for node in nodes:
         pid = pids.get(node, node)
         yield sep() + f'{{"ph":"M","name":"process_name","pid":{pid},"tid":0,"args":{{"name":{_dumps(f"aprof node {node}")}}}}}'
-    stepped = {e.thread_id for e in session.events() if e.scope is RecordScope.TASK and e.extra and e.extra.get("steps")}
-    for order, track in enumerate(session.tracks()):
+    for order, track in enumerate(tracks):
         pid = pids.get(track.node_id, track.node_id)
         label = track.name if track.kind == "thread" else f"{track.name} [{track.kind}]"
         yield sep() + f'{{"ph":"M","name":"thread_name","pid":{pid},"tid":{track.id},"args":{{"name":{_dumps(label)}}}}}'
         yield sep() + f'{{"ph":"M","name":"thread_sort_index","pid":{pid},"tid":{track.id},"args":{{"sort_index":{2 * order}}}}}'
-        if track.id in stepped:
+        if track.steps:  # a task's steps, set by consolidation and by load()
             # A task's steps overlap its ranges without nesting in them, so
             # they get a row of their own, right under the task's.
             rid = _RUNNING_TID_BASE + track.id
