@@ -377,6 +377,10 @@ class profile:
         """Write folded stacks (``.folded``) for flame graphs (SPEC 9.2)."""
         self.session.export_folded(path)
 
+    def export_html(self, path: str | PathLike[str]) -> None:
+        """Write a self-contained HTML report (``.html``) (SPEC 9.2)."""
+        self.session.export_html(path)
+
     def save(self, path: str | PathLike[str]) -> None:
         """Write the whole session, for :func:`aprof.load` (SPEC 6.5)."""
         self.session.save(path)

@@ -87,7 +87,7 @@ def chrome_trace_chunks(session: Session) -> Iterator[str]:
     pids = {int(k): v for k, v in session.metadata.get("pids", {}).items()}
     names: dict[str, str] = {}
     yield '{"displayTimeUnit":"ms","otherData":'
-    yield _dumps({"producer": "aprof", "aprof_version": session.metadata.get("aprof_version"), "dropped": session.metadata.get("dropped", 0)})
+    yield _dumps({"producer": "aprof", "aprof_version": session.metadata.get("aprof_version"), "dropped": session.metadata.get("dropped", 0), "start_ns": base})
     yield ',"traceEvents":[\n'
     first = True
 

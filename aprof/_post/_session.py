@@ -121,6 +121,12 @@ class Session:
 
         export_folded(self, path)
 
+    def export_html(self, path: str | PathLike[str]) -> None:
+        """Write a self-contained HTML report (``.html``): timeline, flame graph, summary (SPEC 9.2)."""
+        from .._export._html import export_html
+
+        export_html(self, path)
+
     def save(self, path: str | PathLike[str]) -> None:
         """Write the whole session to ``path`` (``.aprof``) for :func:`aprof.load`.
 

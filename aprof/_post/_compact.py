@@ -1,0 +1,154 @@
+"""The compact session document: what the HTML report embeds and reads back.
+
+A session file (``.aprof``) keeps every field of every event as a row of
+22 values. The HTML report needs the same information in a form a browser
+can draw 100k events from without choking, and ``aprof report trace.html``
+must be able to rebuild the session from it. So the report embeds this
+document::
+
+    {"format": "aprof-compact", "version": 1, "metadata": {...},
+     "names": [...], "scopes": [...],
+     "tracks": [{"id", "name", "kind", "os_thread_id", "node_id", "steps"}],
+     "events": [t, start, dur, parent, name, scope, flags, detail, ...],
+     "details": [{...}, ...]}
+
+``events`` is flat, eight integers per event: track index, start and
+duration in nanoseconds (start relative to ``metadata.start_ns``), the index
+of its parent event (-1 for none), indexes into ``names`` and ``scopes``,
+flag bits (``F_*``) and an index into ``details`` (-1 when the event has
+nothing beyond those fields). Task steps are relative nanoseconds too.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Final
+
+from .._core._callbacks import RecordScope
+from .._core._recorder import KIND_INSTANT, KIND_RANGE
+from ._events import FunctionEvent, Track, add_child, make_event
+
+if TYPE_CHECKING:
+    from ._session import Session
+
+__all__ = ["FORMAT", "compact_document", "session_from_compact"]
+
+FORMAT: Final = "aprof-compact"
+VERSION: Final = 1
+STRIDE: Final = 8
+F_ASYNC: Final = 1
+F_INSTANT: Final = 2
+F_UNFINISHED: Final = 4
+
+
+def _details(ev: FunctionEvent) -> dict[str, Any] | None:
+    d: dict[str, Any] = {}
+    if ev.exception is not None:
+        d["exception"] = ev.exception
+    if ev.args is not None:
+        d["args"] = ev.args
+    if ev.sequence_nr != -1:
+        d["sequence_nr"] = ev.sequence_nr
+    if ev.forward_thread_id:
+        d["forward_thread_id"] = ev.forward_thread_id
+    if ev.end_thread_id != ev.thread_id:
+        d["end_thread_id"] = ev.end_thread_id
+    if ev.inputs is not None:
+        d["inputs"] = list(ev.inputs)
+    if ev.stack is not None:
+        d["stack"] = [list(f) for f in ev.stack]
+    if ev.extra:
+        d["extra"] = {k: v for k, v in ev.extra.items() if k != "steps"}
+    return d or None
+
+
+def compact_document(session: Session) -> dict[str, Any]:
+    """``session`` as a compact document (a JSON-ready dict)."""
+    base = int(session.metadata.get("start_ns", 0))
+    tracks = session.tracks()
+    track_index = {t.id: i for i, t in enumerate(tracks)}
+    names: dict[str, int] = {}
+    scopes: dict[str, int] = {}
+    events = session.events()
+    index = {id(e): i for i, e in enumerate(events)}
+    flat: list[int] = []
+    details: list[dict[str, Any]] = []
+    for ev in events:
+        name_i = names.setdefault(ev.name, len(names))
+        scope_i = scopes.setdefault(ev.scope.value, len(scopes))
+        flags = (F_ASYNC if ev.is_async else 0) | (F_INSTANT if ev.is_instant else 0) | (F_UNFINISHED if ev.unfinished else 0)
+        parent = index.get(id(ev.parent), -1) if ev.parent is not None else -1
+        d = _details(ev)
+        if d is not None:
+            details.append(d)
+        flat += (
+            track_index[ev.thread_id], ev.start_ns - base, ev.duration_ns, parent,
+            name_i, scope_i, flags, len(details) - 1 if d is not None else -1,
+        )  # fmt: skip
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "metadata": session.metadata,
+        "names": list(names),
+        "scopes": list(scopes),
+        "tracks": [
+            {**t.to_dict(), "steps": [s - base for s in t.steps] if t.steps is not None else None} for t in tracks
+        ],
+        "events": flat,
+        "details": details,
+    }
+
+
+def session_from_compact(doc: dict[str, Any]) -> Session:
+    """Rebuild a session from :func:`compact_document`'s output.
+
+    Raises:
+        KeyError, TypeError, ValueError, IndexError: the document is damaged
+            (callers turn these into a ``ValueError`` naming the file).
+    """
+    from ._session import Session
+
+    if doc.get("version") != VERSION:
+        raise ValueError(f"compact document of version {doc.get('version')!r}; this aprof reads version {VERSION}")
+    metadata = dict(doc["metadata"])
+    base = int(metadata.get("start_ns", 0))
+    names = [str(n) for n in doc["names"]]
+    scopes = [RecordScope(s) for s in doc["scopes"]]
+    tracks: list[Track] = []
+    for t in doc["tracks"]:
+        track = Track(int(t["id"]), str(t["name"]), str(t["kind"]), int(t["os_thread_id"]), int(t["node_id"]))
+        if t.get("steps") is not None:
+            track.steps = [base + int(s) for s in t["steps"]]
+        tracks.append(track)
+    details = doc["details"]
+    flat = doc["events"]
+    if len(flat) % STRIDE:
+        raise ValueError(f"event array of length {len(flat)} is not a multiple of {STRIDE}")
+    events: list[FunctionEvent] = []
+    parents: list[int] = []
+    for i in range(0, len(flat), STRIDE):
+        ti, start, dur, parent, name_i, scope_i, flags, detail_i = (int(v) for v in flat[i : i + STRIDE])
+        track = tracks[ti]
+        d: dict[str, Any] = details[detail_i] if detail_i >= 0 else {}
+        end_tid = d.get("end_thread_id")
+        stack = d.get("stack")
+        inputs = d.get("inputs")
+        rec = [
+            names[name_i], scopes[scope_i], base + start, base + start + dur,
+            int(end_tid) if end_tid is not None else None, d.get("exception"), d.get("args"),
+            int(d.get("sequence_nr", -1)), int(d.get("forward_thread_id", 0)),
+            tuple(str(x) for x in inputs) if inputs is not None else None,
+            tuple((str(f), int(line), str(fn)) for f, line, fn in stack) if stack is not None else None,
+            KIND_INSTANT if flags & F_INSTANT else KIND_RANGE, d.get("extra"),
+        ]  # fmt: skip
+        if rec[1] is RecordScope.TASK and track.steps is not None:
+            extra: dict[str, Any] = d.get("extra") or {}
+            rec[-1] = {**extra, "steps": track.steps}  # as consolidation leaves it
+        events.append(make_event(rec, track, bool(flags & F_ASYNC), bool(flags & F_UNFINISHED)))
+        parents.append(parent)
+    for ev, pi in zip(events, parents, strict=True):
+        if pi >= 0:
+            parent_ev = events[pi]
+            ev.parent = parent_ev
+            if not ev.is_async and parent_ev.thread_id == ev.thread_id:
+                add_child(parent_ev, ev)
+    return Session(events, {t.id: t for t in tracks}, metadata)
