@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -87,6 +88,52 @@ def test_session_output_and_report(tmp_path: Path) -> None:
     assert row.split()[1] == "3"
 
 
+@pytest.mark.parametrize("fmt", [".json", ".json.gz", ".html", ".aprof"])
+def test_report_and_convert_read_every_trace_format(tmp_path: Path, fmt: str) -> None:
+    # SPEC 10.1: `aprof report` prints the summary of a session or a trace;
+    # `aprof convert IN OUT` rewrites it, and the summary survives the trip.
+    out = f"trace{fmt}"
+    proc = run_aprof("run", "--no-summary", "-o", out, str(ROOT / "examples" / "fanout.py"), "3", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    first = run_aprof("report", out, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert "task handle" in first.stdout
+    conv = run_aprof("convert", out, "again.html", cwd=tmp_path)
+    assert conv.returncode == 0, conv.stderr
+    assert "wrote again.html" in conv.stderr
+    again = run_aprof("report", "again.html", cwd=tmp_path)
+    assert again.stdout == first.stdout
+
+
+def test_ctrl_c_still_writes_the_trace(tmp_path: Path) -> None:
+    # SPEC 10.1: interrupted with Ctrl-C, aprof writes the trace and exits 130.
+    script = tmp_path / "forever.py"
+    script.write_text(
+        "import asyncio, aprof\n"
+        "async def main():\n"
+        "    with aprof.record_function('before'):\n"
+        "        pass\n"
+        "    print('ready', flush=True)\n"
+        "    with aprof.record_function('waiting'):\n"
+        "        await asyncio.sleep(60)\n"
+        "asyncio.run(main())\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "aprof", "run", "--no-summary", "-o", "t.json", str(script)],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 130, stderr
+    assert "interrupted" in stderr
+    events = validate_trace(tmp_path / "t.json")["traceEvents"]
+    waiting = next(e for e in events if e.get("name") == "waiting")
+    assert waiting["args"]["exception"] in ("CancelledError", "KeyboardInterrupt")
+    assert "before" in {e.get("name") for e in events}
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -95,12 +142,16 @@ def test_session_output_and_report(tmp_path: Path) -> None:
         (["run", "-o", "nodir/t.json", "s.py"], "directory 'nodir' does not exist"),
         (["report", "nothere.aprof"], "no such file 'nothere.aprof'"),
         (["report", "garbage.aprof"], "is truncated or not JSON"),
+        (["report", "garbage.json"], "'garbage.json' is not a session, a Chrome trace or an HTML report"),
+        (["convert", "nothere.json", "out.html"], "no such file 'nothere.json'"),
+        (["convert", "garbage.json", "out.html"], "'garbage.json' is not a session"),
     ],
 )
 def test_bad_input_is_one_line_naming_it(tmp_path: Path, args: list[str], message: str) -> None:
     # SPEC 10.1, 12: a one-line error that names the file, not a traceback.
     (tmp_path / "s.py").write_text("pass\n")
     (tmp_path / "garbage.aprof").write_text("{not json")
+    (tmp_path / "garbage.json").write_text("{not json")
     proc = run_aprof(*args, cwd=tmp_path)
     assert proc.returncode == 2
     assert message in proc.stderr
@@ -113,3 +164,29 @@ def test_python_dash_m_aprof_matches_the_console_script(tmp_path: Path) -> None:
     proc = run_aprof("--version", cwd=tmp_path)
     assert proc.returncode == 0
     assert proc.stdout.strip() == f"aprof {aprof.__version__}"
+
+
+def test_aiohttp_example_traces_only_the_profiled_request(tmp_path: Path) -> None:
+    # SPEC 5.2, 11.1, examples: one request profiled inside a running aiohttp
+    # server holds its own work and none of the nine concurrent requests'.
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "aiohttp_request.py")], cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    events = validate_trace(tmp_path / "request.trace.json")["traceEvents"]
+    lookups = sorted(e["args"]["args"] for e in events if e.get("name") == "lookup")
+    assert lookups == ["orders:traced", "profile:traced"]
+    assert [e.get("name") for e in events if e.get("name") in ("handle", "checksum")].count("handle") == 1
+    assert "checksum" in {e.get("name") for e in events}  # to_thread work stays in the request's profile
+
+
+def test_sampling_monitor_example_samples_one_range_in_ten(tmp_path: Path) -> None:
+    # SPEC 3.2, 3.3, 3.7, examples: a global callback with sampling_prob(0.1)
+    # sees about a tenth of the 3,000 ranges, with no profile running.
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "sampling_monitor.py")], cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = {line.split()[0]: int(line.split()[1]) for line in proc.stdout.splitlines()[1:]}
+    assert set(rows) == {"db", "render", "request"}
+    assert 150 <= sum(rows.values()) <= 450

@@ -4,7 +4,8 @@
 [args...]`` profiles a program from its first line, prints the summary table
 and writes the trace, even when the program raises, exits or is interrupted.
 The program's exit code is aprof's. ``aprof report FILE`` prints the summary
-of a saved session.
+of a session, a Chrome trace or an HTML report; ``aprof convert IN OUT``
+rewrites one of those in the format OUT's name asks for.
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ from .. import _version
 from .._core._profiler import profile
 from .._core._propagation import install_propagation, uninstall_propagation
 from .._post._analysis import _SORT_KEYS
-from .._post._session import Session, load
+from .._post._readers import read_profile
+from .._post._session import Session
 
 __all__ = ["main"]
 
-_FORMATS = (".speedscope.json", ".json", ".json.gz", ".folded", ".aprof")
+_FORMATS = (".json", ".json.gz", ".speedscope.json", ".html", ".folded", ".aprof")
 
 
 class _UsageError(Exception):
@@ -49,22 +51,34 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("target", nargs="?", help="the script to run")
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the program")
 
-    report = sub.add_parser("report", help="print the summary of a saved session")
+    report = sub.add_parser(
+        "report", help="print the summary of a saved profile", description="Print the summary table of a session (.aprof), a Chrome trace (.json, .json.gz) or an HTML report."
+    )
     report.add_argument("file")
     report.add_argument("--sort", default="total", choices=sorted(_SORT_KEYS))
     report.add_argument("--row-limit", type=int, default=30)
     report.add_argument("--group-by", default="name", choices=("name", "track", "stack"))
+
+    convert = sub.add_parser(
+        "convert", help="convert a saved profile to another format", description="Read a session, Chrome trace or HTML report and write it in the format OUTPUT's name asks for."
+    )
+    convert.add_argument("input")
+    convert.add_argument("output", help=f"format from the name: {', '.join(_FORMATS)}")
     return p
+
+
+def _checked_output(name: str) -> Path:
+    out = Path(name)
+    if not any(out.name.lower().endswith(s) for s in _FORMATS):
+        raise _UsageError(f"cannot tell the format of {name!r}: use a name ending in {', '.join(_FORMATS)}")
+    if not out.parent.is_dir():
+        raise _UsageError(f"cannot write {name!r}: directory {str(out.parent)!r} does not exist")
+    return out
 
 
 def _output_path(args: argparse.Namespace) -> Path:
     if args.output:
-        out = Path(args.output)
-        if not any(out.name.lower().endswith(s) for s in _FORMATS):
-            raise _UsageError(f"cannot tell the format of {args.output!r}: use a name ending in {', '.join(_FORMATS)}")
-        if not out.parent.is_dir():
-            raise _UsageError(f"cannot write {args.output!r}: directory {str(out.parent)!r} does not exist")
-        return out
+        return _checked_output(args.output)
     stem = args.module if args.module else Path(args.target).stem
     return Path(f"{stem}.trace.json")
 
@@ -77,6 +91,8 @@ def _write(session: Session, out: Path) -> None:
         session.export_speedscope(out)
     elif name.endswith(".folded"):
         session.export_folded(out)
+    elif name.endswith(".html"):
+        session.export_html(out)
     else:
         session.export_chrome_trace(out)
 
@@ -141,14 +157,31 @@ def _exit_code(code: object) -> int:
     return 1
 
 
-def _report(args: argparse.Namespace) -> int:
+def _read(command: str, name: str) -> Session:
     try:
-        session = load(args.file)
+        return read_profile(name)
     except FileNotFoundError:
-        raise _UsageError(f"report: no such file {args.file!r}") from None
+        raise _UsageError(f"{command}: no such file {name!r}") from None
+    except IsADirectoryError:
+        raise _UsageError(f"{command}: {name!r} is a directory, not a file") from None
     except (ValueError, OSError) as exc:
-        raise _UsageError(str(exc)) from None
+        raise _UsageError(f"{command}: {exc}") from None
+
+
+def _report(args: argparse.Namespace) -> int:
+    session = _read("report", args.file)
     print(session.key_averages(args.group_by).table(sort_by=args.sort, row_limit=args.row_limit))
+    return 0
+
+
+def _convert(args: argparse.Namespace) -> int:
+    session = _read("convert", args.input)
+    out = _checked_output(args.output)
+    try:
+        _write(session, out)
+    except (OSError, ValueError, TypeError) as exc:
+        raise _UsageError(f"convert: {exc}") from None
+    print(f"aprof: wrote {out} ({len(session.events())} events on {len(session.tracks())} tracks)", file=sys.stderr)
     return 0
 
 
@@ -158,6 +191,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "run":
             return _run(args)
+        if args.command == "convert":
+            return _convert(args)
         return _report(args)
     except _UsageError as exc:
         print(f"aprof: {exc}", file=sys.stderr)
