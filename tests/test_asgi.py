@@ -16,6 +16,7 @@ import pytest
 import uvicorn
 
 import aprof
+from aprof._post._readers import read_profile
 
 from .tracecheck import validate_trace
 
@@ -102,6 +103,21 @@ def test_trace_returned_in_the_response(server: tuple[str, Path]) -> None:
     doc = json.loads(body)
     names = {e.get("name") for e in doc["traceEvents"]}
     assert {"handler 7", "sub 7", "GET /x"} <= names
+
+
+def test_html_report_returned_in_the_response(server: tuple[str, Path], tmp_path: Path) -> None:
+    # SPEC 11.3, 9.2: ?aprof=html returns the HTML report of that request only,
+    # while another request runs beside it.
+    base, _ = server
+    (status, body), (_, other) = asyncio.run(fetch_all([f"{base}/x?aprof=html&id=8", f"{base}/x?id=9"]))
+    assert status == 200
+    assert other == b"ok 9"
+    assert body.startswith(b"<!doctype html>")
+    page = tmp_path / "report.html"
+    page.write_bytes(body)
+    events = read_profile(page).events()
+    assert {e.name for e in events if e.scope is aprof.RecordScope.USER_SCOPE} == {"GET /x", "handler 8", "sub 8"}
+    assert sum(1 for e in events if e.scope is aprof.RecordScope.TASK) == 2  # the two sub() tasks
 
 
 def test_bad_sample_rate() -> None:

@@ -4,8 +4,9 @@ A request is profiled when it asks (the ``aprof`` query parameter or the
 ``x-aprof`` header) or when it is drawn by ``sample_rate``. Its profile is
 context-scoped: the request's task and what it spawns, nothing from the
 requests running beside it. The trace is stored in ``directory`` and, when
-the request asks with ``aprof=trace`` (or header ``x-aprof: trace``),
-returned instead of the app's response body.
+the request asks with ``aprof=trace`` or ``aprof=html`` (or the header
+``x-aprof: trace`` / ``html``), returned instead of the app's response body
+as a Chrome trace or as the self-contained HTML report.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from urllib.parse import parse_qs
 from .._core._profiler import profile
 from .._core._record_function import record_function
 from .._export._chrome import chrome_trace_chunks
+from .._export._html import html_chunks
 
 __all__ = ["ProfilerMiddleware"]
 
@@ -52,7 +54,9 @@ class ProfilerMiddleware:
         >>> app = aprof.ProfilerMiddleware(app, directory="traces")
 
     ``GET /path?aprof=1`` stores a trace; ``GET /path?aprof=trace`` returns
-    it as the response body (``application/json``).
+    it as the response body (``application/json``), ``?aprof=html`` as the
+    HTML report (``text/html``). The app's own status is in the
+    ``x-aprof-app-status`` header.
     """
 
     def __init__(
@@ -74,14 +78,15 @@ class ProfilerMiddleware:
         self._rng = random.Random()
 
     def _wanted(self, scope: Scope) -> str | None:
-        """None, or what the request asked for ("store" or "trace")."""
+        """None, or what the request asked for ("store", "trace" or "html")."""
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
         values = query.get(self.query_param)
         if values is not None:
-            return "trace" if "trace" in values else "store"
+            return next((v for v in ("trace", "html") if v in values), "store")
         for name, value in scope.get("headers", ()):
             if name.lower() == self.header:
-                return "trace" if value.strip().lower() == b"trace" else "store"
+                asked = value.strip().lower().decode("latin-1")
+                return asked if asked in ("trace", "html") else "store"
         if self.sample_rate and self._rng.random() < self.sample_rate:
             return "store"
         return None
@@ -102,18 +107,19 @@ class ProfilerMiddleware:
 
         async with profile() as prof:
             with record_function(f"{method} {path}"):
-                await self.app(scope, receive, hold if wanted == "trace" else send)
+                await self.app(scope, receive, send if wanted == "store" else hold)
         session = prof.session
         if self.directory is not None:
             self.directory.mkdir(parents=True, exist_ok=True)
             slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", path).strip("_")[:80] or "root"
             target = self.directory / f"{time.time_ns()}-{method}-{slug}.json"
             session.export_chrome_trace(target)
-        if wanted == "trace":
+        if wanted != "store":
             status = next((m.get("status", 200) for m in held if m["type"] == "http.response.start"), 500)
-            body = "".join(chrome_trace_chunks(session)).encode("utf-8", "surrogatepass")
+            chunks, ctype = (chrome_trace_chunks, b"application/json") if wanted == "trace" else (html_chunks, b"text/html; charset=utf-8")
+            body = "".join(chunks(session)).encode("utf-8", "surrogatepass")
             headers = [
-                (b"content-type", b"application/json"),
+                (b"content-type", ctype),
                 (b"content-length", str(len(body)).encode()),
                 (b"x-aprof-app-status", str(status).encode()),
             ]
