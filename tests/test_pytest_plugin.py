@@ -48,6 +48,36 @@ def test_one_trace_per_test(pytester: pytest.Pytester) -> None:
         assert "child work" in names, (backend, names)
 
 
+PYTEST_ASYNCIO = '''
+import asyncio
+import pytest
+import aprof
+
+async def child():
+    with aprof.record_function("child of the asyncio test"):
+        await asyncio.sleep(0)
+
+@pytest.mark.asyncio
+async def test_with_pytest_asyncio():
+    with aprof.record_function("asyncio test body"):
+        await asyncio.gather(asyncio.create_task(child()), child())
+'''
+
+
+def test_pytest_asyncio_tests_are_profiled(pytester: pytest.Pytester) -> None:
+    # SPEC 11.2, 7.1: a pytest-asyncio test's body and the tasks it spawns.
+    pytester.makepyfile(test_inner=PYTEST_ASYNCIO)
+    pytester.makeini("[pytest]\nasyncio_default_fixture_loop_scope = function\n")
+    result = pytester.runpytest_subprocess("--aprof=traces", "-p", "asyncio")
+    result.assert_outcomes(passed=1)
+    (trace,) = (pytester.path / "traces").iterdir()
+    events = validate_trace(trace)["traceEvents"]
+    names = [e.get("name") for e in events if e.get("ph") == "X"]
+    assert names.count("child of the asyncio test") == 2
+    assert "asyncio test body" in names
+    assert any(e.get("cat") == "task" for e in events)  # the spawned task has its own track
+
+
 def test_session_format_and_default_dir(pytester: pytest.Pytester) -> None:
     # SPEC 11.2, 6.5: --aprof-format=aprof writes sessions that aprof.load reads.
     pytester.makepyfile(test_inner="import aprof\ndef test_a():\n    aprof.mark('hello')\n")
