@@ -617,14 +617,27 @@ def test_one_record_function_object_shared_by_concurrent_tasks(backend) -> None:
 
     prof = backend.run(main)
     events = [e for e in prof.events() if e.name == "shared"]
-    if any(e.unfinished or e.is_async for e in events):
-        pytest.xfail(
-            reason="record_function keeps its one open range on the instance (_rec/_idx): a second __enter__ "
-            "before the first __exit__ overwrites it, so concurrent or recursive use of one instance "
-            "ends the wrong range and leaves the others unfinished"
-        )
+    assert not [e for e in events if e.unfinished or e.is_async]
     assert sorted(e.thread_id for e in events) == sorted(ids.values())
     assert all(e.end_thread_id == e.thread_id for e in events)
+    assert all(e.duration_ns >= 1_000_000 * (3 - i) * 0.9 for i, e in enumerate(sorted(events, key=lambda e: -e.duration_ns)))
+
+
+@pytest.mark.parametrize("callbacks", [False, True], ids=["fast-path", "with-callback"])
+def test_one_record_function_object_entered_recursively(callbacks: bool) -> None:
+    # SPEC 4.1: `with r: with r:` on one instance nests two ranges, both closed.
+    shared = aprof.record_function("again")
+    handle = aprof.add_global_callback(aprof.RecordFunctionCallback(lambda rf: None)) if callbacks else None
+    try:
+        with aprof.profile() as prof, shared, shared:
+            aprof.mark("inside")
+    finally:
+        if handle is not None:
+            aprof.remove_callback(handle)
+    outer, inner, mark = prof.events()
+    assert (outer.name, inner.name, mark.name) == ("again", "again", "inside")
+    assert inner.parent is outer
+    assert [(e.unfinished, e.is_async) for e in (outer, inner)] == [(False, False)] * 2
 
 
 def test_explicit_start_and_end_in_one_thread() -> None:

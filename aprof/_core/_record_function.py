@@ -371,9 +371,10 @@ class record_function:
         ...     pass
     """
 
-    __slots__ = ("_idx", "_rec", "args", "name")
+    __slots__ = ("_idx", "_lt", "_more", "_rec", "args", "name")
 
     _idx: int
+    _lt: LogicalThread
 
     def __init__(self, name: str, args: str | None = None) -> None:
         if type(name) is not str and not isinstance(name, str):
@@ -385,10 +386,15 @@ class record_function:
         # The open range: the starting thread's raw list (fast path, with the
         # start's index in _idx) or a RecordFunction (general path).
         self._rec: list[Any] | RecordFunction | None = None
+        # Further ranges open on this same instance (one object entered by
+        # several tasks at once, or recursively): (rec, idx, lt) entries.
+        self._more: list[tuple[Any, int, LogicalThread | None]] | None = None
 
     def __enter__(self) -> record_function:
         # The hot path: with nothing listening, one context-variable read and
         # two tests. Modes are literal ints here (see _callbacks.MODE_*).
+        if self._rec is not None:
+            self._spill()
         st = _get_rf_state()
         mode = st.mode
         if mode == 1:  # MODE_IDLE
@@ -407,6 +413,7 @@ class record_function:
                 self._idx = len(lst)
                 lst.append((self.name, "user_scope", perf_counter_ns(), self.args))
                 self._rec = lst
+                self._lt = lt
         elif mode == 3:  # MODE_SLOW
             self._slow_start()
         return self
@@ -414,6 +421,8 @@ class record_function:
     def __exit__(
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:
+        if self._more is not None:
+            self._take_shared()
         rec = self._rec
         if rec is None:
             return
@@ -439,6 +448,41 @@ class record_function:
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.__exit__(et, ev, tb)
+
+    def _spill(self) -> None:
+        """Another range opens on this instance while one is open: park the open one."""
+        rec = self._rec
+        lt = rec._lt if type(rec) is RecordFunction else self._lt
+        if self._more is None:
+            self._more = []
+        self._more.append((rec, self._idx if type(rec) is list else -1, lt))
+        self._rec = None
+
+    def _take_shared(self) -> None:
+        """Put the range to end now in ``_rec``: the latest one the current
+        logical thread opened, else (an explicit end elsewhere) the latest."""
+        more = self._more
+        assert more is not None
+        rec = self._rec
+        if rec is not None:
+            more.append((rec, self._idx if type(rec) is list else -1, rec._lt if type(rec) is RecordFunction else self._lt))
+        if not more:
+            self._more = None
+            return
+        me = stepping.lt or current_logical_thread()
+        pick = len(more) - 1
+        for i in range(len(more) - 1, -1, -1):
+            if more[i][2] is me:
+                pick = i
+                break
+        rec, idx, lt = more.pop(pick)
+        self._rec = rec
+        if type(rec) is list:
+            self._idx = idx
+            assert lt is not None
+            self._lt = lt
+        if not more:
+            self._more = None
 
     def _slow_start(self) -> None:
         rf = RecordFunction(RecordScope.USER_SCOPE)
