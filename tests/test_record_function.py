@@ -602,11 +602,14 @@ def test_one_record_function_object_shared_by_concurrent_tasks(backend) -> None:
     # entered by several tasks at once gives each task its own range.
     shared = aprof.record_function("shared")
     ids: dict[int, int] = {}
+    slept: dict[int, int] = {}
 
     async def user(i: int) -> None:
         ids[i] = aprof.current_thread_id()
         async with shared:
+            t0 = time.perf_counter_ns()
             await backend.sleep(0.001 * (3 - i))
+            slept[ids[i]] = time.perf_counter_ns() - t0
 
     async def main() -> aprof.profile:
         async with aprof.profile() as prof:
@@ -620,7 +623,9 @@ def test_one_record_function_object_shared_by_concurrent_tasks(backend) -> None:
     assert not [e for e in events if e.unfinished or e.is_async]
     assert sorted(e.thread_id for e in events) == sorted(ids.values())
     assert all(e.end_thread_id == e.thread_id for e in events)
-    assert all(e.duration_ns >= 1_000_000 * (3 - i) * 0.9 for i, e in enumerate(sorted(events, key=lambda e: -e.duration_ns)))
+    # Each range spans its own task's sleep, not a sibling's shorter one
+    # (the loop's timer granularity decides how long a sleep really takes).
+    assert all(e.duration_ns >= slept[e.thread_id] for e in events)
 
 
 @pytest.mark.parametrize("callbacks", [False, True], ids=["fast-path", "with-callback"])
