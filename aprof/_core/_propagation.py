@@ -26,9 +26,13 @@ from concurrent.futures import Executor, Future
 from time import perf_counter_ns
 from typing import Any, ParamSpec, TypeVar
 
-from ._callbacks import RecordScope
+from . import _callbacks
+from ._callbacks import MODE_FAST, MODE_IDLE, MODE_OFF, RF_STATE, RecordScope
 from ._record_function import RecordFunction, next_sequence_nr
+from ._recorder import KIND_RANGE
 from ._threads import current_logical_thread
+
+_get_rf_state = RF_STATE.get
 
 __all__ = ["install_propagation", "launch", "propagating", "uninstall_propagation", "wrap"]
 
@@ -44,11 +48,32 @@ def _name_of(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__qualname__
 
 
-def _run_in(ctx: contextvars.Context, fn: Callable[..., R], args: Any, kwargs: Any, fwd: int, seq: int, submit_ns: int) -> R:
-    return ctx.copy().run(_run_executor_range, fn, args, kwargs, fwd, seq, submit_ns)
-
-
 def _run_executor_range(fn: Callable[..., R], args: Any, kwargs: Any, fwd: int, seq: int, submit_ns: int) -> R:
+    st = _get_rf_state()
+    mode = st.mode
+    if mode == MODE_FAST and not _callbacks.global_entries:
+        # Only this context's profile listens: append the start and end
+        # tuples inline, exactly the records the general path's recorder
+        # writes (its extra is the submit time alone; consolidation makes
+        # it {"submit_ns": ...}).
+        ps = st.recorder.state  # type: ignore[union-attr]
+        if ps is None:  # the profile stopped
+            return fn(*args, **kwargs)
+        lt = current_logical_thread()
+        lst = ps.lists.get(lt)
+        if lst is None:
+            lst = ps.list_for(lt)
+        idx = len(lst)
+        lst.append((_name_of(fn), "executor", perf_counter_ns(), None, seq, fwd, None, None, KIND_RANGE, submit_ns))
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:
+            lst.append((idx, perf_counter_ns(), lt.id, type(exc).__name__))
+            raise
+        lst.append((idx, perf_counter_ns(), lt.id, None))
+        return result
+    if mode == MODE_OFF or (mode == MODE_IDLE and not _callbacks.global_entries):
+        return fn(*args, **kwargs)
     rf = RecordFunction(RecordScope.EXECUTOR)
     if not rf.is_active:
         return fn(*args, **kwargs)
@@ -79,7 +104,9 @@ class _Wrapped:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # A fresh copy per call: the same wrapped callable may run in several
         # workers at once, and a Context can be entered by one thread at a time.
-        return _run_in(self._ctx, self.__wrapped__, args, kwargs, self._fwd, self._seq, self._submit_ns)
+        return self._ctx.copy().run(
+            _run_executor_range, self.__wrapped__, args, kwargs, self._fwd, self._seq, self._submit_ns
+        )
 
     def __repr__(self) -> str:
         return f"<aprof.wrap of {self.__wrapped__!r}>"

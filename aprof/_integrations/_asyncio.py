@@ -25,82 +25,96 @@ from collections.abc import Callable, Coroutine, Generator
 from time import perf_counter_ns
 from typing import Any
 
-from .._core._threads import LogicalThread, current_task_and_kind, stepping
-from ._tasks import TaskRecords, coro_qualname, recorders_in, spawn_records
+from .._core import _threads
+from .._core._threads import stepping
+from ._tasks import TaskThread, coro_qualname, states_in
 
 __all__ = ["TimedCoroutine", "install_task_factory", "uninstall_task_factory"]
 
 
-class TimedCoroutine:
+class TimedCoroutine(TaskThread):
     """A coroutine proxy that records each step of the task driving it.
 
-    The task sees a coroutine (``collections.abc.Coroutine`` is registered
-    below); everything else (``cr_frame``, ``__qualname__``, ...) is read
-    through to the wrapped coroutine, so reprs and ``task.get_stack()`` are
-    unchanged.
+    It is the task's :class:`~aprof._integrations._tasks.TaskThread` too
+    (one object per recorded task). The task sees a coroutine
+    (``collections.abc.Coroutine`` is registered below); everything else
+    (``cr_frame``, ``__qualname__``, ...) is read through to the wrapped
+    coroutine, so reprs and ``task.get_stack()`` are unchanged.
     """
 
-    __slots__ = ("_bound", "_coro", "_records")
+    __slots__ = ("_coro",)
 
-    def __init__(self, coro: Coroutine[Any, Any, Any], records: TaskRecords) -> None:
+    def __init__(self, coro: Coroutine[Any, Any, Any], name: str, coro_name: str, states: Any) -> None:
         self._coro = coro
-        self._records = records
-        self._bound = False
+        TaskThread.__init__(self, "asyncio", name, coro_name, states)
 
-    def _bind(self) -> None:
-        # The first step runs inside the task (for an eager task, inside its
-        # constructor): only now is "the current task" this task.
-        self._bound = True
-        task, kind = current_task_and_kind()
-        if task is not None:
-            self._records.lt.bind(task, kind)
-            self._records.lt.current_name()
-
-    def send(self, value: Any) -> Any:
-        return self._step(self._coro.send, value)
-
-    def throw(self, *args: Any) -> Any:
-        return self._step(self._coro.throw, *args)
-
-    def _step(self, advance: Callable[..., Any], *args: Any) -> Any:
+    def send(self, value: Any, _now: Callable[[], int] = perf_counter_ns) -> Any:
         """One step of the task: stamp it, publish the task as the one
         stepping on this thread, and close the task's range when it ends."""
-        if not self._bound:
-            self._bind()
-        records = self._records
-        steps = records.steps
+        steps = self.steps
+        if not steps:
+            self._first_step()
         prev = stepping.lt
-        stepping.lt = records.lt
+        stepping.lt = self
+        steps.append(_now())
+        try:
+            result = self._coro.send(value)
+        except BaseException as exc:
+            stepping.lt = prev
+            self._ended(exc)
+            raise
+        steps.append(_now())
+        stepping.lt = prev
+        return result
+
+    def throw(self, *args: Any) -> Any:
+        steps = self.steps
+        if not steps:
+            self._first_step()
+        prev = stepping.lt
+        stepping.lt = self
         steps.append(perf_counter_ns())
         try:
-            return advance(*args)
-        except StopIteration:
-            self._finish("returned", None)
-            raise
+            result = self._coro.throw(*args)
         except BaseException as exc:
-            self._finish_exc(exc)
-            raise
-        finally:
-            if len(steps) % 2 == 1:
-                steps.append(perf_counter_ns())
             stepping.lt = prev
+            self._ended(exc)
+            raise
+        steps.append(perf_counter_ns())
+        stepping.lt = prev
+        return result
 
     def close(self) -> None:
         self._coro.close()
 
-    def _finish(self, outcome: str, exc_name: str | None) -> None:
-        steps = self._records.steps
-        end = perf_counter_ns()
-        if len(steps) % 2 == 1:
-            steps.append(end)
-        self._records.finished(outcome, exc_name, end)
+    def _first_step(self) -> None:
+        # The first step runs inside the task (an eager task's inside its
+        # constructor): read the name it has now (3.11 names a task after
+        # the factory returns).
+        if self._state is not None:
+            self._read_name()
 
-    def _finish_exc(self, exc: BaseException) -> None:
+    def _read_name(self) -> None:
+        task = _threads._asyncio_task()
+        if task is not None and task.get_coro() is self:
+            try:
+                self.name = str(task.get_name())
+            except Exception:  # a task subclass with an odd name: keep the old one
+                pass
+
+    def _ended(self, exc: BaseException) -> None:
+        end = perf_counter_ns()
+        if self._state is None:  # no profile records it any more
+            return
+        self._read_name()
+        if isinstance(exc, StopIteration):
+            self.finished("returned", None, end)
+            return
         name = type(exc).__name__
         if isinstance(exc, asyncio.CancelledError):
-            self._finish("cancelled", name)
+            self.finished("cancelled", name, end)
         else:
-            self._finish(f"raised {name}", name)
+            self.finished(f"raised {name}", name, end)
 
     def __await__(self) -> Generator[Any, None, Any]:
         return self._coro.__await__()
@@ -131,17 +145,25 @@ _lock = threading.Lock()
 
 
 def _make_factory(prev: TaskFactory | None) -> TaskFactory:
+    iscoroutine = asyncio.iscoroutine
+    Task = asyncio.Task
+
     def aprof_task_factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Future[Any]:
-        recorders = recorders_in(kwargs.get("context"))
-        if recorders and asyncio.iscoroutine(coro):
-            name = kwargs.get("name")
-            lt = LogicalThread("asyncio", str(name) if name is not None else "Task")
-            coro_name = coro_qualname(coro)
-            records = spawn_records(recorders, lt, lt.name, coro_name)
-            coro = TimedCoroutine(coro, records)
-        if prev is not None:
-            return prev(loop, coro, **kwargs)
-        return asyncio.Task(coro, loop=loop, **kwargs)
+        states = states_in(kwargs.get("context"))
+        if not states or not iscoroutine(coro):
+            if prev is not None:
+                return prev(loop, coro, **kwargs)
+            return Task(coro, loop=loop, **kwargs)
+        name = kwargs.get("name")
+        proxy = TimedCoroutine(coro, "Task" if name is None else str(name), coro_qualname(coro), states)
+        task = prev(loop, proxy, **kwargs) if prev is not None else Task(proxy, loop=loop, **kwargs)
+        if name is None and not proxy.steps:
+            # Not yet started (an eager task may have run, even finished):
+            # the default name ("Task-N") is known now.
+            get_name = getattr(task, "get_name", None)
+            if get_name is not None:
+                proxy.name = str(get_name())
+        return task
 
     return aprof_task_factory
 
