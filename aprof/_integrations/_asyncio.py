@@ -48,40 +48,43 @@ class TimedCoroutine(TaskThread):
         self._coro = coro
         TaskThread.__init__(self, "asyncio", name, coro_name, states)
 
+    # A step publishes the task as the one stepping on this thread and
+    # clears it after: the loop runs one task step at a time, and the one
+    # nesting (an eager task's first step, inside its spawner's step) is
+    # undone by the task factory, which restores the spawner.
+
     def send(self, value: Any, _now: Callable[[], int] = perf_counter_ns) -> Any:
         """One step of the task: stamp it, publish the task as the one
         stepping on this thread, and close the task's range when it ends."""
         steps = self.steps
         if not steps:
             self._first_step()
-        prev = stepping.lt
         stepping.lt = self
         steps.append(_now())
         try:
             result = self._coro.send(value)
         except BaseException as exc:
-            stepping.lt = prev
+            stepping.lt = None
             self._ended(exc)
             raise
         steps.append(_now())
-        stepping.lt = prev
+        stepping.lt = None
         return result
 
     def throw(self, *args: Any) -> Any:
         steps = self.steps
         if not steps:
             self._first_step()
-        prev = stepping.lt
         stepping.lt = self
         steps.append(perf_counter_ns())
         try:
             result = self._coro.throw(*args)
         except BaseException as exc:
-            stepping.lt = prev
+            stepping.lt = None
             self._ended(exc)
             raise
         steps.append(perf_counter_ns())
-        stepping.lt = prev
+        stepping.lt = None
         return result
 
     def close(self) -> None:
@@ -155,8 +158,11 @@ def _make_factory(prev: TaskFactory | None) -> TaskFactory:
                 return prev(loop, coro, **kwargs)
             return Task(coro, loop=loop, **kwargs)
         name = kwargs.get("name")
+        spawner = stepping.lt
         proxy = TimedCoroutine(coro, "Task" if name is None else str(name), coro_qualname(coro), states)
         task = prev(loop, proxy, **kwargs) if prev is not None else Task(proxy, loop=loop, **kwargs)
+        # An eager task ran its first step inside: its steps leave no task stepping.
+        stepping.lt = spawner
         if name is None and not proxy.steps:
             # Not yet started (an eager task may have run, even finished):
             # the default name ("Task-N") is known now.

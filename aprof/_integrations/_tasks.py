@@ -26,11 +26,10 @@ from threading import get_ident
 from time import perf_counter_ns
 from typing import Any, Final
 
-from .._core import _threads
+from .._core import _record_function, _threads
 from .._core._callbacks import RF_STATE, RFState
-from .._core._record_function import next_sequence_nr
 from .._core._recorder import ProfilerState, Recorder
-from .._core._threads import LogicalThread, current_logical_thread
+from .._core._threads import LogicalThread, current_logical_thread, stepping
 
 __all__ = ["TASK_RECORD_FIELDS", "TaskThread", "global_task_recorders", "states_for", "states_in"]
 
@@ -45,6 +44,7 @@ TASK_RECORD_FIELDS: Final = (
 DISCARD_STEPS: Final[deque[int]] = deque(maxlen=0)
 
 _ids = _threads._ids
+_sequence_numbers = _record_function._sequence_numbers  # next() on it is next_sequence_nr()
 _get_rf_state = RF_STATE.get
 
 
@@ -64,17 +64,22 @@ def states_for(st: RFState) -> list[ProfilerState]:
     return out
 
 
-def states_in(context: Any) -> list[ProfilerState]:
-    """Like :func:`states_for`, for a ``contextvars.Context`` (or the current one)."""
-    if context is None:
-        st = _get_rf_state()
-    else:
-        st = context.get(RF_STATE, None)
-        if st is None:
-            return []
-    if st.recorder is None and not global_task_recorders:
-        return []
-    return states_for(st)
+def states_in(context: Any) -> ProfilerState | list[ProfilerState] | None:
+    """The profiles that want a TASK range for a task spawned in ``context``
+    (a ``contextvars.Context``, or None for the current one): one state (the
+    common case, no list made), a list of them, or None."""
+    st = _get_rf_state() if context is None else context.get(RF_STATE, None)
+    if st is None:
+        return None
+    if not global_task_recorders:
+        rec = st.recorder
+        if rec is None or not st.enabled:
+            return None
+        ps = rec.state
+        if ps is not None and ps.tasks and ps.running:
+            return ps
+        return None
+    return states_for(st) or None
 
 
 class TaskThread(LogicalThread):
@@ -93,8 +98,8 @@ class TaskThread(LogicalThread):
     spawn_ns: int
     steps: Any  # array('q'), or DISCARD_STEPS once no running profile records the task
 
-    def __init__(self, kind: str, name: str, coro_name: str, states: list[ProfilerState]) -> None:
-        spawner = current_logical_thread()
+    def __init__(self, kind: str, name: str, coro_name: str, states: ProfilerState | list[ProfilerState]) -> None:
+        spawner = stepping.lt or current_logical_thread()
         self.id = next(_ids)
         self.kind = kind
         self.name = name
@@ -104,12 +109,12 @@ class TaskThread(LogicalThread):
         self._task_ref = None
         self.coro_name = coro_name
         self.fwd = spawner.id
-        self.seq = next_sequence_nr()
+        self.seq = next(_sequence_numbers)
         self.steps = array("q")
         self._more: list[tuple[ProfilerState, int]] | None = None
         self._state: ProfilerState | None = None
         self._idx = 0
-        for ps in states:
+        for ps in (states,) if type(states) is ProfilerState else states:  # type: ignore[union-attr]
             lst = ps.task_records
             lst.append(self)
             # Another thread may append at the same moment: find our slot
@@ -133,6 +138,8 @@ class TaskThread(LogicalThread):
         st = self._state
         if st is None:
             return
+        if type(steps) is array:
+            steps = steps[:]  # exact size: the array over-allocates as it grows
         rec = (
             self.id, self.name, self.kind, self.os_thread_id, self.coro_name, self.spawn_ns, self.seq, self.fwd,
             end_ns, outcome, exc_name, steps,
@@ -175,7 +182,7 @@ def coro_qualname(coro: Any) -> str:
     first step, so the wrapper's ``self`` or ``func`` can be read at spawn.
     """
     name = getattr(coro, "__qualname__", None) or type(coro).__qualname__
-    if name == "TaskHandle._run_coro" or name.endswith(".run_coro_with_task_status"):
+    if "run_coro" in name and (name == "TaskHandle._run_coro" or name.endswith(".run_coro_with_task_status")):
         frame = getattr(coro, "cr_frame", None)
         if frame is not None:
             f_locals = frame.f_locals
