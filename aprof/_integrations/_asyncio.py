@@ -23,7 +23,7 @@ import os
 import threading
 from collections.abc import Callable, Coroutine, Generator
 from time import perf_counter_ns
-from typing import Any
+from typing import Any, Final
 
 from .._core import _threads
 from .._core._threads import stepping
@@ -37,15 +37,22 @@ class TimedCoroutine(TaskThread):
 
     It is the task's :class:`~aprof._integrations._tasks.TaskThread` too
     (one object per recorded task). The task sees a coroutine
-    (``collections.abc.Coroutine`` is registered below); everything else
-    (``cr_frame``, ``__qualname__``, ...) is read through to the wrapped
-    coroutine, so reprs and ``task.get_stack()`` are unchanged.
+    (``collections.abc.Coroutine`` is registered below); the coroutine's
+    attributes (``cr_frame``, ``__qualname__``, ...) are read through to the
+    wrapped coroutine, so reprs and ``task.get_stack()`` are unchanged.
+
+    They are forwarded one by one (:data:`FORWARDED`), not by a
+    ``__getattr__``: a class with ``__getattr__`` pays for it on every
+    attribute read, its own slots included, which a step makes several of.
     """
 
-    __slots__ = ("_coro",)
+    __slots__ = ("__qualname__", "_coro")
 
     def __init__(self, coro: Coroutine[Any, Any, Any], name: str, coro_name: str, states: Any) -> None:
         self._coro = coro
+        qualname = getattr(coro, "__qualname__", None)
+        if qualname is not None:
+            self.__qualname__ = qualname
         TaskThread.__init__(self, "asyncio", name, coro_name, states)
 
     # A step publishes the task as the one stepping on this thread and
@@ -122,12 +129,35 @@ class TimedCoroutine(TaskThread):
     def __await__(self) -> Generator[Any, None, Any]:
         return self._coro.__await__()
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._coro, name)
+    @property
+    def __name__(self) -> str:  # in the class body: a type's __name__ cannot be set to a property
+        return getattr(self._coro, "__name__")  # type: ignore[no-any-return]  # noqa: B009
 
     def __repr__(self) -> str:
         return repr(self._coro)
 
+
+#: The wrapped coroutine's attributes a TimedCoroutine reads through (those of
+#: native and generator-based coroutines, with ``__name__`` and the
+#: ``__qualname__`` slot); one it lacks raises AttributeError here too, so
+#: ``hasattr`` answers as for the coroutine itself.
+FORWARDED: Final = (
+    "cr_await", "cr_code", "cr_frame", "cr_origin", "cr_running", "cr_suspended",
+    "gi_code", "gi_frame", "gi_running", "gi_suspended", "gi_yieldfrom",
+)  # fmt: skip
+
+
+def _forward(name: str) -> property:
+    def get(self: TimedCoroutine) -> Any:
+        return getattr(self._coro, name)
+
+    get.__name__ = name
+    return property(get)
+
+
+for _name in FORWARDED:
+    setattr(TimedCoroutine, _name, _forward(_name))
+del _name
 
 Coroutine.register(TimedCoroutine)
 
