@@ -20,11 +20,12 @@ import contextvars
 import functools
 import os
 import queue
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future
 from time import perf_counter_ns
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, Final, ParamSpec, TypeVar
 
 from . import _callbacks
 from ._callbacks import MODE_FAST, MODE_IDLE, MODE_OFF, RF_STATE, RecordScope
@@ -210,9 +211,10 @@ _pool = _LaunchPool(max_workers=min(32, (os.cpu_count() or 1) + 4), idle_s=0.5)
 def _reset_pool_after_fork() -> None:
     # The parent's workers do not exist in the child, and another thread may
     # have held a lock at the fork: start over.
-    global _pool, _install_lock
+    global _pool, _install_lock, _to_thread_lock
     _pool = _LaunchPool(_pool._max, _pool._idle_s)
     _install_lock = threading.Lock()
+    _to_thread_lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_reset_pool_after_fork)
@@ -368,3 +370,83 @@ def uninstall_propagation() -> None:
 def is_propagation_installed() -> bool:
     """Whether :func:`install_propagation` is in effect."""
     return _installed
+
+
+# ---------------------------------------------------------------------------
+# The runtimes' to_thread, while a profile records tasks
+# ---------------------------------------------------------------------------
+
+#: (module name, attribute) of the runtimes' "run this in a worker thread"
+#: coroutine functions. Each copies the caller's context into the worker
+#: already; wrapping the function adds the EXECUTOR range linked to the
+#: caller (RELIABILITY CP-02). anyio's trio backend calls trio's run_sync
+#: through its own import, so anyio work is wrapped once, by anyio's entry.
+TO_THREAD_ENTRIES: Final = (
+    ("asyncio", "to_thread"),
+    ("asyncio.threads", "to_thread"),
+    ("trio.to_thread", "run_sync"),
+    ("anyio.to_thread", "run_sync"),
+)
+
+_to_thread_lock = threading.Lock()
+_to_thread_users = 0
+_to_thread_undo: list[Callable[[], None]] = []
+
+
+def _wrapping_to_thread(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    async def to_thread(func: Any, /, *args: Any, **kwargs: Any) -> Any:
+        if callable(func) and not isinstance(func, _Wrapped):
+            func = _Wrapped(func)
+        return await original(func, *args, **kwargs)
+
+    return to_thread
+
+
+def _patch_to_thread(module_name: str, attr: str) -> None:
+    module = sys.modules.get(module_name)
+    original = getattr(module, attr, None) if module is not None else None
+    if original is None:
+        return
+    replacement = _wrapping_to_thread(original)
+    setattr(module, attr, replacement)
+
+    def undo() -> None:
+        if getattr(module, attr, None) is replacement:
+            setattr(module, attr, original)
+
+    _to_thread_undo.append(undo)
+
+
+def hook_to_thread() -> Callable[[], None]:
+    """Make ``asyncio.to_thread``, ``trio.to_thread.run_sync`` and
+    ``anyio.to_thread.run_sync`` (those already imported) record each call as
+    an ``EXECUTOR`` range linked to the caller, until the returned undo action
+    has run as often as this was called.
+
+    Callers that imported the function by name before (``from asyncio import
+    to_thread``) keep the original: their work is still recorded on the
+    worker's track (the context is copied), without the EXECUTOR range.
+    """
+    global _to_thread_users
+    with _to_thread_lock:
+        _to_thread_users += 1
+        if _to_thread_users == 1:
+            for module_name, attr in TO_THREAD_ENTRIES:
+                _patch_to_thread(module_name, attr)
+    done = False
+
+    def undo() -> None:
+        global _to_thread_users
+        nonlocal done
+        with _to_thread_lock:
+            if done:
+                return
+            done = True
+            _to_thread_users -= 1
+            if _to_thread_users == 0:
+                for action in reversed(_to_thread_undo):
+                    action()
+                _to_thread_undo.clear()
+
+    return undo

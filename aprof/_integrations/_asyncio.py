@@ -26,6 +26,7 @@ from time import perf_counter_ns
 from typing import Any, Final
 
 from .._core import _threads
+from .._core._propagation import hook_to_thread
 from .._core._threads import stepping
 from ._tasks import TaskThread, coro_qualname, states_in
 
@@ -165,12 +166,13 @@ TaskFactory = Callable[..., "asyncio.Future[Any]"]
 
 
 class _Install:
-    __slots__ = ("count", "factory", "prev")
+    __slots__ = ("count", "factory", "prev", "undo_to_thread")
 
     def __init__(self, prev: TaskFactory | None, factory: TaskFactory) -> None:
         self.count = 1
         self.prev = prev
         self.factory = factory
+        self.undo_to_thread = hook_to_thread()
 
 
 _installs: dict[asyncio.AbstractEventLoop, _Install] = {}
@@ -229,6 +231,7 @@ def uninstall_task_factory(loop: asyncio.AbstractEventLoop) -> None:
         del _installs[loop]
         if loop.get_task_factory() is inst.factory:
             loop.set_task_factory(inst.prev)
+        inst.undo_to_thread()
 
 
 def running_loop() -> asyncio.AbstractEventLoop | None:

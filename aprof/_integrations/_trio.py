@@ -20,6 +20,7 @@ from typing import Any
 
 import trio
 
+from .._core._propagation import hook_to_thread
 from .._core._threads import stepping
 from ._tasks import TaskThread, coro_qualname, states_in
 
@@ -50,6 +51,7 @@ class TaskInstrument(trio.abc.Instrument):
     def __init__(self) -> None:
         self.count = 1
         self._tasks: dict[trio.lowlevel.Task, TaskThread] = {}
+        self.undo_to_thread = hook_to_thread()
 
     def task_spawned(self, task: trio.lowlevel.Task) -> None:
         states = states_in(task.context)
@@ -116,6 +118,7 @@ def uninstall_instrument(runner_token: Any) -> None:
         if inst.count > 0:
             return
         del _installed[runner_token]
+    inst.undo_to_thread()
     try:
         runner_token.run_sync_soon(_remove, inst)
     except trio.RunFinishedError:
