@@ -3,8 +3,8 @@
 A task spawned in a profiled context is a :class:`TaskThread`: its own
 logical thread (so its track), its TASK range from spawn to finish, linked
 to the spawner by ``forward_thread_id`` and ``sequence_nr``, and its steps
-(the stretches in which it ran on the loop) as a flat ``array('q')`` of
-start/end pairs, 16 bytes a step, from which consolidation derives running
+(the stretches in which it ran on the loop) as a flat array of 64-bit
+start/end pairs (:data:`STEPS_TYPECODE`), 16 bytes a step, from which consolidation derives running
 and waiting time for the task and for every range on its track.
 
 Each profile recording the task keeps it in one list per profile
@@ -39,6 +39,12 @@ global_task_recorders: list[Recorder] = []
 TASK_RECORD_FIELDS: Final = (
     "id", "name", "kind", "os_thread_id", "coro", "spawn_ns", "seq", "fwd", "end_ns", "outcome", "exception", "steps",
 )  # fmt: skip
+
+#: Typecode of the step arrays: unsigned 64-bit. perf_counter_ns() values are
+#: positive, and appending to an "L" array converts the int directly, where
+#: "q" goes through argument parsing and a byte-array conversion (about twice
+#: the cost, on every step). "L" is 64-bit on Linux and macOS, not on Windows.
+STEPS_TYPECODE: Final = "L" if array("L").itemsize == 8 else "Q"
 
 #: The steps of a task no running profile records any more: appends vanish.
 DISCARD_STEPS: Final[deque[int]] = deque(maxlen=0)
@@ -96,7 +102,7 @@ class TaskThread(LogicalThread):
     fwd: int
     seq: int
     spawn_ns: int
-    steps: Any  # array('q'), or DISCARD_STEPS once no running profile records the task
+    steps: Any  # array(STEPS_TYPECODE), or DISCARD_STEPS once no running profile records the task
 
     def __init__(self, kind: str, name: str, coro_name: str, states: ProfilerState | list[ProfilerState]) -> None:
         spawner = stepping.lt or current_logical_thread()
@@ -110,7 +116,7 @@ class TaskThread(LogicalThread):
         self.coro_name = coro_name
         self.fwd = spawner.id
         self.seq = next(_sequence_numbers)
-        self.steps = array("q")
+        self.steps = array(STEPS_TYPECODE)
         self._more: list[tuple[ProfilerState, int]] | None = None
         self._state: ProfilerState | None = None
         self._idx = 0
