@@ -47,10 +47,15 @@ class TimedCoroutine(TaskThread):
     attribute read, its own slots included, which a step makes several of.
     """
 
-    __slots__ = ("__qualname__", "_coro")
+    __slots__ = ("__qualname__", "_coro", "_task")
 
     def __init__(self, coro: Coroutine[Any, Any, Any], name: str, coro_name: str, states: Any) -> None:
         self._coro = coro
+        # The task, from its creation until its first step (or its end): it
+        # may be named only after the factory returns (3.11, 3.12), and a
+        # task that never runs is named from it at stop. Held no longer, so
+        # recording keeps no running task alive.
+        self._task: Any = None
         qualname = getattr(coro, "__qualname__", None)
         if qualname is not None:
             self.__qualname__ = qualname
@@ -99,25 +104,43 @@ class TimedCoroutine(TaskThread):
         self._coro.close()
 
     def _first_step(self) -> None:
-        # The first step runs inside the task (an eager task's inside its
-        # constructor): read the name it has now (3.11 names a task after
-        # the factory returns).
-        if self._state is not None:
-            self._read_name()
+        # The task is named by now: take its name and let it go. (An eager
+        # task's first step runs inside its constructor, before the factory
+        # has it: the factory keeps it instead, until its end.)
+        task = self._task
+        if task is not None:
+            self._task = None
+            self._name_from(task)
 
-    def _read_name(self) -> None:
-        task = _threads._asyncio_task()
-        if task is not None and task.get_coro() is self:
-            try:
-                self.name = str(task.get_name())
-            except Exception:  # a task subclass with an odd name: keep the old one
-                pass
+    def _name_from(self, task: Any) -> None:
+        try:
+            self.name = str(task.get_name())
+        except Exception:  # a task subclass with an odd name: keep the old one
+            pass
+
+    def current_name(self) -> str:
+        task = self._task
+        if task is not None:
+            self._name_from(task)
+        return self.name
+
+    def stopped(self) -> None:
+        TaskThread.stopped(self)
+        if self._state is None:
+            self._task = None
 
     def _ended(self, exc: BaseException) -> None:
         end = perf_counter_ns()
+        task, self._task = self._task, None
         if self._state is None:  # no profile records it any more
             return
-        self._read_name()
+        # The task may have been renamed while it ran: its name now.
+        if task is None:
+            task = _threads._asyncio_task()
+            if task is not None and getattr(task, "get_coro", None) is not None and task.get_coro() is not self:
+                task = None
+        if task is not None:
+            self._name_from(task)
         if isinstance(exc, StopIteration):
             self.finished("returned", None, end)
             return
@@ -195,12 +218,8 @@ def _make_factory(prev: TaskFactory | None) -> TaskFactory:
         task = prev(loop, proxy, **kwargs) if prev is not None else Task(proxy, loop=loop, **kwargs)
         # An eager task ran its first step inside: its steps leave no task stepping.
         stepping.lt = spawner
-        if name is None and not proxy.steps:
-            # Not yet started (an eager task may have run, even finished):
-            # the default name ("Task-N") is known now.
-            get_name = getattr(task, "get_name", None)
-            if get_name is not None:
-                proxy.name = str(get_name())
+        if proxy._state is not None:  # not finished (an eager task may have)
+            proxy._task = task
         return task
 
     return aprof_task_factory

@@ -120,6 +120,9 @@ class TaskThread(LogicalThread):
         self._more: list[tuple[ProfilerState, int]] | None = None
         self._state: ProfilerState | None = None
         self._idx = 0
+        self.spawn_ns = perf_counter_ns()
+        # Complete before it is published: another thread may stop a profile
+        # (and read this object) as soon as it is in a list.
         for ps in (states,) if type(states) is ProfilerState else states:  # type: ignore[union-attr]
             lst = ps.task_records
             lst.append(self)
@@ -134,7 +137,6 @@ class TaskThread(LogicalThread):
                 if self._more is None:
                     self._more = []
                 self._more.append((ps, i))
-        self.spawn_ns = perf_counter_ns()
 
     def finished(self, outcome: str, exc_name: str | None, end_ns: int) -> None:
         """Close the TASK range in every profile still recording it."""
