@@ -31,7 +31,7 @@ from . import _callbacks
 from ._callbacks import MODE_FAST, MODE_IDLE, MODE_OFF, RF_STATE, RecordScope
 from ._record_function import RecordFunction, next_sequence_nr
 from ._recorder import KIND_RANGE
-from ._threads import current_logical_thread
+from ._threads import current_logical_thread, stepping
 
 _get_rf_state = RF_STATE.get
 
@@ -98,7 +98,7 @@ class _Wrapped:
     def __init__(self, fn: Callable[..., Any]) -> None:
         self.__wrapped__ = fn
         self._ctx = contextvars.copy_context()
-        self._fwd = current_logical_thread().id
+        self._fwd = (stepping.lt or current_logical_thread()).id
         self._seq = next_sequence_nr()
         self._submit_ns = perf_counter_ns()
 
