@@ -212,21 +212,6 @@ def _new_task_thread(task: Any, kind: str) -> LogicalThread:
     return lt
 
 
-def current_task_and_kind() -> tuple[Any, str]:
-    """The running asyncio or trio task and its kind, or (None, "thread")."""
-    task = _asyncio_task()
-    if task is not None:
-        return task, "asyncio"
-    trio_context = _trio_run_context
-    if trio_context is None and "trio" in sys.modules:
-        trio_context = _find_trio_run_context()
-    if trio_context is not None:
-        task = getattr(trio_context, "task", None)
-        if task is not None:
-            return task, "trio"
-    return None, "thread"
-
-
 _side_table: dict[int, LogicalThread] = {}
 
 
