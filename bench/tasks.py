@@ -599,14 +599,25 @@ def main() -> None:
         "--rounds", type=int, default=None, metavar="N", help="interleaved rounds (default 21; 2 with --quick)"
     )
     ap.add_argument("--json", default=None, metavar="PATH", help="also write all samples and figures here")
+    ap.add_argument(
+        "--only",
+        default=None,
+        metavar="WORDS",
+        help="comma-separated: only the variants whose name contains one (plain always), e.g. --only aprof",
+    )
+    ap.add_argument("--no-extras", action="store_true", help="skip the memory and stop/export measurements")
     args = ap.parse_args()
     n = args.tasks or (200 if args.quick else 2000)
     rounds = args.rounds or (2 if args.quick else 21)
     repeats = 2 if args.quick else 5
 
-    cases = [
-        isolated(c) for c in (plain_case(n), aprof_case(n), viztracer_case(n), pyinstrument_case(n), yappi_case(n))
-    ]
+    makers = (plain_case, aprof_case, viztracer_case, pyinstrument_case, yappi_case)
+    cases = [isolated(make(n)) for make in makers]
+    if args.only:
+        words = [w.strip() for w in args.only.split(",") if w.strip()]
+        for c in cases:
+            if c.name != PLAIN and not any(w in c.name for w in words):
+                c.run, c.missing = None, "not selected (--only)"
     print(header())
     print(
         f"fan-out of {n:,} tasks (3x sleep(0), sleep(1 ms), ~{WORK_ROUNDS} SHA-256 rounds on the loop and one "
@@ -627,7 +638,7 @@ def main() -> None:
     print(table(cpu_cases, PLAIN, "ms").split("\n\nnotes:")[0])
 
     mem = stops = None
-    if aprof_info()["importable"]:
+    if aprof_info()["importable"] and not args.no_extras:
         print()
         mem = memory_per_task(n)
         print(format_memory(mem))

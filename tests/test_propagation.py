@@ -217,7 +217,12 @@ def test_bare_submissions_are_not_recorded() -> None:
 def test_to_thread_is_an_executor_range(backend: Backend) -> None:
     # CP-02, CP-08, SPEC 1, 7.4: the runtimes' to_thread copy the context, so
     # ranges inside are recorded on the worker's track; CP-02 also asks for
-    # the EXECUTOR range linking them to the submitter.
+    # the EXECUTOR range linking them to the submitter. The hook is there
+    # only while the profile runs.
+    import asyncio.threads
+
+    originals = {"asyncio": asyncio.to_thread, "asyncio.threads": asyncio.threads.to_thread}
+
     async def main() -> tuple[aprof.profile, int]:
         async with aprof.profile() as prof:
             me = aprof.current_thread_id()
@@ -228,12 +233,23 @@ def test_to_thread_is_an_executor_range(backend: Backend) -> None:
     (inside,) = by_scope(prof, USER)
     assert inside.thread_id != me
     assert inside.os_thread_id != threading.get_ident()
-    if not by_scope(prof, EXECUTOR):
-        pytest.xfail(
-            "asyncio.to_thread / trio.to_thread.run_sync / anyio.to_thread.run_sync are not hooked: "
-            "their work is recorded on the worker's track but without an EXECUTOR range linked to the submitter"
-        )
     check_executor_ranges(prof, me, threading.get_ident(), 1)
+    assert {"asyncio": asyncio.to_thread, "asyncio.threads": asyncio.threads.to_thread} == originals
+
+
+def test_to_thread_with_recording_off_is_not_recorded(backend: Backend) -> None:
+    # CP-02, SPEC 3.4: with recording switched off around the call, the
+    # hooked to_thread records nothing, and the work runs as before.
+    async def main() -> tuple[aprof.profile, tuple[str, int, int]]:
+        async with aprof.profile() as prof:
+            with aprof.RecordFunctionGuard(enabled=False):
+                result = await backend.to_thread(work, "-off")
+        return prof, result
+
+    prof, result = backend.run(main)
+    assert result[2] != threading.get_ident()
+    assert by_scope(prof, EXECUTOR) == []
+    assert by_scope(prof, USER) == []
 
 
 # ---------------------------------------------------------------------------

@@ -422,6 +422,65 @@ def test_task_started_with_start_and_task_status(backend_name: str) -> None:
 
 
 @pytest.mark.parametrize("runner", RUNNERS)
+def test_asyncio_task_renamed_while_running_shows_its_last_name(runner: str) -> None:
+    # SPEC 7.1: the TASK range carries the task's name as it was when the
+    # task finished, and the name given at create_task when it never ran.
+    async def renames() -> None:
+        await asyncio.sleep(0)
+        current = asyncio.current_task()
+        assert current is not None
+        current.set_name("renamed")
+        await asyncio.sleep(0)
+
+    async def main() -> aprof.profile:
+        async with aprof.profile() as prof:
+            await asyncio.create_task(renames(), name="original")
+            never = asyncio.create_task(renames(), name="never-ran")
+        never.cancel()
+        return prof
+
+    prof = run_on(runner, main)
+    tasks = {t.name: t for t in by_scope(prof.events(), TASK)}
+    assert set(tasks) == {"renamed", "never-ran"}
+    assert tasks["renamed"].track == "renamed"
+    assert tasks["renamed"].extra["outcome"] == "returned"
+    assert tasks["never-ran"].unfinished
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_finished_tasks_are_not_kept_alive_by_a_running_profile(runner: str) -> None:
+    # SPEC 7.1, LC-04: recording keeps no reference to a finished task, its
+    # coroutine or its frame's locals while the profile goes on recording.
+    import weakref
+
+    class Payload:
+        pass
+
+    refs: list[weakref.ref[Any]] = []
+
+    async def child() -> None:
+        payload = Payload()
+        refs.append(weakref.ref(payload))
+        await asyncio.sleep(0)
+
+    async def main() -> tuple[aprof.profile, list[bool]]:
+        async with aprof.profile() as prof:
+            task = asyncio.create_task(child())
+            await task
+            refs.append(weakref.ref(task))
+            del task
+            await asyncio.sleep(0)
+            gc.collect()
+            alive = [r() is not None for r in refs]
+        return prof, alive
+
+    prof, alive = run_on(runner, main)
+    assert alive == [False, False]
+    (task,) = by_scope(prof.events(), TASK)
+    assert task.extra["outcome"] == "returned"
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
 def test_asyncio_outcomes_of_awaited_and_cancelled_tasks(runner: str) -> None:
     # SPEC 7.1: the same outcomes for bare create_task tasks: task.cancel(),
     # an exception the spawner retrieves, and the default name "Task-N".

@@ -407,6 +407,7 @@ def _after_fork_in_child() -> None:
         if state is not None:
             state.running = False
             state.lists = {}
+            state.task_records = []
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -20,15 +20,20 @@ import contextvars
 import functools
 import os
 import queue
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future
 from time import perf_counter_ns
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, Final, ParamSpec, TypeVar
 
-from ._callbacks import RecordScope
+from . import _callbacks
+from ._callbacks import MODE_FAST, MODE_IDLE, MODE_OFF, RF_STATE, RecordScope
 from ._record_function import RecordFunction, next_sequence_nr
-from ._threads import current_logical_thread
+from ._recorder import KIND_RANGE
+from ._threads import current_logical_thread, stepping
+
+_get_rf_state = RF_STATE.get
 
 __all__ = ["install_propagation", "launch", "propagating", "uninstall_propagation", "wrap"]
 
@@ -44,11 +49,32 @@ def _name_of(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__qualname__
 
 
-def _run_in(ctx: contextvars.Context, fn: Callable[..., R], args: Any, kwargs: Any, fwd: int, seq: int, submit_ns: int) -> R:
-    return ctx.copy().run(_run_executor_range, fn, args, kwargs, fwd, seq, submit_ns)
-
-
 def _run_executor_range(fn: Callable[..., R], args: Any, kwargs: Any, fwd: int, seq: int, submit_ns: int) -> R:
+    st = _get_rf_state()
+    mode = st.mode
+    if mode == MODE_FAST and not _callbacks.global_entries:
+        # Only this context's profile listens: append the start and end
+        # tuples inline, exactly the records the general path's recorder
+        # writes (its extra is the submit time alone; consolidation makes
+        # it {"submit_ns": ...}).
+        ps = st.recorder.state  # type: ignore[union-attr]
+        if ps is None:  # the profile stopped
+            return fn(*args, **kwargs)
+        lt = current_logical_thread()
+        lst = ps.lists.get(lt)
+        if lst is None:
+            lst = ps.list_for(lt)
+        idx = len(lst)
+        lst.append((_name_of(fn), "executor", perf_counter_ns(), None, seq, fwd, None, None, KIND_RANGE, submit_ns))
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:
+            lst.append((idx, perf_counter_ns(), lt.id, type(exc).__name__))
+            raise
+        lst.append((idx, perf_counter_ns(), lt.id, None))
+        return result
+    if mode == MODE_OFF or (mode == MODE_IDLE and not _callbacks.global_entries):
+        return fn(*args, **kwargs)
     rf = RecordFunction(RecordScope.EXECUTOR)
     if not rf.is_active:
         return fn(*args, **kwargs)
@@ -72,14 +98,16 @@ class _Wrapped:
     def __init__(self, fn: Callable[..., Any]) -> None:
         self.__wrapped__ = fn
         self._ctx = contextvars.copy_context()
-        self._fwd = current_logical_thread().id
+        self._fwd = (stepping.lt or current_logical_thread()).id
         self._seq = next_sequence_nr()
         self._submit_ns = perf_counter_ns()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # A fresh copy per call: the same wrapped callable may run in several
         # workers at once, and a Context can be entered by one thread at a time.
-        return _run_in(self._ctx, self.__wrapped__, args, kwargs, self._fwd, self._seq, self._submit_ns)
+        return self._ctx.copy().run(
+            _run_executor_range, self.__wrapped__, args, kwargs, self._fwd, self._seq, self._submit_ns
+        )
 
     def __repr__(self) -> str:
         return f"<aprof.wrap of {self.__wrapped__!r}>"
@@ -183,9 +211,10 @@ _pool = _LaunchPool(max_workers=min(32, (os.cpu_count() or 1) + 4), idle_s=0.5)
 def _reset_pool_after_fork() -> None:
     # The parent's workers do not exist in the child, and another thread may
     # have held a lock at the fork: start over.
-    global _pool, _install_lock
+    global _pool, _install_lock, _to_thread_lock
     _pool = _LaunchPool(_pool._max, _pool._idle_s)
     _install_lock = threading.Lock()
+    _to_thread_lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_reset_pool_after_fork)
@@ -341,3 +370,83 @@ def uninstall_propagation() -> None:
 def is_propagation_installed() -> bool:
     """Whether :func:`install_propagation` is in effect."""
     return _installed
+
+
+# ---------------------------------------------------------------------------
+# The runtimes' to_thread, while a profile records tasks
+# ---------------------------------------------------------------------------
+
+#: (module name, attribute) of the runtimes' "run this in a worker thread"
+#: coroutine functions. Each copies the caller's context into the worker
+#: already; wrapping the function adds the EXECUTOR range linked to the
+#: caller (RELIABILITY CP-02). anyio's trio backend calls trio's run_sync
+#: through its own import, so anyio work is wrapped once, by anyio's entry.
+TO_THREAD_ENTRIES: Final = (
+    ("asyncio", "to_thread"),
+    ("asyncio.threads", "to_thread"),
+    ("trio.to_thread", "run_sync"),
+    ("anyio.to_thread", "run_sync"),
+)
+
+_to_thread_lock = threading.Lock()
+_to_thread_users = 0
+_to_thread_undo: list[Callable[[], None]] = []
+
+
+def _wrapping_to_thread(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    async def to_thread(func: Any, /, *args: Any, **kwargs: Any) -> Any:
+        if callable(func) and not isinstance(func, _Wrapped):
+            func = _Wrapped(func)
+        return await original(func, *args, **kwargs)
+
+    return to_thread
+
+
+def _patch_to_thread(module_name: str, attr: str) -> None:
+    module = sys.modules.get(module_name)
+    original = getattr(module, attr, None) if module is not None else None
+    if original is None:
+        return
+    replacement = _wrapping_to_thread(original)
+    setattr(module, attr, replacement)
+
+    def undo() -> None:
+        if getattr(module, attr, None) is replacement:
+            setattr(module, attr, original)
+
+    _to_thread_undo.append(undo)
+
+
+def hook_to_thread() -> Callable[[], None]:
+    """Make ``asyncio.to_thread``, ``trio.to_thread.run_sync`` and
+    ``anyio.to_thread.run_sync`` (those already imported) record each call as
+    an ``EXECUTOR`` range linked to the caller, until the returned undo action
+    has run as often as this was called.
+
+    Callers that imported the function by name before (``from asyncio import
+    to_thread``) keep the original: their work is still recorded on the
+    worker's track (the context is copied), without the EXECUTOR range.
+    """
+    global _to_thread_users
+    with _to_thread_lock:
+        _to_thread_users += 1
+        if _to_thread_users == 1:
+            for module_name, attr in TO_THREAD_ENTRIES:
+                _patch_to_thread(module_name, attr)
+    done = False
+
+    def undo() -> None:
+        global _to_thread_users
+        nonlocal done
+        with _to_thread_lock:
+            if done:
+                return
+            done = True
+            _to_thread_users -= 1
+            if _to_thread_users == 0:
+                for action in reversed(_to_thread_undo):
+                    action()
+                _to_thread_undo.clear()
+
+    return undo

@@ -106,6 +106,7 @@ class ProfilerState:
         "start_lt",
         "start_ns",
         "stop_ns",
+        "task_records",
         "tasks",
         "with_stack",
     )
@@ -115,6 +116,9 @@ class ProfilerState:
     ) -> None:
         self.tasks = tasks
         self.lists: dict[LogicalThread, list[tuple[Any, ...]]] = {}
+        # The TASK ranges: the task's record while it runs, its finished tuple
+        # after (aprof._integrations._tasks); read at stop with ``lists``.
+        self.task_records: list[Any] = []
         self.running = True
         self.record_inputs = record_inputs
         self.with_stack = with_stack

@@ -71,7 +71,7 @@ def _bind_asyncio() -> Any:
                 return None
             loop = cache.loop
             if loop is None or getattr(loop, "_thread_id", None) != get_ident():
-                loop = running_loop()
+                loop = _find_loop_311(current_tasks, running_loop, get_ident())
                 if loop is None:
                     return None
                 cache.loop = loop
@@ -79,6 +79,27 @@ def _bind_asyncio() -> Any:
 
         _asyncio_task = task_311
     return _asyncio_task
+
+
+_NO_THREAD_ID: Final = object()
+
+
+def _find_loop_311(current_tasks: dict[Any, Any], running_loop: Any, me: int) -> Any:
+    """The loop of this thread among those running a task now, or None (3.11).
+
+    A task runs in this thread only if its loop runs here. asyncio's loops say
+    which thread runs them (``BaseEventLoop._thread_id``), so a worker thread
+    with no loop is answered without ``_get_running_loop()`` and its
+    getpid() system call; a loop that does not say (uvloop) falls back to it.
+    """
+    unknown = False
+    for loop in list(current_tasks):  # list(dict) is one C call: no concurrent-change error
+        tid = getattr(loop, "_thread_id", _NO_THREAD_ID)
+        if tid == me:
+            return loop
+        if tid is _NO_THREAD_ID:
+            unknown = True
+    return running_loop() if unknown else None
 
 
 #: () -> the asyncio task running in this thread, or None.
@@ -189,21 +210,6 @@ def _new_task_thread(task: Any, kind: str) -> LogicalThread:
     lt = LogicalThread(kind, str(name))
     lt.bind(task, kind)
     return lt
-
-
-def current_task_and_kind() -> tuple[Any, str]:
-    """The running asyncio or trio task and its kind, or (None, "thread")."""
-    task = _asyncio_task()
-    if task is not None:
-        return task, "asyncio"
-    trio_context = _trio_run_context
-    if trio_context is None and "trio" in sys.modules:
-        trio_context = _find_trio_run_context()
-    if trio_context is not None:
-        task = getattr(trio_context, "task", None)
-        if task is not None:
-            return task, "trio"
-    return None, "thread"
 
 
 _side_table: dict[int, LogicalThread] = {}

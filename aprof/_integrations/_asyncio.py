@@ -23,94 +23,165 @@ import os
 import threading
 from collections.abc import Callable, Coroutine, Generator
 from time import perf_counter_ns
-from typing import Any
+from typing import Any, Final
 
-from .._core._threads import LogicalThread, current_task_and_kind, stepping
-from ._tasks import TaskRecords, coro_qualname, recorders_in, spawn_records
+from .._core import _threads
+from .._core._propagation import hook_to_thread
+from .._core._threads import stepping
+from ._tasks import TaskThread, coro_qualname, states_in
 
 __all__ = ["TimedCoroutine", "install_task_factory", "uninstall_task_factory"]
 
 
-class TimedCoroutine:
+class TimedCoroutine(TaskThread):
     """A coroutine proxy that records each step of the task driving it.
 
-    The task sees a coroutine (``collections.abc.Coroutine`` is registered
-    below); everything else (``cr_frame``, ``__qualname__``, ...) is read
-    through to the wrapped coroutine, so reprs and ``task.get_stack()`` are
-    unchanged.
+    It is the task's :class:`~aprof._integrations._tasks.TaskThread` too
+    (one object per recorded task). The task sees a coroutine
+    (``collections.abc.Coroutine`` is registered below); the coroutine's
+    attributes (``cr_frame``, ``__qualname__``, ...) are read through to the
+    wrapped coroutine, so reprs and ``task.get_stack()`` are unchanged.
+
+    They are forwarded one by one (:data:`FORWARDED`), not by a
+    ``__getattr__``: a class with ``__getattr__`` pays for it on every
+    attribute read, its own slots included, which a step makes several of.
     """
 
-    __slots__ = ("_bound", "_coro", "_records")
+    __slots__ = ("__qualname__", "_coro", "_task")
 
-    def __init__(self, coro: Coroutine[Any, Any, Any], records: TaskRecords) -> None:
+    def __init__(self, coro: Coroutine[Any, Any, Any], name: str, coro_name: str, states: Any) -> None:
         self._coro = coro
-        self._records = records
-        self._bound = False
+        # The task, from its creation until its first step (or its end): it
+        # may be named only after the factory returns (3.11, 3.12), and a
+        # task that never runs is named from it at stop. Held no longer, so
+        # recording keeps no running task alive.
+        self._task: Any = None
+        qualname = getattr(coro, "__qualname__", None)
+        if qualname is not None:
+            self.__qualname__ = qualname
+        TaskThread.__init__(self, "asyncio", name, coro_name, states)
 
-    def _bind(self) -> None:
-        # The first step runs inside the task (for an eager task, inside its
-        # constructor): only now is "the current task" this task.
-        self._bound = True
-        task, kind = current_task_and_kind()
-        if task is not None:
-            self._records.lt.bind(task, kind)
-            self._records.lt.current_name()
+    # A step publishes the task as the one stepping on this thread and
+    # clears it after: the loop runs one task step at a time, and the one
+    # nesting (an eager task's first step, inside its spawner's step) is
+    # undone by the task factory, which restores the spawner.
 
-    def send(self, value: Any) -> Any:
-        return self._step(self._coro.send, value)
-
-    def throw(self, *args: Any) -> Any:
-        return self._step(self._coro.throw, *args)
-
-    def _step(self, advance: Callable[..., Any], *args: Any) -> Any:
+    def send(self, value: Any, _now: Callable[[], int] = perf_counter_ns) -> Any:
         """One step of the task: stamp it, publish the task as the one
         stepping on this thread, and close the task's range when it ends."""
-        if not self._bound:
-            self._bind()
-        records = self._records
-        steps = records.steps
-        prev = stepping.lt
-        stepping.lt = records.lt
+        steps = self.steps
+        if not steps:
+            self._first_step()
+        stepping.lt = self
+        steps.append(_now())
+        try:
+            result = self._coro.send(value)
+        except BaseException as exc:
+            stepping.lt = None
+            self._ended(exc)
+            raise
+        steps.append(_now())
+        stepping.lt = None
+        return result
+
+    def throw(self, *args: Any) -> Any:
+        steps = self.steps
+        if not steps:
+            self._first_step()
+        stepping.lt = self
         steps.append(perf_counter_ns())
         try:
-            return advance(*args)
-        except StopIteration:
-            self._finish("returned", None)
-            raise
+            result = self._coro.throw(*args)
         except BaseException as exc:
-            self._finish_exc(exc)
+            stepping.lt = None
+            self._ended(exc)
             raise
-        finally:
-            if len(steps) % 2 == 1:
-                steps.append(perf_counter_ns())
-            stepping.lt = prev
+        steps.append(perf_counter_ns())
+        stepping.lt = None
+        return result
 
     def close(self) -> None:
         self._coro.close()
 
-    def _finish(self, outcome: str, exc_name: str | None) -> None:
-        steps = self._records.steps
-        end = perf_counter_ns()
-        if len(steps) % 2 == 1:
-            steps.append(end)
-        self._records.finished(outcome, exc_name, end)
+    def _first_step(self) -> None:
+        # The task is named by now: take its name and let it go. (An eager
+        # task's first step runs inside its constructor, before the factory
+        # has it: the factory keeps it instead, until its end.)
+        task = self._task
+        if task is not None:
+            self._task = None
+            self._name_from(task)
 
-    def _finish_exc(self, exc: BaseException) -> None:
+    def _name_from(self, task: Any) -> None:
+        try:
+            self.name = str(task.get_name())
+        except Exception:  # a task subclass with an odd name: keep the old one
+            pass
+
+    def current_name(self) -> str:
+        task = self._task
+        if task is not None:
+            self._name_from(task)
+        return self.name
+
+    def stopped(self) -> None:
+        TaskThread.stopped(self)
+        if self._state is None:
+            self._task = None
+
+    def _ended(self, exc: BaseException) -> None:
+        end = perf_counter_ns()
+        task, self._task = self._task, None
+        if self._state is None:  # no profile records it any more
+            return
+        # The task may have been renamed while it ran: its name now.
+        if task is None:
+            task = _threads._asyncio_task()
+            if task is not None and getattr(task, "get_coro", None) is not None and task.get_coro() is not self:
+                task = None
+        if task is not None:
+            self._name_from(task)
+        if isinstance(exc, StopIteration):
+            self.finished("returned", None, end)
+            return
         name = type(exc).__name__
         if isinstance(exc, asyncio.CancelledError):
-            self._finish("cancelled", name)
+            self.finished("cancelled", name, end)
         else:
-            self._finish(f"raised {name}", name)
+            self.finished(f"raised {name}", name, end)
 
     def __await__(self) -> Generator[Any, None, Any]:
         return self._coro.__await__()
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._coro, name)
+    @property
+    def __name__(self) -> str:  # in the class body: a type's __name__ cannot be set to a property
+        return getattr(self._coro, "__name__")  # type: ignore[no-any-return]  # noqa: B009
 
     def __repr__(self) -> str:
         return repr(self._coro)
 
+
+#: The wrapped coroutine's attributes a TimedCoroutine reads through (those of
+#: native and generator-based coroutines, with ``__name__`` and the
+#: ``__qualname__`` slot); one it lacks raises AttributeError here too, so
+#: ``hasattr`` answers as for the coroutine itself.
+FORWARDED: Final = (
+    "cr_await", "cr_code", "cr_frame", "cr_origin", "cr_running", "cr_suspended",
+    "gi_code", "gi_frame", "gi_running", "gi_suspended", "gi_yieldfrom",
+)  # fmt: skip
+
+
+def _forward(name: str) -> property:
+    def get(self: TimedCoroutine) -> Any:
+        return getattr(self._coro, name)
+
+    get.__name__ = name
+    return property(get)
+
+
+for _name in FORWARDED:
+    setattr(TimedCoroutine, _name, _forward(_name))
+del _name
 
 Coroutine.register(TimedCoroutine)
 
@@ -118,12 +189,13 @@ TaskFactory = Callable[..., "asyncio.Future[Any]"]
 
 
 class _Install:
-    __slots__ = ("count", "factory", "prev")
+    __slots__ = ("count", "factory", "prev", "undo_to_thread")
 
     def __init__(self, prev: TaskFactory | None, factory: TaskFactory) -> None:
         self.count = 1
         self.prev = prev
         self.factory = factory
+        self.undo_to_thread = hook_to_thread()
 
 
 _installs: dict[asyncio.AbstractEventLoop, _Install] = {}
@@ -131,17 +203,24 @@ _lock = threading.Lock()
 
 
 def _make_factory(prev: TaskFactory | None) -> TaskFactory:
+    iscoroutine = asyncio.iscoroutine
+    Task = asyncio.Task
+
     def aprof_task_factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Future[Any]:
-        recorders = recorders_in(kwargs.get("context"))
-        if recorders and asyncio.iscoroutine(coro):
-            name = kwargs.get("name")
-            lt = LogicalThread("asyncio", str(name) if name is not None else "Task")
-            coro_name = coro_qualname(coro)
-            records = spawn_records(recorders, lt, lt.name, coro_name)
-            coro = TimedCoroutine(coro, records)
-        if prev is not None:
-            return prev(loop, coro, **kwargs)
-        return asyncio.Task(coro, loop=loop, **kwargs)
+        states = states_in(kwargs.get("context"))
+        if not states or not iscoroutine(coro):
+            if prev is not None:
+                return prev(loop, coro, **kwargs)
+            return Task(coro, loop=loop, **kwargs)
+        name = kwargs.get("name")
+        spawner = stepping.lt
+        proxy = TimedCoroutine(coro, "Task" if name is None else str(name), coro_qualname(coro), states)
+        task = prev(loop, proxy, **kwargs) if prev is not None else Task(proxy, loop=loop, **kwargs)
+        # An eager task ran its first step inside: its steps leave no task stepping.
+        stepping.lt = spawner
+        if proxy._state is not None:  # not finished (an eager task may have)
+            proxy._task = task
+        return task
 
     return aprof_task_factory
 
@@ -171,6 +250,7 @@ def uninstall_task_factory(loop: asyncio.AbstractEventLoop) -> None:
         del _installs[loop]
         if loop.get_task_factory() is inst.factory:
             loop.set_task_factory(inst.prev)
+        inst.undo_to_thread()
 
 
 def running_loop() -> asyncio.AbstractEventLoop | None:

@@ -1,99 +1,182 @@
 """Task ranges shared by the asyncio and trio hooks (SPEC 7.1-7.3).
 
-A task spawned in a profiled context gets a ``TASK`` record on its own
-track, from spawn to finish, linked to the spawner by ``forward_thread_id``
-and ``sequence_nr``. Its steps (the stretches in which it ran on the loop) are
-kept as a flat ``array('q')`` of start/end pairs: 16 bytes a step, from which
-consolidation derives running and waiting time for the task and for every
-range on its track.
+A task spawned in a profiled context is a :class:`TaskThread`: its own
+logical thread (so its track), its TASK range from spawn to finish, linked
+to the spawner by ``forward_thread_id`` and ``sequence_nr``, and its steps
+(the stretches in which it ran on the loop) as a flat array of 64-bit
+start/end pairs (:data:`STEPS_TYPECODE`), 16 bytes a step, from which consolidation derives running
+and waiting time for the task and for every range on its track.
+
+Each profile recording the task keeps it in one list per profile
+(``ProfilerState.task_records``): the running task's object while it runs,
+replaced when it finishes by one flat tuple of ints and strings and the step
+array. A finished task so keeps no object of its own and no logical thread
+(unless ranges were recorded on its track), and the cyclic GC sees one
+object per running task, not a handful.
+
+Finished record: ``(id, name, kind, os_thread_id, coro, spawn_ns, seq, fwd,
+end_ns, outcome, exception_name, steps)`` (see :data:`TASK_RECORD_FIELDS`).
 """
 
 from __future__ import annotations
 
 from array import array
+from collections import deque
+from threading import get_ident
 from time import perf_counter_ns
 from typing import Any, Final
 
+from .._core import _record_function, _threads
 from .._core._callbacks import RF_STATE, RFState
-from .._core._record_function import next_sequence_nr
-from .._core._recorder import KIND_RANGE, Recorder
-from .._core._threads import LogicalThread, current_logical_thread
+from .._core._recorder import ProfilerState, Recorder
+from .._core._threads import LogicalThread, current_logical_thread, stepping
 
-__all__ = ["TaskRecords", "global_task_recorders", "recorders_for"]
+__all__ = ["TASK_RECORD_FIELDS", "TaskThread", "global_task_recorders", "states_for", "states_in"]
 
 #: Recorders of running global-scope profiles that record tasks.
 global_task_recorders: list[Recorder] = []
 
+TASK_RECORD_FIELDS: Final = (
+    "id", "name", "kind", "os_thread_id", "coro", "spawn_ns", "seq", "fwd", "end_ns", "outcome", "exception", "steps",
+)  # fmt: skip
 
-def recorders_for(st: RFState) -> list[Recorder]:
-    """The profiles that want a TASK range for a task spawned under ``st``."""
-    out: list[Recorder] = []
+#: Typecode of the step arrays: unsigned 64-bit. perf_counter_ns() values are
+#: positive, and appending to an "L" array converts the int directly, where
+#: "q" goes through argument parsing and a byte-array conversion (about twice
+#: the cost, on every step). "L" is 64-bit on Linux and macOS, not on Windows.
+STEPS_TYPECODE: Final = "L" if array("L").itemsize == 8 else "Q"
+
+#: The steps of a task no running profile records any more: appends vanish.
+DISCARD_STEPS: Final[deque[int]] = deque(maxlen=0)
+
+_ids = _threads._ids
+_sequence_numbers = _record_function._sequence_numbers  # next() on it is next_sequence_nr()
+_get_rf_state = RF_STATE.get
+
+
+def states_for(st: RFState) -> list[ProfilerState]:
+    """The running profiles that want a TASK range for a task spawned under ``st``."""
+    out: list[ProfilerState] = []
     if st.enabled:
         rec = st.recorder
         if rec is not None:
             ps = rec.state
-            if ps is not None and ps.running and ps.tasks:
-                out.append(rec)
+            if ps is not None and ps.tasks and ps.running:
+                out.append(ps)
         for g in global_task_recorders:
-            if g.state is not None and g is not rec:
-                out.append(g)
+            ps = g.state
+            if ps is not None and g is not rec:
+                out.append(ps)
     return out
 
 
-def recorders_in(context: Any) -> list[Recorder]:
-    """Like :func:`recorders_for`, for a ``contextvars.Context`` (or the current one)."""
-    st = context.get(RF_STATE, None) if context is not None else RF_STATE.get()
+def states_in(context: Any) -> ProfilerState | list[ProfilerState] | None:
+    """The profiles that want a TASK range for a task spawned in ``context``
+    (a ``contextvars.Context``, or None for the current one): one state (the
+    common case, no list made), a list of them, or None."""
+    st = _get_rf_state() if context is None else context.get(RF_STATE, None)
     if st is None:
-        from .._core._callbacks import EMPTY_RF_STATE
+        return None
+    if not global_task_recorders:
+        rec = st.recorder
+        if rec is None or not st.enabled:
+            return None
+        ps = rec.state
+        if ps is not None and ps.tasks and ps.running:
+            return ps
+        return None
+    return states_for(st) or None
 
-        st = EMPTY_RF_STATE
-    return recorders_for(st)
 
+class TaskThread(LogicalThread):
+    """A recorded task: its logical thread, its steps and its TASK records.
 
-STEPS_NONE: Final = array("q")
+    Created at spawn, in the spawner (whose logical thread is the link).
+    The hooks stamp ``steps`` (a start and an end per step) and call
+    :meth:`finished` once; after that the object holds no profile.
+    """
 
+    __slots__ = ("_idx", "_more", "_state", "coro_name", "fwd", "seq", "spawn_ns", "steps")
 
-class TaskRecords:
-    """The TASK records of one task (one per profile recording it) and its steps."""
+    coro_name: str
+    fwd: int
+    seq: int
+    spawn_ns: int
+    steps: Any  # array(STEPS_TYPECODE), or DISCARD_STEPS once no running profile records the task
 
-    __slots__ = ("finish_ns", "lt", "recs", "steps")
+    def __init__(self, kind: str, name: str, coro_name: str, states: ProfilerState | list[ProfilerState]) -> None:
+        spawner = stepping.lt or current_logical_thread()
+        self.id = next(_ids)
+        self.kind = kind
+        self.name = name
+        # Tasks run on the thread that spawns them (their loop's): share its int.
+        self.os_thread_id = spawner.os_thread_id if spawner.os_thread_id == get_ident() else get_ident()
+        self.loop = None
+        self._task_ref = None
+        self.coro_name = coro_name
+        self.fwd = spawner.id
+        self.seq = next(_sequence_numbers)
+        self.steps = array(STEPS_TYPECODE)
+        self._more: list[tuple[ProfilerState, int]] | None = None
+        self._state: ProfilerState | None = None
+        self._idx = 0
+        self.spawn_ns = perf_counter_ns()
+        # Complete before it is published: another thread may stop a profile
+        # (and read this object) as soon as it is in a list.
+        for ps in (states,) if type(states) is ProfilerState else states:  # type: ignore[union-attr]
+            lst = ps.task_records
+            lst.append(self)
+            # Another thread may append at the same moment: find our slot
+            # from the end (nothing is ever removed, so it stays put).
+            i = len(lst) - 1
+            while lst[i] is not self:
+                i -= 1
+            if self._state is None:
+                self._state, self._idx = ps, i
+            else:
+                if self._more is None:
+                    self._more = []
+                self._more.append((ps, i))
 
-    def __init__(self, recorders: list[Recorder], lt: LogicalThread, name: str, coro_name: str, spawner: LogicalThread, spawn_ns: int) -> None:
-        seq = next_sequence_nr()
-        self.lt = lt
-        self.steps = array("q")
-        self.finish_ns = 0
-        recs: list[tuple[list[Any], int, dict[str, Any]]] = []
-        for r in recorders:
-            ps = r.state
-            if ps is None:
-                continue
-            extra = {"coro": coro_name, "spawn_ns": spawn_ns, "steps": self.steps}
-            lst = ps.list_for(lt)
-            recs.append((lst, len(lst), extra))
-            lst.append((name, "task", spawn_ns, None, seq, spawner.id, None, None, KIND_RANGE, extra))
-        self.recs = recs
-
-    def step_started(self) -> None:
-        self.steps.append(perf_counter_ns())
-
-    def step_ended(self) -> None:
-        steps = self.steps
-        if len(steps) % 2 == 1:
-            steps.append(perf_counter_ns())
-
-    def finished(self, outcome: str, exc_name: str | None, end_ns: int | None = None) -> None:
-        end = end_ns or self.finish_ns or perf_counter_ns()
-        self.lt.current_name()  # the task is alive now; at stop it may be gone
+    def finished(self, outcome: str, exc_name: str | None, end_ns: int) -> None:
+        """Close the TASK range in every profile still recording it."""
         steps = self.steps
         if len(steps) % 2 == 1:  # finished mid-step (e.g. cancelled while running)
-            steps.append(end)
-        for lst, idx, extra in self.recs:
-            # After stop nobody reads lst: a task outliving its profile is
-            # shown unfinished, as its stop left it.
-            extra["outcome"] = outcome
-            lst.append((idx, end, self.lt.id, exc_name))
-        self.recs = []
+            steps.append(end_ns)
+        st = self._state
+        if st is None:
+            return
+        if type(steps) is array:
+            steps = steps[:]  # exact size: the array over-allocates as it grows
+        rec = (
+            self.id, self.name, self.kind, self.os_thread_id, self.coro_name, self.spawn_ns, self.seq, self.fwd,
+            end_ns, outcome, exc_name, steps,
+        )  # fmt: skip
+        _put(st, self._idx, self, rec)
+        more = self._more
+        if more is not None:
+            for ps, i in more:
+                _put(ps, i, self, rec)
+            self._more = None
+        self._state = None
+
+    def stopped(self) -> None:
+        """A profile recording the task stopped while it runs: stop keeping
+        its steps if no running profile records it any more."""
+        profiles = [self._state] + [ps for ps, _ in self._more or ()]
+        if not any(ps is not None and ps.running for ps in profiles):
+            self.steps = DISCARD_STEPS
+            self._state = self._more = None
+
+    def __repr__(self) -> str:
+        return f"<TaskThread {self.id} {self.kind} {self.name!r}>"
+
+
+def _put(state: ProfilerState, idx: int, task: TaskThread, rec: tuple[Any, ...]) -> None:
+    # After stop the state's list is a new, empty one: the late end is dropped.
+    lst = state.task_records
+    if idx < len(lst) and lst[idx] is task:
+        lst[idx] = rec
 
 
 def coro_qualname(coro: Any) -> str:
@@ -107,7 +190,7 @@ def coro_qualname(coro: Any) -> str:
     first step, so the wrapper's ``self`` or ``func`` can be read at spawn.
     """
     name = getattr(coro, "__qualname__", None) or type(coro).__qualname__
-    if name == "TaskHandle._run_coro" or name.endswith(".run_coro_with_task_status"):
+    if "run_coro" in name and (name == "TaskHandle._run_coro" or name.endswith(".run_coro_with_task_status")):
         frame = getattr(coro, "cr_frame", None)
         if frame is not None:
             f_locals = frame.f_locals
@@ -118,7 +201,3 @@ def coro_qualname(coro: Any) -> str:
             if isinstance(func_name, str):
                 return func_name
     return str(name)
-
-
-def spawn_records(recorders: list[Recorder], task_lt: LogicalThread, name: str, coro_name: str) -> TaskRecords:
-    return TaskRecords(recorders, task_lt, name, coro_name, current_logical_thread(), perf_counter_ns())

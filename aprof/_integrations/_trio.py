@@ -15,12 +15,14 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from time import perf_counter_ns
 from typing import Any
 
 import trio
 
-from .._core._threads import LogicalThread, stepping
-from ._tasks import TaskRecords, coro_qualname, recorders_in, spawn_records
+from .._core._propagation import hook_to_thread
+from .._core._threads import stepping
+from ._tasks import TaskThread, coro_qualname, states_in
 
 __all__ = ["install_instrument", "uninstall_instrument"]
 
@@ -48,38 +50,40 @@ class TaskInstrument(trio.abc.Instrument):
 
     def __init__(self) -> None:
         self.count = 1
-        self._tasks: dict[trio.lowlevel.Task, TaskRecords] = {}
+        self._tasks: dict[trio.lowlevel.Task, TaskThread] = {}
+        self.undo_to_thread = hook_to_thread()
 
     def task_spawned(self, task: trio.lowlevel.Task) -> None:
-        recorders = recorders_in(task.context)
-        if not recorders:
+        states = states_in(task.context)
+        if not states:
             return
-        lt = LogicalThread("trio", task.name)
-        lt.bind(task, "trio")
-        self._tasks[task] = spawn_records(recorders, lt, task.name, coro_qualname(task.coro))
+        tt = TaskThread("trio", task.name, coro_qualname(task.coro), states)
+        tt.bind(task, "trio")
+        self._tasks[task] = tt
 
     def before_task_step(self, task: trio.lowlevel.Task) -> None:
-        records = self._tasks.get(task)
-        if records is not None:
-            stepping.lt = records.lt
-            records.step_started()
-        else:
-            stepping.lt = None
+        tt = self._tasks.get(task)
+        stepping.lt = tt
+        if tt is not None:
+            tt.steps.append(perf_counter_ns())
 
     def after_task_step(self, task: trio.lowlevel.Task) -> None:
         # Cleared whatever the task: its last step ends after task_exited
         # has already forgotten it.
         stepping.lt = None
-        records = self._tasks.get(task)
-        if records is not None:
-            records.step_ended()
+        tt = self._tasks.get(task)
+        if tt is not None:
+            steps = tt.steps
+            if len(steps) % 2 == 1:
+                steps.append(perf_counter_ns())
 
     def task_exited(self, task: trio.lowlevel.Task) -> None:
-        records = self._tasks.pop(task, None)
-        if records is not None:
-            records.step_ended()
+        tt = self._tasks.pop(task, None)
+        if tt is not None:
+            end = perf_counter_ns()
+            tt.current_name()  # the task is alive now; at stop it may be gone
             outcome, exc_name = _exit_outcome()
-            records.finished(outcome, exc_name)
+            tt.finished(outcome, exc_name, end)
 
 
 _installed: dict[Any, TaskInstrument] = {}
@@ -114,6 +118,7 @@ def uninstall_instrument(runner_token: Any) -> None:
         if inst.count > 0:
             return
         del _installed[runner_token]
+    inst.undo_to_thread()
     try:
         runner_token.run_sync_soon(_remove, inst)
     except trio.RunFinishedError:

@@ -24,6 +24,7 @@ from .._core._recorder import (
     FLAG_ASYNC,
     FLAG_UNFINISHED,
     KIND_INSTANT,
+    KIND_RANGE,
     R_ARGS,
     R_END,
     R_END_LT,
@@ -282,29 +283,55 @@ def add_child(parent: FunctionEvent, child: FunctionEvent) -> None:
 
 
 def consolidate(
-    lists: dict[LogicalThread, list[tuple[Any, ...]]], stop_ns: int, node_id: int
+    lists: dict[LogicalThread, list[tuple[Any, ...]]],
+    stop_ns: int,
+    node_id: int,
+    task_records: list[Any] | None = None,
 ) -> tuple[list[FunctionEvent], dict[int, Track]]:
     """Build events and tracks from a stopped profile's raw lists.
 
     The raw records become the events' storage: open ones get the stop time
-    as their end, and the ending logical thread is reduced to its id.
+    as their end, and the ending logical thread is reduced to its id. Each
+    task in ``task_records`` (``ProfilerState.task_records``) becomes the
+    TASK event heading its own track.
     """
+    tasks = _task_events(task_records or (), stop_ns)
+    # (first start, order, track, records) for every track, task tracks first
+    # in spawn order, then the lists in the order they were made.
+    rows: list[tuple[int, int, Track, list[list[Any]]]] = []
+    for lt, raw in lists.items():
+        if not raw:
+            continue
+        tid = lt.id
+        records = _records_of(list(raw), tid)  # a snapshot: later appends are dropped
+        task = tasks.pop(tid, None)
+        if task is not None:
+            track, rec = task
+            records.insert(0, rec)
+        else:
+            track = Track(tid, lt.current_name(), lt.kind, lt.os_thread_id, node_id)
+        if any(records[i][R_START] > records[i + 1][R_START] for i in range(len(records) - 1)):
+            # An eager task's first step records before its TASK record is
+            # appended (the task is created by its own first step's caller).
+            records.sort(key=_start_of)
+        if records:
+            rows.append((records[0][R_START], len(rows), track, records))
+    for track, rec in tasks.values():
+        rows.append((rec[R_START], len(rows), track, [rec]))
+    # Tracks in the order their first event started (a track's list is made
+    # when its first range starts, so this is the order they were made).
+    rows.sort(key=_row_key)
+
     events: list[FunctionEvent] = []
     tracks: dict[int, Track] = {}
     spans: dict[int, tuple[int, int]] = {}
     append = events.append
     new = FunctionEvent.__new__
     no_children = _NO_CHILDREN
-    for lt, raw in lists.items():
-        if not raw:
-            continue
-        tid = lt.id
-        track = tracks[tid] = Track(tid, lt.current_name(), lt.kind, lt.os_thread_id, node_id)
-        records = _records_of(list(raw), tid)  # a snapshot: later appends are dropped
-        if any(records[i][R_START] > records[i + 1][R_START] for i in range(len(records) - 1)):
-            # An eager task's first step records before its TASK record is
-            # appended (the task is created by its own first step's caller).
-            records.sort(key=_start_of)
+    for _, _, track, records in rows:
+        tid = track.id
+        tracks[tid] = track
+        track.node_id = node_id
         first = len(events)
         stack: list[FunctionEvent] = []
         ends: list[int] = []
@@ -345,12 +372,60 @@ def consolidate(
                     ends.append(end)
             append(ev)
         spans[tid] = (first, len(events))
-    _finish_tasks(events, tracks)
     _link_across_tracks(events, spans)
     return events, tracks
 
 
+def _row_key(row: tuple[int, int, Track, list[list[Any]]]) -> tuple[int, int]:
+    return row[0], row[1]
+
+
 _SCOPES: Final = {s.value: s for s in RecordScope}
+_TASK: Final = RecordScope.TASK
+_EXECUTOR: Final = RecordScope.EXECUTOR
+
+
+def _task_events(task_records: Iterable[Any], stop_ns: int) -> dict[int, tuple[Track, list[Any]]]:
+    """The track and consolidated TASK record of each recorded task, by track id.
+
+    A finished task's record is a tuple (``aprof._integrations._tasks``); a
+    running one is its ``TaskThread``, read as it is now and closed at the
+    stop time (its steps after stop are no longer kept, unless another
+    running profile records it).
+    """
+    out: dict[int, tuple[Track, list[Any]]] = {}
+    for t in list(task_records):  # a snapshot
+        if type(t) is tuple:
+            tid, name, kind, os_tid, coro, spawn_ns, seq, fwd, end_ns, outcome, exc, steps = t
+            flat = list(steps)
+        else:
+            tid, kind, os_tid, coro, spawn_ns, seq, fwd = t.id, t.kind, t.os_thread_id, t.coro_name, t.spawn_ns, t.seq, t.fwd
+            name = t.current_name()
+            end_ns = exc = None
+            outcome = "unfinished"
+            flat = _steps_until(list(t.steps), stop_ns)
+            t.stopped()
+        if len(flat) % 2:  # finished mid-step
+            flat.append(end_ns)
+        extra = {"coro": coro, "spawn_ns": spawn_ns, "steps": flat, "outcome": outcome}
+        rec = [name, _TASK, spawn_ns, end_ns, None, exc, None, seq, fwd, None, None, KIND_RANGE, extra]
+        track = Track(tid, name, kind, os_tid, 0)
+        track.steps = flat
+        out[tid] = (track, rec)
+    return out
+
+
+def _steps_until(flat: list[int], stop_ns: int) -> list[int]:
+    """A running task's steps up to the stop: later ones dropped, one running
+    across the stop cut there."""
+    out: list[int] = []
+    for i in range(0, len(flat), 2):
+        start = flat[i]
+        if start >= stop_ns:
+            break
+        end = flat[i + 1] if i + 1 < len(flat) else stop_ns
+        out += (start, end if end < stop_ns else stop_ns)
+    return out
 
 
 def _records_of(raw: list[tuple[Any, ...]], tid: int) -> list[list[Any]]:
@@ -358,7 +433,8 @@ def _records_of(raw: list[tuple[Any, ...]], tid: int) -> list[list[Any]]:
 
     See ``aprof._core._recorder`` for the tuple layouts. Ranges with no end
     keep ``None`` as their end (consolidation closes them at the stop time);
-    a second end for the same start (a range ended twice) is ignored.
+    a second end for the same start (a range ended twice) is ignored. An
+    EXECUTOR range's extra may be its submit time alone (an int).
     """
     at: list[list[Any] | None] = [None] * len(raw)
     records: list[list[Any]] = []
@@ -369,6 +445,8 @@ def _records_of(raw: list[tuple[Any, ...]], tid: int) -> list[list[Any]]:
                 rec = [t[0], scopes[t[1]], t[2], None, None, None, t[3], -1, 0, None, None, 0, None]
             else:
                 name, scope, start, args, seq, fwd, inputs, stack, kind, extra = t
+                if type(extra) is int:
+                    extra = {"submit_ns": extra}
                 rec = [name, scopes[scope], start, start if kind & KIND_INSTANT else None, None, None, args, seq, fwd,
                        inputs, stack, kind, extra]  # fmt: skip
             at[i] = rec
@@ -388,30 +466,6 @@ def _records_of(raw: list[tuple[Any, ...]], tid: int) -> list[list[Any]]:
 
 def _start_of(rec: list[Any]) -> int:
     return rec[R_START]  # type: ignore[no-any-return]
-
-
-def _finish_tasks(events: list[FunctionEvent], tracks: dict[int, Track]) -> None:
-    """Name TASK events after their track; split time into running and waiting.
-
-    A task's steps are the stretches in which it ran on the loop. Every range
-    on the task's track gets the part of its span covered by steps as
-    ``running_ns``, and the rest as ``waiting_ns``.
-    """
-    steps_of: dict[int, list[int]] = {}
-    for ev in events:
-        if ev.scope is RecordScope.TASK and ev.extra is not None:
-            raw_steps = ev.extra.get("steps")
-            flat = list(raw_steps) if raw_steps is not None else []
-            if len(flat) % 2:
-                flat.append(ev.end_ns)
-            extra = dict(ev.extra)
-            extra["steps"] = flat
-            extra.setdefault("outcome", "unfinished" if ev.unfinished else "finished")
-            ev._r[R_EXTRA] = extra
-            ev._r[R_NAME] = ev._t.name
-            steps_of[ev.thread_id] = flat
-    for tid, flat in steps_of.items():
-        tracks[tid].steps = flat
 
 
 def _overlap(flat: list[int], start: int, end: int) -> int:

@@ -64,11 +64,12 @@ class Session:
         gc_was_enabled = gc.isenabled()
         gc.disable()
         try:
-            events, tracks = consolidate(state.lists, stop_ns, state.node_id)
+            events, tracks = consolidate(state.lists, stop_ns, state.node_id, state.task_records)
         finally:
             if gc_was_enabled:
                 gc.enable()
         state.lists = {}  # the raw records are not needed any more
+        state.task_records = []
         metadata = {
             "aprof_version": _version.__version__,
             "python": sys.version.split()[0],
