@@ -29,6 +29,7 @@ from ._record_function import RecordFunction, get_default_node_id
 from ._recorder import ProfilerState, Recorder
 from ._schedule import ProfilerAction, check_schedule
 from ._threads import current_logical_thread
+from ._tracer import TracerRun
 
 if TYPE_CHECKING:
     from os import PathLike
@@ -58,7 +59,13 @@ class profile:
     Args:
         record_inputs: Keep ``repr()`` of each range's inputs (never the objects).
         with_stack: Attach the Python call stack at each range's start.
-        python_tracer: Record every Python call (the tracer; not built yet).
+        python_tracer: Record every Python call and return (and C calls) in
+            the profiled logical threads (SPEC 8.1): each call is a
+            ``PYTHON_FUNCTION`` range on the track of the task or thread
+            that ran it.
+        max_events: With ``python_tracer``, keep at most this many raw
+            tracer events (16 bytes each); later ones are not recorded and
+            are counted in ``session.dropped``. ``None``: no limit.
         profile_memory: Record allocations (not built yet).
         tasks: Record every spawned task as a TASK range on its own track.
         loop_block_threshold: Record every stretch in which one step or
@@ -77,6 +84,9 @@ class profile:
             rejected by Python itself, naming the option).
         ValueError: ``scope`` is not ``"context"`` or ``"global"``.
         NotImplementedError: an option whose feature is not built yet.
+        RuntimeError: (at start) ``python_tracer`` cannot hook the
+            interpreter: another profiler holds the hook, or another
+            profile's tracer is running.
 
     Example:
         >>> import asyncio, aprof
@@ -96,6 +106,7 @@ class profile:
         record_inputs: bool = False,
         with_stack: bool = False,
         python_tracer: bool = False,
+        max_events: int | None = None,
         profile_memory: bool = False,
         tasks: bool = True,
         scope: Literal["context", "global"] = "context",
@@ -107,8 +118,10 @@ class profile:
         self.record_inputs = _check_bool("record_inputs", record_inputs)
         self.with_stack = _check_bool("with_stack", with_stack)
         self.tasks = _check_bool("tasks", tasks)
-        if _check_bool("python_tracer", python_tracer):
-            raise NotImplementedError("profile: option 'python_tracer' needs the Python tracer, which is not built yet")
+        self.python_tracer = _check_bool("python_tracer", python_tracer)
+        if max_events is not None and (isinstance(max_events, bool) or not isinstance(max_events, int) or max_events <= 0):
+            raise ValueError(f"profile: option 'max_events' must be an int > 0 or None, got {max_events!r}")
+        self.max_events = max_events
         if _check_bool("profile_memory", profile_memory):
             raise NotImplementedError("profile: option 'profile_memory' is not built yet")
         if scope not in _SCOPES:
@@ -141,6 +154,7 @@ class profile:
         self._prev_slot: object = None
         self._task_hooks: list[Callable[[], None]] = []
         self._session: Session | None = None
+        self._tracer: TracerRun | None = None
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -213,6 +227,13 @@ class profile:
             record_inputs=self.record_inputs, with_stack=self.with_stack, node_id=node, start_lt=lt, tasks=self.tasks
         )
         recorder = Recorder(state)
+        tracer = None
+        if self.python_tracer:
+            # Checked first, so that a refused start (another tool holds the
+            # hook, RELIABILITY FA-08) leaves nothing to undo; started last,
+            # so aprof's own set-up is not traced.
+            tracer = TracerRun(recorder if self.scope == "context" else None, self.max_events or 0)
+            tracer.check()
         if self.scope == "global":
             self._global_handle = _callbacks.add_global_callback(_global_callback(recorder))
         else:
@@ -238,6 +259,14 @@ class profile:
             self._task_hooks = _install_task_hooks(recorder, global_scope=self.scope == "global")
         if self.loop_block_threshold is not None:
             self._task_hooks += _start_loop_watch(state, self.loop_block_threshold)
+        if tracer is not None:
+            try:
+                tracer.start()
+            except BaseException:
+                self._finish()
+                self._session = None
+                raise
+            self._tracer = tracer
 
     def stop(self) -> profile:
         """Stop recording and consolidate the events.
@@ -271,6 +300,9 @@ class profile:
         state, recorder = self._state, self._recorder
         assert state is not None
         assert recorder is not None
+        tracer, self._tracer = self._tracer, None
+        if tracer is not None:
+            tracer.stop()
         stop_ns = perf_counter_ns()
         state.running = False
         state.stop_ns = stop_ns
@@ -287,6 +319,8 @@ class profile:
             self._restore_context(recorder)
         from .._post._session import Session  # post-processing reads, never writes back
 
+        if tracer is not None:
+            tracer.replay_into(state)
         self._session = Session.from_state(state)
 
     def _restore_context(self, recorder: Recorder) -> None:
@@ -335,6 +369,9 @@ class profile:
         slot = getattr(self, "_slot", None)
         if slot is not None:
             slot.value = None
+        tracer = getattr(self, "_tracer", None)
+        if tracer is not None:
+            tracer.stop()
         for undo in getattr(self, "_task_hooks", ()):
             undo()
         handle = getattr(self, "_global_handle", None)

@@ -26,6 +26,7 @@ from time import perf_counter_ns
 from typing import Any
 
 from .._core._threads import LogicalThread, current_task_and_kind, stepping
+from .._core._tracer import publish_task
 from ._tasks import TaskRecords, coro_qualname, recorders_in, spawn_records
 
 __all__ = ["TimedCoroutine", "install_task_factory", "uninstall_task_factory"]
@@ -55,6 +56,7 @@ class TimedCoroutine:
         if task is not None:
             self._records.lt.bind(task, kind)
             self._records.lt.current_name()
+        publish_task(self._records.lt)  # in the task's own context, for the Python tracer
 
     def send(self, value: Any) -> Any:
         return self._step(self._coro.send, value)

@@ -20,6 +20,7 @@ from typing import Any
 import trio
 
 from .._core._threads import LogicalThread, stepping
+from .._core._tracer import publish_task
 from ._tasks import TaskRecords, coro_qualname, recorders_in, spawn_records
 
 __all__ = ["install_instrument", "uninstall_instrument"]
@@ -57,6 +58,7 @@ class TaskInstrument(trio.abc.Instrument):
         lt = LogicalThread("trio", task.name)
         lt.bind(task, "trio")
         self._tasks[task] = spawn_records(recorders, lt, task.name, coro_qualname(task.coro))
+        task.context.run(publish_task, lt)  # for the Python tracer
 
     def before_task_step(self, task: trio.lowlevel.Task) -> None:
         records = self._tasks.get(task)

@@ -1,0 +1,160 @@
+"""Replay the Python tracer's packed events into range records (SPEC 8.1, 8.2).
+
+The tracer (``aprof/_ctracer.c`` or its twin) writes two 64-bit words per
+event; see ``aprof/_ctracer.pyi`` for the format. Replay walks them once, in
+order, keeping one call stack per logical thread:
+
+* a CALL (a frame starting or resuming, or a C call) opens a record on the
+  logical thread the event ran in, so a coroutine's frames land on its
+  task's track;
+* a RETURN (a return, a yield, an exception leaving the frame) closes the
+  innermost open record of the same code; records opened above it (a frame
+  whose return was not seen) are closed at the same time. A return with no
+  matching call (a frame that was on the stack when a task started, say) is
+  skipped;
+* records still open at the end are left open: consolidation closes them at
+  the stop time and flags them ``unfinished``.
+
+The records are appended to the profile's per-logical-thread lists in the
+recorder's own tuple format, so consolidation nests Python calls and ranges
+together, and tracks, exports and analysis treat them like any range.
+"""
+
+from __future__ import annotations
+
+import os
+import sysconfig
+from types import CodeType
+from typing import TYPE_CHECKING, Any, Final
+
+from .._core._callbacks import RecordScope
+from .._core._threads import LogicalThread
+
+if TYPE_CHECKING:
+    from .._core._recorder import ProfilerState
+
+__all__ = ["prune_filename", "replay"]
+
+EV_CALL: Final = 1
+EV_RETURN: Final = 2
+EV_UNWIND: Final = 3
+EV_CCALL: Final = 4
+EV_CRETURN: Final = 5
+EV_CRAISE: Final = 6
+EV_SWITCH: Final = 7
+EV_TIME: Final = 8
+
+_SCOPE: Final = RecordScope.PYTHON_FUNCTION.value
+_SEARCH: Final = 32  # how deep a return looks for its call before it is skipped
+
+
+def _prefixes() -> list[str]:
+    out = []
+    for key in ("purelib", "platlib", "stdlib", "platstdlib"):
+        p = sysconfig.get_paths().get(key)
+        if p:
+            out.append(os.path.join(p, ""))
+    try:
+        out.append(os.path.join(os.getcwd(), ""))
+    except OSError:
+        pass
+    # Longest first: site-packages lives inside the stdlib directory.
+    return sorted(set(out), key=len, reverse=True)
+
+
+def prune_filename(path: str, prefixes: list[str] | None = None) -> str:
+    """Shorten a file name for display (SPEC 8.2).
+
+    Everything up to ``site-packages/`` (or ``dist-packages/``) goes, as do
+    the standard library's directory and the working directory.
+
+    Example:
+        >>> prune_filename("/usr/lib/python3.11/site-packages/anyio/_core/_tasks.py")
+        'anyio/_core/_tasks.py'
+    """
+    for marker in ("site-packages" + os.sep, "dist-packages" + os.sep):
+        i = path.rfind(marker)
+        if i >= 0:
+            return path[i + len(marker) :]
+    for p in prefixes if prefixes is not None else _prefixes():
+        if path.startswith(p):
+            return path[len(p) :]
+    return path
+
+
+def _describe(obj: Any, prefixes: list[str]) -> str:
+    if isinstance(obj, CodeType):
+        return f"{prune_filename(obj.co_filename, prefixes)}({obj.co_firstlineno}): {obj.co_qualname}"
+    if isinstance(obj, tuple):
+        return f"<built-in method {obj[0]}>"
+    return repr(obj)
+
+
+def replay(data: bytes, objs: list[Any], start_ns: int, state: ProfilerState) -> None:
+    """Append the tracer's calls to ``state``'s per-logical-thread lists.
+
+    Args:
+        data: The packed events (16 bytes each).
+        objs: The object table: code objects, ``(name, file, line)`` of C
+            functions, and logical threads, by index.
+        start_ns: The clock value the first event's delta counts from.
+        state: The stopped profile's state.
+    """
+    words = memoryview(data).cast("Q")
+    n = len(words)
+    if not n:
+        return
+    prefixes = _prefixes()
+    names: dict[int, str] = {}
+    # Per logical thread (by object index): its list, its open calls, its id.
+    per_lt: dict[int, tuple[list[Any], list[tuple[int, int]], int]] = {}
+    # Per OS thread index: the logical thread it runs now.
+    cur: dict[int, tuple[list[Any], list[tuple[int, int]], int]] = {}
+    t = start_ns
+    for i in range(0, n, 2):
+        w = words[i]
+        p = words[i + 1]
+        t += w >> 32
+        tag = w & 15
+        if tag == EV_CALL or tag == EV_CCALL:  # noqa: SIM109 - two compares beat a tuple here
+            ctx = cur.get((w >> 4) & 0xFFF)
+            if ctx is None:
+                continue
+            lst = ctx[0]
+            name = names.get(p)
+            if name is None:
+                name = names[p] = _describe(objs[p], prefixes)
+            ctx[1].append((p, len(lst)))
+            lst.append((name, _SCOPE, t, None))
+        elif tag == EV_SWITCH:
+            c = per_lt.get(p)
+            if c is None:
+                lt = objs[p]
+                if not isinstance(lt, LogicalThread):
+                    continue
+                c = per_lt[p] = (state.list_for(lt), [], lt.id)
+            cur[(w >> 4) & 0xFFF] = c
+        elif tag == EV_TIME:
+            t = p
+        else:  # a return of some kind
+            ctx = cur.get((w >> 4) & 0xFFF)
+            if ctx is None:
+                continue
+            stack = ctx[1]
+            if not stack:
+                continue
+            lst = ctx[0]
+            top = stack[-1]
+            if top[0] == p:
+                stack.pop()
+                lst.append((top[1], t, ctx[2], None))
+                continue
+            # A missed return (or one whose call was not seen): find the
+            # call within a bounded depth, closing what was opened above it.
+            depth = len(stack)
+            for j in range(depth - 1, max(-1, depth - 1 - _SEARCH), -1):
+                if stack[j][0] == p:
+                    for k in range(depth - 1, j - 1, -1):
+                        lst.append((stack[k][1], t, ctx[2], None))
+                    del stack[j:]
+                    break
