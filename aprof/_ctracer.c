@@ -24,6 +24,8 @@
 #include <frameobject.h>
 #include <stdint.h>
 #include <string.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <time.h>
 
 #if PY_VERSION_HEX >= 0x030C0000
@@ -76,10 +78,59 @@ static inline uint64_t
 now_ns(void)
 {
     /* time.perf_counter_ns() reads CLOCK_MONOTONIC on Linux: the tracer's
-     * times must be on the same clock as ranges and task steps. */
+     * times must end up on the same clock as ranges and task steps. */
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/*
+ * The event clock. Reading CLOCK_MONOTONIC costs ~20 ns here (vDSO), two
+ * reads per call; the CPU's time-stamp counter costs ~7 ns. Where the TSC is
+ * invariant (constant_tsc and nonstop_tsc: same rate on every core, in every
+ * power state, which Linux then also syncs across cores), events carry TSC
+ * ticks and the tracer records (ticks, ns) at start and at stop; replay maps
+ * ticks to perf_counter_ns linearly. Elsewhere events carry nanoseconds.
+ */
+#if defined(__x86_64__) || defined(__i386__)
+#include <x86intrin.h>
+#define APROF_HAVE_TSC 1
+#else
+#define APROF_HAVE_TSC 0
+#endif
+static int use_tsc = 0;
+
+static inline uint64_t
+now_ticks(void)
+{
+#if APROF_HAVE_TSC
+    if (use_tsc)
+        return __rdtsc();
+#endif
+    return now_ns();
+}
+
+static void
+detect_tsc(void)
+{
+#if APROF_HAVE_TSC && defined(__linux__)
+    if (getenv("APROF_NO_TSC") != NULL)
+        return;
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (f == NULL)
+        return;
+    char line[4096];
+    int constant = 0, nonstop = 0;
+    while (fgets(line, sizeof line, f) != NULL) {
+        if (strncmp(line, "flags", 5) != 0)
+            continue;
+        constant = strstr(line, " constant_tsc") != NULL;
+        nonstop = strstr(line, " nonstop_tsc") != NULL;
+        break;
+    }
+    fclose(f);
+    use_tsc = constant && nonstop;
+#endif
 }
 
 /* ------------------------------------------------------------------------ */
@@ -94,10 +145,11 @@ typedef struct {
 typedef struct {
     int tidx;              /* this thread's index */
     unsigned long ident;   /* threading.get_ident() of the thread */
-    int32_t own_lt;        /* object index of the thread's own logical thread */
+    int32_t own_lt;        /* object index of the thread's own logical thread, -1 until needed */
     int32_t cur_lt;        /* logical thread of the last event written, -1 none */
-    PyObject *last_val;    /* last value seen in the logical-thread variable */
-    int32_t last_lt;       /* what it resolved to */
+    PyObject *last_vars;   /* the context variables (HAMT) the cache below is for */
+    int last_in;           /* is that context recorded? */
+    int32_t last_lt;       /* and which logical thread owns it */
 } ThreadSlot;
 
 typedef struct {
@@ -118,7 +170,8 @@ typedef struct {
     /* events */
     RawEvent *buf;
     Py_ssize_t len, cap;
-    uint64_t last_ns, start_ns;
+    uint64_t last_ns, start_ns; /* in event clock units (see now_ticks) */
+    uint64_t calib[4];          /* ticks and ns at start, ticks and ns at stop */
     Py_ssize_t dropped;
     /* object table */
     PyObject *objs;          /* list */
@@ -132,8 +185,16 @@ typedef struct {
 } Tracer;
 
 static uint64_t next_gen = 1;
-static _Thread_local uint64_t tl_gen = 0;
-static _Thread_local int tl_tidx = 0;
+/* Which thread slot this OS thread has in the running tracer. initial-exec:
+ * a shared library's TLS otherwise goes through __tls_get_addr, a call on
+ * every event. */
+#if defined(__GNUC__)
+#define APROF_TLS _Thread_local __attribute__((tls_model("initial-exec")))
+#else
+#define APROF_TLS _Thread_local
+#endif
+static APROF_TLS uint64_t tl_gen = 0;
+static APROF_TLS int tl_tidx = 0;
 static PyObject *str_recorder;
 static PyObject *str_co_filename;
 static Tracer *running_tracer = NULL; /* at most one at a time */
@@ -271,32 +332,25 @@ cfunc_index(Tracer *t, PyObject *callable, void *key)
 /* 3. Per-OS-thread slots                                                    */
 /* ------------------------------------------------------------------------ */
 
+/* A slot is made the first time a thread sees an event while the tracer
+ * runs; its own logical thread is looked up (a Python call) only when it
+ * first records. Past MAX_THREADS new threads are not recorded (counted in
+ * dropped), never an error. */
 static ThreadSlot *
 new_thread_slot(Tracer *t)
 {
     if (t->nthreads >= MAX_THREADS)
         return NULL;
-    PyObject *lt = PyObject_CallNoArgs(t->thread_lt);
-    if (lt == NULL)
-        return NULL;
-    int64_t idx = table_get(t, lt);
-    if (idx == -2)
-        idx = table_add(t, lt, lt, 0);
-    Py_DECREF(lt);
-    if (idx < 0)
-        return NULL;
     ThreadSlot *ts = PyMem_Realloc(t->threads, sizeof(ThreadSlot) * (t->nthreads + 1));
-    if (ts == NULL) {
-        PyErr_NoMemory();
+    if (ts == NULL)
         return NULL;
-    }
     t->threads = ts;
     ThreadSlot *s = &ts[t->nthreads];
+    memset(s, 0, sizeof *s);
     s->tidx = t->nthreads;
     s->ident = PyThread_get_thread_ident();
-    s->own_lt = (int32_t)idx;
+    s->own_lt = -1;
     s->cur_lt = -1;
-    s->last_val = NULL;
     s->last_lt = -1;
     tl_gen = t->gen;
     tl_tidx = t->nthreads;
@@ -312,17 +366,72 @@ thread_slot(Tracer *t)
     return new_thread_slot(t);
 }
 
+static int32_t
+own_lt(Tracer *t, ThreadSlot *ts)
+{
+    if (ts->own_lt >= 0)
+        return ts->own_lt;
+    PyObject *lt = PyObject_CallNoArgs(t->thread_lt);
+    if (lt == NULL)
+        return -1;
+    int64_t idx = table_get(t, lt);
+    if (idx == -2)
+        idx = table_add(t, lt, lt, 0);
+    Py_DECREF(lt);
+    if (idx < 0)
+        return -1;
+    /* thread_lt() ran Python code: another thread may have grown t->threads,
+     * so the slot is found again by index. */
+    t->threads[tl_tidx].own_lt = (int32_t)idx;
+    return (int32_t)idx;
+}
+
 /* ------------------------------------------------------------------------ */
 /* 4. The per-event path                                                     */
 /* ------------------------------------------------------------------------ */
 
 /*
- * Is the running code in the profiled context? RF_STATE holds an immutable
- * RFState per context change, shared by every task spawned afterwards, so
- * the answer is cached by the identity of that object: one
- * PyContextVar_Get (itself cached per thread state and context) and a
- * pointer compare per event, no Python call.
+ * Two questions per event, both about the running context: is it the
+ * profiled one (RF_STATE's recorder is ours), and which logical thread owns
+ * it (TRACER_LT)? Both answers change only when the context's variables
+ * change, and a context's variables are an immutable HAMT that is replaced
+ * on every ContextVar.set. So each thread slot caches the answers under the
+ * identity of the running context's HAMT (held strongly, so its address
+ * cannot be reused): the common event costs three pointer loads and a
+ * compare, with no PyContextVar_Get and no Python call (pyinstrument
+ * compares a ContextVar's value the same way).
  */
+#if PY_VERSION_HEX < 0x030E0000
+/* The head of CPython's struct _pycontextobject
+ * (Include/internal/pycore_context.h), the same in 3.11, 3.12 and 3.13. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *ctx_prev;
+    PyObject *ctx_vars;
+} ContextHead;
+#define APROF_CONTEXT_VARS 1
+#else
+#define APROF_CONTEXT_VARS 0
+#endif
+
+static inline PyObject *
+context_vars(void)
+{
+#if APROF_CONTEXT_VARS
+#if PY_VERSION_HEX >= 0x030D0000
+    PyThreadState *tstate = PyThreadState_GetUnchecked();
+#else
+    PyThreadState *tstate = _PyThreadState_UncheckedGet();
+#endif
+    PyObject *ctx = tstate->context;
+    return ctx != NULL ? ((ContextHead *)ctx)->ctx_vars : NULL;
+#else
+    return NULL;
+#endif
+}
+
+/* The RFState in RF_STATE is shared by every task spawned from the profiled
+ * context, so its own identity cache (accepted / rejected) mostly hits. */
 static int
 classify(Tracer *t, PyObject *state)
 {
@@ -339,7 +448,7 @@ classify(Tracer *t, PyObject *state)
     return ok;
 }
 
-static inline int
+static int
 in_context(Tracer *t)
 {
     if (t->global)
@@ -360,17 +469,18 @@ in_context(Tracer *t)
     return ok;
 }
 
-/*
- * Which logical thread runs this event? Tasks publish theirs in a context
- * variable when their first step starts (lt_var, set in the task's own
- * context), so this is again a cached identity check. The value records
- * the OS thread it belongs to: work that inherited a task's context in
- * another thread (to_thread, aprof.wrap) is that thread's own.
- */
+/* Tasks publish (LogicalThread, os ident) in TRACER_LT in their own context
+ * when their first step starts. A value from another OS thread (a context
+ * copied into to_thread or aprof.wrap) means the thread's own track. */
 static int32_t
-resolve_lt(Tracer *t, ThreadSlot *ts, PyObject *v)
+context_lt(Tracer *t, ThreadSlot *ts)
 {
-    int32_t lt = ts->own_lt;
+    PyObject *v = NULL;
+    if (PyContextVar_Get(t->lt_var, NULL, &v) < 0) {
+        PyErr_Clear();
+        v = NULL;
+    }
+    int32_t lt = -1;
     if (v != NULL && PyTuple_Check(v) && PyTuple_GET_SIZE(v) == 2) {
         unsigned long ident = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(v, 1));
         if (ident == (unsigned long)-1 && PyErr_Occurred())
@@ -386,23 +496,32 @@ resolve_lt(Tracer *t, ThreadSlot *ts, PyObject *v)
                 lt = (int32_t)idx;
         }
     }
-    Py_XINCREF(v);
-    Py_XSETREF(ts->last_val, v);
-    ts->last_lt = lt;
-    return lt;
+    Py_XDECREF(v);
+    return lt >= 0 ? lt : own_lt(t, ts);
 }
 
-static inline int32_t
-current_lt(Tracer *t, ThreadSlot *ts)
+/* Is this event's context recorded? Sets ts->last_lt when it is. Returns
+ * -1 on error (the slot pointer may be stale after it: callers re-fetch). */
+static inline int
+context_check(Tracer *t, ThreadSlot *ts)
 {
-    PyObject *v = NULL;
-    if (PyContextVar_Get(t->lt_var, NULL, &v) < 0) {
-        PyErr_Clear();
-        return ts->own_lt;
+    PyObject *vars = context_vars();
+    if (vars != NULL && vars == ts->last_vars)
+        return ts->last_in;
+    int in = in_context(t);
+    int32_t lt = -1;
+    if (in) {
+        int tidx = ts->tidx;
+        lt = context_lt(t, ts);
+        ts = &t->threads[tidx];
+        if (lt < 0)
+            return -1;
     }
-    int32_t lt = v == ts->last_val ? ts->last_lt : resolve_lt(t, ts, v);
-    Py_XDECREF(v);
-    return lt;
+    Py_XINCREF(vars);
+    Py_XSETREF(ts->last_vars, vars);
+    ts->last_in = in;
+    ts->last_lt = lt;
+    return in;
 }
 
 static int
@@ -457,37 +576,56 @@ fail(Tracer *t)
         PyErr_WriteUnraisable((PyObject *)t);
 }
 
-/* Record one event whose object-table entry is idx (already looked up). */
-static inline int
-record(Tracer *t, int tag, int64_t idx, uint64_t now)
+/* Write one event (object-table entry idx) for the thread in slot tidx,
+ * preceded by a SWITCH when its logical thread changed. */
+static inline void
+write_event(Tracer *t, int tidx, int tag, int64_t idx, uint64_t now)
 {
-    if (idx < 0) {
-        fail(t);
-        return 0;
-    }
-    if (idx & IGNORED_FLAG)
-        return 0;
-    ThreadSlot *ts = thread_slot(t);
-    if (ts == NULL) {
-        fail(t);
-        return 0;
-    }
-    int32_t lt = current_lt(t, ts);
+    ThreadSlot *ts = &t->threads[tidx];
+    int32_t lt = ts->last_lt;
     if (lt != ts->cur_lt) {
         ts->cur_lt = lt;
-        push(t, EV_SWITCH, ts->tidx, (uint64_t)lt, now);
+        push(t, EV_SWITCH, tidx, (uint64_t)lt, now);
     }
-    push(t, tag, ts->tidx, (uint64_t)idx, now);
-    return 0;
+    push(t, tag, tidx, (uint64_t)idx, now);
+}
+
+/* The slot of this thread if the event is to be recorded, else NULL. */
+static inline ThreadSlot *
+recording_slot(Tracer *t)
+{
+    if (!t->active)
+        return NULL;
+    ThreadSlot *ts = thread_slot(t);
+    if (ts == NULL) {
+        t->dropped++;
+        return NULL;
+    }
+    int tidx = ts->tidx;
+    int in = context_check(t, ts);
+    if (in < 0) {
+        fail(t);
+        return NULL;
+    }
+    return in ? &t->threads[tidx] : NULL;
 }
 
 static inline int
 on_code(Tracer *t, int tag, PyObject *code)
 {
-    if (!t->active || !in_context(t))
+    ThreadSlot *ts = recording_slot(t);
+    if (ts == NULL)
         return 0;
-    uint64_t now = now_ns();
-    return record(t, tag, code_index(t, code), now);
+    uint64_t now = now_ticks();
+    int tidx = ts->tidx;
+    int64_t idx = code_index(t, code);
+    if (idx < 0) {
+        fail(t);
+        return 0;
+    }
+    if (!(idx & IGNORED_FLAG))
+        write_event(t, tidx, tag, idx, now);
+    return 0;
 }
 
 /* A C call: skipped when made by aprof's own code (the caller's code is
@@ -495,12 +633,14 @@ on_code(Tracer *t, int tag, PyObject *code)
 static inline int
 on_cfunc(Tracer *t, int tag, PyObject *caller, PyObject *callable)
 {
-    if (!t->active)
-        return 0;
     void *key = cfunc_key(callable);
-    if (key == NULL || !in_context(t))
+    if (key == NULL)
         return 0;
-    uint64_t now = now_ns();
+    ThreadSlot *ts = recording_slot(t);
+    if (ts == NULL)
+        return 0;
+    uint64_t now = now_ticks();
+    int tidx = ts->tidx;
     int64_t c = code_index(t, caller);
     if (c < 0) {
         fail(t);
@@ -508,7 +648,13 @@ on_cfunc(Tracer *t, int tag, PyObject *caller, PyObject *callable)
     }
     if (c & IGNORED_FLAG)
         return 0;
-    return record(t, tag, cfunc_index(t, callable, key), now);
+    int64_t idx = cfunc_index(t, callable, key);
+    if (idx < 0) {
+        fail(t);
+        return 0;
+    }
+    write_event(t, tidx, tag, idx, now);
+    return 0;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -742,7 +888,7 @@ static void
 release_threads(Tracer *t)
 {
     for (int i = 0; i < t->nthreads; i++)
-        Py_CLEAR(t->threads[i].last_val);
+        Py_CLEAR(t->threads[i].last_vars);
     PyMem_Free(t->threads);
     t->threads = NULL;
     t->nthreads = 0;
@@ -760,7 +906,7 @@ Tracer_traverse(Tracer *t, visitproc visit, void *arg)
     Py_VISIT(t->neg);
     Py_VISIT(t->prev_thread_hook);
     for (int i = 0; i < t->nthreads; i++)
-        Py_VISIT(t->threads[i].last_val);
+        Py_VISIT(t->threads[i].last_vars);
     return 0;
 }
 
@@ -777,7 +923,7 @@ Tracer_clear(Tracer *t)
     Py_CLEAR(t->neg);
     Py_CLEAR(t->prev_thread_hook);
     for (int i = 0; i < t->nthreads; i++)
-        Py_CLEAR(t->threads[i].last_val);
+        Py_CLEAR(t->threads[i].last_vars);
     return 0;
 }
 
@@ -814,24 +960,35 @@ Tracer_start(Tracer *t, PyObject *initial)
     PyObject *seq = PySequence_Fast(initial, "Tracer.start: initial must be a sequence of code objects");
     if (seq == NULL)
         return NULL;
-    t->start_ns = t->last_ns = now_ns();
+    t->calib[0] = now_ticks();
+    t->calib[1] = now_ns();
+    t->start_ns = t->last_ns = t->calib[0];
     t->active = 1;
     /* Frames already on the stack (outermost first) open at the start time
-     * (RELIABILITY LC-06); their returns close them as usual. */
-    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
+     * (RELIABILITY LC-06), on the starting logical thread; their returns
+     * close them as usual. */
+    ThreadSlot *ts = thread_slot(t);
+    int32_t lt = -1;
+    if (ts != NULL) {
+        int tidx = ts->tidx;
+        lt = context_lt(t, ts);
+        t->threads[tidx].last_lt = lt;
+    }
+    for (Py_ssize_t i = 0; lt >= 0 && i < PySequence_Fast_GET_SIZE(seq); i++) {
         PyObject *code = PySequence_Fast_GET_ITEM(seq, i);
         if (!PyCode_Check(code))
             continue;
         int64_t idx = code_index(t, code);
         if (idx < 0) {
-            t->active = 0;
-            Py_DECREF(seq);
-            return NULL;
+            lt = -1;
+            break;
         }
-        record(t, EV_CALL, idx, t->start_ns);
+        if (!(idx & IGNORED_FLAG))
+            write_event(t, tl_tidx, EV_CALL, idx, t->start_ns);
     }
     Py_DECREF(seq);
-    if (!t->active) {
+    if (lt < 0) {
+        t->active = 0;
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_RuntimeError, "Tracer.start: could not record the initial stack");
         return NULL;
@@ -849,6 +1006,10 @@ Tracer_start(Tracer *t, PyObject *initial)
 static PyObject *
 Tracer_stop(Tracer *t, PyObject *Py_UNUSED(ignored))
 {
+    if (t->active) {
+        t->calib[2] = now_ticks();
+        t->calib[3] = now_ns();
+    }
     t->active = 0;
 #if !APROF_MONITORING
     uninstall_311(t);
@@ -860,6 +1021,42 @@ Tracer_stop(Tracer *t, PyObject *Py_UNUSED(ignored))
     Py_RETURN_NONE;
 }
 
+/* Rewrite the buffer's times from TSC ticks to perf_counter_ns, in place:
+ * each event's absolute tick count is mapped linearly through the (ticks,
+ * ns) pairs read at start and stop, and its delta recomputed from the mapped
+ * times (so rounding never accumulates). Returns the start in ns. */
+static uint64_t
+ticks_to_ns(Tracer *t)
+{
+    uint64_t *c = t->calib;
+    if (!use_tsc)
+        return t->start_ns;
+    if (c[2] <= c[0]) { /* no usable stop reading: assume 1 tick = 1 ns */
+        c[2] = c[0] + 1;
+        c[3] = c[1] + 1;
+    }
+    double scale = (double)(c[3] - c[1]) / (double)(c[2] - c[0]);
+    uint64_t ticks = t->start_ns, prev = c[1];
+    for (Py_ssize_t i = 0; i < t->len; i++) {
+        RawEvent *e = &t->buf[i];
+        if ((e->word & 15) == EV_TIME) {
+            ticks = e->payload;
+            int64_t off = (int64_t)(ticks - c[0]);
+            prev = e->payload = c[1] + (uint64_t)(int64_t)((double)off * scale);
+            continue;
+        }
+        ticks += e->word >> 32;
+        int64_t off = (int64_t)(ticks - c[0]);
+        uint64_t ns = c[1] + (uint64_t)(int64_t)((double)off * scale);
+        uint64_t d = ns > prev ? ns - prev : 0;
+        if (d > 0xFFFFFFFFu)
+            d = 0xFFFFFFFFu;
+        prev += d;
+        e->word = (e->word & 0xFFFFFFFFu) | (d << 32);
+    }
+    return c[1];
+}
+
 /* The recorded data, handed over once: (packed events, objects, start_ns).
  * The tracer keeps nothing afterwards. */
 static PyObject *
@@ -869,6 +1066,7 @@ Tracer_take(Tracer *t, PyObject *Py_UNUSED(ignored))
         PyErr_SetString(PyExc_RuntimeError, "Tracer.take: stop the tracer first");
         return NULL;
     }
+    uint64_t start = ticks_to_ns(t);
     PyObject *data = PyBytes_FromStringAndSize((const char *)t->buf, t->len * (Py_ssize_t)sizeof(RawEvent));
     if (data == NULL)
         return NULL;
@@ -886,7 +1084,7 @@ Tracer_take(Tracer *t, PyObject *Py_UNUSED(ignored))
     t->table_size = t->table_used = 0;
     release_threads(t);
     t->gen = next_gen++; /* thread-local marks of this run are stale now */
-    return Py_BuildValue("(NNK)", data, objs, (unsigned long long)t->start_ns);
+    return Py_BuildValue("(NNK)", data, objs, (unsigned long long)start);
 }
 
 static PyObject *
@@ -960,6 +1158,7 @@ PyInit__ctracer(void)
 {
     if (PyType_Ready(&TracerType) < 0)
         return NULL;
+    detect_tsc();
     str_recorder = PyUnicode_InternFromString("recorder");
     str_co_filename = PyUnicode_InternFromString("co_filename");
     if (str_recorder == NULL || str_co_filename == NULL)
