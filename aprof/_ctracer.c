@@ -374,6 +374,10 @@ own_lt(Tracer *t, ThreadSlot *ts)
     PyObject *lt = PyObject_CallNoArgs(t->thread_lt);
     if (lt == NULL)
         return -1;
+    if (lt == Py_None) { /* a thread still starting up: not recorded yet */
+        Py_DECREF(lt);
+        return -2;
+    }
     int64_t idx = table_get(t, lt);
     if (idx == -2)
         idx = table_add(t, lt, lt, 0);
@@ -514,6 +518,8 @@ context_check(Tracer *t, ThreadSlot *ts)
         int tidx = ts->tidx;
         lt = context_lt(t, ts);
         ts = &t->threads[tidx];
+        if (lt == -2)
+            return 0; /* not cached: asked again at the next event */
         if (lt < 0)
             return -1;
     }
@@ -974,6 +980,8 @@ Tracer_start(Tracer *t, PyObject *initial)
         lt = context_lt(t, ts);
         t->threads[tidx].last_lt = lt;
     }
+    if (lt == -2) /* the starting thread is always registered; just in case */
+        lt = -1;
     for (Py_ssize_t i = 0; lt >= 0 && i < PySequence_Fast_GET_SIZE(seq); i++) {
         PyObject *code = PySequence_Fast_GET_ITEM(seq, i);
         if (!PyCode_Check(code))

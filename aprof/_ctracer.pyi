@@ -31,7 +31,9 @@ class Tracer:
             (global scope).
         lt_var: A context variable holding ``(LogicalThread, os_thread_ident)``
             for the task that owns the context, or ``None``.
-        thread_lt: Returns the calling OS thread's own logical thread.
+        thread_lt: Returns the calling OS thread's own logical thread, or
+            ``None`` while the thread is still starting up (its events are
+            then skipped, and it is asked again).
         ignore_prefix: Code whose file name starts with this is not recorded
             (aprof's own frames), nor are the C calls it makes.
         max_events: Keep at most this many raw events (0: no limit); later

@@ -135,7 +135,7 @@ def make_case(name: str, start: Callable[[], Callable[[], Any]] | None, work: Ca
         try:
             t0 = time.perf_counter()
             work()
-            return time.perf_counter() - t0
+            return (time.perf_counter() - t0) * 1e3
         finally:
             if stop is not None:
                 stop()
@@ -157,11 +157,12 @@ def aprof_memory(n: int) -> dict[str, float]:
     """Bytes the tracer holds per raw event while recording fib(n)."""
     import aprof
 
+    fib(n)  # every code object and cache warm, outside the measurement
     gc.collect()
     tracemalloc.start()
     prof = aprof.profile(python_tracer=True, tasks=False)
-    prof.start()
     before = tracemalloc.get_traced_memory()[0]
+    prof.start()
     fib(n)
     after = tracemalloc.get_traced_memory()[0]
     tracer = prof._tracer
@@ -218,16 +219,17 @@ def main() -> None:
 
     fib_cases = [make_case(name, start, lambda: fib(args.n)) for name, start in PEERS.items()]
     interleave(fib_cases, args.rounds, collect=True, rotate=True, progress=True)
-    print(f"\nfib({args.n}), seconds\n" + table(fib_cases, "plain", "s"))
+    print(f"\nfib({args.n}), milliseconds\n" + table(fib_cases, "plain", "ms"))
 
     mixed_cases = [make_case(name, start, lambda: mixed(args.mixed)) for name, start in PEERS.items()]
     interleave(mixed_cases, args.rounds, collect=True, rotate=True, progress=True)
-    print(f"\nmixed({args.mixed}), seconds\n" + table(mixed_cases, "plain", "s"))
+    print(f"\nmixed({args.mixed}), milliseconds\n" + table(mixed_cases, "plain", "ms"))
 
     mem = aprof_memory(min(args.n, 25))
     print(
         f"\nraw events: {mem['packed_bytes']} bytes packed; {mem['bytes_per_event_traced']:.1f} bytes per event "
-        f"held while recording ({mem['events']:,} events, tracemalloc, buffer grown by doubling)"
+        f"held while recording ({mem['events']:,} events; tracemalloc, all of the profile's allocations, "
+        "the buffer grown by doubling)"
     )
     post = aprof_post(min(args.n, 27), 3)
     print(

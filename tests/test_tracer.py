@@ -107,6 +107,33 @@ def test_calls_are_ranges_nested_like_the_calls(impl: ModuleType) -> None:
         assert c.track == mid.track == threading.current_thread().name
 
 
+def test_times_are_on_the_profile_clock(impl: ModuleType) -> None:
+    # The tracer's clock (TSC ticks where invariant) is mapped onto
+    # perf_counter_ns: every call lies inside the profile, in call order.
+    with aprof.profile(python_tracer=True) as prof:
+        fib(8)
+    meta = prof.session.metadata
+    evs = py_events(prof, "fib")
+    assert len(evs) == 67
+    for e in evs:
+        assert meta["start_ns"] <= e.start_ns <= e.end_ns <= meta["stop_ns"]
+    starts = [e.start_ns for e in evs]
+    assert starts == sorted(starts)
+
+
+def test_global_scope_traces_every_thread(impl: ModuleType) -> None:
+    # SPEC 5.3 with the tracer: a thread that does not carry the context.
+    def outside() -> None:
+        leaf()
+
+    with aprof.profile(python_tracer=True, scope="global") as prof:
+        th = threading.Thread(target=outside, name="plain-thread")
+        th.start()
+        th.join()
+    evs = [e for e in py_events(prof, HERE) if short(e) == "leaf"]
+    assert [e.track for e in evs] == ["plain-thread"]
+
+
 def test_c_calls_are_recorded(impl: ModuleType) -> None:
     # SPEC 8.1: "(and C calls)"
     def uses_builtins() -> int:
@@ -213,10 +240,12 @@ def test_threads_started_mid_profile_are_traced_on_their_track(impl: ModuleType)
     def work() -> None:
         middle()
 
+    hook = getattr(threading, "_profile_hook", None)
     with aprof.profile(python_tracer=True) as prof:
         th = threading.Thread(target=aprof.wrap(work), name="worker-7")
         th.start()
         th.join()
+    assert getattr(threading, "_profile_hook", None) is hook  # restored at stop
     evs = [e for e in py_events(prof, HERE) if short(e) == "middle"]
     assert len(evs) == 1
     assert evs[0].track == "worker-7"
@@ -436,3 +465,64 @@ def test_task_that_started_the_profile_keeps_its_frames(impl: ModuleType, backen
     assert all(e.thread_id == tid for e in mains)
     assert mains[-1].unfinished  # still running at stop
     assert any(short(c) == "leaf" for c in mains[-1].children)
+
+
+# -- lifecycle -------------------------------------------------------------------
+
+
+def test_schedule_cycles_each_get_a_tracer(impl: ModuleType) -> None:
+    # SPEC 5.6 with the tracer: warmup calls are dropped, active ones kept.
+    ready: list[int] = []
+
+    def on_ready(p: aprof.profile) -> None:
+        ready.append(len([e for e in py_events(p, HERE) if short(e) == "leaf"]))
+
+    sched = aprof.schedule(wait=0, warmup=1, active=1, repeat=2)
+    with aprof.profile(python_tracer=True, schedule=sched, on_trace_ready=on_ready) as prof:
+        for _ in range(4):
+            leaf()
+            prof.step()
+    assert ready == [1, 1]
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
+def test_forked_child_keeps_none_of_the_parents_calls(impl: ModuleType) -> None:
+    # RELIABILITY LC-01 with the tracer: the child stops its copy and records nothing of the parent.
+    import os
+
+    with aprof.profile(python_tracer=True) as prof:
+        middle()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            code = 1
+            try:
+                prof.stop()
+                n = len(py_events(prof, "middle"))
+                code = 0 if n == 0 and sys.getprofile() is None else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    assert len(py_events(prof, "middle")) == 1
+
+
+def test_to_thread_work_lands_on_the_worker_track(impl: ModuleType, backend: Backend) -> None:
+    # SPEC 8.1 + 2.5: the worker inherits the task's context (and its
+    # published logical thread), but its calls are the worker thread's.
+    if impl is _tracer_py and sys.version_info < (3, 12) and backend.is_trio:
+        pytest.skip("the pure-Python twin cannot hook threads that already exist on 3.11 (trio reuses its workers)")
+    async def main() -> tuple[aprof.profile, int]:
+        async with aprof.profile(python_tracer=True) as prof:
+            await backend.to_thread(middle)
+            leaf()
+        return prof, aprof.current_thread_id()
+
+    prof, task_tid = backend.run(main)
+    (mid,) = [e for e in py_events(prof, HERE) if short(e) == "middle"]
+    assert mid.thread_id != task_tid
+    assert mid.os_thread_id != threading.get_ident()
+    assert [short(c) for c in mid.children] == ["leaf", "leaf"]
+    top_leaves = [
+        e for e in py_events(prof, HERE) if short(e) == "leaf" and e.parent is not None and short(e.parent) != "middle"
+    ]
+    assert {e.thread_id for e in top_leaves} == {task_tid}

@@ -82,6 +82,18 @@ def implementation() -> Any:
         return _tracer_py
 
 
+def _starting_thread_lt() -> LogicalThread | None:
+    """The calling OS thread's logical thread, or None while it is starting.
+
+    A new thread runs a little of ``threading``'s bootstrap before it is
+    registered; asking ``current_thread()`` then would make a dummy thread
+    (and a track named "Dummy-1"), so the tracer waits until it is.
+    """
+    if threading._active.get(_get_ident()) is None:  # type: ignore[attr-defined]
+        return None
+    return _thread_lt()
+
+
 _CO_TASK_CODE: Final = 0x80 | 0x100 | 0x200  # CO_COROUTINE | CO_ITERABLE_COROUTINE | CO_ASYNC_GENERATOR
 
 
@@ -132,9 +144,10 @@ class TracerRun:
     def __init__(self, recorder: Recorder | None, max_events: int = 0) -> None:
         impl = implementation()
         self.impl = impl
-        self.tracer = impl.Tracer(RF_STATE, recorder, TRACER_LT, _thread_lt, APROF_DIR, max_events)
+        self.tracer = impl.Tracer(RF_STATE, recorder, TRACER_LT, _starting_thread_lt, APROF_DIR, max_events)
         self._token: Token[tuple[LogicalThread, int] | None] | None = None
         self._tool: int | None = None
+        self._forked = False
 
     def check(self) -> None:
         """Raise if the tracer cannot hook the interpreter (before anything is set up).
@@ -216,5 +229,20 @@ class TracerRun:
         from .._post._replay import replay  # post-processing reads, never writes back
 
         data, objs, start_ns = self.tracer.take()
+        if self._forked:
+            return  # a forked child's copy: the events are the parent's (LC-01)
         state.dropped += self.tracer.dropped
         replay(data, objs, start_ns, state)
+
+
+def _after_fork_in_child() -> None:
+    """A forked child stops the tracer it inherited and keeps none of its events."""
+    for run in list(_running):
+        run._forked = True
+        try:
+            run.stop()
+        except Exception:  # noqa: BLE001 - never fail a fork
+            pass
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -150,6 +150,8 @@ class Tracer:
             if len(self._threads) >= _MAX_THREADS:
                 return None
             lt = self._thread_lt()
+            if lt is None:  # still starting up: not recorded yet
+                return None
             ts = self._threads[threading.get_ident()] = _Thread(len(self._threads), self._obj_index(lt))
         return ts
 
@@ -183,7 +185,6 @@ class Tracer:
             return
         ts = self._thread()
         if ts is None:
-            self._active = False
             return
         lt = self._current_lt(ts)
         if lt != ts.cur_lt:

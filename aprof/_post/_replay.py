@@ -101,60 +101,61 @@ def replay(data: bytes, objs: list[Any], start_ns: int, state: ProfilerState) ->
         state: The stopped profile's state.
     """
     words = memoryview(data).cast("Q")
-    n = len(words)
-    if not n:
+    if not len(words):
         return
     prefixes = _prefixes()
-    names: dict[int, str] = {}
-    # Per logical thread (by object index): its list, its open calls, its id.
-    per_lt: dict[int, tuple[list[Any], list[tuple[int, int]], int]] = {}
+    names: list[str | None] = [None] * len(objs)
+    # Per logical thread (by object index): [its list, open calls' keys,
+    # open calls' record indexes, its id]; two flat stacks, no tuple a call.
+    per_lt: dict[int, tuple[list[Any], list[int], list[int], int]] = {}
     # Per OS thread index: the logical thread it runs now.
-    cur: dict[int, tuple[list[Any], list[tuple[int, int]], int]] = {}
+    cur: list[tuple[list[Any], list[int], list[int], int] | None] = [None] * 4096
+    scope = _SCOPE
     t = start_ns
-    for i in range(0, n, 2):
-        w = words[i]
-        p = words[i + 1]
+    it = iter(words)
+    for w, p in zip(it, it, strict=True):
         t += w >> 32
         tag = w & 15
         if tag == EV_CALL or tag == EV_CCALL:  # noqa: SIM109 - two compares beat a tuple here
-            ctx = cur.get((w >> 4) & 0xFFF)
+            ctx = cur[(w >> 4) & 0xFFF]
             if ctx is None:
                 continue
             lst = ctx[0]
-            name = names.get(p)
+            name = names[p]
             if name is None:
                 name = names[p] = _describe(objs[p], prefixes)
-            ctx[1].append((p, len(lst)))
-            lst.append((name, _SCOPE, t, None))
+            ctx[1].append(p)
+            ctx[2].append(len(lst))
+            lst.append((name, scope, t, None))
         elif tag == EV_SWITCH:
             c = per_lt.get(p)
             if c is None:
                 lt = objs[p]
                 if not isinstance(lt, LogicalThread):
                     continue
-                c = per_lt[p] = (state.list_for(lt), [], lt.id)
+                c = per_lt[p] = (state.list_for(lt), [], [], lt.id)
             cur[(w >> 4) & 0xFFF] = c
         elif tag == EV_TIME:
             t = p
         else:  # a return of some kind
-            ctx = cur.get((w >> 4) & 0xFFF)
+            ctx = cur[(w >> 4) & 0xFFF]
             if ctx is None:
                 continue
-            stack = ctx[1]
-            if not stack:
+            keys = ctx[1]
+            if not keys:
                 continue
-            lst = ctx[0]
-            top = stack[-1]
-            if top[0] == p:
-                stack.pop()
-                lst.append((top[1], t, ctx[2], None))
+            if keys[-1] == p:
+                keys.pop()
+                ctx[0].append((ctx[2].pop(), t, ctx[3], None))
                 continue
             # A missed return (or one whose call was not seen): find the
             # call within a bounded depth, closing what was opened above it.
-            depth = len(stack)
+            depth = len(keys)
             for j in range(depth - 1, max(-1, depth - 1 - _SEARCH), -1):
-                if stack[j][0] == p:
+                if keys[j] == p:
+                    lst, idxs, tid = ctx[0], ctx[2], ctx[3]
                     for k in range(depth - 1, j - 1, -1):
-                        lst.append((stack[k][1], t, ctx[2], None))
-                    del stack[j:]
+                        lst.append((idxs[k], t, tid, None))
+                    del keys[j:]
+                    del idxs[j:]
                     break
