@@ -1113,6 +1113,143 @@ Tracer_get_active(Tracer *t, void *closure)
     return PyBool_FromLong(t->active);
 }
 
+/* ------------------------------------------------------------------------ */
+/* 7. Replay's inner loop                                                    */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * replay(data, names, lts, start_ns, scope): the loop of
+ * aprof/_post/_replay.py in C (that file keeps the same loop in Python for
+ * the twin, and documents it). names[i] is the display name of object i (or
+ * None), lts[i] the (list, id) of logical thread i (or None). Appends
+ * (name, scope, start, None) when a call opens and (index, end, id, None)
+ * when it closes, to the logical thread's list.
+ */
+typedef struct {
+    uint64_t *keys;
+    Py_ssize_t *idxs;
+    Py_ssize_t n, cap;
+} Stack;
+
+#define REPLAY_SEARCH 32
+
+static int
+append_end(PyObject *lst, Py_ssize_t idx, uint64_t t, PyObject *tid)
+{
+    PyObject *tup = Py_BuildValue("(nKOO)", idx, (unsigned long long)t, tid, Py_None);
+    if (tup == NULL)
+        return -1;
+    int r = PyList_Append(lst, tup);
+    Py_DECREF(tup);
+    return r;
+}
+
+static PyObject *
+ctracer_replay(PyObject *module, PyObject *args)
+{
+    Py_buffer buf;
+    PyObject *names, *lts, *scope;
+    unsigned long long start;
+    if (!PyArg_ParseTuple(args, "y*O!O!KU", &buf, &PyList_Type, &names, &PyList_Type, &lts, &start, &scope))
+        return NULL;
+    Py_ssize_t nobj = PyList_GET_SIZE(names);
+    if (PyList_GET_SIZE(lts) != nobj) {
+        PyBuffer_Release(&buf);
+        PyErr_SetString(PyExc_ValueError, "replay: names and lts differ in length");
+        return NULL;
+    }
+    Stack *stacks = PyMem_Calloc(nobj ? nobj : 1, sizeof(Stack));
+    int32_t cur[MAX_THREADS];
+    for (int i = 0; i < MAX_THREADS; i++)
+        cur[i] = -1;
+    if (stacks == NULL) {
+        PyBuffer_Release(&buf);
+        return PyErr_NoMemory();
+    }
+    const RawEvent *ev = (const RawEvent *)buf.buf;
+    Py_ssize_t n = buf.len / (Py_ssize_t)sizeof(RawEvent);
+    uint64_t t = start;
+    int ok = 1;
+    for (Py_ssize_t i = 0; i < n && ok; i++) {
+        uint64_t w = ev[i].word, p = ev[i].payload;
+        int tag = (int)(w & 15), tidx = (int)((w >> 4) & 0xFFF);
+        t += w >> 32;
+        if (tag == EV_TIME) {
+            t = p;
+            continue;
+        }
+        if (p >= (uint64_t)nobj)
+            continue;
+        if (tag == EV_SWITCH) {
+            if (PyList_GET_ITEM(lts, (Py_ssize_t)p) != Py_None)
+                cur[tidx] = (int32_t)p;
+            continue;
+        }
+        int32_t lt = cur[tidx];
+        if (lt < 0)
+            continue;
+        PyObject *pair = PyList_GET_ITEM(lts, lt);
+        PyObject *lst = PyTuple_GET_ITEM(pair, 0), *tid = PyTuple_GET_ITEM(pair, 1);
+        Stack *st = &stacks[lt];
+        if (tag == EV_CALL || tag == EV_CCALL) {
+            PyObject *name = PyList_GET_ITEM(names, (Py_ssize_t)p);
+            if (name == Py_None)
+                continue;
+            if (st->n == st->cap) {
+                Py_ssize_t cap = st->cap ? st->cap * 2 : 64;
+                uint64_t *k = PyMem_Realloc(st->keys, cap * sizeof(uint64_t));
+                if (k == NULL) {
+                    PyErr_NoMemory();
+                    ok = 0;
+                    break;
+                }
+                st->keys = k;
+                Py_ssize_t *x = PyMem_Realloc(st->idxs, cap * sizeof(Py_ssize_t));
+                if (x == NULL) {
+                    PyErr_NoMemory();
+                    ok = 0;
+                    break;
+                }
+                st->idxs = x;
+                st->cap = cap;
+            }
+            st->keys[st->n] = p;
+            st->idxs[st->n] = PyList_GET_SIZE(lst);
+            st->n++;
+            PyObject *tup = Py_BuildValue("(OOKO)", name, scope, (unsigned long long)t, Py_None);
+            if (tup == NULL || PyList_Append(lst, tup) < 0)
+                ok = 0;
+            Py_XDECREF(tup);
+            continue;
+        }
+        /* a return of some kind: close the innermost matching call, and
+         * anything opened above it (bounded search; unmatched: skipped) */
+        for (Py_ssize_t j = st->n - 1; j >= 0 && j >= st->n - REPLAY_SEARCH; j--) {
+            if (st->keys[j] != p)
+                continue;
+            for (Py_ssize_t k = st->n - 1; k >= j && ok; k--)
+                if (append_end(lst, st->idxs[k], t, tid) < 0)
+                    ok = 0;
+            st->n = j;
+            break;
+        }
+    }
+    for (Py_ssize_t i = 0; i < nobj; i++) {
+        PyMem_Free(stacks[i].keys);
+        PyMem_Free(stacks[i].idxs);
+    }
+    PyMem_Free(stacks);
+    PyBuffer_Release(&buf);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"replay", (PyCFunction)ctracer_replay, METH_VARARGS, "Replay's inner loop (see aprof/_post/_replay.py)."},
+    {NULL, NULL, 0, NULL},
+};
+
 static PyMethodDef Tracer_methods[] = {
     {"start", (PyCFunction)Tracer_start, METH_O, "Start recording; initial: code objects on the stack, outermost first."},
     {"stop", (PyCFunction)Tracer_stop, METH_NOARGS, "Stop recording."},
@@ -1159,6 +1296,7 @@ static struct PyModuleDef ctracer_module = {
     .m_name = "aprof._ctracer",
     .m_doc = "The Python tracer's C hot path (SPEC 8.1).",
     .m_size = -1,
+    .m_methods = module_methods,
 };
 
 PyMODINIT_FUNC

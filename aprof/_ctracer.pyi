@@ -21,6 +21,9 @@ from typing import Any, Final
 
 EVENT_BYTES: Final[int]
 
+def replay(data: bytes, names: list[str | None], lts: list[tuple[list[Any], int] | None], start_ns: int, scope: str, /) -> None:
+    """The inner loop of ``aprof._post._replay.replay`` (documented there), in C."""
+
 class Tracer:
     """Records Python calls and returns (and C calls) of one profile.
 

@@ -232,7 +232,7 @@ class TracerRun:
         if self._forked:
             return  # a forked child's copy: the events are the parent's (LC-01)
         state.dropped += self.tracer.dropped
-        replay(data, objs, start_ns, state)
+        replay(data, objs, start_ns, state, getattr(self.impl, "replay", None))
 
 
 def _after_fork_in_child() -> None:

@@ -90,7 +90,7 @@ def _describe(obj: Any, prefixes: list[str]) -> str:
     return repr(obj)
 
 
-def replay(data: bytes, objs: list[Any], start_ns: int, state: ProfilerState) -> None:
+def replay(data: bytes, objs: list[Any], start_ns: int, state: ProfilerState, fast: Any = None) -> None:
     """Append the tracer's calls to ``state``'s per-logical-thread lists.
 
     Args:
@@ -99,12 +99,28 @@ def replay(data: bytes, objs: list[Any], start_ns: int, state: ProfilerState) ->
             functions, and logical threads, by index.
         start_ns: The clock value the first event's delta counts from.
         state: The stopped profile's state.
+        fast: ``aprof._ctracer.replay`` (the loop below, in C), or None.
     """
+    if fast is not None and data:
+        prefixes = _prefixes()
+        names: list[str | None] = [None] * len(objs)
+        lts: list[tuple[list[Any], int] | None] = [None] * len(objs)
+        for i, obj in enumerate(objs):
+            if isinstance(obj, LogicalThread):
+                lts[i] = (state.list_for(obj), obj.id)
+            else:
+                names[i] = _describe(obj, prefixes)
+        fast(data, names, lts, start_ns, _SCOPE)
+        return
+    _replay_py(data, objs, start_ns, state)
+
+
+def _replay_py(data: bytes, objs: list[Any], start_ns: int, state: ProfilerState) -> None:
     words = memoryview(data).cast("Q")
     if not len(words):
         return
     prefixes = _prefixes()
-    names: list[str | None] = [None] * len(objs)
+    cache: list[str | None] = [None] * len(objs)
     # Per logical thread (by object index): [its list, open calls' keys,
     # open calls' record indexes, its id]; two flat stacks, no tuple a call.
     per_lt: dict[int, tuple[list[Any], list[int], list[int], int]] = {}
@@ -121,9 +137,9 @@ def replay(data: bytes, objs: list[Any], start_ns: int, state: ProfilerState) ->
             if ctx is None:
                 continue
             lst = ctx[0]
-            name = names[p]
+            name = cache[p]
             if name is None:
-                name = names[p] = _describe(objs[p], prefixes)
+                name = cache[p] = _describe(objs[p], prefixes)
             ctx[1].append(p)
             ctx[2].append(len(lst))
             lst.append((name, scope, t, None))
