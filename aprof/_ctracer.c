@@ -69,6 +69,7 @@ enum {
     EV_CRAISE = 6,   /* it raised */
     EV_SWITCH = 7,   /* this OS thread now runs another logical thread */
     EV_TIME = 8,     /* absolute time (after a gap the delta cannot hold) */
+    EV_EXC = 9,      /* the exception type of the UNWIND that follows (3.12+) */
 };
 
 #define MAX_THREADS 4096
@@ -817,7 +818,30 @@ Tracer_py_return(Tracer *t, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 Tracer_py_unwind(Tracer *t, PyObject *const *args, Py_ssize_t nargs)
 {
-    on_code(t, EV_UNWIND, ARG_CODE(args));
+    /* The exception's type goes in an EXC event just before the UNWIND, so
+     * the frame's event gets its name (the UNWIND's payload is the code). */
+    ThreadSlot *ts = nargs >= 3 ? recording_slot(t) : NULL;
+    if (ts == NULL)
+        Py_RETURN_NONE;
+    uint64_t now = now_ticks();
+    int tidx = ts->tidx;
+    int64_t idx = code_index(t, ARG_CODE(args));
+    if (idx < 0) {
+        fail(t);
+        Py_RETURN_NONE;
+    }
+    if (idx & IGNORED_FLAG)
+        Py_RETURN_NONE;
+    PyObject *tp = (PyObject *)Py_TYPE(args[2]);
+    int64_t e = table_get(t, tp);
+    if (e == -2)
+        e = table_add(t, tp, tp, 0);
+    if (e < 0) {
+        fail(t);
+        Py_RETURN_NONE;
+    }
+    write_event(t, tidx, EV_EXC, e, now);
+    write_event(t, tidx, EV_UNWIND, idx, now);
     Py_RETURN_NONE;
 }
 
@@ -1134,9 +1158,9 @@ typedef struct {
 #define REPLAY_SEARCH 32
 
 static int
-append_end(PyObject *lst, Py_ssize_t idx, uint64_t t, PyObject *tid)
+append_end(PyObject *lst, Py_ssize_t idx, uint64_t t, PyObject *tid, PyObject *exc)
 {
-    PyObject *tup = Py_BuildValue("(nKOO)", idx, (unsigned long long)t, tid, Py_None);
+    PyObject *tup = Py_BuildValue("(nKOO)", idx, (unsigned long long)t, tid, exc);
     if (tup == NULL)
         return -1;
     int r = PyList_Append(lst, tup);
@@ -1170,6 +1194,7 @@ ctracer_replay(PyObject *module, PyObject *args)
     Py_ssize_t n = buf.len / (Py_ssize_t)sizeof(RawEvent);
     uint64_t t = start;
     int ok = 1;
+    PyObject *pending_exc = Py_None; /* name from the last EXC event (borrowed) */
     for (Py_ssize_t i = 0; i < n && ok; i++) {
         uint64_t w = ev[i].word, p = ev[i].payload;
         int tag = (int)(w & 15), tidx = (int)((w >> 4) & 0xFFF);
@@ -1180,6 +1205,10 @@ ctracer_replay(PyObject *module, PyObject *args)
         }
         if (p >= (uint64_t)nobj)
             continue;
+        if (tag == EV_EXC) {
+            pending_exc = PyList_GET_ITEM(names, (Py_ssize_t)p);
+            continue;
+        }
         if (tag == EV_SWITCH) {
             if (PyList_GET_ITEM(lts, (Py_ssize_t)p) != Py_None)
                 cur[tidx] = (int32_t)p;
@@ -1223,12 +1252,15 @@ ctracer_replay(PyObject *module, PyObject *args)
             continue;
         }
         /* a return of some kind: close the innermost matching call, and
-         * anything opened above it (bounded search; unmatched: skipped) */
+         * anything opened above it (bounded search; unmatched: skipped); an
+         * UNWIND carries the name of the EXC event before it */
+        PyObject *exc = tag == EV_UNWIND ? pending_exc : Py_None;
+        pending_exc = Py_None;
         for (Py_ssize_t j = st->n - 1; j >= 0 && j >= st->n - REPLAY_SEARCH; j--) {
             if (st->keys[j] != p)
                 continue;
             for (Py_ssize_t k = st->n - 1; k >= j && ok; k--)
-                if (append_end(lst, st->idxs[k], t, tid) < 0)
+                if (append_end(lst, st->idxs[k], t, tid, k == j ? exc : Py_None) < 0)
                     ok = 0;
             st->n = j;
             break;

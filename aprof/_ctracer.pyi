@@ -11,7 +11,9 @@ twin ``aprof._core._tracer_py``. Both write the same packed format, which
   the code object), 4 C_CALL, 5 C_RETURN, 6 C_RAISE (payload = object index
   of the C function's ``(name, file, line)``), 7 SWITCH (this thread now runs
   the logical thread at object index ``payload``), 8 TIME (``payload`` is an
-  absolute ``perf_counter_ns`` value; written when a gap exceeds 32 bits).
+  absolute ``perf_counter_ns`` value; written when a gap exceeds 32 bits),
+  9 EXC (3.12+: right before an UNWIND, payload = object index of the
+  exception's type).
 """
 
 from collections.abc import Callable, Sequence

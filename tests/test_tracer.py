@@ -175,6 +175,9 @@ def test_exceptions_close_the_frames_they_leave(impl: ModuleType) -> None:
     assert not c.unfinished
     assert r.parent is c
     assert r.end_ns <= c.end_ns <= lf.start_ns
+    if sys.version_info >= (3, 12):  # PY_UNWIND passes the exception; 3.11's profile hook does not
+        assert r.exception == "KeyError"
+    assert c.exception is None
 
 
 def _starts_profile(prof: aprof.profile) -> None:
@@ -526,3 +529,17 @@ def test_to_thread_work_lands_on_the_worker_track(impl: ModuleType, backend: Bac
         e for e in py_events(prof, HERE) if short(e) == "leaf" and e.parent is not None and short(e.parent) != "middle"
     ]
     assert {e.thread_id for e in top_leaves} == {task_tid}
+
+
+def _calls(f: Any) -> Any:
+    return f()
+
+
+def test_a_call_site_seen_calling_python_records_c_calls_in_the_next_profile(impl: ModuleType) -> None:
+    # 3.12+: CALL is switched off (DISABLE) at sites that call Python
+    # functions; the next profile switches them back on.
+    with aprof.profile(python_tracer=True):
+        _calls(leaf)
+    with aprof.profile(python_tracer=True) as prof:
+        _calls([].copy)
+    assert "<built-in method list.copy>" in [e.name for e in py_events(prof)]

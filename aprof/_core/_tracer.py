@@ -202,7 +202,14 @@ class TracerRun:
                 ev = getattr(mon.events, name)
                 mon.register_callback(tool, ev, getattr(self.tracer, method))
                 events |= ev
-            mon.restart_events()  # call sites switched off by an earlier run
+            # Re-enable the call sites our CALL callback switched off in an
+            # earlier run (DISABLE outlives free_tool_id), unless another tool
+            # is registered: restart_events() would re-enable its switched-off
+            # locations too (coverage relies on them staying off). Then a site
+            # that called a Python function in an earlier run keeps missing
+            # the C calls it may make now.
+            if all(mon.get_tool(i) in (None, _TOOL_NAME) for i in range(6)):
+                mon.restart_events()
             mon.set_events(tool, events)
 
     def stop(self) -> None:

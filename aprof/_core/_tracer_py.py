@@ -29,6 +29,7 @@ EV_CRETURN: Final = 5
 EV_CRAISE: Final = 6
 EV_SWITCH: Final = 7
 EV_TIME: Final = 8
+EV_EXC: Final = 9
 
 _IGNORED: Final = 1 << 31
 _MAX_THREADS: Final = 4096
@@ -247,7 +248,15 @@ class Tracer:
     py_yield = py_return
 
     def py_unwind(self, code: CodeType, offset: int, exc: BaseException, /) -> Any:
-        self._on_code(EV_UNWIND, code)
+        # The exception's type first (an EXC event), as the C tracer does.
+        if not self._active or not self._in_context():
+            return
+        now = perf_counter_ns()
+        idx = self._code_index(code)
+        if idx & _IGNORED:
+            return
+        self._record(EV_EXC, self._obj_index(type(exc)), now)
+        self._record(EV_UNWIND, idx, now)
 
     def call(self, code: CodeType, offset: int, callable: object, arg0: object, /) -> Any:
         if type(callable) is _FUNCTION or type(callable) is _METHOD:

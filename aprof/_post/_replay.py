@@ -43,6 +43,7 @@ EV_CRETURN: Final = 5
 EV_CRAISE: Final = 6
 EV_SWITCH: Final = 7
 EV_TIME: Final = 8
+EV_EXC: Final = 9
 
 _SCOPE: Final = RecordScope.PYTHON_FUNCTION.value
 _SEARCH: Final = 32  # how deep a return looks for its call before it is skipped
@@ -87,6 +88,8 @@ def _describe(obj: Any, prefixes: list[str]) -> str:
         return f"{prune_filename(obj.co_filename, prefixes)}({obj.co_firstlineno}): {obj.co_qualname}"
     if isinstance(obj, tuple):
         return f"<built-in method {obj[0]}>"
+    if isinstance(obj, type):  # an exception type (EXC events)
+        return obj.__name__
     return repr(obj)
 
 
@@ -127,6 +130,7 @@ def _replay_py(data: bytes, objs: list[Any], start_ns: int, state: ProfilerState
     # Per OS thread index: the logical thread it runs now.
     cur: list[tuple[list[Any], list[int], list[int], int] | None] = [None] * 4096
     scope = _SCOPE
+    pending_exc: str | None = None  # from an EXC event, for the UNWIND right after it
     t = start_ns
     it = iter(words)
     for w, p in zip(it, it, strict=True):
@@ -153,7 +157,11 @@ def _replay_py(data: bytes, objs: list[Any], start_ns: int, state: ProfilerState
             cur[(w >> 4) & 0xFFF] = c
         elif tag == EV_TIME:
             t = p
-        else:  # a return of some kind
+        elif tag == EV_EXC:
+            pending_exc = _describe(objs[p], prefixes)
+        else:  # a return of some kind (an UNWIND names its exception)
+            exc = pending_exc if tag == EV_UNWIND else None
+            pending_exc = None
             ctx = cur[(w >> 4) & 0xFFF]
             if ctx is None:
                 continue
@@ -162,7 +170,7 @@ def _replay_py(data: bytes, objs: list[Any], start_ns: int, state: ProfilerState
                 continue
             if keys[-1] == p:
                 keys.pop()
-                ctx[0].append((ctx[2].pop(), t, ctx[3], None))
+                ctx[0].append((ctx[2].pop(), t, ctx[3], exc))
                 continue
             # A missed return (or one whose call was not seen): find the
             # call within a bounded depth, closing what was opened above it.
@@ -171,7 +179,7 @@ def _replay_py(data: bytes, objs: list[Any], start_ns: int, state: ProfilerState
                 if keys[j] == p:
                     lst, idxs, tid = ctx[0], ctx[2], ctx[3]
                     for k in range(depth - 1, j - 1, -1):
-                        lst.append((idxs[k], t, tid, None))
+                        lst.append((idxs[k], t, tid, exc if k == j else None))
                     del keys[j:]
                     del idxs[j:]
                     break
