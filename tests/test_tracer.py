@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import warnings
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -514,6 +515,7 @@ def test_to_thread_work_lands_on_the_worker_track(impl: ModuleType, backend: Bac
     # published logical thread), but its calls are the worker thread's.
     if impl is _tracer_py and sys.version_info < (3, 12) and backend.is_trio:
         pytest.skip("the pure-Python twin cannot hook threads that already exist on 3.11 (trio reuses its workers)")
+
     async def main() -> tuple[aprof.profile, int]:
         async with aprof.profile(python_tracer=True) as prof:
             await backend.to_thread(middle)
@@ -543,3 +545,21 @@ def test_a_call_site_seen_calling_python_records_c_calls_in_the_next_profile(imp
     with aprof.profile(python_tracer=True) as prof:
         _calls([].copy)
     assert "<built-in method list.copy>" in [e.name for e in py_events(prof)]
+
+
+def test_without_the_extension_the_twin_runs_with_one_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue #4 item 1: no compiler at install time -> aprof still works, and says so once.
+    monkeypatch.setitem(sys.modules, "aprof._ctracer", None)  # makes the import fail
+    monkeypatch.delattr(aprof, "_ctracer", raising=False)  # (the package keeps imported submodules)
+    monkeypatch.setattr(_tracer, "_warned", False)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        with aprof.profile(python_tracer=True) as prof:
+            middle()
+        with aprof.profile(python_tracer=True):
+            pass
+    mine = [w for w in record if issubclass(w.category, aprof.AprofWarning)]
+    assert len(mine) == 1
+    assert "not built" in str(mine[0].message)
+    assert _tracer.implementation() is _tracer_py
+    assert [short(c) for e in py_events(prof, HERE) if short(e) == "middle" for c in e.children] == ["leaf", "leaf"]
