@@ -10,10 +10,12 @@
  *   2. The object table       - code objects, C function names and logical
  *                               threads seen, each once, by pointer
  *   3. Per-OS-thread slots    - thread index, its logical thread
- *   4. The per-event path     - context check, logical thread, push
+ *   4. The per-event path     - context check (cached per context), logical
+ *                               thread, push
  *   5. Event sources          - 3.11: a C profile function on every thread;
  *                               3.12+: C callables for sys.monitoring
  *   6. The Tracer type and module
+ *   7. Replay's inner loop    - the loop of aprof/_post/_replay.py, in C
  *
  * Everything runs with the GIL held (the profile function and sys.monitoring
  * callbacks are called with it), so the buffer needs no lock: events of all
@@ -27,6 +29,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+
+#ifdef Py_GIL_DISABLED
+/* The buffer and tables rely on the GIL (see above). On a free-threaded
+ * build the extension is not built and aprof uses the pure-Python twin. */
+#error "aprof._ctracer needs the GIL"
+#endif
 
 #if PY_VERSION_HEX >= 0x030C0000
 #define APROF_MONITORING 1
