@@ -29,6 +29,7 @@ from ._record_function import RecordFunction, get_default_node_id
 from ._recorder import ProfilerState, Recorder
 from ._schedule import ProfilerAction, check_schedule
 from ._threads import current_logical_thread
+from ._tracer import TracerRun
 
 if TYPE_CHECKING:
     from os import PathLike
@@ -58,7 +59,13 @@ class profile:
     Args:
         record_inputs: Keep ``repr()`` of each range's inputs (never the objects).
         with_stack: Attach the Python call stack at each range's start.
-        python_tracer: Record every Python call (the tracer; not built yet).
+        python_tracer: Record every Python call and return (and C calls) in
+            the profiled logical threads (SPEC 8.1): each call is a
+            ``PYTHON_FUNCTION`` range on the track of the task or thread
+            that ran it.
+        max_events: With ``python_tracer``, keep at most this many raw
+            tracer events (16 bytes each); later ones are not recorded and
+            are counted in ``session.dropped``. ``None``: no limit.
         profile_memory: Record allocations (not built yet).
         tasks: Record every spawned task as a TASK range on its own track.
         loop_block_threshold: Record every stretch in which one step or
@@ -77,6 +84,9 @@ class profile:
             rejected by Python itself, naming the option).
         ValueError: ``scope`` is not ``"context"`` or ``"global"``.
         NotImplementedError: an option whose feature is not built yet.
+        RuntimeError: (at start) ``python_tracer`` cannot hook the
+            interpreter: another profiler holds the hook, or another
+            profile's tracer is running.
 
     Example:
         >>> import asyncio, aprof
@@ -96,6 +106,7 @@ class profile:
         record_inputs: bool = False,
         with_stack: bool = False,
         python_tracer: bool = False,
+        max_events: int | None = None,
         profile_memory: bool = False,
         tasks: bool = True,
         scope: Literal["context", "global"] = "context",
@@ -107,8 +118,10 @@ class profile:
         self.record_inputs = _check_bool("record_inputs", record_inputs)
         self.with_stack = _check_bool("with_stack", with_stack)
         self.tasks = _check_bool("tasks", tasks)
-        if _check_bool("python_tracer", python_tracer):
-            raise NotImplementedError("profile: option 'python_tracer' needs the Python tracer, which is not built yet")
+        self.python_tracer = _check_bool("python_tracer", python_tracer)
+        if max_events is not None and (isinstance(max_events, bool) or not isinstance(max_events, int) or max_events <= 0):
+            raise ValueError(f"profile: option 'max_events' must be an int > 0 or None, got {max_events!r}")
+        self.max_events = max_events
         if _check_bool("profile_memory", profile_memory):
             raise NotImplementedError("profile: option 'profile_memory' is not built yet")
         if scope not in _SCOPES:
@@ -141,6 +154,7 @@ class profile:
         self._prev_slot: object = None
         self._task_hooks: list[Callable[[], None]] = []
         self._session: Session | None = None
+        self._tracer: TracerRun | None = None
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -213,6 +227,13 @@ class profile:
             record_inputs=self.record_inputs, with_stack=self.with_stack, node_id=node, start_lt=lt, tasks=self.tasks
         )
         recorder = Recorder(state)
+        tracer = None
+        if self.python_tracer:
+            # Checked first, so that a refused start (another tool holds the
+            # hook, RELIABILITY FA-08) leaves nothing to undo; started last,
+            # so aprof's own set-up is not traced.
+            tracer = TracerRun(recorder if self.scope == "context" else None, self.max_events or 0)
+            tracer.check()
         if self.scope == "global":
             self._global_handle = _callbacks.add_global_callback(_global_callback(recorder))
         else:
@@ -237,7 +258,15 @@ class profile:
         if self.tasks:
             self._task_hooks = _install_task_hooks(recorder, global_scope=self.scope == "global")
         if self.loop_block_threshold is not None:
-            self._task_hooks += _start_loop_watch(state, self.loop_block_threshold)
+            self._task_hooks += _start_loop_watch(state, self.loop_block_threshold, self.scope == "global")
+        if tracer is not None:
+            try:
+                tracer.start()
+            except BaseException:
+                self._finish()
+                self._session = None
+                raise
+            self._tracer = tracer
 
     def stop(self) -> profile:
         """Stop recording and consolidate the events.
@@ -271,6 +300,9 @@ class profile:
         state, recorder = self._state, self._recorder
         assert state is not None
         assert recorder is not None
+        tracer, self._tracer = self._tracer, None
+        if tracer is not None:
+            tracer.stop()
         stop_ns = perf_counter_ns()
         state.running = False
         state.stop_ns = stop_ns
@@ -287,6 +319,8 @@ class profile:
             self._restore_context(recorder)
         from .._post._session import Session  # post-processing reads, never writes back
 
+        if tracer is not None:
+            tracer.replay_into(state)
         self._session = Session.from_state(state)
 
     def _restore_context(self, recorder: Recorder) -> None:
@@ -335,6 +369,9 @@ class profile:
         slot = getattr(self, "_slot", None)
         if slot is not None:
             slot.value = None
+        tracer = getattr(self, "_tracer", None)
+        if tracer is not None:
+            tracer.stop()
         for undo in getattr(self, "_task_hooks", ()):
             undo()
         handle = getattr(self, "_global_handle", None)
@@ -442,17 +479,46 @@ def _install_task_hooks(recorder: Recorder, global_scope: bool) -> list[Callable
 
             token = _trio.install_instrument()
             undo.append(lambda: _trio.uninstall_instrument(token))
+    if global_scope:
+        undo.append(_on_new_trio_runs(_hook_trio_run))
     return undo
 
 
-def _start_loop_watch(state: ProfilerState, threshold: float) -> list[Callable[[], None]]:
-    """Watch the running asyncio loop or trio run for steps longer than ``threshold``."""
+def _hook_trio_run() -> Callable[[], None]:
+    """Inside a trio run that starts while a global profile runs: record its tasks."""
+    from .._integrations import _trio
+
+    token = _trio.install_instrument()
+    return lambda: _trio.uninstall_instrument(token)
+
+
+def _on_new_trio_runs(start: Callable[[], Callable[[], None]]) -> Callable[[], None]:
+    """Call ``start()`` inside every trio run from now on; the undo undoes them all."""
+    from .._integrations._trio_runs import on_new_trio_runs
+
+    undos: list[Callable[[], None]] = []
+    stop_listening = on_new_trio_runs(lambda: undos.append(start()))
+
+    def undo() -> None:
+        stop_listening()
+        for u in undos:
+            u()
+
+    return undo
+
+
+def _start_loop_watch(state: ProfilerState, threshold: float, global_scope: bool) -> list[Callable[[], None]]:
+    """Watch the running asyncio loop or trio run for steps longer than ``threshold``.
+
+    A global profile started outside any loop (``aprof run``) watches every
+    loop ``asyncio.run`` creates while it runs instead.
+    """
     from .._integrations import _loop_block
 
     if "asyncio" in sys.modules:
-        from .._integrations._asyncio import running_loop
+        from .._integrations import _asyncio
 
-        loop = running_loop()
+        loop = _asyncio.running_loop()
         if loop is not None:
             return [_loop_block.start_asyncio(state, threshold, loop)]
     if "trio" in sys.modules:
@@ -460,7 +526,52 @@ def _start_loop_watch(state: ProfilerState, threshold: float) -> list[Callable[[
 
         if trio.lowlevel.in_trio_run():
             return [_loop_block.start_trio(state, threshold)]
-    return []
+    if not global_scope:
+        return []
+    undo: list[Callable[[], None]] = []
+    if "asyncio" in sys.modules:
+        from .._integrations import _asyncio
+
+        stops: list[Callable[[], None]] = []
+        watched: list[Any] = []  # loops (uvloop's cannot be weakly referenced)
+
+        def watch(loop: Any) -> None:
+            if state.running and not any(w is loop for w in watched):
+                watched.append(loop)
+                stops.append(_loop_block.start_asyncio(state, threshold, loop))
+
+        stop_listening = _asyncio.on_new_loops(watch)
+
+        def undo_loops() -> None:
+            stop_listening()
+            for stop in stops:
+                stop()
+
+        undo.append(undo_loops)
+
+    def watch_trio_run() -> Callable[[], None]:
+        # Not from before_run itself: the heartbeat is a system task, and
+        # the run has no system nursery yet.
+        import trio
+
+        stops: list[Callable[[], None]] = []
+        stopped = False
+
+        def start() -> None:
+            if not stopped and state.running:
+                stops.append(_loop_block.start_trio(state, threshold))
+
+        def stop() -> None:
+            nonlocal stopped
+            stopped = True
+            for s in stops:
+                s()
+
+        trio.lowlevel.current_trio_token().run_sync_soon(start)
+        return stop
+
+    undo.append(_on_new_trio_runs(watch_trio_run))
+    return undo
 
 
 def _global_callback(recorder: Recorder) -> RecordFunctionCallback:

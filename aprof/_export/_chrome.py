@@ -115,6 +115,21 @@ def chrome_trace_chunks(session: Session) -> Iterator[str]:
             yield sep() + f'{{"ph":"M","name":"thread_name","pid":{pid},"tid":{rid},"args":{{"name":{_dumps(label + " running")}}}}}'
             yield sep() + f'{{"ph":"M","name":"thread_sort_index","pid":{pid},"tid":{rid},"args":{{"sort_index":{2 * order + 1}}}}}'
 
+    # Spawners that recorded nothing have no track; name their row for the
+    # flow arrows that start there (the profile's starting task, mostly).
+    track_ids = {t.id for t in tracks}
+    start = session.metadata.get("start_thread") or {}
+    spawners = {(ev.node_id, ev.forward_thread_id) for ev in session.events() if ev.forward_thread_id and ev.sequence_nr > 0}
+    for node, tid in sorted(spawners):
+        if tid not in track_ids:
+            pid = pids.get(node, node)
+            if tid == start.get("id"):
+                kind = start.get("kind", "thread")
+                label = str(start.get("name")) if kind == "thread" else f"{start.get('name')} [{kind}]"
+            else:
+                label = f"logical thread {tid}"
+            yield sep() + f'{{"ph":"M","name":"thread_name","pid":{pid},"tid":{tid},"args":{{"name":{_dumps(label)}}}}}'
+            yield sep() + f'{{"ph":"M","name":"thread_sort_index","pid":{pid},"tid":{tid},"args":{{"sort_index":-1}}}}'
     async_id = 0
     flow_id = 0
     for ev in session.events():

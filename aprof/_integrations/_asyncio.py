@@ -25,7 +25,7 @@ from collections.abc import Callable, Coroutine, Generator
 from time import perf_counter_ns
 from typing import Any, Final
 
-from .._core import _threads
+from .._core import _threads, _tracer
 from .._core._propagation import hook_to_thread
 from .._core._threads import stepping
 from ._tasks import TaskThread, coro_qualname, states_in
@@ -111,6 +111,8 @@ class TimedCoroutine(TaskThread):
         if task is not None:
             self._task = None
             self._name_from(task)
+        if _tracer.running():
+            _tracer.publish_task(self)  # in the task's own context, for the Python tracer
 
     def _name_from(self, task: Any) -> None:
         try:
@@ -202,18 +204,32 @@ _installs: dict[asyncio.AbstractEventLoop, _Install] = {}
 _lock = threading.Lock()
 
 
+_ASYNCIO_DIR: Final = os.path.dirname(os.path.abspath(asyncio.__file__)) + os.sep
+
+
+def _machinery(coro: Any) -> bool:
+    """The loop's own tasks, made outside any task: ``asyncio.run`` shutting
+    down (``shutdown_asyncgens``, ``shutdown_default_executor``), in
+    asyncio's files or uvloop's."""
+    code = getattr(coro, "cr_code", None)
+    if code is None:
+        return False
+    filename: str = code.co_filename
+    return filename.startswith(_ASYNCIO_DIR) or filename.startswith("uvloop/")
+
+
 def _make_factory(prev: TaskFactory | None) -> TaskFactory:
     iscoroutine = asyncio.iscoroutine
     Task = asyncio.Task
 
     def aprof_task_factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Future[Any]:
         states = states_in(kwargs.get("context"))
-        if not states or not iscoroutine(coro):
+        spawner = stepping.lt
+        if not states or not iscoroutine(coro) or (spawner is None and _machinery(coro)):
             if prev is not None:
                 return prev(loop, coro, **kwargs)
             return Task(coro, loop=loop, **kwargs)
         name = kwargs.get("name")
-        spawner = stepping.lt
         proxy = TimedCoroutine(coro, "Task" if name is None else str(name), coro_qualname(coro), states)
         task = prev(loop, proxy, **kwargs) if prev is not None else Task(proxy, loop=loop, **kwargs)
         # An eager task ran its first step inside: its steps leave no task stepping.
@@ -273,6 +289,43 @@ _hook_lock = threading.Lock()
 _hook_users = 0
 _original_lazy_init: Any = None
 _hooked_loops: list[asyncio.AbstractEventLoop] = []
+_loop_listeners: list[Callable[[asyncio.AbstractEventLoop], None]] = []
+
+
+def _patch_runner() -> None:
+    # Under _hook_lock, when the first user or listener arrives.
+    global _original_lazy_init
+    import asyncio.runners
+
+    original = _original_lazy_init = asyncio.runners.Runner._lazy_init  # type: ignore[attr-defined]
+
+    def _lazy_init(self: Any) -> None:
+        # Called by every run() and get_loop(), not only the first that
+        # makes the loop: a runner made before the profile started (a test
+        # fixture's) is hooked when it is next used. Listeners see a loop
+        # once per call, and keep track of the loops they have seen.
+        original(self)
+        loop = getattr(self, "_loop", None)
+        if loop is None:
+            return
+        with _hook_lock:
+            hook = _hook_users > 0 and loop not in _hooked_loops
+            if hook:
+                _hooked_loops.append(loop)
+            listeners = list(_loop_listeners)
+        if hook:
+            install_task_factory(loop)
+        for listener in listeners:
+            listener(loop)
+
+    asyncio.runners.Runner._lazy_init = _lazy_init  # type: ignore[attr-defined]
+
+
+def _unpatch_runner() -> None:
+    # Under _hook_lock, when the last user and listener are gone.
+    import asyncio.runners
+
+    asyncio.runners.Runner._lazy_init = _original_lazy_init  # type: ignore[attr-defined]
 
 
 def hook_new_loops() -> Callable[[], None]:
@@ -282,22 +335,11 @@ def hook_new_loops() -> Callable[[], None]:
     a global profile started before the program's loop exists (``aprof run``)
     still sees its tasks. Returns the undo action.
     """
-    global _hook_users, _original_lazy_init
-    import asyncio.runners
-
+    global _hook_users
     with _hook_lock:
         _hook_users += 1
-        if _hook_users == 1:
-            original = _original_lazy_init = asyncio.runners.Runner._lazy_init  # type: ignore[attr-defined]
-
-            def _lazy_init(self: Any) -> None:
-                original(self)
-                loop = getattr(self, "_loop", None)
-                if loop is not None and loop not in _hooked_loops:
-                    install_task_factory(loop)
-                    _hooked_loops.append(loop)
-
-            asyncio.runners.Runner._lazy_init = _lazy_init  # type: ignore[attr-defined]
+        if _hook_users == 1 and not _loop_listeners:
+            _patch_runner()
 
     def undo() -> None:
         global _hook_users
@@ -305,11 +347,36 @@ def hook_new_loops() -> Callable[[], None]:
             _hook_users -= 1
             if _hook_users > 0:
                 return
-            asyncio.runners.Runner._lazy_init = _original_lazy_init  # type: ignore[attr-defined]
+            if not _loop_listeners:
+                _unpatch_runner()
             loops = list(_hooked_loops)
             _hooked_loops.clear()
         for loop in loops:
             uninstall_task_factory(loop)
+
+    return undo
+
+
+def on_new_loops(listener: Callable[[asyncio.AbstractEventLoop], None]) -> Callable[[], None]:
+    """Call ``listener(loop)`` whenever an ``asyncio.Runner`` makes or hands out its loop.
+
+    The same loop comes again on each ``Runner.run``: the listener skips
+    the loops it has seen.
+
+    The global profile's loop-block watch starts this way on the program's
+    loop. Returns the undo action.
+    """
+    with _hook_lock:
+        if not _loop_listeners and _hook_users == 0:
+            _patch_runner()
+        _loop_listeners.append(listener)
+
+    def undo() -> None:
+        with _hook_lock:
+            if listener in _loop_listeners:
+                _loop_listeners.remove(listener)
+                if not _loop_listeners and _hook_users == 0:
+                    _unpatch_runner()
 
     return undo
 

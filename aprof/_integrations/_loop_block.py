@@ -121,7 +121,18 @@ def start_asyncio(state: ProfilerState, threshold_s: float, loop: Any) -> Any:
         if not watch._stop.is_set():
             handle[0] = loop.call_later(watch.interval_s, beat)
 
-    handle[0] = loop.call_later(watch.interval_s, beat)
+    def first_beat() -> None:
+        # The loop was not running yet (a global profile hooks loops as
+        # asyncio.Runner makes them): the time before it ran is no block.
+        watch.last_beat = perf_counter_ns()
+        watch._stack = watch._task_name = None
+        if not watch._stop.is_set():
+            handle[0] = loop.call_later(watch.interval_s, beat)
+
+    if loop.is_running():
+        handle[0] = loop.call_later(watch.interval_s, beat)
+    else:
+        handle[0] = loop.call_soon(first_beat)
     watch.start()
 
     def stop() -> None:

@@ -27,7 +27,7 @@ from time import perf_counter_ns
 from typing import Any, Final
 
 from .._core import _record_function, _threads
-from .._core._callbacks import RF_STATE, RFState
+from .._core._callbacks import EMPTY_RF_STATE, RF_STATE, RFState
 from .._core._recorder import ProfilerState, Recorder
 from .._core._threads import LogicalThread, current_logical_thread, stepping
 
@@ -74,9 +74,9 @@ def states_in(context: Any) -> ProfilerState | list[ProfilerState] | None:
     """The profiles that want a TASK range for a task spawned in ``context``
     (a ``contextvars.Context``, or None for the current one): one state (the
     common case, no list made), a list of them, or None."""
-    st = _get_rf_state() if context is None else context.get(RF_STATE, None)
-    if st is None:
-        return None
+    # A context that never set the variable has its default: a global
+    # profile's tasks spawn in such contexts (a trio run started by `aprof run`).
+    st = _get_rf_state() if context is None else context.get(RF_STATE, EMPTY_RF_STATE)
     if not global_task_recorders:
         rec = st.recorder
         if rec is None or not st.enabled:

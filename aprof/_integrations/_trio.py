@@ -16,10 +16,11 @@ import os
 import sys
 import threading
 from time import perf_counter_ns
-from typing import Any
+from typing import Any, Final
 
 import trio
 
+from .._core import _tracer
 from .._core._propagation import hook_to_thread
 from .._core._threads import stepping
 from ._tasks import TaskThread, coro_qualname, states_in
@@ -45,6 +46,22 @@ def _exit_outcome() -> tuple[str, str | None]:
     return "finished", None
 
 
+_TRIO_DIR: Final = os.path.dirname(os.path.abspath(trio.__file__)) + os.sep
+_APROF_DIR: Final = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _machinery(task: trio.lowlevel.Task) -> bool:
+    """trio's own tasks (``<init>``, the run_sync_soon task) and aprof's
+    heartbeat: system tasks whose coroutine is trio's or aprof's code. The
+    program's main task is a system task too, and is kept."""
+    nursery = task.parent_nursery
+    if nursery is not None and nursery.parent_task.parent_nursery is not None:
+        return False  # an ordinary task (its nursery is not the system nursery)
+    code = getattr(task.coro, "cr_code", None)
+    filename = code.co_filename if code is not None else ""
+    return filename.startswith(_TRIO_DIR) or filename.startswith(_APROF_DIR)
+
+
 class TaskInstrument(trio.abc.Instrument):
     """Opens TASK records at spawn, stamps steps, closes them at exit."""
 
@@ -55,11 +72,13 @@ class TaskInstrument(trio.abc.Instrument):
 
     def task_spawned(self, task: trio.lowlevel.Task) -> None:
         states = states_in(task.context)
-        if not states:
+        if not states or _machinery(task):
             return
         tt = TaskThread("trio", task.name, coro_qualname(task.coro), states)
         tt.bind(task, "trio")
         self._tasks[task] = tt
+        if _tracer.running():
+            task.context.run(_tracer.publish_task, tt)  # for the Python tracer
 
     def before_task_step(self, task: trio.lowlevel.Task) -> None:
         tt = self._tasks.get(task)

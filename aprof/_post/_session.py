@@ -79,6 +79,11 @@ class Session:
             "stop_ns": stop_ns,
             "dropped": state.dropped,
         }
+        lt = state.start_lt
+        if lt is not None:
+            # The task or thread that started the profile spawns work but
+            # often records nothing itself: exports name its row from this.
+            metadata["start_thread"] = {"id": lt.id, "name": lt.name, "kind": lt.kind}
         return cls(events, tracks, metadata)
 
     def events(self) -> list[FunctionEvent]:

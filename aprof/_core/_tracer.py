@@ -1,0 +1,262 @@
+"""The Python tracer's driver (SPEC 8.1): start, stop, hand over to replay.
+
+The recording half is ``aprof._ctracer`` (C) or, when it could not be built,
+its pure-Python twin ``aprof._core._tracer_py``; both follow the contract in
+``aprof/_ctracer.pyi``. This module picks one, installs it (on 3.12+ through
+``sys.monitoring``, on 3.11 the implementation installs its own profile
+function), and at stop hands the packed events to
+``aprof._post._replay``.
+
+How the tracer knows which logical thread runs: a task publishes itself in
+:data:`TRACER_LT`, a context variable set in the task's own context when its
+first step starts (the task hooks call :func:`publish_task`). The tracer reads
+it per event with an identity-cached ``PyContextVar_Get``, as it reads the
+profile's ``RF_STATE``; no Python runs per event.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import warnings
+from contextvars import ContextVar, Token
+from types import CodeType
+from typing import TYPE_CHECKING, Any, Final
+
+from ._callbacks import RF_STATE, AprofWarning
+from ._threads import LogicalThread, _thread_lt, current_logical_thread
+
+if TYPE_CHECKING:
+    from ._recorder import ProfilerState, Recorder
+
+__all__ = ["TRACER_LT", "TracerRun", "implementation", "publish_task"]
+
+#: (task's LogicalThread, OS thread ident) in a task's own context, or None.
+TRACER_LT: ContextVar[tuple[LogicalThread, int] | None] = ContextVar("aprof.tracer_lt", default=None)
+
+_get_ident = threading.get_ident
+
+
+def publish_task(lt: LogicalThread) -> None:
+    """Tell the tracer that the current context is ``lt``'s (call in the task's first step)."""
+    TRACER_LT.set((lt, _get_ident()))
+
+
+#: aprof's own files: their frames (and the C calls they make) are not traced.
+APROF_DIR: Final = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+_MONITORING: Final = sys.version_info >= (3, 12)
+_TOOL_NAME: Final = "aprof python_tracer"
+
+
+def _mon() -> Any:
+    return sys.monitoring  # type: ignore[attr-defined]  # 3.12+; mypy checks as 3.11
+
+
+_running: list[TracerRun] = []  # at most one
+
+
+def running() -> bool:
+    """Whether a Python tracer records now (task hooks publish their task only then)."""
+    return bool(_running)
+
+
+_forced: Any = None  # tests: force one implementation (module), None: choose
+_warned = False
+
+
+def implementation() -> Any:
+    """The tracer module in use: ``aprof._ctracer``, or the twin if it is missing."""
+    global _warned
+    if _forced is not None:
+        return _forced
+    try:
+        from .. import _ctracer
+
+        return _ctracer
+    except ImportError:
+        from . import _tracer_py
+
+        if not _warned:
+            _warned = True
+            warnings.warn(
+                "aprof: the C extension aprof._ctracer is not built (no compiler at install time?); "
+                "the Python tracer runs in pure Python and is much slower",
+                AprofWarning,
+                stacklevel=4,
+            )
+        return _tracer_py
+
+
+def _starting_thread_lt() -> LogicalThread | None:
+    """The calling OS thread's logical thread, or None while it is starting.
+
+    A new thread runs a little of ``threading``'s bootstrap before it is
+    registered; asking ``current_thread()`` then would make a dummy thread
+    (and a track named "Dummy-1"), so the tracer waits until it is.
+    """
+    if threading._active.get(_get_ident()) is None:  # type: ignore[attr-defined]
+        return None
+    return _thread_lt()
+
+
+_CO_TASK_CODE: Final = 0x80 | 0x100 | 0x200  # CO_COROUTINE | CO_ITERABLE_COROUTINE | CO_ASYNC_GENERATOR
+
+
+def _initial_stack(in_task: bool) -> list[CodeType]:
+    """Code of the user's frames on the stack now, outermost first (LC-06).
+
+    In a task, the frames below its outermost coroutine are the event
+    loop's, which run outside the task (and, in context scope, outside the
+    profiled context): the stack starts at the task's coroutine.
+    """
+    codes: list[CodeType] = []
+    f: Any = sys._getframe(1)
+    while f is not None:
+        code = f.f_code
+        if not code.co_filename.startswith(APROF_DIR):
+            codes.append(code)
+        f = f.f_back
+    codes.reverse()
+    if in_task:
+        for i, code in enumerate(codes):
+            if code.co_flags & _CO_TASK_CODE:
+                return codes[i:]
+    return codes
+
+
+if _MONITORING:
+    _EVENTS: Final = (
+        ("PY_START", "py_start"),
+        ("PY_RESUME", "py_resume"),
+        ("PY_THROW", "py_throw"),
+        ("PY_RETURN", "py_return"),
+        ("PY_YIELD", "py_yield"),
+        ("PY_UNWIND", "py_unwind"),
+        ("CALL", "call"),
+        ("C_RETURN", "c_return"),
+        ("C_RAISE", "c_raise"),
+    )
+
+
+class TracerRun:
+    """One profile's tracer, from start to replay.
+
+    Args:
+        recorder: The profile's recorder (context scope), or None (global).
+        max_events: Keep at most this many raw events (0: unbounded).
+    """
+
+    def __init__(self, recorder: Recorder | None, max_events: int = 0) -> None:
+        impl = implementation()
+        self.impl = impl
+        self.tracer = impl.Tracer(RF_STATE, recorder, TRACER_LT, _starting_thread_lt, APROF_DIR, max_events)
+        self._token: Token[tuple[LogicalThread, int] | None] | None = None
+        self._tool: int | None = None
+        self._forked = False
+
+    def check(self) -> None:
+        """Raise if the tracer cannot hook the interpreter (before anything is set up).
+
+        Raises:
+            RuntimeError: another tool holds the profiler's ``sys.monitoring``
+                id (3.12+), another ``sys.setprofile`` hook is installed in
+                this thread (3.11), or another Python tracer runs (FA-08).
+        """
+        if _running:
+            raise RuntimeError(
+                "aprof: another profile with python_tracer=True is running in this process; "
+                "only one Python tracer can run at a time"
+            )
+        if _MONITORING:
+            mon = _mon()
+            owner = mon.get_tool(mon.PROFILER_ID)
+            if owner is not None:
+                raise RuntimeError(
+                    f"aprof: python_tracer cannot start: sys.monitoring tool id {mon.PROFILER_ID} (PROFILER_ID) "
+                    f"is in use by {owner!r}; stop that profiler first (cProfile and other profilers use this id)"
+                )
+        else:
+            current = sys.getprofile()
+            if current is not None:
+                raise RuntimeError(
+                    "aprof: python_tracer cannot start: another profiler is installed with sys.setprofile "
+                    f"({current!r}); stop it first (cProfile, yappi and others use the same hook)"
+                )
+
+    def start(self) -> None:
+        """Start tracing (see :meth:`check` for the errors)."""
+        self.check()
+        tool = _mon().PROFILER_ID if _MONITORING else None
+        lt = current_logical_thread()
+        in_task = lt.kind != "thread"
+        token = TRACER_LT.set((lt, _get_ident())) if in_task else None
+        try:
+            self.tracer.start(_initial_stack(in_task))
+        except BaseException:
+            if token is not None:
+                TRACER_LT.reset(token)
+            raise
+        self._token = token
+        _running.append(self)
+        if tool is not None:
+            mon = _mon()
+            mon.use_tool_id(tool, _TOOL_NAME)
+            self._tool = tool
+            events = 0
+            for name, method in _EVENTS:
+                ev = getattr(mon.events, name)
+                mon.register_callback(tool, ev, getattr(self.tracer, method))
+                events |= ev
+            # Re-enable the call sites our CALL callback switched off in an
+            # earlier run (DISABLE outlives free_tool_id), unless another tool
+            # is registered: restart_events() would re-enable its switched-off
+            # locations too (coverage relies on them staying off). Then a site
+            # that called a Python function in an earlier run keeps missing
+            # the C calls it may make now.
+            if all(mon.get_tool(i) in (None, _TOOL_NAME) for i in range(6)):
+                mon.restart_events()
+            mon.set_events(tool, events)
+
+    def stop(self) -> None:
+        """Stop tracing and release the hooks (idempotent)."""
+        tool, self._tool = self._tool, None
+        if tool is not None:
+            mon = _mon()
+            mon.set_events(tool, 0)
+            for name, _ in _EVENTS:
+                mon.register_callback(tool, getattr(mon.events, name), None)
+            mon.free_tool_id(tool)
+        self.tracer.stop()
+        if self in _running:
+            _running.remove(self)
+        token, self._token = self._token, None
+        if token is not None:
+            try:
+                TRACER_LT.reset(token)
+            except (ValueError, RuntimeError):
+                pass  # stopped from another context: the starting one keeps a stale, harmless value
+
+    def replay_into(self, state: ProfilerState) -> None:
+        """Turn the recorded events into records in ``state``'s lists."""
+        from .._post._replay import replay  # post-processing reads, never writes back
+
+        data, objs, start_ns = self.tracer.take()
+        if self._forked:
+            return  # a forked child's copy: the events are the parent's (LC-01)
+        state.dropped += self.tracer.dropped
+        replay(data, objs, start_ns, state, getattr(self.impl, "replay", None))
+
+
+def _after_fork_in_child() -> None:
+    """A forked child stops the tracer it inherited and keeps none of its events."""
+    for run in list(_running):
+        run._forked = True
+        try:
+            run.stop()
+        except Exception:  # noqa: BLE001 - never fail a fork
+            pass
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

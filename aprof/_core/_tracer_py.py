@@ -1,0 +1,326 @@
+"""The pure-Python twin of ``aprof._ctracer`` (same interface, same packed format).
+
+Used when the C extension could not be built, and by the tests, which run
+every tracer scenario against both. The contract is ``aprof/_ctracer.pyi``;
+the comments in ``aprof/_ctracer.c`` explain the format. This twin is slow
+(every event is a Python call) but records the same events.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from array import array
+from collections.abc import Callable, Sequence
+from contextvars import ContextVar
+from time import perf_counter_ns
+from types import CodeType, FunctionType, MethodType
+from typing import Any, Final
+
+__all__ = ["EVENT_BYTES", "Tracer"]
+
+EVENT_BYTES: Final = 16
+
+EV_CALL: Final = 1
+EV_RETURN: Final = 2
+EV_UNWIND: Final = 3
+EV_CCALL: Final = 4
+EV_CRETURN: Final = 5
+EV_CRAISE: Final = 6
+EV_SWITCH: Final = 7
+EV_TIME: Final = 8
+EV_EXC: Final = 9
+
+_IGNORED: Final = 1 << 31
+_MAX_THREADS: Final = 4096
+_MONITORING: Final = sys.version_info >= (3, 12)
+
+_running: list[Tracer] = []  # at most one tracer at a time, as in C
+
+
+class _Thread:
+    __slots__ = ("cur_lt", "ident", "last_lt", "last_val", "own_lt", "tidx")
+
+    def __init__(self, tidx: int, own_lt: int) -> None:
+        self.tidx = tidx
+        self.ident = threading.get_ident()
+        self.own_lt = own_lt
+        self.cur_lt = -1
+        self.last_val: object = None
+        self.last_lt = own_lt
+
+
+def _cfunc_key(callable: object) -> object | None:
+    # C: the PyMethodDef pointer. Here: the function's kind and name, which
+    # is as stable (a bound method made per call maps to one entry).
+    t = type(callable)
+    if t is _BUILTIN or t is _METHOD_DESCR:
+        return getattr(callable, "__qualname__", None)
+    return None
+
+
+_BUILTIN: Final = type(len)
+_METHOD_DESCR: Final = type(list.append)
+
+
+class Tracer:
+    """See ``aprof/_ctracer.pyi``."""
+
+    def __init__(
+        self,
+        rf_state: ContextVar[Any],
+        recorder: object | None,
+        lt_var: ContextVar[Any],
+        thread_lt: Callable[[], object],
+        ignore_prefix: str,
+        max_events: int = 0,
+    ) -> None:
+        if max_events < 0:
+            raise ValueError("Tracer: max_events must be >= 0")
+        self._rf = rf_state
+        self._recorder = recorder
+        self._global = recorder is None
+        self._lt_var = lt_var
+        self._thread_lt = thread_lt
+        self._prefix = ignore_prefix
+        self._max = max_events
+        self._buf = array("Q")
+        self._objs: list[Any] = []
+        self._index: dict[object, int] = {}
+        self._threads: dict[int, _Thread] = {}
+        self._pos: object = None
+        self._neg: object = None
+        self._last_ns = 0
+        self._start_ns = 0
+        self._dropped = 0
+        self._active = False
+        self._prev_thread_hook: Any = None
+        self._installed = False
+
+    @property
+    def dropped(self) -> int:
+        return self._dropped
+
+    @property
+    def count(self) -> int:
+        return len(self._buf) // 2
+
+    @property
+    def active(self) -> bool:
+        return self._active
+
+    # -- the per-event path -------------------------------------------------
+
+    def _in_context(self) -> bool:
+        if self._global:
+            return True
+        v = self._rf.get(None)
+        if v is self._pos:
+            return True
+        if v is self._neg or v is None:
+            return False
+        ok = getattr(v, "recorder", None) is self._recorder
+        if ok:
+            self._pos = v
+        else:
+            self._neg = v
+        return ok
+
+    def _add(self, key: object, desc: object, ignored: bool) -> int:
+        idx = len(self._objs)
+        self._objs.append(desc)
+        value = idx | (_IGNORED if ignored else 0)
+        self._index[key] = value
+        return value
+
+    def _code_index(self, code: CodeType) -> int:
+        v = self._index.get(code)
+        if v is None:
+            v = self._add(code, code, bool(self._prefix) and code.co_filename.startswith(self._prefix))
+        return v
+
+    def _obj_index(self, obj: object) -> int:
+        v = self._index.get(id(obj))
+        if v is None:
+            v = self._add(id(obj), obj, False)
+        return v
+
+    def _thread(self) -> _Thread | None:
+        ts = self._threads.get(threading.get_ident())
+        if ts is None:
+            if len(self._threads) >= _MAX_THREADS:
+                return None
+            lt = self._thread_lt()
+            if lt is None:  # still starting up: not recorded yet
+                return None
+            ts = self._threads[threading.get_ident()] = _Thread(len(self._threads), self._obj_index(lt))
+        return ts
+
+    def _current_lt(self, ts: _Thread) -> int:
+        v = self._lt_var.get(None)
+        if v is ts.last_val and ts.cur_lt != -1:
+            return ts.last_lt
+        lt = ts.own_lt
+        if type(v) is tuple and len(v) == 2 and v[1] == ts.ident:
+            lt = self._obj_index(v[0])
+        ts.last_val = v
+        ts.last_lt = lt
+        return lt
+
+    def _push(self, tag: int, tidx: int, payload: int, now: int) -> None:
+        buf = self._buf
+        if self._max and len(buf) >= 2 * self._max:
+            self._dropped += 1
+            return
+        delta = now - self._last_ns if now > self._last_ns else 0
+        if delta >> 32:
+            buf.append(EV_TIME)
+            buf.append(now)
+            delta = 0
+        self._last_ns = now
+        buf.append(tag | (tidx << 4) | (delta << 32))
+        buf.append(payload)
+
+    def _record(self, tag: int, idx: int, now: int) -> None:
+        if idx & _IGNORED:
+            return
+        ts = self._thread()
+        if ts is None:
+            return
+        lt = self._current_lt(ts)
+        if lt != ts.cur_lt:
+            ts.cur_lt = lt
+            self._push(EV_SWITCH, ts.tidx, lt, now)
+        self._push(tag, ts.tidx, idx, now)
+
+    def _on_code(self, tag: int, code: CodeType) -> None:
+        if not self._active or not self._in_context():
+            return
+        now = perf_counter_ns()
+        self._record(tag, self._code_index(code), now)
+
+    def _on_cfunc(self, tag: int, caller: CodeType, callable: object) -> None:
+        if not self._active:
+            return
+        key = _cfunc_key(callable)
+        if key is None or not self._in_context():
+            return
+        now = perf_counter_ns()
+        if self._code_index(caller) & _IGNORED:
+            return
+        v = self._index.get(key)
+        if v is None:
+            v = self._add(key, (key, "<built-in>", 0), False)
+        self._record(tag, v, now)
+
+    # -- event sources ------------------------------------------------------
+
+    def _profile(self, frame: Any, event: str, arg: Any) -> None:
+        # sys.setprofile (3.11). A frame left by an exception reports
+        # "return" with arg None here, so the twin cannot tell UNWIND apart.
+        if event == "call":
+            self._on_code(EV_CALL, frame.f_code)
+        elif event == "return":
+            self._on_code(EV_RETURN, frame.f_code)
+        elif event == "c_call":
+            self._on_cfunc(EV_CCALL, frame.f_code, arg)
+        elif event == "c_return":
+            self._on_cfunc(EV_CRETURN, frame.f_code, arg)
+        elif event == "c_exception":
+            self._on_cfunc(EV_CRAISE, frame.f_code, arg)
+
+    def _thread_hook(self, frame: Any, event: str, arg: Any) -> None:
+        sys.setprofile(self._profile if self._active else None)
+        if self._active:
+            self._profile(frame, event, arg)
+
+    def py_start(self, code: CodeType, offset: int, /) -> Any:
+        self._on_code(EV_CALL, code)
+
+    py_resume = py_start
+
+    def py_throw(self, code: CodeType, offset: int, exc: BaseException, /) -> Any:
+        self._on_code(EV_CALL, code)
+
+    def py_return(self, code: CodeType, offset: int, retval: object, /) -> Any:
+        self._on_code(EV_RETURN, code)
+
+    py_yield = py_return
+
+    def py_unwind(self, code: CodeType, offset: int, exc: BaseException, /) -> Any:
+        # The exception's type first (an EXC event), as the C tracer does.
+        if not self._active or not self._in_context():
+            return
+        now = perf_counter_ns()
+        idx = self._code_index(code)
+        if idx & _IGNORED:
+            return
+        self._record(EV_EXC, self._obj_index(type(exc)), now)
+        self._record(EV_UNWIND, idx, now)
+
+    def call(self, code: CodeType, offset: int, callable: object, arg0: object, /) -> Any:
+        if type(callable) is _FUNCTION or type(callable) is _METHOD:
+            return sys.monitoring.DISABLE  # type: ignore[attr-defined]  # 3.12+ only
+        self._on_cfunc(EV_CCALL, code, callable)
+        return None
+
+    def c_return(self, code: CodeType, offset: int, callable: object, arg0: object, /) -> Any:
+        self._on_cfunc(EV_CRETURN, code, callable)
+
+    def c_raise(self, code: CodeType, offset: int, callable: object, arg0: object, /) -> Any:
+        self._on_cfunc(EV_CRAISE, code, callable)
+
+    # -- lifecycle ----------------------------------------------------------
+
+    def start(self, initial: Sequence[CodeType]) -> None:
+        if self._active or self._start_ns:
+            raise RuntimeError("Tracer.start: this tracer was already started")
+        if _running:
+            raise RuntimeError(
+                "aprof: another profile with python_tracer=True is running in this process; "
+                "only one Python tracer can run at a time"
+            )
+        if not _MONITORING:
+            current = sys.getprofile()
+            if current is not None:
+                raise RuntimeError(
+                    "aprof: python_tracer cannot start: another profiler is installed with sys.setprofile "
+                    f"({current!r}); stop it first (cProfile, yappi and others use the same hook)"
+                )
+        self._start_ns = self._last_ns = perf_counter_ns()
+        self._active = True
+        for code in initial:
+            if isinstance(code, CodeType):
+                self._record(EV_CALL, self._code_index(code), self._start_ns)
+        if not _MONITORING:
+            self._prev_thread_hook = getattr(threading, "_profile_hook", None)
+            threading.setprofile(self._thread_hook)
+            sys.setprofile(self._profile)
+            self._installed = True
+        _running.append(self)
+
+    def stop(self) -> None:
+        self._active = False
+        if self._installed:
+            self._installed = False
+            if sys.getprofile() == self._profile:
+                sys.setprofile(None)
+            threading.setprofile(self._prev_thread_hook)
+            self._prev_thread_hook = None
+        if self in _running:
+            _running.remove(self)
+        self._pos = self._neg = None
+
+    def take(self) -> tuple[bytes, list[Any], int]:
+        if self._active:
+            raise RuntimeError("Tracer.take: stop the tracer first")
+        data, objs = self._buf.tobytes(), self._objs
+        self._buf = array("Q")
+        self._objs = []
+        self._index = {}
+        self._threads = {}
+        return data, objs, self._start_ns
+
+
+_FUNCTION: Final = FunctionType
+_METHOD: Final = MethodType

@@ -1,0 +1,1374 @@
+/*
+ * aprof._ctracer: the Python tracer's hot path (SPEC 8.1).
+ *
+ * The contract is aprof/_ctracer.pyi; aprof/_core/_tracer_py.py is the
+ * pure-Python twin with the same interface and the same packed format, and
+ * aprof/_post/_replay.py turns the packed events into call trees at stop.
+ *
+ * Sections:
+ *   1. Packed raw events      - 16 bytes each, one growable buffer
+ *   2. The object table       - code objects, C function names and logical
+ *                               threads seen, each once, by pointer
+ *   3. Per-OS-thread slots    - thread index, its logical thread
+ *   4. The per-event path     - context check (cached per context), logical
+ *                               thread, push
+ *   5. Event sources          - 3.11: a C profile function on every thread;
+ *                               3.12+: C callables for sys.monitoring
+ *   6. The Tracer type and module
+ *   7. Replay's inner loop    - the loop of aprof/_post/_replay.py, in C
+ *
+ * Everything runs with the GIL held (the profile function and sys.monitoring
+ * callbacks are called with it), so the buffer needs no lock: events of all
+ * threads interleave in one buffer in the order they happened.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <frameobject.h>
+#include <stdint.h>
+#include <string.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#ifdef Py_GIL_DISABLED
+/* The buffer and tables rely on the GIL (see above). On a free-threaded
+ * build the extension is not built and aprof uses the pure-Python twin. */
+#error "aprof._ctracer needs the GIL"
+#endif
+
+#if PY_VERSION_HEX >= 0x030C0000
+#define APROF_MONITORING 1
+#else
+#define APROF_MONITORING 0
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* 1. Packed raw events                                                      */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * One raw event is two 64-bit words (16 bytes; viztracer keeps ~100 bytes an
+ * event, the seed's profiler_python.cpp packs the same way):
+ *
+ *   word    bits  0-3   tag (EV_*)
+ *           bits  4-15  thread index (which OS thread; 4096 of them)
+ *           bits 16-31  reserved (0)
+ *           bits 32-63  nanoseconds since the previous event in the buffer
+ *   payload             EV_CALL..EV_CRAISE: index into the object table;
+ *                       EV_SWITCH: object-table index of a logical thread;
+ *                       EV_TIME: an absolute clock value
+ *
+ * A 32-bit delta covers 4.29 s; a longer gap first writes an EV_TIME event
+ * with the absolute time. Events are appended on call *and* on return, as
+ * they happen, so nothing per frame is kept in C: the call stacks are
+ * rebuilt at stop (replay), which keeps the hot path a few stores.
+ */
+typedef struct {
+    uint64_t word;
+    uint64_t payload;
+} RawEvent;
+
+enum {
+    EV_CALL = 1,     /* a Python frame starts or resumes */
+    EV_RETURN = 2,   /* a Python frame returns or yields */
+    EV_UNWIND = 3,   /* a Python frame exits by an exception */
+    EV_CCALL = 4,    /* a C function is called */
+    EV_CRETURN = 5,  /* it returned */
+    EV_CRAISE = 6,   /* it raised */
+    EV_SWITCH = 7,   /* this OS thread now runs another logical thread */
+    EV_TIME = 8,     /* absolute time (after a gap the delta cannot hold) */
+    EV_EXC = 9,      /* the exception type of the UNWIND that follows (3.12+) */
+};
+
+#define MAX_THREADS 4096
+#define IGNORED_FLAG ((uint32_t)1 << 31)
+
+static inline uint64_t
+now_ns(void)
+{
+    /* time.perf_counter_ns() reads CLOCK_MONOTONIC on Linux: the tracer's
+     * times must end up on the same clock as ranges and task steps. */
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/*
+ * The event clock. Reading CLOCK_MONOTONIC costs ~20 ns here (vDSO), two
+ * reads per call; the CPU's time-stamp counter costs ~7 ns. Where the TSC is
+ * invariant (constant_tsc and nonstop_tsc: same rate on every core, in every
+ * power state, which Linux then also syncs across cores), events carry TSC
+ * ticks and the tracer records (ticks, ns) at start and at stop; replay maps
+ * ticks to perf_counter_ns linearly. Elsewhere events carry nanoseconds.
+ */
+#if defined(__x86_64__) || defined(__i386__)
+#include <x86intrin.h>
+#define APROF_HAVE_TSC 1
+#else
+#define APROF_HAVE_TSC 0
+#endif
+static int use_tsc = 0;
+
+static inline uint64_t
+now_ticks(void)
+{
+#if APROF_HAVE_TSC
+    if (use_tsc)
+        return __rdtsc();
+#endif
+    return now_ns();
+}
+
+static void
+detect_tsc(void)
+{
+#if APROF_HAVE_TSC && defined(__linux__)
+    if (getenv("APROF_NO_TSC") != NULL)
+        return;
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (f == NULL)
+        return;
+    char line[4096];
+    int constant = 0, nonstop = 0;
+    while (fgets(line, sizeof line, f) != NULL) {
+        if (strncmp(line, "flags", 5) != 0)
+            continue;
+        constant = strstr(line, " constant_tsc") != NULL;
+        nonstop = strstr(line, " nonstop_tsc") != NULL;
+        break;
+    }
+    fclose(f);
+    use_tsc = constant && nonstop;
+#endif
+}
+
+/* ------------------------------------------------------------------------ */
+/* 2. The object table: pointer -> index, open addressing                    */
+/* ------------------------------------------------------------------------ */
+
+typedef struct {
+    void *key;
+    uint32_t value; /* index into objs, with IGNORED_FLAG for aprof's own code */
+} Slot;
+
+typedef struct {
+    int tidx;              /* this thread's index */
+    unsigned long ident;   /* threading.get_ident() of the thread */
+    int32_t own_lt;        /* object index of the thread's own logical thread, -1 until needed */
+    int32_t cur_lt;        /* logical thread of the last event written, -1 none */
+    PyObject *last_vars;   /* the context variables (HAMT) the cache below is for */
+    int last_in;           /* is that context recorded? */
+    int32_t last_lt;       /* and which logical thread owns it */
+} ThreadSlot;
+
+typedef struct {
+    PyObject_HEAD
+    /* configuration */
+    PyObject *rf_var;        /* ContextVar RF_STATE */
+    PyObject *recorder;      /* the profile's Recorder; None: record everything */
+    PyObject *lt_var;        /* ContextVar holding (LogicalThread, ident) or None */
+    PyObject *thread_lt;     /* () -> the OS thread's own LogicalThread */
+    PyObject *ignore_prefix; /* str: code whose file starts with it is not recorded */
+    Py_ssize_t max_events;   /* 0: unbounded */
+    int global;
+    int active;
+    uint64_t gen;            /* distinguishes this tracer's thread-local marks */
+    /* identity cache of the context check (strong references, so no ABA) */
+    PyObject *pos;
+    PyObject *neg;
+    /* events */
+    RawEvent *buf;
+    Py_ssize_t len, cap;
+    uint64_t last_ns, start_ns; /* in event clock units (see now_ticks) */
+    uint64_t calib[4];          /* ticks and ns at start, ticks and ns at stop */
+    Py_ssize_t dropped;
+    /* object table */
+    PyObject *objs;          /* list */
+    Slot *table;
+    size_t table_size, table_used;
+    /* threads */
+    ThreadSlot *threads;
+    int nthreads;
+    PyObject *prev_thread_hook;
+    int installed_311;
+} Tracer;
+
+static uint64_t next_gen = 1;
+/* Which thread slot this OS thread has in the running tracer. initial-exec:
+ * a shared library's TLS otherwise goes through __tls_get_addr, a call on
+ * every event. */
+#if defined(__GNUC__)
+#define APROF_TLS _Thread_local __attribute__((tls_model("initial-exec")))
+#else
+#define APROF_TLS _Thread_local
+#endif
+static APROF_TLS uint64_t tl_gen = 0;
+static APROF_TLS int tl_tidx = 0;
+static PyObject *str_recorder;
+static PyObject *str_co_filename;
+static Tracer *running_tracer = NULL; /* at most one at a time */
+
+static inline size_t
+hash_ptr(void *p, size_t mask)
+{
+    uint64_t x = (uint64_t)(uintptr_t)p;
+    x = (x >> 4) * 0x9E3779B97F4A7C15ull;
+    return (size_t)(x >> 32) & mask;
+}
+
+static int
+table_grow(Tracer *t)
+{
+    size_t n = t->table_size ? t->table_size * 2 : 1024;
+    Slot *nt = PyMem_Calloc(n, sizeof(Slot));
+    if (nt == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (size_t i = 0; i < t->table_size; i++) {
+        Slot *s = &t->table[i];
+        if (s->key == NULL)
+            continue;
+        size_t j = hash_ptr(s->key, n - 1);
+        while (nt[j].key != NULL)
+            j = (j + 1) & (n - 1);
+        nt[j] = *s;
+    }
+    PyMem_Free(t->table);
+    t->table = nt;
+    t->table_size = n;
+    return 0;
+}
+
+/* Index of obj under key, adding it on first sight (desc is what is kept:
+ * the code object itself, or a description of a C function). Returns -1 on
+ * error. */
+static int64_t
+table_add(Tracer *t, void *key, PyObject *desc, int ignored)
+{
+    if ((t->table_used + 1) * 2 > t->table_size && table_grow(t) < 0)
+        return -1;
+    Py_ssize_t idx = PyList_GET_SIZE(t->objs);
+    if (PyList_Append(t->objs, desc) < 0)
+        return -1;
+    uint32_t value = (uint32_t)idx | (ignored ? IGNORED_FLAG : 0);
+    size_t j = hash_ptr(key, t->table_size - 1);
+    while (t->table[j].key != NULL)
+        j = (j + 1) & (t->table_size - 1);
+    t->table[j].key = key;
+    t->table[j].value = value;
+    t->table_used++;
+    return value;
+}
+
+static inline int64_t
+table_get(Tracer *t, void *key)
+{
+    if (t->table_size == 0)
+        return -2;
+    size_t mask = t->table_size - 1;
+    size_t j = hash_ptr(key, mask);
+    for (;;) {
+        Slot *s = &t->table[j];
+        if (s->key == key)
+            return s->value;
+        if (s->key == NULL)
+            return -2;
+        j = (j + 1) & mask;
+    }
+}
+
+/* A code object's index; its first sight decides whether it is aprof's own. */
+static inline int64_t
+code_index(Tracer *t, PyObject *code)
+{
+    int64_t v = table_get(t, code);
+    if (v != -2)
+        return v;
+    int ignored = 0;
+    PyObject *fn = PyObject_GetAttr(code, str_co_filename);
+    if (fn == NULL)
+        return -1;
+    if (PyUnicode_Check(fn) && PyUnicode_GET_LENGTH(t->ignore_prefix) > 0) {
+        int r = PyUnicode_Tailmatch(fn, t->ignore_prefix, 0, PY_SSIZE_T_MAX, -1);
+        if (r < 0) {
+            Py_DECREF(fn);
+            return -1;
+        }
+        ignored = r;
+    }
+    Py_DECREF(fn);
+    return table_add(t, code, code, ignored);
+}
+
+/* The key of a C callable: its PyMethodDef, which is static, so a bound
+ * method made per call (lst.append) maps to one entry. Only builtin
+ * functions and method descriptors are recorded as C calls. */
+static inline void *
+cfunc_key(PyObject *callable)
+{
+    if (PyCFunction_Check(callable))
+        return ((PyCFunctionObject *)callable)->m_ml;
+    if (Py_IS_TYPE(callable, &PyMethodDescr_Type))
+        return ((PyMethodDescrObject *)callable)->d_method;
+    return NULL;
+}
+
+static int64_t
+cfunc_index(Tracer *t, PyObject *callable, void *key)
+{
+    int64_t v = table_get(t, key);
+    if (v != -2)
+        return v;
+    /* First sight: keep a (name, file, line) description, not the object,
+     * so a bound method does not keep its receiver alive. */
+    PyObject *qn = PyObject_GetAttrString(callable, "__qualname__");
+    if (qn == NULL) {
+        PyErr_Clear();
+        qn = PyUnicode_FromString(((PyMethodDef *)key)->ml_name);
+        if (qn == NULL)
+            return -1;
+    }
+    PyObject *desc = Py_BuildValue("(Nsi)", qn, "<built-in>", 0);
+    if (desc == NULL)
+        return -1;
+    int64_t r = table_add(t, key, desc, 0);
+    Py_DECREF(desc);
+    return r;
+}
+
+/* ------------------------------------------------------------------------ */
+/* 3. Per-OS-thread slots                                                    */
+/* ------------------------------------------------------------------------ */
+
+/* A slot is made the first time a thread sees an event while the tracer
+ * runs; its own logical thread is looked up (a Python call) only when it
+ * first records. Past MAX_THREADS new threads are not recorded (counted in
+ * dropped), never an error. */
+static ThreadSlot *
+new_thread_slot(Tracer *t)
+{
+    if (t->nthreads >= MAX_THREADS)
+        return NULL;
+    ThreadSlot *ts = PyMem_Realloc(t->threads, sizeof(ThreadSlot) * (t->nthreads + 1));
+    if (ts == NULL)
+        return NULL;
+    t->threads = ts;
+    ThreadSlot *s = &ts[t->nthreads];
+    memset(s, 0, sizeof *s);
+    s->tidx = t->nthreads;
+    s->ident = PyThread_get_thread_ident();
+    s->own_lt = -1;
+    s->cur_lt = -1;
+    s->last_lt = -1;
+    tl_gen = t->gen;
+    tl_tidx = t->nthreads;
+    t->nthreads++;
+    return s;
+}
+
+static inline ThreadSlot *
+thread_slot(Tracer *t)
+{
+    if (tl_gen == t->gen)
+        return &t->threads[tl_tidx];
+    return new_thread_slot(t);
+}
+
+static int32_t
+own_lt(Tracer *t, ThreadSlot *ts)
+{
+    if (ts->own_lt >= 0)
+        return ts->own_lt;
+    PyObject *lt = PyObject_CallNoArgs(t->thread_lt);
+    if (lt == NULL)
+        return -1;
+    if (lt == Py_None) { /* a thread still starting up: not recorded yet */
+        Py_DECREF(lt);
+        return -2;
+    }
+    int64_t idx = table_get(t, lt);
+    if (idx == -2)
+        idx = table_add(t, lt, lt, 0);
+    Py_DECREF(lt);
+    if (idx < 0)
+        return -1;
+    /* thread_lt() ran Python code: another thread may have grown t->threads,
+     * so the slot is found again by index. */
+    t->threads[tl_tidx].own_lt = (int32_t)idx;
+    return (int32_t)idx;
+}
+
+/* ------------------------------------------------------------------------ */
+/* 4. The per-event path                                                     */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Two questions per event, both about the running context: is it the
+ * profiled one (RF_STATE's recorder is ours), and which logical thread owns
+ * it (TRACER_LT)? Both answers change only when the context's variables
+ * change, and a context's variables are an immutable HAMT that is replaced
+ * on every ContextVar.set. So each thread slot caches the answers under the
+ * identity of the running context's HAMT (held strongly, so its address
+ * cannot be reused): the common event costs three pointer loads and a
+ * compare, with no PyContextVar_Get and no Python call (pyinstrument
+ * compares a ContextVar's value the same way).
+ */
+#if PY_VERSION_HEX < 0x030E0000
+/* The head of CPython's struct _pycontextobject
+ * (Include/internal/pycore_context.h), the same in 3.11, 3.12 and 3.13. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *ctx_prev;
+    PyObject *ctx_vars;
+} ContextHead;
+#define APROF_CONTEXT_VARS 1
+#else
+#define APROF_CONTEXT_VARS 0
+#endif
+
+static inline PyObject *
+context_vars(void)
+{
+#if APROF_CONTEXT_VARS
+#if PY_VERSION_HEX >= 0x030D0000
+    PyThreadState *tstate = PyThreadState_GetUnchecked();
+#else
+    PyThreadState *tstate = _PyThreadState_UncheckedGet();
+#endif
+    PyObject *ctx = tstate->context;
+    return ctx != NULL ? ((ContextHead *)ctx)->ctx_vars : NULL;
+#else
+    return NULL;
+#endif
+}
+
+/* The RFState in RF_STATE is shared by every task spawned from the profiled
+ * context, so its own identity cache (accepted / rejected) mostly hits. */
+static int
+classify(Tracer *t, PyObject *state)
+{
+    PyObject *rec = PyObject_GetAttr(state, str_recorder);
+    if (rec == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    int ok = rec == t->recorder;
+    Py_DECREF(rec);
+    PyObject **slot = ok ? &t->pos : &t->neg;
+    Py_INCREF(state);
+    Py_XSETREF(*slot, state);
+    return ok;
+}
+
+static int
+in_context(Tracer *t)
+{
+    if (t->global)
+        return 1;
+    PyObject *v = NULL;
+    if (PyContextVar_Get(t->rf_var, NULL, &v) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    int ok;
+    if (v == t->pos)
+        ok = 1;
+    else if (v == t->neg || v == NULL)
+        ok = 0;
+    else
+        ok = classify(t, v);
+    Py_XDECREF(v);
+    return ok;
+}
+
+/* Tasks publish (LogicalThread, os ident) in TRACER_LT in their own context
+ * when their first step starts. A value from another OS thread (a context
+ * copied into to_thread or aprof.wrap) means the thread's own track. */
+static int32_t
+context_lt(Tracer *t, ThreadSlot *ts)
+{
+    PyObject *v = NULL;
+    if (PyContextVar_Get(t->lt_var, NULL, &v) < 0) {
+        PyErr_Clear();
+        v = NULL;
+    }
+    int32_t lt = -1;
+    if (v != NULL && PyTuple_Check(v) && PyTuple_GET_SIZE(v) == 2) {
+        unsigned long ident = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(v, 1));
+        if (ident == (unsigned long)-1 && PyErr_Occurred())
+            PyErr_Clear();
+        else if (ident == ts->ident) {
+            PyObject *obj = PyTuple_GET_ITEM(v, 0);
+            int64_t idx = table_get(t, obj);
+            if (idx == -2)
+                idx = table_add(t, obj, obj, 0);
+            if (idx < 0)
+                PyErr_Clear();
+            else
+                lt = (int32_t)idx;
+        }
+    }
+    Py_XDECREF(v);
+    return lt >= 0 ? lt : own_lt(t, ts);
+}
+
+/* Is this event's context recorded? Sets ts->last_lt when it is. Returns
+ * -1 on error (the slot pointer may be stale after it: callers re-fetch). */
+static inline int
+context_check(Tracer *t, ThreadSlot *ts)
+{
+    PyObject *vars = context_vars();
+    if (vars != NULL && vars == ts->last_vars)
+        return ts->last_in;
+    int in = in_context(t);
+    int32_t lt = -1;
+    if (in) {
+        int tidx = ts->tidx;
+        lt = context_lt(t, ts);
+        ts = &t->threads[tidx];
+        if (lt == -2)
+            return 0; /* not cached: asked again at the next event */
+        if (lt < 0)
+            return -1;
+    }
+    Py_XINCREF(vars);
+    Py_XSETREF(ts->last_vars, vars);
+    ts->last_in = in;
+    ts->last_lt = lt;
+    return in;
+}
+
+static int
+grow(Tracer *t)
+{
+    Py_ssize_t n = t->cap ? t->cap * 2 : 65536;
+    if (t->max_events && n > t->max_events + 2)
+        n = t->max_events + 2;
+    if (n <= t->cap)
+        return -1;
+    RawEvent *nb = PyMem_Realloc(t->buf, (size_t)n * sizeof(RawEvent));
+    if (nb == NULL)
+        return -1;
+    t->buf = nb;
+    t->cap = n;
+    return 0;
+}
+
+/* Append one event. Bounded buffers stop recording when full (the events
+ * kept are the first max_events; the rest are counted in dropped). */
+static inline void
+push(Tracer *t, int tag, int tidx, uint64_t payload, uint64_t now)
+{
+    if (t->max_events && t->len >= t->max_events) {
+        t->dropped++;
+        return;
+    }
+    if (t->len + 2 > t->cap && grow(t) < 0) {
+        t->dropped++;
+        return;
+    }
+    uint64_t delta = now > t->last_ns ? now - t->last_ns : 0;
+    if (delta >> 32) {
+        RawEvent *e = &t->buf[t->len++];
+        e->word = EV_TIME;
+        e->payload = now;
+        delta = 0;
+    }
+    t->last_ns = now;
+    RawEvent *e = &t->buf[t->len++];
+    e->word = (uint64_t)tag | ((uint64_t)tidx << 4) | (delta << 32);
+    e->payload = payload;
+}
+
+static void
+fail(Tracer *t)
+{
+    /* A tracer that cannot record is switched off, never raised into the
+     * user's code: the profile keeps what it has. */
+    t->active = 0;
+    if (PyErr_Occurred())
+        PyErr_WriteUnraisable((PyObject *)t);
+}
+
+/* Write one event (object-table entry idx) for the thread in slot tidx,
+ * preceded by a SWITCH when its logical thread changed. */
+static inline void
+write_event(Tracer *t, int tidx, int tag, int64_t idx, uint64_t now)
+{
+    ThreadSlot *ts = &t->threads[tidx];
+    int32_t lt = ts->last_lt;
+    if (lt != ts->cur_lt) {
+        ts->cur_lt = lt;
+        push(t, EV_SWITCH, tidx, (uint64_t)lt, now);
+    }
+    push(t, tag, tidx, (uint64_t)idx, now);
+}
+
+/* The slot of this thread if the event is to be recorded, else NULL. */
+static inline ThreadSlot *
+recording_slot(Tracer *t)
+{
+    if (!t->active)
+        return NULL;
+    ThreadSlot *ts = thread_slot(t);
+    if (ts == NULL) {
+        t->dropped++;
+        return NULL;
+    }
+    int tidx = ts->tidx;
+    int in = context_check(t, ts);
+    if (in < 0) {
+        fail(t);
+        return NULL;
+    }
+    return in ? &t->threads[tidx] : NULL;
+}
+
+static inline int
+on_code(Tracer *t, int tag, PyObject *code)
+{
+    ThreadSlot *ts = recording_slot(t);
+    if (ts == NULL)
+        return 0;
+    uint64_t now = now_ticks();
+    int tidx = ts->tidx;
+    int64_t idx = code_index(t, code);
+    if (idx < 0) {
+        fail(t);
+        return 0;
+    }
+    if (!(idx & IGNORED_FLAG))
+        write_event(t, tidx, tag, idx, now);
+    return 0;
+}
+
+/* A C call: skipped when made by aprof's own code (the caller's code is
+ * ignored), so aprof's bookkeeping does not show up in the trace. */
+static inline int
+on_cfunc(Tracer *t, int tag, PyObject *caller, PyObject *callable)
+{
+    void *key = cfunc_key(callable);
+    if (key == NULL)
+        return 0;
+    ThreadSlot *ts = recording_slot(t);
+    if (ts == NULL)
+        return 0;
+    uint64_t now = now_ticks();
+    int tidx = ts->tidx;
+    int64_t c = code_index(t, caller);
+    if (c < 0) {
+        fail(t);
+        return 0;
+    }
+    if (c & IGNORED_FLAG)
+        return 0;
+    int64_t idx = cfunc_index(t, callable, key);
+    if (idx < 0) {
+        fail(t);
+        return 0;
+    }
+    write_event(t, tidx, tag, idx, now);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* 5. Event sources                                                          */
+/* ------------------------------------------------------------------------ */
+
+#if !APROF_MONITORING
+/* 3.11: a C profile function, the PyEval_SetProfile level (what cProfile
+ * uses), installed on every thread of the interpreter and, through
+ * threading.setprofile, on threads started while the tracer runs. */
+static int
+profile_func(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg)
+{
+    Tracer *t = (Tracer *)obj;
+    PyObject *code;
+    int r = 0;
+    switch (what) {
+    case PyTrace_CALL:
+    case PyTrace_RETURN:
+        code = (PyObject *)PyFrame_GetCode(frame);
+        r = on_code(t, what == PyTrace_CALL ? EV_CALL : (arg == NULL ? EV_UNWIND : EV_RETURN), code);
+        Py_DECREF(code);
+        return r;
+    case PyTrace_C_CALL:
+    case PyTrace_C_RETURN:
+    case PyTrace_C_EXCEPTION:
+        code = (PyObject *)PyFrame_GetCode(frame);
+        r = on_cfunc(t, what == PyTrace_C_CALL ? EV_CCALL : (what == PyTrace_C_RETURN ? EV_CRETURN : EV_CRAISE), code,
+                     arg);
+        Py_DECREF(code);
+        return r;
+    default:
+        return 0;
+    }
+}
+
+/* The hook threading.setprofile gives new threads: sys.setprofile installs
+ * it behind a Python trampoline, and its first call swaps in the C profile
+ * function for this thread (then records that first event). */
+static PyObject *
+Tracer_thread_hook(Tracer *t, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "thread hook takes (frame, event, arg)");
+        return NULL;
+    }
+    if (t->active && running_tracer == t) {
+        PyEval_SetProfile(profile_func, (PyObject *)t);
+        if (PyFrame_Check(args[0]) && PyUnicode_Check(args[1]) && PyUnicode_CompareWithASCIIString(args[1], "call") == 0)
+            profile_func((PyObject *)t, (PyFrameObject *)args[0], PyTrace_CALL, Py_None);
+    }
+    else {
+        PyEval_SetProfile(NULL, NULL);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+describe_hook(PyThreadState *ts)
+{
+    if (ts->c_profileobj != NULL)
+        return PyObject_Repr(ts->c_profileobj);
+    return PyUnicode_FromFormat("a C profile function at %p", (void *)ts->c_profilefunc);
+}
+
+static int
+install_311(Tracer *t)
+{
+    PyThreadState *me = PyThreadState_Get();
+    if (me->c_profilefunc != NULL && me->c_profilefunc != profile_func) {
+        PyObject *what = describe_hook(me);
+        if (what != NULL) {
+            PyErr_Format(PyExc_RuntimeError,
+                         "aprof: python_tracer cannot start: another profiler is installed with sys.setprofile "
+                         "(%U); stop it first (cProfile, yappi and others use the same hook)",
+                         what);
+            Py_DECREF(what);
+        }
+        return -1;
+    }
+    /* New threads: threading's hook, chained from whatever was there. */
+    PyObject *threading = PyImport_ImportModule("threading");
+    if (threading == NULL)
+        return -1;
+    PyObject *prev = PyObject_GetAttrString(threading, "_profile_hook");
+    if (prev == NULL) {
+        PyErr_Clear();
+        prev = Py_NewRef(Py_None);
+    }
+    PyObject *hook = PyObject_GetAttrString((PyObject *)t, "_thread_hook");
+    PyObject *r = hook ? PyObject_CallMethod(threading, "setprofile", "O", hook) : NULL;
+    Py_XDECREF(hook);
+    Py_DECREF(threading);
+    if (r == NULL) {
+        Py_DECREF(prev);
+        return -1;
+    }
+    Py_DECREF(r);
+    Py_XSETREF(t->prev_thread_hook, prev);
+    /* Every thread that exists now (a thread with a foreign profiler keeps it). */
+    PyInterpreterState *interp = PyThreadState_GetInterpreter(me);
+    for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); ts != NULL; ts = PyThreadState_Next(ts)) {
+        if (ts->c_profilefunc == NULL)
+            _PyEval_SetProfile(ts, profile_func, (PyObject *)t);
+    }
+    t->installed_311 = 1;
+    return 0;
+}
+
+static void
+uninstall_311(Tracer *t)
+{
+    if (!t->installed_311)
+        return;
+    t->installed_311 = 0;
+    PyThreadState *me = PyThreadState_Get();
+    PyInterpreterState *interp = PyThreadState_GetInterpreter(me);
+    for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); ts != NULL; ts = PyThreadState_Next(ts)) {
+        if (ts->c_profilefunc == profile_func && ts->c_profileobj == (PyObject *)t)
+            _PyEval_SetProfile(ts, NULL, NULL);
+    }
+    PyObject *threading = PyImport_ImportModule("threading");
+    if (threading != NULL) {
+        PyObject *prev = t->prev_thread_hook ? t->prev_thread_hook : Py_None;
+        PyObject *r = PyObject_CallMethod(threading, "setprofile", "O", prev);
+        Py_XDECREF(r);
+        Py_DECREF(threading);
+    }
+    if (PyErr_Occurred())
+        PyErr_WriteUnraisable((PyObject *)t);
+    Py_CLEAR(t->prev_thread_hook);
+}
+#endif
+
+#if APROF_MONITORING
+/* 3.12+: sys.monitoring callbacks, called through vectorcall with the code
+ * object (no frame object is made). Registered by aprof/_core/_tracer.py. */
+#define ARG_CODE(args) (args[0])
+
+static PyObject *
+Tracer_py_start(Tracer *t, PyObject *const *args, Py_ssize_t nargs)
+{
+    on_code(t, EV_CALL, ARG_CODE(args));
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+Tracer_py_return(Tracer *t, PyObject *const *args, Py_ssize_t nargs)
+{
+    on_code(t, EV_RETURN, ARG_CODE(args));
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+Tracer_py_unwind(Tracer *t, PyObject *const *args, Py_ssize_t nargs)
+{
+    /* The exception's type goes in an EXC event just before the UNWIND, so
+     * the frame's event gets its name (the UNWIND's payload is the code). */
+    ThreadSlot *ts = nargs >= 3 ? recording_slot(t) : NULL;
+    if (ts == NULL)
+        Py_RETURN_NONE;
+    uint64_t now = now_ticks();
+    int tidx = ts->tidx;
+    int64_t idx = code_index(t, ARG_CODE(args));
+    if (idx < 0) {
+        fail(t);
+        Py_RETURN_NONE;
+    }
+    if (idx & IGNORED_FLAG)
+        Py_RETURN_NONE;
+    PyObject *tp = (PyObject *)Py_TYPE(args[2]);
+    int64_t e = table_get(t, tp);
+    if (e == -2)
+        e = table_add(t, tp, tp, 0);
+    if (e < 0) {
+        fail(t);
+        Py_RETURN_NONE;
+    }
+    write_event(t, tidx, EV_EXC, e, now);
+    write_event(t, tidx, EV_UNWIND, idx, now);
+    Py_RETURN_NONE;
+}
+
+static PyObject *disable_sentinel; /* sys.monitoring.DISABLE */
+
+/* CALL fires for every call; only C callables are recorded here (Python
+ * ones get PY_START). A call site that calls a Python function is switched
+ * off for CALL (and so for its C_RETURN), which halves the callbacks of
+ * Python-heavy code; a site that calls both loses its C calls. */
+static PyObject *
+Tracer_call(Tracer *t, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 3)
+        Py_RETURN_NONE;
+    PyObject *callable = args[2];
+    if (PyFunction_Check(callable) || PyMethod_Check(callable))
+        return Py_NewRef(disable_sentinel);
+    on_cfunc(t, EV_CCALL, ARG_CODE(args), callable);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+Tracer_c_return(Tracer *t, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs >= 3)
+        on_cfunc(t, EV_CRETURN, ARG_CODE(args), args[2]);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+Tracer_c_raise(Tracer *t, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs >= 3)
+        on_cfunc(t, EV_CRAISE, ARG_CODE(args), args[2]);
+    Py_RETURN_NONE;
+}
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* 6. The Tracer type                                                        */
+/* ------------------------------------------------------------------------ */
+
+static int
+Tracer_init(Tracer *t, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"rf_state", "recorder", "lt_var", "thread_lt", "ignore_prefix", "max_events", NULL};
+    PyObject *rf_var, *recorder, *lt_var, *thread_lt, *prefix;
+    Py_ssize_t max_events = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOU|n", kwlist, &rf_var, &recorder, &lt_var, &thread_lt, &prefix,
+                                     &max_events))
+        return -1;
+    if (!PyContextVar_CheckExact(rf_var) || !PyContextVar_CheckExact(lt_var)) {
+        PyErr_SetString(PyExc_TypeError, "Tracer: rf_state and lt_var must be ContextVars");
+        return -1;
+    }
+    if (max_events < 0) {
+        PyErr_SetString(PyExc_ValueError, "Tracer: max_events must be >= 0");
+        return -1;
+    }
+    Py_XSETREF(t->rf_var, Py_NewRef(rf_var));
+    Py_XSETREF(t->recorder, Py_NewRef(recorder));
+    Py_XSETREF(t->lt_var, Py_NewRef(lt_var));
+    Py_XSETREF(t->thread_lt, Py_NewRef(thread_lt));
+    Py_XSETREF(t->ignore_prefix, Py_NewRef(prefix));
+    t->global = recorder == Py_None;
+    t->max_events = max_events;
+    if (t->objs == NULL && (t->objs = PyList_New(0)) == NULL)
+        return -1;
+    t->gen = next_gen++;
+    return 0;
+}
+
+static void
+release_threads(Tracer *t)
+{
+    for (int i = 0; i < t->nthreads; i++)
+        Py_CLEAR(t->threads[i].last_vars);
+    PyMem_Free(t->threads);
+    t->threads = NULL;
+    t->nthreads = 0;
+}
+
+static int
+Tracer_traverse(Tracer *t, visitproc visit, void *arg)
+{
+    Py_VISIT(t->rf_var);
+    Py_VISIT(t->recorder);
+    Py_VISIT(t->lt_var);
+    Py_VISIT(t->thread_lt);
+    Py_VISIT(t->objs);
+    Py_VISIT(t->pos);
+    Py_VISIT(t->neg);
+    Py_VISIT(t->prev_thread_hook);
+    for (int i = 0; i < t->nthreads; i++)
+        Py_VISIT(t->threads[i].last_vars);
+    return 0;
+}
+
+static int
+Tracer_clear(Tracer *t)
+{
+    Py_CLEAR(t->rf_var);
+    Py_CLEAR(t->recorder);
+    Py_CLEAR(t->lt_var);
+    Py_CLEAR(t->thread_lt);
+    Py_CLEAR(t->ignore_prefix);
+    Py_CLEAR(t->objs);
+    Py_CLEAR(t->pos);
+    Py_CLEAR(t->neg);
+    Py_CLEAR(t->prev_thread_hook);
+    for (int i = 0; i < t->nthreads; i++)
+        Py_CLEAR(t->threads[i].last_vars);
+    return 0;
+}
+
+static void
+Tracer_dealloc(Tracer *t)
+{
+    PyObject_GC_UnTrack(t);
+    if (running_tracer == t)
+        running_tracer = NULL;
+    Tracer_clear(t);
+    release_threads(t);
+    PyMem_Free(t->buf);
+    PyMem_Free(t->table);
+    Py_TYPE(t)->tp_free((PyObject *)t);
+}
+
+static PyObject *
+Tracer_start(Tracer *t, PyObject *initial)
+{
+    if (t->objs == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Tracer: not initialised");
+        return NULL;
+    }
+    if (t->active || t->start_ns) {
+        PyErr_SetString(PyExc_RuntimeError, "Tracer.start: this tracer was already started");
+        return NULL;
+    }
+    if (running_tracer != NULL) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "aprof: another profile with python_tracer=True is running in this process; "
+                        "only one Python tracer can run at a time");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(initial, "Tracer.start: initial must be a sequence of code objects");
+    if (seq == NULL)
+        return NULL;
+    t->calib[0] = now_ticks();
+    t->calib[1] = now_ns();
+    t->start_ns = t->last_ns = t->calib[0];
+    t->active = 1;
+    /* Frames already on the stack (outermost first) open at the start time
+     * (RELIABILITY LC-06), on the starting logical thread; their returns
+     * close them as usual. */
+    ThreadSlot *ts = thread_slot(t);
+    int32_t lt = -1;
+    if (ts != NULL) {
+        int tidx = ts->tidx;
+        lt = context_lt(t, ts);
+        t->threads[tidx].last_lt = lt;
+    }
+    if (lt == -2) /* the starting thread is always registered; just in case */
+        lt = -1;
+    for (Py_ssize_t i = 0; lt >= 0 && i < PySequence_Fast_GET_SIZE(seq); i++) {
+        PyObject *code = PySequence_Fast_GET_ITEM(seq, i);
+        if (!PyCode_Check(code))
+            continue;
+        int64_t idx = code_index(t, code);
+        if (idx < 0) {
+            lt = -1;
+            break;
+        }
+        if (!(idx & IGNORED_FLAG))
+            write_event(t, tl_tidx, EV_CALL, idx, t->start_ns);
+    }
+    Py_DECREF(seq);
+    if (lt < 0) {
+        t->active = 0;
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_RuntimeError, "Tracer.start: could not record the initial stack");
+        return NULL;
+    }
+#if !APROF_MONITORING
+    if (install_311(t) < 0) {
+        t->active = 0;
+        return NULL;
+    }
+#endif
+    running_tracer = t;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+Tracer_stop(Tracer *t, PyObject *Py_UNUSED(ignored))
+{
+    if (t->active) {
+        t->calib[2] = now_ticks();
+        t->calib[3] = now_ns();
+    }
+    t->active = 0;
+#if !APROF_MONITORING
+    uninstall_311(t);
+#endif
+    if (running_tracer == t)
+        running_tracer = NULL;
+    Py_CLEAR(t->pos);
+    Py_CLEAR(t->neg);
+    Py_RETURN_NONE;
+}
+
+/* Rewrite the buffer's times from TSC ticks to perf_counter_ns, in place:
+ * each event's absolute tick count is mapped linearly through the (ticks,
+ * ns) pairs read at start and stop, and its delta recomputed from the mapped
+ * times (so rounding never accumulates). Returns the start in ns. */
+static uint64_t
+ticks_to_ns(Tracer *t)
+{
+    uint64_t *c = t->calib;
+    if (!use_tsc)
+        return t->start_ns;
+    if (c[2] <= c[0]) { /* no usable stop reading: assume 1 tick = 1 ns */
+        c[2] = c[0] + 1;
+        c[3] = c[1] + 1;
+    }
+    double scale = (double)(c[3] - c[1]) / (double)(c[2] - c[0]);
+    uint64_t ticks = t->start_ns, prev = c[1];
+    for (Py_ssize_t i = 0; i < t->len; i++) {
+        RawEvent *e = &t->buf[i];
+        if ((e->word & 15) == EV_TIME) {
+            ticks = e->payload;
+            int64_t off = (int64_t)(ticks - c[0]);
+            prev = e->payload = c[1] + (uint64_t)(int64_t)((double)off * scale);
+            continue;
+        }
+        ticks += e->word >> 32;
+        int64_t off = (int64_t)(ticks - c[0]);
+        uint64_t ns = c[1] + (uint64_t)(int64_t)((double)off * scale);
+        uint64_t d = ns > prev ? ns - prev : 0;
+        if (d > 0xFFFFFFFFu)
+            d = 0xFFFFFFFFu;
+        prev += d;
+        e->word = (e->word & 0xFFFFFFFFu) | (d << 32);
+    }
+    return c[1];
+}
+
+/* The recorded data, handed over once: (packed events, objects, start_ns).
+ * The tracer keeps nothing afterwards. */
+static PyObject *
+Tracer_take(Tracer *t, PyObject *Py_UNUSED(ignored))
+{
+    if (t->active) {
+        PyErr_SetString(PyExc_RuntimeError, "Tracer.take: stop the tracer first");
+        return NULL;
+    }
+    uint64_t start = ticks_to_ns(t);
+    PyObject *data = PyBytes_FromStringAndSize((const char *)t->buf, t->len * (Py_ssize_t)sizeof(RawEvent));
+    if (data == NULL)
+        return NULL;
+    PyObject *objs = t->objs ? t->objs : PyList_New(0);
+    if (objs == NULL) {
+        Py_DECREF(data);
+        return NULL;
+    }
+    t->objs = PyList_New(0);
+    PyMem_Free(t->buf);
+    t->buf = NULL;
+    t->cap = t->len = 0;
+    PyMem_Free(t->table);
+    t->table = NULL;
+    t->table_size = t->table_used = 0;
+    release_threads(t);
+    t->gen = next_gen++; /* thread-local marks of this run are stale now */
+    return Py_BuildValue("(NNK)", data, objs, (unsigned long long)start);
+}
+
+static PyObject *
+Tracer_get_dropped(Tracer *t, void *closure)
+{
+    return PyLong_FromSsize_t(t->dropped);
+}
+
+static PyObject *
+Tracer_get_count(Tracer *t, void *closure)
+{
+    return PyLong_FromSsize_t(t->len);
+}
+
+static PyObject *
+Tracer_get_active(Tracer *t, void *closure)
+{
+    return PyBool_FromLong(t->active);
+}
+
+/* ------------------------------------------------------------------------ */
+/* 7. Replay's inner loop                                                    */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * replay(data, names, lts, start_ns, scope): the loop of
+ * aprof/_post/_replay.py in C (that file keeps the same loop in Python for
+ * the twin, and documents it). names[i] is the display name of object i (or
+ * None), lts[i] the (list, id) of logical thread i (or None). Appends
+ * (name, scope, start, None) when a call opens and (index, end, id, None)
+ * when it closes, to the logical thread's list.
+ */
+typedef struct {
+    uint64_t *keys;
+    Py_ssize_t *idxs;
+    Py_ssize_t n, cap;
+} Stack;
+
+#define REPLAY_SEARCH 32
+
+static int
+append_end(PyObject *lst, Py_ssize_t idx, uint64_t t, PyObject *tid, PyObject *exc)
+{
+    PyObject *tup = Py_BuildValue("(nKOO)", idx, (unsigned long long)t, tid, exc);
+    if (tup == NULL)
+        return -1;
+    int r = PyList_Append(lst, tup);
+    Py_DECREF(tup);
+    return r;
+}
+
+static PyObject *
+ctracer_replay(PyObject *module, PyObject *args)
+{
+    Py_buffer buf;
+    PyObject *names, *lts, *scope;
+    unsigned long long start;
+    if (!PyArg_ParseTuple(args, "y*O!O!KU", &buf, &PyList_Type, &names, &PyList_Type, &lts, &start, &scope))
+        return NULL;
+    Py_ssize_t nobj = PyList_GET_SIZE(names);
+    if (PyList_GET_SIZE(lts) != nobj) {
+        PyBuffer_Release(&buf);
+        PyErr_SetString(PyExc_ValueError, "replay: names and lts differ in length");
+        return NULL;
+    }
+    Stack *stacks = PyMem_Calloc(nobj ? nobj : 1, sizeof(Stack));
+    int32_t cur[MAX_THREADS];
+    for (int i = 0; i < MAX_THREADS; i++)
+        cur[i] = -1;
+    if (stacks == NULL) {
+        PyBuffer_Release(&buf);
+        return PyErr_NoMemory();
+    }
+    const RawEvent *ev = (const RawEvent *)buf.buf;
+    Py_ssize_t n = buf.len / (Py_ssize_t)sizeof(RawEvent);
+    uint64_t t = start;
+    int ok = 1;
+    PyObject *pending_exc = Py_None; /* name from the last EXC event (borrowed) */
+    for (Py_ssize_t i = 0; i < n && ok; i++) {
+        uint64_t w = ev[i].word, p = ev[i].payload;
+        int tag = (int)(w & 15), tidx = (int)((w >> 4) & 0xFFF);
+        t += w >> 32;
+        if (tag == EV_TIME) {
+            t = p;
+            continue;
+        }
+        if (p >= (uint64_t)nobj)
+            continue;
+        if (tag == EV_EXC) {
+            pending_exc = PyList_GET_ITEM(names, (Py_ssize_t)p);
+            continue;
+        }
+        if (tag == EV_SWITCH) {
+            if (PyList_GET_ITEM(lts, (Py_ssize_t)p) != Py_None)
+                cur[tidx] = (int32_t)p;
+            continue;
+        }
+        int32_t lt = cur[tidx];
+        if (lt < 0)
+            continue;
+        PyObject *pair = PyList_GET_ITEM(lts, lt);
+        PyObject *lst = PyTuple_GET_ITEM(pair, 0), *tid = PyTuple_GET_ITEM(pair, 1);
+        Stack *st = &stacks[lt];
+        if (tag == EV_CALL || tag == EV_CCALL) {
+            PyObject *name = PyList_GET_ITEM(names, (Py_ssize_t)p);
+            if (name == Py_None)
+                continue;
+            if (st->n == st->cap) {
+                Py_ssize_t cap = st->cap ? st->cap * 2 : 64;
+                uint64_t *k = PyMem_Realloc(st->keys, cap * sizeof(uint64_t));
+                if (k == NULL) {
+                    PyErr_NoMemory();
+                    ok = 0;
+                    break;
+                }
+                st->keys = k;
+                Py_ssize_t *x = PyMem_Realloc(st->idxs, cap * sizeof(Py_ssize_t));
+                if (x == NULL) {
+                    PyErr_NoMemory();
+                    ok = 0;
+                    break;
+                }
+                st->idxs = x;
+                st->cap = cap;
+            }
+            st->keys[st->n] = p;
+            st->idxs[st->n] = PyList_GET_SIZE(lst);
+            st->n++;
+            PyObject *tup = Py_BuildValue("(OOKO)", name, scope, (unsigned long long)t, Py_None);
+            if (tup == NULL || PyList_Append(lst, tup) < 0)
+                ok = 0;
+            Py_XDECREF(tup);
+            continue;
+        }
+        /* a return of some kind: close the innermost matching call, and
+         * anything opened above it (bounded search; unmatched: skipped); an
+         * UNWIND carries the name of the EXC event before it */
+        PyObject *exc = tag == EV_UNWIND ? pending_exc : Py_None;
+        pending_exc = Py_None;
+        for (Py_ssize_t j = st->n - 1; j >= 0 && j >= st->n - REPLAY_SEARCH; j--) {
+            if (st->keys[j] != p)
+                continue;
+            for (Py_ssize_t k = st->n - 1; k >= j && ok; k--)
+                if (append_end(lst, st->idxs[k], t, tid, k == j ? exc : Py_None) < 0)
+                    ok = 0;
+            st->n = j;
+            break;
+        }
+    }
+    for (Py_ssize_t i = 0; i < nobj; i++) {
+        PyMem_Free(stacks[i].keys);
+        PyMem_Free(stacks[i].idxs);
+    }
+    PyMem_Free(stacks);
+    PyBuffer_Release(&buf);
+    if (!ok)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"replay", (PyCFunction)ctracer_replay, METH_VARARGS, "Replay's inner loop (see aprof/_post/_replay.py)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMethodDef Tracer_methods[] = {
+    {"start", (PyCFunction)Tracer_start, METH_O, "Start recording; initial: code objects on the stack, outermost first."},
+    {"stop", (PyCFunction)Tracer_stop, METH_NOARGS, "Stop recording."},
+    {"take", (PyCFunction)Tracer_take, METH_NOARGS, "Hand over (packed events, objects, start_ns)."},
+#if APROF_MONITORING
+    {"py_start", (PyCFunction)(void (*)(void))Tracer_py_start, METH_FASTCALL, NULL},
+    {"py_resume", (PyCFunction)(void (*)(void))Tracer_py_start, METH_FASTCALL, NULL},
+    {"py_throw", (PyCFunction)(void (*)(void))Tracer_py_start, METH_FASTCALL, NULL},
+    {"py_return", (PyCFunction)(void (*)(void))Tracer_py_return, METH_FASTCALL, NULL},
+    {"py_yield", (PyCFunction)(void (*)(void))Tracer_py_return, METH_FASTCALL, NULL},
+    {"py_unwind", (PyCFunction)(void (*)(void))Tracer_py_unwind, METH_FASTCALL, NULL},
+    {"call", (PyCFunction)(void (*)(void))Tracer_call, METH_FASTCALL, NULL},
+    {"c_return", (PyCFunction)(void (*)(void))Tracer_c_return, METH_FASTCALL, NULL},
+    {"c_raise", (PyCFunction)(void (*)(void))Tracer_c_raise, METH_FASTCALL, NULL},
+#else
+    {"_thread_hook", (PyCFunction)(void (*)(void))Tracer_thread_hook, METH_FASTCALL, NULL},
+#endif
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Tracer_getset[] = {
+    {"dropped", (getter)Tracer_get_dropped, NULL, "Events not recorded because the buffer was full.", NULL},
+    {"count", (getter)Tracer_get_count, NULL, "Raw events in the buffer.", NULL},
+    {"active", (getter)Tracer_get_active, NULL, "Whether the tracer is recording.", NULL},
+    {NULL},
+};
+
+static PyTypeObject TracerType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "aprof._ctracer.Tracer",
+    .tp_basicsize = sizeof(Tracer),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The Python tracer's recording half (see aprof/_ctracer.pyi).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Tracer_init,
+    .tp_dealloc = (destructor)Tracer_dealloc,
+    .tp_traverse = (traverseproc)Tracer_traverse,
+    .tp_clear = (inquiry)Tracer_clear,
+    .tp_methods = Tracer_methods,
+    .tp_getset = Tracer_getset,
+};
+
+static struct PyModuleDef ctracer_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "aprof._ctracer",
+    .m_doc = "The Python tracer's C hot path (SPEC 8.1).",
+    .m_size = -1,
+    .m_methods = module_methods,
+};
+
+PyMODINIT_FUNC
+PyInit__ctracer(void)
+{
+    if (PyType_Ready(&TracerType) < 0)
+        return NULL;
+    detect_tsc();
+    str_recorder = PyUnicode_InternFromString("recorder");
+    str_co_filename = PyUnicode_InternFromString("co_filename");
+    if (str_recorder == NULL || str_co_filename == NULL)
+        return NULL;
+#if APROF_MONITORING
+    PyObject *sys = PyImport_ImportModule("sys");
+    if (sys == NULL)
+        return NULL;
+    PyObject *mon = PyObject_GetAttrString(sys, "monitoring");
+    Py_DECREF(sys);
+    if (mon == NULL)
+        return NULL;
+    disable_sentinel = PyObject_GetAttrString(mon, "DISABLE");
+    Py_DECREF(mon);
+    if (disable_sentinel == NULL)
+        return NULL;
+#endif
+    PyObject *m = PyModule_Create(&ctracer_module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "Tracer", (PyObject *)&TracerType) < 0 ||
+        PyModule_AddIntConstant(m, "EVENT_BYTES", (long)sizeof(RawEvent)) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

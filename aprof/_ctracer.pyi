@@ -1,0 +1,84 @@
+"""The contract of the Python tracer's recording half (SPEC 8.1).
+
+Two implementations: the C extension ``aprof._ctracer`` and the pure-Python
+twin ``aprof._core._tracer_py``. Both write the same packed format, which
+``aprof._post._replay`` reads:
+
+* each raw event is two unsigned 64-bit words (16 bytes, native order):
+  ``word`` = tag (bits 0-3) | thread index (bits 4-15) | nanoseconds since the
+  previous event (bits 32-63), and ``payload``;
+* tags: 1 CALL, 2 RETURN, 3 UNWIND (Python frames: payload = object index of
+  the code object), 4 C_CALL, 5 C_RETURN, 6 C_RAISE (payload = object index
+  of the C function's ``(name, file, line)``), 7 SWITCH (this thread now runs
+  the logical thread at object index ``payload``), 8 TIME (``payload`` is an
+  absolute ``perf_counter_ns`` value; written when a gap exceeds 32 bits),
+  9 EXC (3.12+: right before an UNWIND, payload = object index of the
+  exception's type).
+"""
+
+from collections.abc import Callable, Sequence
+from contextvars import ContextVar
+from types import CodeType
+from typing import Any, Final
+
+EVENT_BYTES: Final[int]
+
+def replay(data: bytes, names: list[str | None], lts: list[tuple[list[Any], int] | None], start_ns: int, scope: str, /) -> None:
+    """The inner loop of ``aprof._post._replay.replay`` (documented there), in C."""
+
+class Tracer:
+    """Records Python calls and returns (and C calls) of one profile.
+
+    Args:
+        rf_state: The ``RF_STATE`` context variable; an event is recorded
+            only when its value's ``recorder`` is ``recorder``.
+        recorder: The profile's recorder, or ``None`` to record every context
+            (global scope).
+        lt_var: A context variable holding ``(LogicalThread, os_thread_ident)``
+            for the task that owns the context, or ``None``.
+        thread_lt: Returns the calling OS thread's own logical thread, or
+            ``None`` while the thread is still starting up (its events are
+            then skipped, and it is asked again).
+        ignore_prefix: Code whose file name starts with this is not recorded
+            (aprof's own frames), nor are the C calls it makes.
+        max_events: Keep at most this many raw events (0: no limit); later
+            events are counted in :attr:`dropped`.
+    """
+
+    def __init__(
+        self,
+        rf_state: ContextVar[Any],
+        recorder: object | None,
+        lt_var: ContextVar[Any],
+        thread_lt: Callable[[], object],
+        ignore_prefix: str,
+        max_events: int = 0,
+    ) -> None: ...
+    @property
+    def dropped(self) -> int: ...
+    @property
+    def count(self) -> int: ...
+    @property
+    def active(self) -> bool: ...
+    def start(self, initial: Sequence[CodeType]) -> None:
+        """Start recording. ``initial``: code of the frames already on the
+        stack, outermost first; they open at the start time.
+
+        On 3.11 this installs the profile function on every thread and on
+        threads started later. Raises RuntimeError if another tracer runs,
+        or (3.11) another ``sys.setprofile`` hook is installed here.
+        """
+    def stop(self) -> None:
+        """Stop recording and uninstall (idempotent)."""
+    def take(self) -> tuple[bytes, list[Any], int]:
+        """Hand over ``(packed events, objects, start_ns)`` once, after stop."""
+    # sys.monitoring callbacks (3.12+), registered by aprof._core._tracer.
+    def py_start(self, code: CodeType, offset: int, /) -> Any: ...
+    def py_resume(self, code: CodeType, offset: int, /) -> Any: ...
+    def py_throw(self, code: CodeType, offset: int, exc: BaseException, /) -> Any: ...
+    def py_return(self, code: CodeType, offset: int, retval: object, /) -> Any: ...
+    def py_yield(self, code: CodeType, offset: int, retval: object, /) -> Any: ...
+    def py_unwind(self, code: CodeType, offset: int, exc: BaseException, /) -> Any: ...
+    def call(self, code: CodeType, offset: int, callable: object, arg0: object, /) -> Any: ...
+    def c_return(self, code: CodeType, offset: int, callable: object, arg0: object, /) -> Any: ...
+    def c_raise(self, code: CodeType, offset: int, callable: object, arg0: object, /) -> Any: ...

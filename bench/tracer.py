@@ -1,0 +1,260 @@
+"""The Python tracer against its peers, in one process.
+
+    python bench/tracer.py                 # full run (fib(30), ~2-3 minutes)
+    python bench/tracer.py --quick         # a smoke test (fib(22), 2 rounds)
+    python bench/tracer.py --n 30 --rounds 7 --json /tmp/tracer.json
+
+Workloads, each timed wall-clock with the profiler started before and stopped
+after the timing (start/stop are outside it):
+
+* ``fib(N)``: pure Python calls (N=30: 1.6M calls);
+* mixed: Python calls, method calls, a generator, C calls (``len``,
+  ``str.split``, ``dict.setdefault``, ``math.sqrt``).
+
+Variants, round-robin (rotating order, GC before each sample): plain,
+cProfile, yappi (wall clock), viztracer (default), pyinstrument, and
+``aprof.profile(python_tracer=True, tasks=False)``. Then, for aprof alone:
+bytes per raw event (tracemalloc over the recording, and the packed size),
+and stop (replay + consolidation) plus Chrome export per million raw events.
+Finally the figures are checked against the issue's targets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import math
+import os
+import sys
+import tempfile
+import time
+import tracemalloc
+from collections.abc import Callable
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import Case, dump, header, interleave, median, table  # noqa: E402
+
+
+def fib(n: int) -> int:
+    return n if n < 2 else fib(n - 1) + fib(n - 2)
+
+
+class Point:
+    def __init__(self, x: float, y: float) -> None:
+        self.x = x
+        self.y = y
+
+    def norm(self) -> float:
+        return math.sqrt(self.x * self.x + self.y * self.y)
+
+
+def numbers(n: int) -> Any:
+    yield from range(n)
+
+
+def mixed(n: int) -> float:
+    total = 0.0
+    d: dict[str, int] = {}
+    for i in range(n):
+        p = Point(i, i + 1)
+        total += p.norm()
+        total += sum(numbers(4))
+        s = str(i)
+        total += len(s.split("1"))
+        d.setdefault(s, 0)
+    return total
+
+
+# -- profilers: start() -> stop() ---------------------------------------------
+
+
+def _aprof() -> Callable[[], Any]:
+    import aprof
+
+    prof = aprof.profile(python_tracer=True, tasks=False)
+    prof.start()
+    return prof.stop
+
+
+def _cprofile() -> Callable[[], Any]:
+    import cProfile
+
+    pr = cProfile.Profile()
+    pr.enable()
+    return pr.disable
+
+
+def _yappi() -> Callable[[], Any]:
+    import yappi
+
+    yappi.set_clock_type("wall")
+    yappi.start()
+
+    def stop() -> None:
+        yappi.stop()
+        yappi.clear_stats()
+
+    return stop
+
+
+def _viztracer() -> Callable[[], Any]:
+    from viztracer import VizTracer
+
+    tracer = VizTracer(verbose=0)
+    tracer.start()
+
+    def stop() -> None:
+        tracer.stop()
+        tracer.clear()
+
+    return stop
+
+
+def _pyinstrument() -> Callable[[], Any]:
+    from pyinstrument import Profiler
+
+    p = Profiler()
+    p.start()
+    return p.stop
+
+
+PEERS: dict[str, Callable[[], Callable[[], Any]] | None] = {
+    "plain": None,
+    "cProfile": _cprofile,
+    "yappi wall": _yappi,
+    "viztracer": _viztracer,
+    "pyinstrument": _pyinstrument,
+    "aprof tracer": _aprof,
+}
+
+
+def make_case(name: str, start: Callable[[], Callable[[], Any]] | None, work: Callable[[], Any]) -> Case:
+    def run() -> float:
+        stop = start() if start is not None else None
+        try:
+            t0 = time.perf_counter()
+            work()
+            return (time.perf_counter() - t0) * 1e3
+        finally:
+            if stop is not None:
+                stop()
+
+    case = Case(name, run)
+    if start is not None:
+        try:  # a peer that is not installed is reported, not fatal
+            start()()
+        except Exception as exc:  # noqa: BLE001
+            case.run = None
+            case.missing = f"missing ({type(exc).__name__}: {exc})"
+    return case
+
+
+# -- aprof alone -----------------------------------------------------------------
+
+
+def aprof_memory(n: int) -> dict[str, float]:
+    """Bytes the tracer holds per raw event while recording fib(n)."""
+    import aprof
+
+    fib(n)  # every code object and cache warm, outside the measurement
+    gc.collect()
+    tracemalloc.start()
+    prof = aprof.profile(python_tracer=True, tasks=False)
+    before = tracemalloc.get_traced_memory()[0]
+    prof.start()
+    fib(n)
+    after = tracemalloc.get_traced_memory()[0]
+    tracer = prof._tracer
+    count = tracer.tracer.count if tracer is not None else 0
+    event_bytes = getattr(tracer.impl, "EVENT_BYTES", 0) if tracer is not None else 0
+    tracemalloc.stop()
+    prof.stop()
+    return {"events": count, "bytes_per_event_traced": (after - before) / max(count, 1), "packed_bytes": event_bytes}
+
+
+def aprof_post(n: int, rounds: int) -> dict[str, float]:
+    """stop() (replay + consolidation) and Chrome export, per million raw events."""
+    import aprof
+
+    stops, exports, counts = [], [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(rounds):
+            gc.collect()
+            prof = aprof.profile(python_tracer=True, tasks=False)
+            prof.start()
+            fib(n)
+            tracer = prof._tracer
+            count = tracer.tracer.count if tracer is not None else 0
+            t0 = time.perf_counter()
+            prof.stop()
+            t1 = time.perf_counter()
+            prof.export_chrome_trace(os.path.join(tmp, "t.json"))
+            t2 = time.perf_counter()
+            stops.append(t1 - t0)
+            exports.append(t2 - t1)
+            counts.append(count)
+            del prof
+    per = 1e6 / (sum(counts) / len(counts))
+    stops.sort()
+    exports.sort()
+    s, e = stops[len(stops) // 2], exports[len(exports) // 2]
+    return {"events": counts[0], "stop_s": s, "export_s": e, "stop_per_M": s * per, "export_per_M": e * per}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=30, help="fib(N) (default 30)")
+    ap.add_argument("--mixed", type=int, default=100_000, help="iterations of the mixed workload")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    if args.quick:
+        args.n, args.mixed, args.rounds = 22, 5_000, 2
+    from aprof._core._tracer import implementation
+
+    print(header())
+    print(f"aprof tracer implementation: {implementation().__name__}\n")
+
+    fib_cases = [make_case(name, start, lambda: fib(args.n)) for name, start in PEERS.items()]
+    interleave(fib_cases, args.rounds, collect=True, rotate=True, progress=True)
+    print(f"\nfib({args.n}), milliseconds\n" + table(fib_cases, "plain", "ms"))
+
+    mixed_cases = [make_case(name, start, lambda: mixed(args.mixed)) for name, start in PEERS.items()]
+    interleave(mixed_cases, args.rounds, collect=True, rotate=True, progress=True)
+    print(f"\nmixed({args.mixed}), milliseconds\n" + table(mixed_cases, "plain", "ms"))
+
+    mem = aprof_memory(min(args.n, 25))
+    print(
+        f"\nraw events: {mem['packed_bytes']} bytes packed; {mem['bytes_per_event_traced']:.1f} bytes per event "
+        f"held while recording ({mem['events']:,} events; tracemalloc, all of the profile's allocations, "
+        "the buffer grown by doubling)"
+    )
+    post = aprof_post(min(args.n, 27), 3)
+    print(
+        f"stop (replay + consolidation): {post['stop_s']:.2f} s for {post['events']:,} raw events "
+        f"= {post['stop_per_M']:.2f} s per 1M; Chrome export {post['export_s']:.2f} s = {post['export_per_M']:.2f} s per 1M; "
+        f"together {post['stop_per_M'] + post['export_per_M']:.2f} s per 1M"
+    )
+
+    def ratio(cases: list[Case], name: str) -> float:
+        by = {c.name: c for c in cases}
+        return median(by[name]) / median(by["plain"]) if by[name].samples else float("nan")
+
+    r_aprof, r_viz = ratio(fib_cases, "aprof tracer"), ratio(fib_cases, "viztracer")
+    checks = [
+        (f"fib({args.n}) under the aprof tracer <= 3.0x plain", r_aprof <= 3.0, f"{r_aprof:.2f}x"),
+        ("... and <= 0.65x viztracer's slowdown", r_aprof <= 0.65 * r_viz, f"{r_aprof / r_viz:.2f} of viztracer's {r_viz:.2f}x"),
+        ("<= 16 bytes per raw event (packed)", mem["packed_bytes"] <= 16, f"{mem['packed_bytes']} B"),
+        ("stop + replay + Chrome export of 1M events <= 2 s", post["stop_per_M"] + post["export_per_M"] <= 2.0,
+         f"{post['stop_per_M'] + post['export_per_M']:.2f} s"),
+    ]  # fmt: skip
+    print("\ntargets (from the issue):")
+    for what, ok, value in checks:
+        print(f"  {'ok    ' if ok else 'MISSED'} {what}: {value}")
+    dump(args.json, fib_cases + mixed_cases, {"memory": mem, "post": post})
+
+
+if __name__ == "__main__":
+    main()
