@@ -145,6 +145,7 @@ def test_ctrl_c_still_writes_the_trace(tmp_path: Path) -> None:
         (["report", "garbage.json"], "'garbage.json' is not a session, a Chrome trace or an HTML report"),
         (["convert", "nothere.json", "out.html"], "no such file 'nothere.json'"),
         (["convert", "garbage.json", "out.html"], "'garbage.json' is not a session"),
+        (["run", "--max-events", "5", "s.py"], "--max-events limits the Python tracer's events: add --python-tracer"),
     ],
 )
 def test_bad_input_is_one_line_naming_it(tmp_path: Path, args: list[str], message: str) -> None:
@@ -190,3 +191,145 @@ def test_sampling_monitor_example_samples_one_range_in_ten(tmp_path: Path) -> No
     rows = {line.split()[0]: int(line.split()[1]) for line in proc.stdout.splitlines()[1:]}
     assert set(rows) == {"db", "render", "request"}
     assert 150 <= sum(rows.values()) <= 450
+
+
+RUNTIMES = ["asyncio", "uvloop", "trio", "anyio-asyncio", "anyio-trio"]
+
+# One program for every runtime: a worker task that computes, a task that
+# holds the loop with time.sleep. Started by `aprof run` before any loop or
+# trio run exists, so the global profile must hook the one the program makes.
+SPAWNS_AND_BLOCKS = """
+import sys
+import time
+
+RUNTIME = sys.argv[1]
+
+
+def crunch(n):
+    return sum(i * i for i in range(n))
+
+
+async def worker():
+    await sleep(0.01)
+    return crunch(2000)
+
+
+async def hog():
+    await sleep(0.01)
+    time.sleep(0.2)
+
+
+if RUNTIME in ("asyncio", "uvloop"):
+    import asyncio
+
+    sleep = asyncio.sleep
+
+    async def main():
+        await asyncio.gather(asyncio.create_task(worker(), name="worker"), asyncio.create_task(hog(), name="hog"))
+
+    if RUNTIME == "uvloop":
+        import uvloop
+
+        uvloop.run(main())
+    else:
+        asyncio.run(main())
+elif RUNTIME == "trio":
+    import trio
+
+    sleep = trio.sleep
+
+    async def main():
+        async with trio.open_nursery() as n:
+            n.start_soon(worker, name="worker")
+            n.start_soon(hog, name="hog")
+
+    trio.run(main)
+else:
+    import anyio
+
+    sleep = anyio.sleep
+
+    async def main():
+        async with anyio.create_task_group() as g:
+            g.start_soon(worker, name="worker")
+            g.start_soon(hog, name="hog")
+
+    anyio.run(main, backend=RUNTIME.split("-")[1])
+"""
+
+
+def _tracks_by_tid(events: list[dict]) -> dict[tuple[int, int], str]:
+    return {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "thread_name"}
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_run_hooks_the_programs_own_loop_or_trio_run(tmp_path: Path, runtime: str) -> None:
+    # SPEC 10.1, 7.1, 7.5: the global profile of `aprof run` starts before the
+    # program's loop (or trio run) exists, and still gets each task on its
+    # own track (and no track for the runtime's own machinery), and the
+    # stretch in which `hog` held the loop, with hog's line on top of the stack.
+    script = tmp_path / "prog.py"
+    script.write_text(SPAWNS_AND_BLOCKS)
+    out = tmp_path / "t.json"
+    proc = run_aprof("run", "--loop-block-threshold", "0.05", "-o", str(out), str(script), runtime, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    events = validate_trace(out)["traceEvents"]
+    tracks = _tracks_by_tid(events)
+    tasks = sorted(tracks[e["pid"], e["tid"]] for e in events if e.get("ph") == "X" and e.get("cat") == "task")
+    assert len(tasks) == 3, tasks  # main, worker, hog
+    assert any("worker" in t for t in tasks)
+    assert any("hog" in t for t in tasks)
+    blocks = [e for e in events if e.get("ph") == "X" and e.get("cat") == "loop_block"]
+    assert len(blocks) == 1, blocks
+    assert blocks[0]["dur"] >= 100_000  # us: most of the 0.2 s sleep
+    top = blocks[0]["args"]["stack"][0]
+    assert "prog.py:" in top, top
+    assert top.endswith(" hog"), top
+    assert all((e["pid"], e["tid"]) in tracks for e in events if e.get("ph") != "M")  # no nameless track
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_run_python_tracer_puts_calls_on_the_calling_tasks_track(tmp_path: Path, runtime: str) -> None:
+    # SPEC 10.1, 8.1: --python-tracer records the program's Python calls; the
+    # worker's crunch() is on the worker task's track.
+    script = tmp_path / "prog.py"
+    script.write_text(SPAWNS_AND_BLOCKS)
+    out = tmp_path / "t.json"
+    proc = run_aprof("run", "--python-tracer", "--no-summary", "-o", str(out), str(script), runtime, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    events = validate_trace(out)["traceEvents"]
+    tracks = _tracks_by_tid(events)
+    crunch = [e for e in events if e.get("ph") == "X" and e["name"].endswith(": crunch")]
+    assert len(crunch) == 1, crunch
+    assert crunch[0]["cat"] == "python_function"
+    assert "worker" in tracks[crunch[0]["pid"], crunch[0]["tid"]]
+
+
+def test_run_max_events_keeps_the_first_events_and_counts_the_rest(tmp_path: Path) -> None:
+    # SPEC 10.1, 8.1, RELIABILITY LD-02: the cap is reported, the trace loads.
+    script = tmp_path / "prog.py"
+    script.write_text(SPAWNS_AND_BLOCKS)
+    out = tmp_path / "t.json"
+    proc = run_aprof("run", "--python-tracer", "--max-events", "200", "-o", str(out), str(script), "asyncio", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    doc = validate_trace(out)
+    assert doc["otherData"]["dropped"] > 0
+    assert sum(1 for e in doc["traceEvents"] if e.get("cat") == "python_function") <= 200
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--loop-block-threshold", "0"], "expected a number of seconds > 0, got '0'"),
+        (["--loop-block-threshold", "soon"], "expected a number of seconds > 0, got 'soon'"),
+        (["--max-events", "-3", "--python-tracer"], "expected a whole number > 0, got '-3'"),
+    ],
+)
+def test_bad_option_values_are_named(tmp_path: Path, args: list[str], message: str) -> None:
+    # SPEC 10.1, 12: argparse's usage line, then the option and what was wrong.
+    (tmp_path / "s.py").write_text("pass\n")
+    proc = run_aprof("run", *args, "s.py", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert args[0] in proc.stderr
+    assert "Traceback" not in proc.stderr

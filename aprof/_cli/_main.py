@@ -45,6 +45,14 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--scope", choices=("context", "global"), default="global", help="record the whole process (global, the default) or only the main context and what it spawns")
     run.add_argument("--propagate", action="store_true", help="carry context into run_in_executor, ThreadPoolExecutor.submit and threading.Thread")
     run.add_argument("--with-stack", action="store_true", help="attach the Python stack to each range")
+    run.add_argument("--python-tracer", action="store_true", help="record every Python function call and return (and C calls), on the tracks of the tasks that made them")
+    run.add_argument("--max-events", type=_positive_int, metavar="N", help="with --python-tracer, keep the first N raw tracer events and count the rest as dropped")
+    run.add_argument(
+        "--loop-block-threshold",
+        type=_positive_seconds,
+        metavar="SECONDS",
+        help="record every stretch in which one step or callback held the asyncio loop longer than this, with the blocking stack",
+    )
     run.add_argument("--sort", default="total", choices=sorted(_SORT_KEYS), help="sort the summary table by this column")
     run.add_argument("--row-limit", type=int, default=30, help="rows in the summary table (default 30)")
     run.add_argument("--no-summary", action="store_true", help="do not print the summary table")
@@ -65,6 +73,26 @@ def _parser() -> argparse.ArgumentParser:
     convert.add_argument("input")
     convert.add_argument("output", help=f"format from the name: {', '.join(_FORMATS)}")
     return p
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number > 0, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number > 0, got {text!r}")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return value
 
 
 def _checked_output(name: str) -> Path:
@@ -115,9 +143,22 @@ def _run(args: argparse.Namespace) -> int:
         install_propagation()
     if args.scope == "global":
         import asyncio  # noqa: F401  (so the global profile can hook the loops the program creates)
-    prof = profile(scope=args.scope, with_stack=args.with_stack)
+    if args.max_events is not None and not args.python_tracer:
+        raise _UsageError("run: --max-events limits the Python tracer's events: add --python-tracer")
+    prof = profile(
+        scope=args.scope,
+        with_stack=args.with_stack,
+        python_tracer=args.python_tracer,
+        max_events=args.max_events,
+        loop_block_threshold=args.loop_block_threshold,
+    )
     code = 0
-    prof.start()
+    try:
+        prof.start()
+    except RuntimeError as exc:  # another tool holds the tracing hook (RELIABILITY FA-08)
+        if args.propagate:
+            uninstall_propagation()
+        raise _UsageError(f"run: {exc}") from None
     try:
         if args.module:
             runpy.run_module(args.module, run_name="__main__", alter_sys=True)
