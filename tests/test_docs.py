@@ -52,3 +52,26 @@ def test_readme_quick_start_matches_ci() -> None:
     example = re.search(r"aprof run -o \S+ (examples/\S+\.py)", readme)
     assert example is not None
     assert (ROOT / example.group(1)).is_file()
+
+
+def _guide_programs() -> list[str]:
+    # The guide's complete programs: blocks that start with an import (the
+    # others are fragments of the one before).
+    text = (ROOT / "docs" / "guide.md").read_text()
+    return [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if b.startswith(("import ", "from "))]
+
+
+def test_the_guide_has_programs() -> None:
+    assert len(_guide_programs()) >= 7
+
+
+@pytest.mark.parametrize("index", range(len(_guide_programs())))
+def test_guide_programs_run(index: int, tmp_path: Path) -> None:
+    # Every complete program in docs/guide.md runs as written (in a scratch
+    # directory: some write traces).
+    import subprocess
+    import sys
+
+    program = _guide_programs()[index]
+    proc = subprocess.run([sys.executable, "-c", program], cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
