@@ -119,6 +119,29 @@ def backend(request: pytest.FixtureRequest) -> Backend:
     return Backend(request.param)
 
 
+def _runtime_patches() -> list[str]:
+    """Hooks a global profile installs until its stop: asyncio.Runner, trio.run,
+    trio's post-import finder, the to_thread wrappers."""
+    import asyncio.runners
+
+    from aprof._integrations import _trio_runs
+
+    found = []
+    if getattr(asyncio.runners.Runner._lazy_init, "__module__", "").startswith("aprof"):
+        found.append("asyncio.Runner._lazy_init")
+    if any(isinstance(f, _trio_runs._PatchAfterImport) for f in sys.meta_path):
+        found.append("the trio import hook")
+    trio = sys.modules.get("trio")
+    if trio is not None:
+        if hasattr(trio.run, "__aprof_original__"):
+            found.append("trio.run")
+        if hasattr(trio.lowlevel.start_guest_run, "__aprof_original__"):
+            found.append("trio.lowlevel.start_guest_run")
+    if _propagation._to_thread_users:
+        found.append("the to_thread wrappers")
+    return found
+
+
 def _aprof_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if getattr(t, "_aprof_owned", False) and t.is_alive()]
 
@@ -145,6 +168,9 @@ def no_leftovers() -> Any:
     if aprof.has_callbacks():
         problems.append("callbacks are left registered")
         aprof.clear_callbacks()
+    patched = _runtime_patches()
+    if patched:
+        problems.append(f"runtime hooks left installed: {', '.join(patched)}")
     if _propagation.is_propagation_installed():
         problems.append("install_propagation() was left in effect")
         aprof.uninstall_propagation()

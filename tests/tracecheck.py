@@ -62,6 +62,11 @@ def validate_trace(path: str | Path) -> dict[str, Any]:
             pass
         else:
             raise AssertionError(f"unexpected phase {ph!r}: {ev}")
+    if doc.get("otherData", {}).get("producer") == "aprof":
+        # aprof names every row it puts an event on (no nameless tracks).
+        named = {(e["pid"], e["tid"]) for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"}
+        nameless = {(e["pid"], e["tid"]) for e in events if e.get("ph") != "M"} - named
+        assert not nameless, f"events on rows without a thread_name: {sorted(nameless)[:5]}"
     for key, st in stacks.items():
         assert not st, f"unclosed B events on {key}: {st}"
     for akey, n in async_open.items():

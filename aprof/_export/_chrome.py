@@ -117,11 +117,11 @@ def chrome_trace_chunks(session: Session) -> Iterator[str]:
 
     # Spawners that recorded nothing have no track; name their row for the
     # flow arrows that start there (the profile's starting task, mostly).
-    track_ids = {t.id for t in tracks}
+    track_pids = {t.id: pids.get(t.node_id, t.node_id) for t in tracks}
     start = session.metadata.get("start_thread") or {}
     spawners = {(ev.node_id, ev.forward_thread_id) for ev in session.events() if ev.forward_thread_id and ev.sequence_nr > 0}
     for node, tid in sorted(spawners):
-        if tid not in track_ids:
+        if tid not in track_pids:
             pid = pids.get(node, node)
             if tid == start.get("id"):
                 kind = start.get("kind", "thread")
@@ -168,7 +168,7 @@ def chrome_trace_chunks(session: Session) -> Iterator[str]:
                 link_ns = int(ev.extra.get("spawn_ns", ev.extra.get("submit_ns", link_ns)))
             ts0 = (link_ns - base) / 1000.0
             yield sep() + (
-                f'{{"ph":"s","name":"spawn","cat":"{cat}","id":{flow_id},"pid":{pid},'
+                f'{{"ph":"s","name":"spawn","cat":"{cat}","id":{flow_id},"pid":{track_pids.get(ev.forward_thread_id, pid)},'
                 f'"tid":{ev.forward_thread_id},"ts":{ts0:.3f}}}'
             )
             yield sep() + (
