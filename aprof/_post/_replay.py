@@ -29,21 +29,19 @@ from typing import TYPE_CHECKING, Any, Final
 
 from .._core._callbacks import RecordScope
 from .._core._threads import LogicalThread
+from .._core._tracer_py import (  # the packed format's tags, one definition (the C file mirrors it)
+    EV_CALL,
+    EV_CCALL,
+    EV_EXC,
+    EV_SWITCH,
+    EV_TIME,
+    EV_UNWIND,
+)
 
 if TYPE_CHECKING:
     from .._core._recorder import ProfilerState
 
 __all__ = ["prune_filename", "replay"]
-
-EV_CALL: Final = 1
-EV_RETURN: Final = 2
-EV_UNWIND: Final = 3
-EV_CCALL: Final = 4
-EV_CRETURN: Final = 5
-EV_CRAISE: Final = 6
-EV_SWITCH: Final = 7
-EV_TIME: Final = 8
-EV_EXC: Final = 9
 
 _SCOPE: Final = RecordScope.PYTHON_FUNCTION.value
 _SEARCH: Final = 32  # how deep a return looks for its call before it is skipped
