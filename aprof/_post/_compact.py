@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from .._core._callbacks import RecordScope
 from .._core._recorder import KIND_INSTANT, KIND_RANGE
-from ._events import FunctionEvent, Track, add_child, make_event
+from ._events import FunctionEvent, Track, link_parents, make_event
 
 if TYPE_CHECKING:
     from ._session import Session
@@ -145,10 +145,5 @@ def session_from_compact(doc: dict[str, Any]) -> Session:
             rec[-1] = {**extra, "steps": track.steps}  # as consolidation leaves it
         events.append(make_event(rec, track, bool(flags & F_ASYNC), bool(flags & F_UNFINISHED)))
         parents.append(parent)
-    for ev, pi in zip(events, parents, strict=True):
-        if pi >= 0:
-            parent_ev = events[pi]
-            ev.parent = parent_ev
-            if not ev.is_async and parent_ev.thread_id == ev.thread_id:
-                add_child(parent_ev, ev)
+    link_parents(events, parents)
     return Session(events, {t.id: t for t in tracks}, metadata)

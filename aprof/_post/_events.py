@@ -282,6 +282,18 @@ def add_child(parent: FunctionEvent, child: FunctionEvent) -> None:
         parent.children.append(child)
 
 
+def link_parents(events: list[FunctionEvent], parents: list[int]) -> None:
+    """Relink events read back from a file: ``parents[i]`` is the index of
+    ``events[i]``'s parent, or -1. An async range is not its parent's child,
+    nor is an event on another track."""
+    for ev, pi in zip(events, parents, strict=True):
+        if pi >= 0:
+            parent = events[pi]
+            ev.parent = parent
+            if not ev.is_async and parent.thread_id == ev.thread_id:
+                add_child(parent, ev)
+
+
 def consolidate(
     lists: dict[LogicalThread, list[tuple[Any, ...]]],
     stop_ns: int,

@@ -26,7 +26,7 @@ from .. import _version
 from .._core._callbacks import RecordScope
 from .._core._recorder import KIND_INSTANT, KIND_RANGE, ProfilerState
 from .._export._files import atomic_write_text, check_output_path
-from ._events import FunctionEvent, Track, add_child, consolidate, make_event
+from ._events import FunctionEvent, Track, consolidate, link_parents, make_event
 
 if TYPE_CHECKING:
     from ._analysis import EventAverages
@@ -245,10 +245,5 @@ def _from_json(doc: dict[str, Any]) -> Session:
             track.steps = [int(t) for t in e.extra["steps"]]
         events.append(e)
         parents.append(int(d["parent"]))
-    for e, pi in zip(events, parents, strict=True):
-        if pi >= 0:
-            parent = events[pi]
-            e.parent = parent
-            if not e.is_async and parent.thread_id == e.thread_id:
-                add_child(parent, e)
+    link_parents(events, parents)
     return Session(events, tracks, dict(doc["metadata"]))
