@@ -41,7 +41,8 @@ setup(
     ext_modules=[
         Extension(
             "aprof._ctracer",
-            sources=["aprof/_ctracer.c"],
+            sources=["aprof/_ctracer.c", "aprof/_cranges.c"],
+            depends=["aprof/_cext.h"],
             extra_compile_args=["-O2", "-std=c11"] if sys.platform != "win32" else [],
             optional=True,
         )

@@ -30,6 +30,8 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "_cext.h"
+
 #ifdef Py_GIL_DISABLED
 /* The buffer and tables rely on the GIL (see above). On a free-threaded
  * build the extension is not built and aprof uses the pure-Python twin. */
@@ -82,16 +84,6 @@ enum {
 
 #define MAX_THREADS 4096
 #define IGNORED_FLAG ((uint32_t)1 << 31)
-
-static inline uint64_t
-now_ns(void)
-{
-    /* time.perf_counter_ns() reads CLOCK_MONOTONIC on Linux: the tracer's
-     * times must end up on the same clock as ranges and task steps. */
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 /*
  * The event clock. Reading CLOCK_MONOTONIC costs ~20 ns here (vDSO), two
@@ -194,14 +186,7 @@ typedef struct {
 } Tracer;
 
 static uint64_t next_gen = 1;
-/* Which thread slot this OS thread has in the running tracer. initial-exec:
- * a shared library's TLS otherwise goes through __tls_get_addr, a call on
- * every event. */
-#if defined(__GNUC__)
-#define APROF_TLS _Thread_local __attribute__((tls_model("initial-exec")))
-#else
-#define APROF_TLS _Thread_local
-#endif
+/* Which thread slot this OS thread has in the running tracer. */
 static APROF_TLS uint64_t tl_gen = 0;
 static APROF_TLS int tl_tidx = 0;
 static PyObject *str_recorder;
@@ -1334,7 +1319,7 @@ static PyTypeObject TracerType = {
 static struct PyModuleDef ctracer_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "aprof._ctracer",
-    .m_doc = "The Python tracer's C hot path (SPEC 8.1).",
+    .m_doc = "aprof's C hot path: the Python tracer (SPEC 8.1) and the range fast path (SPEC 3).",
     .m_size = -1,
     .m_methods = module_methods,
 };
@@ -1366,7 +1351,8 @@ PyInit__ctracer(void)
     if (m == NULL)
         return NULL;
     if (PyModule_AddObjectRef(m, "Tracer", (PyObject *)&TracerType) < 0 ||
-        PyModule_AddIntConstant(m, "EVENT_BYTES", (long)sizeof(RawEvent)) < 0) {
+        PyModule_AddIntConstant(m, "EVENT_BYTES", (long)sizeof(RawEvent)) < 0 ||
+        aprof_ranges_init(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

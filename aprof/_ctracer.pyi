@@ -82,3 +82,35 @@ class Tracer:
     def call(self, code: CodeType, offset: int, callable: object, arg0: object, /) -> Any: ...
     def c_return(self, code: CodeType, offset: int, callable: object, arg0: object, /) -> Any: ...
     def c_raise(self, code: CodeType, offset: int, callable: object, arg0: object, /) -> Any: ...
+
+# -- the range fast path (aprof/_cranges.c) ----------------------------------
+
+class Stepping:
+    """Per-OS-thread slot (C thread-local storage): the logical thread whose
+    step runs on this OS thread, set by aprof's task hooks, or ``None``."""
+
+    lt: Any
+
+#: The one ``Stepping`` object (``aprof._core._threads.stepping``).
+stepping: Stepping
+
+class RangeCore:
+    """``record_function``'s fields, ``__init__``, ``__enter__`` and
+    ``__exit__`` in C; the contract is ``_PyRangeCore`` in
+    ``aprof/_core/_record_function.py``. Subclasses provide ``_spill``,
+    ``_take_shared``, ``_slow_start`` and ``_end_general``, which every case
+    but "nothing listening" and "only the context's profile" calls."""
+
+    name: str
+    args: str | None
+    _rec: Any
+    _lt: Any
+    _more: Any
+    _idx: int
+    def __init__(self, name: str, args: str | None = None) -> None: ...
+    def __enter__(self) -> Any: ...
+    def __exit__(self, et: Any, ev: Any, tb: Any, /) -> None: ...
+
+def _range_setup(rf_state: ContextVar[Any], callbacks_dict: dict[str, Any], current_logical_thread: Callable[[], Any], /) -> None:
+    """Give the range fast path ``RF_STATE``, ``_callbacks.__dict__`` and
+    ``current_logical_thread`` (called once, at import)."""

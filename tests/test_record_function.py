@@ -294,6 +294,20 @@ def test_record_function_refuses_names_that_are_not_str() -> None:
         aprof.record_function("ok", args=5)  # type: ignore[arg-type]
 
 
+def test_a_str_subclass_is_a_name_like_any_str() -> None:
+    # SPEC 4.1: "any str" includes subclasses (an enum.StrEnum member, say).
+    class Name(str):
+        pass
+
+    with aprof.profile() as prof:
+        with aprof.record_function(Name("outer"), args=Name("a=1")):
+            with aprof.record_function(Name("inner")):
+                pass
+    outer = one(prof, "outer")
+    assert outer.args == "a=1"
+    assert [c.name for c in outer.children] == ["inner"]
+
+
 AWKWARD_NAMES = [
     "",
     "x" * 10_240,

@@ -22,9 +22,9 @@ from collections.abc import AsyncGenerator, Callable, Generator, Iterable
 from contextvars import Token
 from time import perf_counter_ns
 from types import TracebackType
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Final, Self, TypeVar, cast
 
-from . import _callbacks
+from . import _callbacks, _native, _threads
 from ._callbacks import (
     MODE_FAST,
     MODE_OFF,
@@ -347,28 +347,13 @@ class RecordFunction:
 # ---------------------------------------------------------------------------
 
 
-class record_function:
-    """A named range around a block of code or a function call.
+class _PyRangeCore:
+    """The pure-Python range core: fields, ``__init__``, ``__enter__``, ``__exit__``.
 
-    Usable as ``with``, ``async with``, a decorator (functions, coroutine
-    functions, generators, async generators), or explicitly with
-    :meth:`start` and :meth:`end`, which may run in different tasks. An
-    exception or cancellation inside the range ends it, records the
-    exception's type name, and propagates unchanged.
-
-    Args:
-        name: The range's name (any str, including empty).
-        args: An optional string kept with the event (e.g. "batch=32").
-
-    Raises:
-        TypeError: ``name`` is not a str, or ``args`` is neither a str nor None.
-
-    Example:
-        >>> import aprof
-        >>> @aprof.record_function("fetch")
-        ... async def fetch(url): ...
-        >>> with aprof.record_function("parse", args="size=4k"):
-        ...     pass
+    The C extension's ``RangeCore`` (aprof/_cranges.c) is the same in C and
+    is the base of :class:`record_function` when it is built; both call the
+    same Python methods of :class:`record_function` for every case but the
+    two they handle inline (nothing listening, only the profile listening).
     """
 
     __slots__ = ("_idx", "_lt", "_more", "_rec", "args", "name")
@@ -390,7 +375,7 @@ class record_function:
         # several tasks at once, or recursively): (rec, idx, lt) entries.
         self._more: list[tuple[Any, int, LogicalThread | None]] | None = None
 
-    def __enter__(self) -> record_function:
+    def __enter__(self) -> Self:
         # The hot path: with nothing listening, one context-variable read and
         # two tests. Modes are literal ints here (see _callbacks.MODE_*).
         if self._rec is not None:
@@ -431,15 +416,67 @@ class record_function:
             # The end tuple goes to the starting thread's list, naming the
             # start's index. After stop nobody reads that list: a late end is
             # dropped for free.
+            now = perf_counter_ns()
             lt = stepping.lt  # set inside recorded task steps: skips the lookup
             if lt is None:
                 lt = current_logical_thread()
-            rec.append((self._idx, perf_counter_ns(), lt.id, None if et is None else et.__name__))
+            rec.append((self._idx, now, lt.id, None if et is None else et.__name__))
         else:
-            assert isinstance(rec, RecordFunction)
-            if et is not None:
-                rec._exception = et.__name__
-            rec.end()
+            self._end_general(rec, et)
+
+    # Implemented by record_function; called from both cores.
+    def _spill(self) -> None:
+        raise NotImplementedError
+
+    def _take_shared(self) -> None:
+        raise NotImplementedError
+
+    def _slow_start(self) -> None:
+        raise NotImplementedError
+
+    def _end_general(self, rec: Any, et: type[BaseException] | None) -> None:
+        raise NotImplementedError
+
+
+if TYPE_CHECKING:
+    _RangeCore = _PyRangeCore
+else:
+    _RangeCore = _PyRangeCore if _native.extension is None else _native.extension.RangeCore
+    if _native.extension is not None:
+        _native.extension._range_setup(
+            RF_STATE, vars(_callbacks), current_logical_thread, vars(_threads), _threads._hint if _threads._HINTS else None
+        )
+
+#: Whether record_function's enter/exit run in C (the extension is built and
+#: ``APROF_PURE_PYTHON`` is not set).
+C_RANGES: Final = _RangeCore is not _PyRangeCore
+
+
+class record_function(_RangeCore):
+    """A named range around a block of code or a function call.
+
+    Usable as ``with``, ``async with``, a decorator (functions, coroutine
+    functions, generators, async generators), or explicitly with
+    :meth:`start` and :meth:`end`, which may run in different tasks. An
+    exception or cancellation inside the range ends it, records the
+    exception's type name, and propagates unchanged.
+
+    Args:
+        name: The range's name (any str, including empty).
+        args: An optional string kept with the event (e.g. "batch=32").
+
+    Raises:
+        TypeError: ``name`` is not a str, or ``args`` is neither a str nor None.
+
+    Example:
+        >>> import aprof
+        >>> @aprof.record_function("fetch")
+        ... async def fetch(url): ...
+        >>> with aprof.record_function("parse", args="size=4k"):
+        ...     pass
+    """
+
+    __slots__ = ()
 
     async def __aenter__(self) -> record_function:
         return self.__enter__()
@@ -483,6 +520,13 @@ class record_function:
             self._lt = lt
         if not more:
             self._more = None
+
+    def _end_general(self, rec: Any, et: type[BaseException] | None) -> None:
+        """End a range the general path opened (a RecordFunction)."""
+        assert isinstance(rec, RecordFunction)
+        if et is not None:
+            rec._exception = et.__name__
+        rec.end()
 
     def _slow_start(self) -> None:
         rf = RecordFunction(RecordScope.USER_SCOPE)

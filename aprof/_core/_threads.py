@@ -24,6 +24,8 @@ import weakref
 from contextvars import ContextVar
 from typing import Any, Final
 
+from . import _native
+
 
 def _detect_asyncio() -> Any:
     """Stand-in for "the running asyncio task" until asyncio is imported.
@@ -50,7 +52,9 @@ def _bind_asyncio() -> Any:
 
     running_loop = asyncio.events._get_running_loop
     if sys.version_info >= (3, 12):
+        global _asyncio_fns
         current_task = asyncio.tasks.current_task  # the C function on 3.12+
+        _asyncio_fns = (running_loop, current_task)  # read by the C range path
 
         def task_312() -> Any:
             loop = running_loop()
@@ -104,13 +108,16 @@ def _find_loop_311(current_tasks: dict[Any, Any], running_loop: Any, me: int) ->
 
 #: () -> the asyncio task running in this thread, or None.
 _asyncio_task: Any = _detect_asyncio
+#: 3.12+, once asyncio is bound: (_get_running_loop, current_task), the C
+#: functions underneath; the C range path (aprof/_cranges.c) calls them.
+_asyncio_fns: tuple[Any, Any] | None = None
 
 # 3.11 only: the last task logical thread found in this context, checked
 # against asyncio's current-task table instead of being looked up again.
 _HINTS: Final = sys.version_info < (3, 12)
 _hint: ContextVar[LogicalThread | None] = ContextVar("aprof.logical_thread_hint", default=None)
 _loop_cache = _LoopCache()
-_current_tasks_311: dict[Any, Any] = {}
+_current_tasks_311: dict[Any, Any] | None = None  # asyncio's table, once bound
 _get_ident = threading.get_ident
 
 __all__ = ["LogicalThread", "current_logical_thread", "current_thread_id"]
@@ -127,13 +134,15 @@ class _Stepping(threading.local):
 
     Set by aprof's task hooks around every step of a task they record (the
     asyncio step proxy, the trio instrument). It lets the hot path skip the
-    running-loop lookup, which on 3.11 makes a getpid() system call.
+    running-loop lookup, which on 3.11 makes a getpid() system call. With the
+    C extension the slot lives in C thread-local storage (same ``.lt``
+    attribute), where the C range path reads it with one load.
     """
 
     lt: LogicalThread | None = None
 
 
-stepping = _Stepping()
+stepping: _Stepping = _native.extension.stepping if _native.extension is not None else _Stepping()
 
 
 class LogicalThread:
@@ -233,7 +242,8 @@ def current_logical_thread() -> LogicalThread:
         if lt is not None and lt.os_thread_id == _get_ident():
             ref = lt._task_ref
             task = ref() if ref is not None else None
-            if task is not None and _current_tasks_311.get(lt.loop) is task:
+            tasks = _current_tasks_311  # bound: a hint exists only after a task was found
+            if task is not None and tasks is not None and tasks.get(lt.loop) is task:
                 return lt
     task = _asyncio_task()
     if task is not None:

@@ -24,6 +24,7 @@ from contextvars import ContextVar, Token
 from types import CodeType
 from typing import TYPE_CHECKING, Any, Final
 
+from . import _native
 from ._callbacks import RF_STATE, AprofWarning
 from ._threads import LogicalThread, _thread_lt, current_logical_thread
 
@@ -67,26 +68,24 @@ _warned = False
 
 
 def implementation() -> Any:
-    """The tracer module in use: ``aprof._ctracer``, or the twin if it is missing."""
+    """The tracer module in use: ``aprof._ctracer``, or the twin if it is
+    missing (with one warning) or ``APROF_PURE_PYTHON=1`` asked for it."""
     global _warned
     if _forced is not None:
         return _forced
-    try:
-        from .. import _ctracer
+    if _native.extension is not None:
+        return _native.extension
+    from . import _tracer_py
 
-        return _ctracer
-    except ImportError:
-        from . import _tracer_py
-
-        if not _warned:
-            _warned = True
-            warnings.warn(
-                "aprof: the C extension aprof._ctracer is not built (no compiler at install time?); "
-                "the Python tracer runs in pure Python and is much slower",
-                AprofWarning,
-                stacklevel=4,
-            )
-        return _tracer_py
+    if not _warned and not _native.FORCED_PURE:
+        _warned = True
+        warnings.warn(
+            "aprof: the C extension aprof._ctracer is not built (no compiler at install time?); "
+            "the Python tracer runs in pure Python and is much slower",
+            AprofWarning,
+            stacklevel=4,
+        )
+    return _tracer_py
 
 
 def _starting_thread_lt() -> LogicalThread | None:

@@ -452,7 +452,7 @@ def _records_of(raw: list[tuple[Any, ...]], tid: int) -> list[list[Any]]:
     records: list[list[Any]] = []
     scopes = _SCOPES
     for i, t in enumerate(raw):
-        if type(t[0]) is str:
+        if type(t[0]) is not int:  # an end names its start by index; a start, by name (str or a subclass)
             if len(t) == 4:  # the fast path's user range
                 rec = [t[0], scopes[t[1]], t[2], None, None, None, t[3], -1, 0, None, None, 0, None]
             else:

@@ -1,0 +1,628 @@
+/*
+ * aprof._ctracer, second half: the range fast path (SPEC 3, issue #4 item 4).
+ *
+ * RangeCore is the base class of aprof.record_function when the extension is
+ * built. It is __init__, __enter__ and __exit__ of _PyRangeCore in
+ * aprof/_core/_record_function.py, in C: the same fields, the same two cases
+ * handled inline, the same raw records. Those two cases are
+ *
+ *   - nothing listening (mode IDLE, no global callback): nothing to do;
+ *   - only this context's profile listening (mode FAST): append the start
+ *     tuple to the logical thread's list, and the end tuple naming it.
+ *
+ * Every other case (global or context callbacks, a second range open on the
+ * same object) calls the Python method of record_function that the Python
+ * path calls, so the two paths cannot drift apart where it matters.
+ *
+ * Also here: `stepping`, the "logical thread stepping on this OS thread"
+ * slot of aprof/_core/_threads.py, kept in C thread-local storage so the hot
+ * path reads it with one load. Python code reads and writes `stepping.lt`
+ * exactly as it does the threading.local of the pure-Python path.
+ *
+ * Everything runs with the GIL held (the extension is not built for
+ * free-threaded Pythons; see _ctracer.c).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+#include "_cext.h"
+
+/* The modes of aprof/_core/_callbacks.py (MODE_*). */
+enum { MODE_OFF = 0, MODE_IDLE = 1, MODE_FAST = 2, MODE_SLOW = 3 };
+
+/* Set once by _range_setup(). */
+static PyObject *rf_state_var;   /* ContextVar RF_STATE */
+static PyObject *callbacks_dict; /* aprof._core._callbacks.__dict__ */
+static PyObject *current_lt;     /* current_logical_thread() */
+
+static PyObject *str_mode, *str_recorder, *str_state, *str_lists, *str_list_for, *str_id,
+    *str_global_entries, *str_user_scope, *str_name, *str_spill, *str_take_shared,
+    *str_slow_start, *str_end_general;
+
+/* ------------------------------------------------------------------------ */
+/* The stepping slot                                                          */
+/* ------------------------------------------------------------------------ */
+
+/* The LogicalThread whose step runs on this OS thread (a strong reference),
+ * or NULL. Written by aprof's task hooks around every step they record. */
+static APROF_TLS PyObject *tl_stepping = NULL;
+
+typedef struct {
+    PyObject_HEAD
+} Stepping;
+
+static PyObject *
+Stepping_get_lt(PyObject *self, void *closure)
+{
+    return Py_NewRef(tl_stepping != NULL ? tl_stepping : Py_None);
+}
+
+static int
+Stepping_set_lt(PyObject *self, PyObject *value, void *closure)
+{
+    if (value == NULL || value == Py_None)
+        Py_CLEAR(tl_stepping);
+    else
+        Py_XSETREF(tl_stepping, Py_NewRef(value));
+    return 0;
+}
+
+static PyGetSetDef Stepping_getset[] = {
+    {"lt", Stepping_get_lt, Stepping_set_lt, "The logical thread stepping on this OS thread, or None.", NULL},
+    {NULL},
+};
+
+static PyTypeObject SteppingType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "aprof._ctracer.Stepping",
+    .tp_basicsize = sizeof(Stepping),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Per-OS-thread slot: the logical thread stepping now (see aprof/_core/_threads.py).",
+    .tp_getset = Stepping_getset,
+};
+
+/*
+ * The current logical thread, as aprof/_core/_threads.py's
+ * current_logical_thread() answers it, for its common cases:
+ *
+ *   1. a recorded task's step publishes itself in the stepping slot;
+ *   2. an asyncio task (one aprof did not wrap, such as the task that
+ *      started the profile) keeps its logical thread on the task: 3.11
+ *      checks the context's hint against asyncio's current-task table,
+ *      3.12+ asks asyncio's C current_task();
+ *   3. a plain OS thread, when no asyncio task can be running on it and
+ *      trio is not imported, is the thread's own logical thread.
+ *
+ * Anything else (a task seen for the first time, trio, a loop callback, a
+ * new thread) asks the Python function, which creates and caches what is
+ * missing. Each check reads what the Python function reads, so both answer
+ * the same.
+ */
+static PyObject *threads_dict; /* aprof._core._threads.__dict__ */
+static PyObject *hint_var;     /* 3.11: _threads._hint; NULL on 3.12+ */
+static PyObject *sys_modules;  /* sys.modules */
+static PyObject *str_current_tasks_311, *str_asyncio_fns, *str_task_attr, *str_os_thread_id,
+    *str_task_ref, *str_loop, *str_tls, *str_lt, *str_trio, *str_asyncio;
+
+/* Borrowed; NULL (no exception) if missing. */
+static inline PyObject *
+threads_global(PyObject *name)
+{
+    PyObject *v = PyDict_GetItemWithError(threads_dict, name);
+    if (v == NULL)
+        PyErr_Clear();
+    return v;
+}
+
+#if PY_VERSION_HEX < 0x030C0000
+/* 3.11: the hint, if it is still the running task's. New reference or NULL. */
+static PyObject *
+hinted_task_lt(PyObject *tasks)
+{
+    PyObject *hint = NULL, *tid = NULL, *ref = NULL, *loop = NULL, *result = NULL;
+    if (PyContextVar_Get(hint_var, Py_None, &hint) < 0 || hint == NULL || hint == Py_None)
+        goto done;
+    tid = PyObject_GetAttr(hint, str_os_thread_id);
+    if (tid == NULL || !PyLong_CheckExact(tid) || PyLong_AsUnsignedLong(tid) != PyThread_get_thread_ident())
+        goto done;
+    ref = PyObject_GetAttr(hint, str_task_ref);
+    if (ref == NULL || !PyWeakref_CheckRef(ref))
+        goto done;
+    PyObject *task = PyWeakref_GetObject(ref); /* borrowed */
+    if (task == NULL || task == Py_None)
+        goto done;
+    loop = PyObject_GetAttr(hint, str_loop);
+    if (loop == NULL)
+        goto done;
+    PyObject *cur = PyDict_GetItemWithError(tasks, loop); /* borrowed */
+    if (cur == task)
+        result = Py_NewRef(hint);
+done:
+    if (PyErr_Occurred())
+        PyErr_Clear();
+    Py_XDECREF(loop);
+    Py_XDECREF(ref);
+    Py_XDECREF(tid);
+    Py_XDECREF(hint);
+    return result;
+}
+#endif
+
+/* The thread's own logical thread (_threads._tls.lt) if nothing else can be
+ * running here (trio is not imported). New reference or NULL. */
+static PyObject *
+plain_thread_lt(void)
+{
+    PyObject *trio = PyDict_GetItemWithError(sys_modules, str_trio);
+    if (trio != NULL || PyErr_Occurred()) {
+        PyErr_Clear();
+        return NULL;
+    }
+    PyObject *tls = threads_global(str_tls);
+    if (tls == NULL)
+        return NULL;
+    PyObject *lt = PyObject_GetAttr(tls, str_lt);
+    if (lt == NULL)
+        PyErr_Clear();
+    return lt;
+}
+
+/* Before _threads has bound asyncio's primitives: no task can run unless
+ * asyncio is imported (then Python binds them). */
+static PyObject *
+unbound_lt(void)
+{
+    PyObject *asyncio = PyDict_GetItemWithError(sys_modules, str_asyncio);
+    if (asyncio != NULL || PyErr_Occurred()) {
+        PyErr_Clear();
+        return NULL;
+    }
+    return plain_thread_lt();
+}
+
+/* Cases 2 and 3 above. New reference, or NULL without an exception. */
+static PyObject *
+known_lt(void)
+{
+#if PY_VERSION_HEX < 0x030C0000
+    PyObject *tasks = threads_global(str_current_tasks_311);
+    if (tasks == Py_None)
+        return unbound_lt();
+    if (tasks == NULL || !PyDict_CheckExact(tasks))
+        return NULL;
+    if (PyDict_GET_SIZE(tasks) == 0) /* no asyncio task runs anywhere */
+        return plain_thread_lt();
+    return hint_var != NULL ? hinted_task_lt(tasks) : NULL;
+#else
+    PyObject *fns = threads_global(str_asyncio_fns);
+    if (fns == Py_None)
+        return unbound_lt();
+    if (fns == NULL || !PyTuple_CheckExact(fns) || PyTuple_GET_SIZE(fns) != 2)
+        return NULL;
+    PyObject *loop = PyObject_CallNoArgs(PyTuple_GET_ITEM(fns, 0));
+    if (loop == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    if (loop == Py_None) { /* no loop runs on this thread */
+        Py_DECREF(loop);
+        return plain_thread_lt();
+    }
+    PyObject *task = PyObject_CallOneArg(PyTuple_GET_ITEM(fns, 1), loop);
+    Py_DECREF(loop);
+    if (task == NULL || task == Py_None) {
+        PyErr_Clear();
+        Py_XDECREF(task);
+        return NULL;
+    }
+    PyObject *lt = PyObject_GetAttr(task, str_task_attr);
+    Py_DECREF(task);
+    if (lt == NULL)
+        PyErr_Clear();
+    return lt;
+#endif
+}
+
+/* The current logical thread. New reference. */
+static inline PyObject *
+logical_thread(void)
+{
+    if (tl_stepping != NULL)
+        return Py_NewRef(tl_stepping);
+    PyObject *lt = known_lt();
+    if (lt != NULL)
+        return lt;
+    return PyObject_CallNoArgs(current_lt);
+}
+
+/* ------------------------------------------------------------------------ */
+/* RangeCore                                                                  */
+/* ------------------------------------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *name;
+    PyObject *args;
+    PyObject *rec;  /* the open range: the start's list (fast) or a RecordFunction */
+    PyObject *lt;   /* fast path: the logical thread that started it */
+    PyObject *more; /* further open ranges on this object (Python-managed list) */
+    Py_ssize_t idx; /* fast path: the start tuple's index in rec */
+} RangeCore;
+
+#define IS_SET(o) ((o) != NULL && (o) != Py_None)
+
+static int
+RangeCore_init(RangeCore *self, PyObject *args, PyObject *kwds)
+{
+    PyObject *name, *a = Py_None;
+    Py_ssize_t n = PyTuple_GET_SIZE(args);
+    if (kwds == NULL && n >= 1 && n <= 2) {
+        name = PyTuple_GET_ITEM(args, 0);
+        if (n == 2)
+            a = PyTuple_GET_ITEM(args, 1);
+    }
+    else {
+        static char *kwlist[] = {"name", "args", NULL};
+        if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|O:record_function", kwlist, &name, &a))
+            return -1;
+    }
+    if (!PyUnicode_Check(name)) {
+        PyObject *tn = PyType_GetName(Py_TYPE(name));
+        PyErr_Format(PyExc_TypeError, "record_function: name must be a str, got %S", tn);
+        Py_XDECREF(tn);
+        return -1;
+    }
+    if (a != Py_None && !PyUnicode_Check(a)) {
+        PyObject *tn = PyType_GetName(Py_TYPE(a));
+        PyErr_Format(PyExc_TypeError, "record_function: args must be a str or None, got %S", tn);
+        Py_XDECREF(tn);
+        return -1;
+    }
+    Py_XSETREF(self->name, Py_NewRef(name));
+    Py_XSETREF(self->args, Py_NewRef(a));
+    Py_CLEAR(self->rec);
+    Py_CLEAR(self->more);
+    return 0;
+}
+
+/* Whether a global callback is registered (the Python path's
+ * `if _callbacks.global_entries`). -1 on error. */
+static inline int
+globals_active(void)
+{
+    PyObject *g = PyDict_GetItemWithError(callbacks_dict, str_global_entries); /* borrowed */
+    if (g == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    if (PyTuple_CheckExact(g))
+        return PyTuple_GET_SIZE(g) > 0;
+    return PyObject_IsTrue(g);
+}
+
+static inline int
+call_method(RangeCore *self, PyObject *name)
+{
+    PyObject *r = PyObject_CallMethodNoArgs((PyObject *)self, name);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+static long
+state_mode(PyObject *st)
+{
+    PyObject *m = PyObject_GetAttr(st, str_mode);
+    if (m == NULL)
+        return -1;
+    long mode = PyLong_AsLong(m);
+    Py_DECREF(m);
+    return mode;
+}
+
+/* Take a raw record out of the garbage collector's lists. A record holds
+ * only strs, ints and None, so it can never be part of a cycle; CPython
+ * untracks such tuples itself, but only when a collection first looks at
+ * them. Untracking at once keeps a profile's hundreds of thousands of
+ * records from being traversed by every collection until then (measured:
+ * a range in a task 1.96 us -> 0.69 us on 3.11). */
+static inline void
+untrack_atomic(PyObject *tup)
+{
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(tup); i++) {
+        PyObject *o = PyTuple_GET_ITEM(tup, i);
+        if (!(o == Py_None || PyUnicode_CheckExact(o) || PyLong_CheckExact(o)))
+            return;
+    }
+    PyObject_GC_UnTrack(tup);
+}
+
+/* The fast path's start: append (name, "user_scope", now, args) to the
+ * logical thread's list of the profile `recorder` records into. */
+static int
+fast_start(RangeCore *self, PyObject *recorder)
+{
+    PyObject *ps = PyObject_GetAttr(recorder, str_state);
+    if (ps == NULL)
+        return -1;
+    if (ps == Py_None) { /* the profile stopped */
+        Py_DECREF(ps);
+        return 0;
+    }
+    int rc = -1;
+    PyObject *lists = NULL, *lst = NULL, *tup = NULL;
+    PyObject *lt = logical_thread();
+    if (lt == NULL)
+        goto done;
+    lists = PyObject_GetAttr(ps, str_lists);
+    if (lists == NULL)
+        goto done;
+    if (PyDict_CheckExact(lists)) {
+        lst = PyDict_GetItemWithError(lists, lt);
+        if (lst != NULL)
+            Py_INCREF(lst);
+        else if (PyErr_Occurred())
+            goto done;
+    }
+    if (lst == NULL && (lst = PyObject_CallMethodOneArg(ps, str_list_for, lt)) == NULL)
+        goto done;
+    if (!PyList_CheckExact(lst)) {
+        PyErr_SetString(PyExc_TypeError, "aprof: a profile's event list is not a list");
+        goto done;
+    }
+    tup = PyTuple_New(4);
+    if (tup == NULL)
+        goto done;
+    PyObject *t = PyLong_FromUnsignedLongLong(now_ns());
+    if (t == NULL)
+        goto done;
+    PyTuple_SET_ITEM(tup, 0, Py_NewRef(self->name != NULL ? self->name : Py_None));
+    PyTuple_SET_ITEM(tup, 1, Py_NewRef(str_user_scope));
+    PyTuple_SET_ITEM(tup, 2, t);
+    PyTuple_SET_ITEM(tup, 3, Py_NewRef(self->args != NULL ? self->args : Py_None));
+    untrack_atomic(tup);
+    Py_ssize_t idx = PyList_GET_SIZE(lst);
+    if (PyList_Append(lst, tup) < 0)
+        goto done;
+    self->idx = idx;
+    Py_XSETREF(self->rec, Py_NewRef(lst));
+    Py_XSETREF(self->lt, Py_NewRef(lt));
+    rc = 0;
+done:
+    Py_XDECREF(tup);
+    Py_XDECREF(lst);
+    Py_XDECREF(lists);
+    Py_XDECREF(lt);
+    Py_DECREF(ps);
+    return rc;
+}
+
+static PyObject *
+RangeCore_enter(RangeCore *self, PyObject *Py_UNUSED(ignored))
+{
+    if (IS_SET(self->rec) && call_method(self, str_spill) < 0)
+        return NULL;
+    PyObject *st;
+    if (PyContextVar_Get(rf_state_var, NULL, &st) < 0)
+        return NULL;
+    if (st == NULL) {
+        PyErr_SetString(PyExc_LookupError, "aprof: RF_STATE has no value");
+        return NULL;
+    }
+    int rc = 0;
+    long mode = state_mode(st);
+    if (mode == -1 && PyErr_Occurred()) {
+        rc = -1;
+    }
+    else if (mode == MODE_IDLE) {
+        int g = globals_active();
+        rc = g < 0 ? -1 : g ? call_method(self, str_slow_start) : 0;
+    }
+    else if (mode == MODE_FAST) {
+        int g = globals_active();
+        if (g != 0) {
+            rc = g < 0 ? -1 : call_method(self, str_slow_start);
+        }
+        else {
+            PyObject *recorder = PyObject_GetAttr(st, str_recorder);
+            rc = recorder == NULL ? -1 : fast_start(self, recorder);
+            Py_XDECREF(recorder);
+        }
+    }
+    else if (mode == MODE_SLOW) {
+        rc = call_method(self, str_slow_start);
+    }
+    Py_DECREF(st);
+    if (rc < 0)
+        return NULL;
+    return Py_NewRef((PyObject *)self);
+}
+
+static PyObject *
+RangeCore_exit(RangeCore *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "__exit__ expected 3 arguments, got %zd", nargs);
+        return NULL;
+    }
+    if (IS_SET(self->more) && call_method(self, str_take_shared) < 0)
+        return NULL;
+    PyObject *rec = self->rec; /* we take its reference */
+    if (!IS_SET(rec))
+        Py_RETURN_NONE;
+    self->rec = NULL;
+    PyObject *et = args[0];
+    if (!PyList_CheckExact(rec)) {
+        /* The general path's RecordFunction. */
+        PyObject *r = PyObject_CallMethodObjArgs((PyObject *)self, str_end_general, rec, et, NULL);
+        Py_DECREF(rec);
+        if (r == NULL)
+            return NULL;
+        Py_DECREF(r);
+        Py_RETURN_NONE;
+    }
+    /* The end tuple goes to the starting thread's list, naming the start's
+     * index. After stop nobody reads that list: a late end is dropped free. */
+    uint64_t now = now_ns();
+    PyObject *lt = NULL, *tid = NULL, *exc = NULL, *tup = NULL, *result = NULL;
+    lt = logical_thread();
+    if (lt == NULL)
+        goto done;
+    tid = PyObject_GetAttr(lt, str_id);
+    if (tid == NULL)
+        goto done;
+    if (et == Py_None)
+        exc = Py_NewRef(Py_None);
+    else if ((exc = PyObject_GetAttr(et, str_name)) == NULL)
+        goto done;
+    tup = PyTuple_New(4);
+    if (tup == NULL)
+        goto done;
+    PyObject *i = PyLong_FromSsize_t(self->idx), *t = PyLong_FromUnsignedLongLong(now);
+    if (i == NULL || t == NULL) {
+        Py_XDECREF(i);
+        Py_XDECREF(t);
+        goto done;
+    }
+    PyTuple_SET_ITEM(tup, 0, i);
+    PyTuple_SET_ITEM(tup, 1, t);
+    PyTuple_SET_ITEM(tup, 2, Py_NewRef(tid));
+    PyTuple_SET_ITEM(tup, 3, Py_NewRef(exc));
+    untrack_atomic(tup);
+    if (PyList_Append(rec, tup) < 0)
+        goto done;
+    result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(tup);
+    Py_XDECREF(exc);
+    Py_XDECREF(tid);
+    Py_XDECREF(lt);
+    Py_DECREF(rec);
+    return result;
+}
+
+static int
+RangeCore_traverse(RangeCore *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->name);
+    Py_VISIT(self->args);
+    Py_VISIT(self->rec);
+    Py_VISIT(self->lt);
+    Py_VISIT(self->more);
+    return 0;
+}
+
+static int
+RangeCore_clear(RangeCore *self)
+{
+    Py_CLEAR(self->name);
+    Py_CLEAR(self->args);
+    Py_CLEAR(self->rec);
+    Py_CLEAR(self->lt);
+    Py_CLEAR(self->more);
+    return 0;
+}
+
+static void
+RangeCore_dealloc(RangeCore *self)
+{
+    PyObject_GC_UnTrack(self);
+    RangeCore_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef RangeCore_methods[] = {
+    {"__enter__", (PyCFunction)RangeCore_enter, METH_NOARGS, "Open the range (see record_function)."},
+    {"__exit__", (PyCFunction)(void (*)(void))RangeCore_exit, METH_FASTCALL, "Close the range."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef RangeCore_members[] = {
+    {"name", T_OBJECT, offsetof(RangeCore, name), 0, "The range's name."},
+    {"args", T_OBJECT, offsetof(RangeCore, args), 0, "The string kept with the event, or None."},
+    {"_rec", T_OBJECT, offsetof(RangeCore, rec), 0, NULL},
+    {"_lt", T_OBJECT, offsetof(RangeCore, lt), 0, NULL},
+    {"_more", T_OBJECT, offsetof(RangeCore, more), 0, NULL},
+    {"_idx", T_PYSSIZET, offsetof(RangeCore, idx), 0, NULL},
+    {NULL},
+};
+
+static PyTypeObject RangeCoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "aprof._ctracer.RangeCore",
+    .tp_basicsize = sizeof(RangeCore),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "RangeCore(name, args=None)\n--\n\nrecord_function's fields, __init__, __enter__ and __exit__, in C.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)RangeCore_init,
+    .tp_dealloc = (destructor)RangeCore_dealloc,
+    .tp_traverse = (traverseproc)RangeCore_traverse,
+    .tp_clear = (inquiry)RangeCore_clear,
+    .tp_methods = RangeCore_methods,
+    .tp_members = RangeCore_members,
+};
+
+/* ------------------------------------------------------------------------ */
+/* Module glue                                                                */
+/* ------------------------------------------------------------------------ */
+
+static PyObject *
+range_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 || !PyDict_Check(args[1]) || !PyCallable_Check(args[2]) || !PyDict_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "_range_setup(rf_state, callbacks_dict, current_logical_thread, threads_dict, hint_var)");
+        return NULL;
+    }
+    PyObject *modules = PyImport_GetModuleDict(); /* borrowed */
+    if (modules == NULL)
+        return NULL;
+    Py_XSETREF(rf_state_var, Py_NewRef(args[0]));
+    Py_XSETREF(callbacks_dict, Py_NewRef(args[1]));
+    Py_XSETREF(current_lt, Py_NewRef(args[2]));
+    Py_XSETREF(threads_dict, Py_NewRef(args[3]));
+    Py_XSETREF(hint_var, args[4] == Py_None ? NULL : Py_NewRef(args[4]));
+    Py_XSETREF(sys_modules, Py_NewRef(modules));
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef range_functions[] = {
+    {"_range_setup", (PyCFunction)(void (*)(void))range_setup, METH_FASTCALL,
+     "Give the range fast path RF_STATE, _callbacks.__dict__ and current_logical_thread."},
+    {NULL, NULL, 0, NULL},
+};
+
+static int
+intern(PyObject **slot, const char *s)
+{
+    *slot = PyUnicode_InternFromString(s);
+    return *slot == NULL ? -1 : 0;
+}
+
+int
+aprof_ranges_init(PyObject *module)
+{
+    if (intern(&str_mode, "mode") < 0 || intern(&str_recorder, "recorder") < 0 ||
+        intern(&str_state, "state") < 0 || intern(&str_lists, "lists") < 0 ||
+        intern(&str_list_for, "list_for") < 0 || intern(&str_id, "id") < 0 ||
+        intern(&str_global_entries, "global_entries") < 0 ||
+        intern(&str_user_scope, "user_scope") < 0 || intern(&str_name, "__name__") < 0 ||
+        intern(&str_spill, "_spill") < 0 || intern(&str_take_shared, "_take_shared") < 0 ||
+        intern(&str_slow_start, "_slow_start") < 0 || intern(&str_end_general, "_end_general") < 0 ||
+        intern(&str_current_tasks_311, "_current_tasks_311") < 0 ||
+        intern(&str_asyncio_fns, "_asyncio_fns") < 0 || intern(&str_task_attr, "_aprof_logical_thread") < 0 ||
+        intern(&str_os_thread_id, "os_thread_id") < 0 || intern(&str_task_ref, "_task_ref") < 0 ||
+        intern(&str_loop, "loop") < 0 || intern(&str_tls, "_tls") < 0 || intern(&str_lt, "lt") < 0 ||
+        intern(&str_trio, "trio") < 0 || intern(&str_asyncio, "asyncio") < 0)
+        return -1;
+    if (PyType_Ready(&SteppingType) < 0 || PyType_Ready(&RangeCoreType) < 0)
+        return -1;
+    PyObject *stepping = PyType_GenericNew(&SteppingType, NULL, NULL);
+    if (stepping == NULL)
+        return -1;
+    int rc = PyModule_AddObjectRef(module, "RangeCore", (PyObject *)&RangeCoreType);
+    if (rc == 0)
+        rc = PyModule_AddObjectRef(module, "stepping", stepping);
+    Py_DECREF(stepping);
+    if (rc == 0)
+        rc = PyModule_AddFunctions(module, range_functions);
+    return rc;
+}
