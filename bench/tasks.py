@@ -18,6 +18,7 @@ profilers is outside the timing):
 
 * plain
 * ``async with aprof.profile():`` (tasks on, the default)
+* ``async with aprof.profile(python_tracer=True):`` (every Python call too)
 * viztracer: ``VizTracer(log_async=True, verbose=0)``
 * pyinstrument: ``Profiler(async_mode="enabled")``
 * yappi: ``yappi.set_clock_type("wall"); yappi.start()``
@@ -87,12 +88,14 @@ except ImportError:  # an older _common
 
 PLAIN = "plain"
 APROF = "aprof profile (tasks on)"
+APROF_TRACER = "aprof profile + python_tracer"
 VIZ = "viztracer log_async"
 PYINST = "pyinstrument async_mode"
 YAPPI = "yappi wall"
 
 #: The issue's targets (Python 3.11, a 2-core machine).
 TARGET_RATIO = 1.3
+TARGET_TRACER_RATIO = 1.4  # issue #4: the fan-out with the Python tracer on
 TARGET_BYTES_BEYOND = 300
 #: What the issue says the peers measure, for reference.
 PEER_REFERENCE = {VIZ: 1.65, PYINST: 2.1}
@@ -148,17 +151,18 @@ def plain_case(n: int) -> Case:
     return Case(PLAIN, lambda: asyncio.run(timed_fan_out(n, identity, PLAIN)))
 
 
-def aprof_case(n: int) -> Case:
+def aprof_case(n: int, python_tracer: bool = False) -> Case:
+    name = APROF_TRACER if python_tracer else APROF
     try:
         import aprof
     except Exception as exc:  # noqa: BLE001 - reported, like a missing peer
-        return Case(APROF, None, f"aprof not importable ({type(exc).__name__}: {exc})")
+        return Case(name, None, f"aprof not importable ({type(exc).__name__}: {exc})")
     checked = False
 
     async def main() -> float:
         nonlocal checked
-        async with aprof.profile() as prof:
-            dt = await timed_fan_out(n, aprof.wrap, APROF)
+        async with aprof.profile(python_tracer=python_tracer) as prof:
+            dt = await timed_fan_out(n, aprof.wrap, name)
         if not checked:  # once: the profile saw every task and every executor call
             checked = True
             by_scope = collections.Counter(e.scope for e in prof.events())
@@ -167,7 +171,11 @@ def aprof_case(n: int) -> Case:
                 raise RuntimeError(f"aprof recorded {got[0]} TASK and {got[1]} EXECUTOR ranges, expected {n} of each")
         return dt
 
-    return Case(APROF, lambda: asyncio.run(main()))
+    return Case(name, lambda: asyncio.run(main()))
+
+
+def aprof_tracer_case(n: int) -> Case:
+    return aprof_case(n, python_tracer=True)
 
 
 def _peer(name: str, module: str, start: Callable[[], Any], stop: Callable[[Any], None], n: int) -> Case:
@@ -577,6 +585,12 @@ def targets(cases: dict[str, Case], mem: dict[str, Any] | None) -> list[str]:
             out.append(f"      for reference, {name}: issue says ~{ref}x, {got}")
     else:
         out.append(f"  fan-out, tasks on: not measured ({ap.missing or base.missing})")
+    tr = cases[APROF_TRACER]
+    if base.samples and tr.samples:
+        ratio = median(tr) / median(base)
+        out.append(f"  fan-out, python_tracer on <= {TARGET_TRACER_RATIO}x plain (issue #4): {ratio:.3f}x  {verdict(ratio <= TARGET_TRACER_RATIO)}")
+    else:
+        out.append(f"  fan-out, python_tracer on: not measured ({tr.missing or base.missing})")
     if mem is None:
         out.append("  memory per task: not measured")
     else:
@@ -611,7 +625,7 @@ def main() -> None:
     rounds = args.rounds or (2 if args.quick else 21)
     repeats = 2 if args.quick else 5
 
-    makers = (plain_case, aprof_case, viztracer_case, pyinstrument_case, yappi_case)
+    makers = (plain_case, aprof_case, aprof_tracer_case, viztracer_case, pyinstrument_case, yappi_case)
     cases = [isolated(make(n)) for make in makers]
     if args.only:
         words = [w.strip() for w in args.only.split(",") if w.strip()]
