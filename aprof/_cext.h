@@ -15,12 +15,17 @@
 static inline uint64_t
 now_ns(void)
 {
-    /* time.perf_counter_ns() reads CLOCK_MONOTONIC on Linux: the tracer's
-     * and the ranges' times must be on the same clock as everything else
-     * aprof records (task steps, Python-path ranges). */
+    /* The clock of time.perf_counter_ns(): the tracer's and the ranges'
+     * times must be on the same clock as everything else aprof records
+     * (task steps, Python-path ranges). Python reads CLOCK_MONOTONIC on
+     * Linux and the BSDs, mach_absolute_time() (CLOCK_UPTIME_RAW) on macOS. */
+#if defined(__APPLE__)
+    return clock_gettime_nsec_np(CLOCK_UPTIME_RAW);
+#else
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+#endif
 }
 
 /* initial-exec: a shared library's TLS otherwise goes through

@@ -45,7 +45,9 @@ static PyObject *str_mode, *str_recorder, *str_state, *str_lists, *str_list_for,
 /* ------------------------------------------------------------------------ */
 
 /* The LogicalThread whose step runs on this OS thread (a strong reference),
- * or NULL. Written by aprof's task hooks around every step they record. */
+ * or NULL. Written by aprof's task hooks around every step they record,
+ * which clear it in a `finally`; unlike a threading.local it is not cleared
+ * when a thread ends, so a thread killed mid-step would keep its reference. */
 static APROF_TLS PyObject *tl_stepping = NULL;
 
 typedef struct {
@@ -100,18 +102,38 @@ static PyTypeObject SteppingType = {
  */
 static PyObject *threads_dict; /* aprof._core._threads.__dict__ */
 static PyObject *hint_var;     /* 3.11: _threads._hint; NULL on 3.12+ */
-static PyObject *sys_modules;  /* sys.modules */
 static PyObject *str_current_tasks_311, *str_asyncio_fns, *str_task_attr, *str_os_thread_id,
-    *str_task_ref, *str_loop, *str_tls, *str_lt, *str_trio, *str_asyncio;
+    *str_task_ref, *str_loop, *str_tls, *str_lt, *str_trio, *str_asyncio, *str_trio_run_context;
 
-/* Borrowed; NULL (no exception) if missing. */
+/* A lookup below did not find the answer: NULL, so the Python function
+ * answers. An ordinary exception met on the way is cleared (the Python
+ * function meets it again if it is real); KeyboardInterrupt and friends
+ * stay set and propagate. */
+static inline PyObject *
+miss(void)
+{
+    if (PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_Exception))
+        PyErr_Clear();
+    return NULL;
+}
+
+/* A global of aprof._core._threads, new reference; NULL if missing. */
 static inline PyObject *
 threads_global(PyObject *name)
 {
     PyObject *v = PyDict_GetItemWithError(threads_dict, name);
-    if (v == NULL)
-        PyErr_Clear();
-    return v;
+    return v != NULL ? Py_NewRef(v) : NULL;
+}
+
+/* Whether sys.modules has `name` now; -1 on error. */
+static inline int
+imported(PyObject *name)
+{
+    PyObject *modules = PySys_GetObject("modules"); /* borrowed */
+    if (modules == NULL || !PyDict_Check(modules))
+        return -1;
+    PyObject *m = PyDict_GetItemWithError(modules, name);
+    return m != NULL ? 1 : PyErr_Occurred() ? -1 : 0;
 }
 
 #if PY_VERSION_HEX < 0x030C0000
@@ -119,7 +141,7 @@ threads_global(PyObject *name)
 static PyObject *
 hinted_task_lt(PyObject *tasks)
 {
-    PyObject *hint = NULL, *tid = NULL, *ref = NULL, *loop = NULL, *result = NULL;
+    PyObject *hint = NULL, *tid = NULL, *ref = NULL, *task = NULL, *loop = NULL, *result = NULL;
     if (PyContextVar_Get(hint_var, Py_None, &hint) < 0 || hint == NULL || hint == Py_None)
         goto done;
     tid = PyObject_GetAttr(hint, str_os_thread_id);
@@ -128,43 +150,46 @@ hinted_task_lt(PyObject *tasks)
     ref = PyObject_GetAttr(hint, str_task_ref);
     if (ref == NULL || !PyWeakref_CheckRef(ref))
         goto done;
-    PyObject *task = PyWeakref_GetObject(ref); /* borrowed */
-    if (task == NULL || task == Py_None)
+    task = PyWeakref_GetObject(ref); /* borrowed: made strong at once */
+    if (task == NULL || task == Py_None) {
+        task = NULL;
         goto done;
+    }
+    Py_INCREF(task);
     loop = PyObject_GetAttr(hint, str_loop);
     if (loop == NULL)
         goto done;
-    PyObject *cur = PyDict_GetItemWithError(tasks, loop); /* borrowed */
+    PyObject *cur = PyDict_GetItemWithError(tasks, loop); /* borrowed, only compared */
     if (cur == task)
         result = Py_NewRef(hint);
 done:
-    if (PyErr_Occurred())
-        PyErr_Clear();
     Py_XDECREF(loop);
+    Py_XDECREF(task);
     Py_XDECREF(ref);
     Py_XDECREF(tid);
     Py_XDECREF(hint);
-    return result;
+    return result != NULL ? result : miss();
 }
 #endif
 
 /* The thread's own logical thread (_threads._tls.lt) if nothing else can be
- * running here (trio is not imported). New reference or NULL. */
+ * running here: trio is neither imported nor found. New reference or NULL. */
 static PyObject *
 plain_thread_lt(void)
 {
-    PyObject *trio = PyDict_GetItemWithError(sys_modules, str_trio);
-    if (trio != NULL || PyErr_Occurred()) {
-        PyErr_Clear();
-        return NULL;
-    }
+    if (imported(str_trio) != 0)
+        return miss();
+    PyObject *trio_ctx = threads_global(str_trio_run_context);
+    int trio_found = trio_ctx != NULL && trio_ctx != Py_None;
+    Py_XDECREF(trio_ctx);
+    if (trio_found)
+        return miss();
     PyObject *tls = threads_global(str_tls);
     if (tls == NULL)
-        return NULL;
+        return miss();
     PyObject *lt = PyObject_GetAttr(tls, str_lt);
-    if (lt == NULL)
-        PyErr_Clear();
-    return lt;
+    Py_DECREF(tls);
+    return lt != NULL ? lt : miss();
 }
 
 /* Before _threads has bound asyncio's primitives: no task can run unless
@@ -172,65 +197,60 @@ plain_thread_lt(void)
 static PyObject *
 unbound_lt(void)
 {
-    PyObject *asyncio = PyDict_GetItemWithError(sys_modules, str_asyncio);
-    if (asyncio != NULL || PyErr_Occurred()) {
-        PyErr_Clear();
-        return NULL;
-    }
-    return plain_thread_lt();
+    return imported(str_asyncio) != 0 ? miss() : plain_thread_lt();
 }
 
-/* Cases 2 and 3 above. New reference, or NULL without an exception. */
+/* Cases 2 and 3 above. New reference, or NULL (see miss()). */
 static PyObject *
 known_lt(void)
 {
 #if PY_VERSION_HEX < 0x030C0000
-    PyObject *tasks = threads_global(str_current_tasks_311);
+    PyObject *tasks = threads_global(str_current_tasks_311), *lt;
     if (tasks == Py_None)
-        return unbound_lt();
-    if (tasks == NULL || !PyDict_CheckExact(tasks))
-        return NULL;
-    if (PyDict_GET_SIZE(tasks) == 0) /* no asyncio task runs anywhere */
-        return plain_thread_lt();
-    return hint_var != NULL ? hinted_task_lt(tasks) : NULL;
-#else
-    PyObject *fns = threads_global(str_asyncio_fns);
-    if (fns == Py_None)
-        return unbound_lt();
-    if (fns == NULL || !PyTuple_CheckExact(fns) || PyTuple_GET_SIZE(fns) != 2)
-        return NULL;
-    PyObject *loop = PyObject_CallNoArgs(PyTuple_GET_ITEM(fns, 0));
-    if (loop == NULL) {
-        PyErr_Clear();
-        return NULL;
-    }
-    if (loop == Py_None) { /* no loop runs on this thread */
-        Py_DECREF(loop);
-        return plain_thread_lt();
-    }
-    PyObject *task = PyObject_CallOneArg(PyTuple_GET_ITEM(fns, 1), loop);
-    Py_DECREF(loop);
-    if (task == NULL || task == Py_None) {
-        PyErr_Clear();
-        Py_XDECREF(task);
-        return NULL;
-    }
-    PyObject *lt = PyObject_GetAttr(task, str_task_attr);
-    Py_DECREF(task);
-    if (lt == NULL)
-        PyErr_Clear();
+        lt = unbound_lt();
+    else if (tasks == NULL || !PyDict_CheckExact(tasks))
+        lt = miss();
+    else if (PyDict_GET_SIZE(tasks) == 0) /* no asyncio task runs anywhere */
+        lt = plain_thread_lt();
+    else
+        lt = hint_var != NULL ? hinted_task_lt(tasks) : miss();
+    Py_XDECREF(tasks);
     return lt;
+#else
+    PyObject *fns = threads_global(str_asyncio_fns), *loop = NULL, *task = NULL, *lt = NULL;
+    if (fns == Py_None) {
+        Py_DECREF(fns);
+        return unbound_lt();
+    }
+    if (fns == NULL || !PyTuple_CheckExact(fns) || PyTuple_GET_SIZE(fns) != 2)
+        goto done;
+    loop = PyObject_CallNoArgs(PyTuple_GET_ITEM(fns, 0));
+    if (loop == NULL)
+        goto done;
+    if (loop == Py_None) { /* no loop runs on this thread */
+        lt = plain_thread_lt();
+        goto done;
+    }
+    task = PyObject_CallOneArg(PyTuple_GET_ITEM(fns, 1), loop);
+    if (task == NULL || task == Py_None)
+        goto done;
+    lt = PyObject_GetAttr(task, str_task_attr);
+done:
+    Py_XDECREF(task);
+    Py_XDECREF(loop);
+    Py_XDECREF(fns);
+    return lt != NULL ? lt : miss();
 #endif
 }
 
-/* The current logical thread. New reference. */
+/* The current logical thread. New reference, NULL with an exception set. */
 static inline PyObject *
 logical_thread(void)
 {
     if (tl_stepping != NULL)
         return Py_NewRef(tl_stepping);
     PyObject *lt = known_lt();
-    if (lt != NULL)
+    if (lt != NULL || PyErr_Occurred())
         return lt;
     return PyObject_CallNoArgs(current_lt);
 }
@@ -477,13 +497,13 @@ RangeCore_exit(RangeCore *self, PyObject *const *args, Py_ssize_t nargs)
     tup = PyTuple_New(4);
     if (tup == NULL)
         goto done;
-    PyObject *i = PyLong_FromSsize_t(self->idx), *t = PyLong_FromUnsignedLongLong(now);
-    if (i == NULL || t == NULL) {
-        Py_XDECREF(i);
-        Py_XDECREF(t);
+    PyObject *i = PyLong_FromSsize_t(self->idx);
+    if (i == NULL)
         goto done;
-    }
     PyTuple_SET_ITEM(tup, 0, i);
+    PyObject *t = PyLong_FromUnsignedLongLong(now);
+    if (t == NULL)
+        goto done;
     PyTuple_SET_ITEM(tup, 1, t);
     PyTuple_SET_ITEM(tup, 2, Py_NewRef(tid));
     PyTuple_SET_ITEM(tup, 3, Py_NewRef(exc));
@@ -572,15 +592,11 @@ range_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                         "_range_setup(rf_state, callbacks_dict, current_logical_thread, threads_dict, hint_var)");
         return NULL;
     }
-    PyObject *modules = PyImport_GetModuleDict(); /* borrowed */
-    if (modules == NULL)
-        return NULL;
     Py_XSETREF(rf_state_var, Py_NewRef(args[0]));
     Py_XSETREF(callbacks_dict, Py_NewRef(args[1]));
     Py_XSETREF(current_lt, Py_NewRef(args[2]));
     Py_XSETREF(threads_dict, Py_NewRef(args[3]));
     Py_XSETREF(hint_var, args[4] == Py_None ? NULL : Py_NewRef(args[4]));
-    Py_XSETREF(sys_modules, Py_NewRef(modules));
     Py_RETURN_NONE;
 }
 
@@ -611,7 +627,8 @@ aprof_ranges_init(PyObject *module)
         intern(&str_asyncio_fns, "_asyncio_fns") < 0 || intern(&str_task_attr, "_aprof_logical_thread") < 0 ||
         intern(&str_os_thread_id, "os_thread_id") < 0 || intern(&str_task_ref, "_task_ref") < 0 ||
         intern(&str_loop, "loop") < 0 || intern(&str_tls, "_tls") < 0 || intern(&str_lt, "lt") < 0 ||
-        intern(&str_trio, "trio") < 0 || intern(&str_asyncio, "asyncio") < 0)
+        intern(&str_trio, "trio") < 0 || intern(&str_asyncio, "asyncio") < 0 ||
+        intern(&str_trio_run_context, "_trio_run_context") < 0)
         return -1;
     if (PyType_Ready(&SteppingType) < 0 || PyType_Ready(&RangeCoreType) < 0)
         return -1;

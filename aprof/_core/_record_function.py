@@ -362,9 +362,11 @@ class _PyRangeCore:
     _lt: LogicalThread
 
     def __init__(self, name: str, args: str | None = None) -> None:
-        if type(name) is not str and not isinstance(name, str):
+        # issubclass(type(x), ...), not isinstance: a spoofed __class__ is
+        # not a str (the C core checks the real type too).
+        if type(name) is not str and not issubclass(type(name), str):
             raise TypeError(f"record_function: name must be a str, got {type(name).__name__}")
-        if args is not None and type(args) is not str and not isinstance(args, str):
+        if args is not None and type(args) is not str and not issubclass(type(args), str):
             raise TypeError(f"record_function: args must be a str or None, got {type(args).__name__}")
         self.name = name
         self.args = args

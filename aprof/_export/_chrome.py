@@ -21,12 +21,30 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from .._core._callbacks import RecordScope
+from .._core._recorder import (
+    FLAG_ASYNC,
+    FLAG_UNFINISHED,
+    KIND_INSTANT,
+    R_ARGS,
+    R_END,
+    R_END_LT,
+    R_EXC,
+    R_EXTRA,
+    R_FWD,
+    R_INPUTS,
+    R_KIND,
+    R_NAME,
+    R_SCOPE,
+    R_SEQ,
+    R_STACK,
+    R_START,
+)
+from .._post._events import overlap
 from ._files import atomic_write_text, check_output_path
 
 if TYPE_CHECKING:
     from os import PathLike
 
-    from .._post._events import FunctionEvent
     from .._post._session import Session
 
 __all__ = ["export_chrome_trace", "chrome_trace_chunks"]
@@ -55,29 +73,35 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def _event_args(ev: FunctionEvent) -> str:
+def _event_args(r: list[Any], tid: int, steps: list[int] | None) -> str:
+    """The ``args`` object of one event, from its raw record ``r`` (the
+    fields FunctionEvent's properties read; see aprof._core._recorder)."""
     args: dict[str, Any] = {}
-    if ev.args is not None:
-        args["args"] = ev.args
-    if ev.exception is not None:
-        args["exception"] = ev.exception
-    if ev.unfinished:
+    if r[R_ARGS] is not None:
+        args["args"] = r[R_ARGS]
+    if r[R_EXC] is not None:
+        args["exception"] = r[R_EXC]
+    kind = r[R_KIND]
+    if kind & FLAG_UNFINISHED:
         args["unfinished"] = True
-    if ev.inputs is not None:
-        args["inputs"] = list(ev.inputs)
-    if ev.sequence_nr >= 0:
-        args["sequence_nr"] = ev.sequence_nr
-    if ev.forward_thread_id:
-        args["forward_thread_id"] = ev.forward_thread_id
-    if ev.end_thread_id != ev.thread_id:
-        args["end_thread_id"] = ev.end_thread_id
-    if ev.stack is not None:
-        args["stack"] = [f"{f}:{line} {fn}" for f, line, fn in ev.stack]
-    if ev.running_ns is not None:
-        args["running_ns"] = ev.running_ns
-        args["waiting_ns"] = ev.waiting_ns
-    if ev.extra:
-        args.update((k, v) for k, v in ev.extra.items() if k != "steps")
+    if r[R_INPUTS] is not None:
+        args["inputs"] = list(r[R_INPUTS])
+    if r[R_SEQ] >= 0:
+        args["sequence_nr"] = r[R_SEQ]
+    if r[R_FWD]:
+        args["forward_thread_id"] = r[R_FWD]
+    end_tid = r[R_END_LT]
+    if end_tid is not None and end_tid != tid:
+        args["end_thread_id"] = end_tid
+    if r[R_STACK] is not None:
+        args["stack"] = [f"{f}:{line} {fn}" for f, line, fn in r[R_STACK]]
+    if steps is not None and not kind & KIND_INSTANT:
+        running = overlap(steps, r[R_START], r[R_END])
+        args["running_ns"] = running
+        args["waiting_ns"] = max(0, r[R_END] - r[R_START] - running)
+    extra = r[R_EXTRA]
+    if extra:
+        args.update((k, v) for k, v in extra.items() if k != "steps")
     return _dumps(args) if args else ""
 
 
@@ -119,7 +143,7 @@ def chrome_trace_chunks(session: Session) -> Iterator[str]:
     # flow arrows that start there (the profile's starting task, mostly).
     track_pids = {t.id: pids.get(t.node_id, t.node_id) for t in tracks}
     start = session.metadata.get("start_thread") or {}
-    spawners = {(ev.node_id, ev.forward_thread_id) for ev in session.events() if ev.forward_thread_id and ev.sequence_nr > 0}
+    spawners = {(ev._t.node_id, ev._r[R_FWD]) for ev in session.events() if ev._r[R_FWD] and ev._r[R_SEQ] > 0}
     for node, tid in sorted(spawners):
         if tid not in track_pids:
             pid = pids.get(node, node)
@@ -132,52 +156,66 @@ def chrome_trace_chunks(session: Session) -> Iterator[str]:
             yield sep() + f'{{"ph":"M","name":"thread_sort_index","pid":{pid},"tid":{tid},"args":{{"sort_index":-1}}}}'
     async_id = 0
     flow_id = 0
+    # One pass over the raw records behind the events (the fields their
+    # properties read), so a million events cost no million property calls.
+    task_scope = RecordScope.TASK
+    cats = {sc: sc.value for sc in RecordScope}
     for ev in session.events():
-        name = names.get(ev.name)
+        r = ev._r
+        track = ev._t
+        tid = track.id
+        ev_name = r[R_NAME]
+        name = names.get(ev_name)
         if name is None:
-            name = names[ev.name] = _dumps(ev.name)
-        pid = pids.get(ev.node_id, ev.node_id)
-        cat = ev.scope.value
-        ts = (ev.start_ns - base) / 1000.0
-        args = _event_args(ev)
+            name = names[ev_name] = _dumps(ev_name)
+        node = track.node_id
+        pid = pids.get(node, node)
+        scope = r[R_SCOPE]
+        cat = cats[scope]
+        start_ns = r[R_START]
+        ts = (start_ns - base) / 1000.0
+        args = _event_args(r, tid, track.steps)
         args_part = f',"args":{args}' if args else ""
-        if ev.is_instant:
-            yield sep() + f'{{"ph":"i","s":"t","name":{name},"cat":"{cat}","pid":{pid},"tid":{ev.thread_id},"ts":{ts:.3f}{args_part}}}'
-        elif ev.is_async:
+        kind = r[R_KIND]
+        if kind & KIND_INSTANT:
+            yield sep() + f'{{"ph":"i","s":"t","name":{name},"cat":"{cat}","pid":{pid},"tid":{tid},"ts":{ts:.3f}{args_part}}}'
+        elif kind & FLAG_ASYNC:
             async_id += 1
-            te = (ev.end_ns - base) / 1000.0
+            te = (r[R_END] - base) / 1000.0
             yield sep() + (
                 f'{{"ph":"b","name":{name},"cat":"{cat}","id2":{{"local":"0x{async_id:x}"}},'
-                f'"pid":{pid},"tid":{ev.thread_id},"ts":{ts:.3f}{args_part}}}'
+                f'"pid":{pid},"tid":{tid},"ts":{ts:.3f}{args_part}}}'
             )
             yield sep() + (
                 f'{{"ph":"e","name":{name},"cat":"{cat}","id2":{{"local":"0x{async_id:x}"}},'
-                f'"pid":{pid},"tid":{ev.thread_id},"ts":{te:.3f}}}'
+                f'"pid":{pid},"tid":{tid},"ts":{te:.3f}}}'
             )
         else:
-            dur = ev.duration_ns / 1000.0
+            dur = (r[R_END] - start_ns) / 1000.0
             yield sep() + (
-                f'{{"ph":"X","name":{name},"cat":"{cat}","pid":{pid},"tid":{ev.thread_id},'
+                f'{{"ph":"X","name":{name},"cat":"{cat}","pid":{pid},"tid":{tid},'
                 f'"ts":{ts:.3f},"dur":{dur:.3f}{args_part}}}'
             )
-        if ev.forward_thread_id and ev.sequence_nr > 0:
+        fwd = r[R_FWD]
+        extra = r[R_EXTRA]
+        if fwd and r[R_SEQ] > 0:
             # A flow arrow from the spawn/submit point to the start of the work.
             flow_id += 1
-            link_ns = ev.start_ns
-            if ev.extra:
-                link_ns = int(ev.extra.get("spawn_ns", ev.extra.get("submit_ns", link_ns)))
+            link_ns = start_ns
+            if extra:
+                link_ns = int(extra.get("spawn_ns", extra.get("submit_ns", link_ns)))
             ts0 = (link_ns - base) / 1000.0
             yield sep() + (
-                f'{{"ph":"s","name":"spawn","cat":"{cat}","id":{flow_id},"pid":{track_pids.get(ev.forward_thread_id, pid)},'
-                f'"tid":{ev.forward_thread_id},"ts":{ts0:.3f}}}'
+                f'{{"ph":"s","name":"spawn","cat":"{cat}","id":{flow_id},"pid":{track_pids.get(fwd, pid)},'
+                f'"tid":{fwd},"ts":{ts0:.3f}}}'
             )
             yield sep() + (
                 f'{{"ph":"f","bp":"e","name":"spawn","cat":"{cat}","id":{flow_id},"pid":{pid},'
-                f'"tid":{ev.thread_id},"ts":{ts:.3f}}}'
+                f'"tid":{tid},"ts":{ts:.3f}}}'
             )
-        if ev.scope is RecordScope.TASK and ev.extra:
-            steps = ev.extra.get("steps") or ()
-            rid = _RUNNING_TID_BASE + ev.thread_id
+        if scope is task_scope and extra:
+            steps = extra.get("steps") or ()
+            rid = _RUNNING_TID_BASE + tid
             for i in range(0, len(steps) - 1, 2):
                 s0 = (steps[i] - base) / 1000.0
                 d = (steps[i + 1] - steps[i]) / 1000.0

@@ -113,7 +113,7 @@ class FunctionEvent:
         r = self._r
         if steps is None or r[R_KIND] & KIND_INSTANT:
             return None
-        return _overlap(steps, r[R_START], r[R_END])
+        return overlap(steps, r[R_START], r[R_END])
 
     @property
     def waiting_ns(self) -> int | None:
@@ -480,7 +480,7 @@ def _start_of(rec: list[Any]) -> int:
     return rec[R_START]  # type: ignore[no-any-return]
 
 
-def _overlap(flat: list[int], start: int, end: int) -> int:
+def overlap(flat: list[int], start: int, end: int) -> int:
     """Time in [start, end] covered by the (start, end) pairs in ``flat``."""
     i = bisect_right(flat, start)
     i -= i % 2  # to the pair that may contain start

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from .. import _version
 from .._core._callbacks import RecordScope
-from .._core._recorder import KIND_INSTANT, KIND_RANGE, ProfilerState
+from .._core._recorder import KIND_INSTANT, KIND_RANGE, R_START, ProfilerState
 from .._export._files import atomic_write_text, check_output_path
 from ._events import FunctionEvent, Track, consolidate, link_parents, make_event
 
@@ -165,9 +165,13 @@ class Session:
 
 def _first_start(events: list[FunctionEvent]) -> Any:
     first: dict[int, int] = {}
-    for e in events:
-        if e.thread_id not in first or e.start_ns < first[e.thread_id]:
-            first[e.thread_id] = e.start_ns
+    get = first.get
+    for e in events:  # the raw fields behind thread_id and start_ns: a walk over every event
+        tid = e._t.id
+        start = e._r[R_START]
+        cur = get(tid)
+        if cur is None or start < cur:
+            first[tid] = start
 
     def key(t: Track) -> tuple[int, int]:
         return (first.get(t.id, 0), t.id)
