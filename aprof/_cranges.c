@@ -92,8 +92,8 @@ static PyTypeObject SteppingType = {
  *      started the profile) keeps its logical thread on the task: 3.11
  *      checks the context's hint against asyncio's current-task table,
  *      3.12+ asks asyncio's C current_task();
- *   3. a plain OS thread, when no asyncio task can be running on it and
- *      trio is not imported, is the thread's own logical thread.
+ *   3. with no asyncio task running on this OS thread: the running trio
+ *      task's logical thread (kept in a side table), else the thread's own.
  *
  * Anything else (a task seen for the first time, trio, a loop callback, a
  * new thread) asks the Python function, which creates and caches what is
@@ -103,7 +103,7 @@ static PyTypeObject SteppingType = {
 static PyObject *threads_dict; /* aprof._core._threads.__dict__ */
 static PyObject *hint_var;     /* 3.11: _threads._hint; NULL on 3.12+ */
 static PyObject *str_current_tasks_311, *str_asyncio_fns, *str_task_attr, *str_os_thread_id,
-    *str_task_ref, *str_loop, *str_tls, *str_lt, *str_trio, *str_asyncio, *str_trio_run_context;
+    *str_task_ref, *str_loop, *str_tls, *str_lt, *str_trio, *str_asyncio, *str_trio_run_context, *str_dict, *str_task, *str_side_table;
 
 /* A lookup below did not find the answer: NULL, so the Python function
  * answers. An ordinary exception met on the way is cleared (the Python
@@ -172,18 +172,48 @@ done:
 }
 #endif
 
-/* The thread's own logical thread (_threads._tls.lt) if nothing else can be
- * running here: trio is neither imported nor found. New reference or NULL. */
+/* No asyncio task runs on this thread: the running trio task's logical
+ * thread (from trio's run context and the side table), else the thread's
+ * own (_threads._tls.lt). New reference or NULL. */
 static PyObject *
-plain_thread_lt(void)
+no_asyncio_lt(void)
 {
-    if (imported(str_trio) != 0)
-        return miss();
     PyObject *trio_ctx = threads_global(str_trio_run_context);
-    int trio_found = trio_ctx != NULL && trio_ctx != Py_None;
-    Py_XDECREF(trio_ctx);
-    if (trio_found)
-        return miss();
+    if (trio_ctx == NULL || trio_ctx == Py_None) {
+        Py_XDECREF(trio_ctx);
+        if (imported(str_trio) != 0) /* imported: Python finds its run context first */
+            return miss();
+    }
+    else {
+        /* trio's run context is a threading.local: its __dict__ is this
+         * thread's, and reading "task" there raises nothing when no trio
+         * run is here (getattr would, at ~1.4 us). */
+        PyObject *d = PyObject_GetAttr(trio_ctx, str_dict);
+        Py_DECREF(trio_ctx);
+        if (d == NULL || !PyDict_Check(d)) {
+            Py_XDECREF(d);
+            return miss();
+        }
+        PyObject *task = PyDict_GetItemWithError(d, str_task);
+        Py_XINCREF(task);
+        Py_DECREF(d);
+        if (task == NULL && PyErr_Occurred())
+            return miss();
+        if (task != NULL && task != Py_None) {
+            /* trio's Task has __slots__: its logical thread is in the side table. */
+            PyObject *side = threads_global(str_side_table), *lt = NULL;
+            PyObject *key = PyLong_FromVoidPtr(task);
+            if (side != NULL && key != NULL && PyDict_Check(side)) {
+                lt = PyDict_GetItemWithError(side, key);
+                Py_XINCREF(lt);
+            }
+            Py_XDECREF(key);
+            Py_XDECREF(side);
+            Py_DECREF(task);
+            return lt != NULL ? lt : miss(); /* not there yet: Python makes it */
+        }
+        Py_XDECREF(task);
+    }
     PyObject *tls = threads_global(str_tls);
     if (tls == NULL)
         return miss();
@@ -197,7 +227,7 @@ plain_thread_lt(void)
 static PyObject *
 unbound_lt(void)
 {
-    return imported(str_asyncio) != 0 ? miss() : plain_thread_lt();
+    return imported(str_asyncio) != 0 ? miss() : no_asyncio_lt();
 }
 
 /* Cases 2 and 3 above. New reference, or NULL (see miss()). */
@@ -211,7 +241,7 @@ known_lt(void)
     else if (tasks == NULL || !PyDict_CheckExact(tasks))
         lt = miss();
     else if (PyDict_GET_SIZE(tasks) == 0) /* no asyncio task runs anywhere */
-        lt = plain_thread_lt();
+        lt = no_asyncio_lt();
     else
         lt = hint_var != NULL ? hinted_task_lt(tasks) : miss();
     Py_XDECREF(tasks);
@@ -228,7 +258,7 @@ known_lt(void)
     if (loop == NULL)
         goto done;
     if (loop == Py_None) { /* no loop runs on this thread */
-        lt = plain_thread_lt();
+        lt = no_asyncio_lt();
         goto done;
     }
     task = PyObject_CallOneArg(PyTuple_GET_ITEM(fns, 1), loop);
@@ -628,7 +658,8 @@ aprof_ranges_init(PyObject *module)
         intern(&str_os_thread_id, "os_thread_id") < 0 || intern(&str_task_ref, "_task_ref") < 0 ||
         intern(&str_loop, "loop") < 0 || intern(&str_tls, "_tls") < 0 || intern(&str_lt, "lt") < 0 ||
         intern(&str_trio, "trio") < 0 || intern(&str_asyncio, "asyncio") < 0 ||
-        intern(&str_trio_run_context, "_trio_run_context") < 0)
+        intern(&str_trio_run_context, "_trio_run_context") < 0 || intern(&str_dict, "__dict__") < 0 ||
+        intern(&str_task, "task") < 0 || intern(&str_side_table, "_side_table") < 0)
         return -1;
     if (PyType_Ready(&SteppingType) < 0 || PyType_Ready(&RangeCoreType) < 0)
         return -1;

@@ -235,3 +235,24 @@ def test_range_in_a_plain_thread_after_asyncio_ran_elsewhere() -> None:
         t.join()
     (e,) = prof.events()
     assert e.thread_id == me
+
+
+def test_range_in_a_plain_thread_with_trio_imported_is_on_the_threads_track() -> None:
+    # trio imported but not running here: the thread's own track (the C path
+    # reads trio's per-thread run context without raising).
+    import trio
+
+    async def in_trio() -> int:
+        with aprof.record_function("in_trio"):
+            pass
+        return aprof.current_thread_id()
+
+    with aprof.profile() as prof:
+        trio_tid = trio.run(in_trio)
+        with aprof.record_function("here"):
+            pass
+        me = aprof.current_thread_id()
+    by_name = {e.name: e for e in prof.events()}
+    assert by_name["here"].thread_id == me
+    assert by_name["in_trio"].thread_id == trio_tid
+    assert trio_tid != me
