@@ -120,6 +120,15 @@ def table(cases: list[Case], baseline: str, unit: str) -> str:
     return "\n".join(lines)
 
 
+def _c_extension() -> str | None:
+    """Which of aprof's hot paths run in C: "ranges+tracer", or None (the twins)."""
+    try:
+        from aprof._core import _native
+    except Exception:  # noqa: BLE001 - an older aprof: say nothing
+        return None
+    return "ranges+tracer" if _native.extension is not None else None
+
+
 def aprof_info() -> dict[str, Any]:
     """aprof's version and whether its C extension is in use, or why it is missing."""
     try:
@@ -129,7 +138,7 @@ def aprof_info() -> dict[str, Any]:
     return {
         "importable": True,
         "version": getattr(aprof, "__version__", "?"),
-        "c_extension": getattr(aprof, "_C_EXTENSION", None),
+        "c_extension": _c_extension(),
         "file": getattr(aprof, "__file__", None),
         "git": _git_describe(os.path.dirname(os.path.abspath(aprof.__file__ or "."))),
     }
