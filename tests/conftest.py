@@ -16,9 +16,11 @@ import asyncio
 import contextlib
 import gc
 import sys
+import sysconfig
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -182,3 +184,18 @@ def no_leftovers() -> Any:
     gc.collect()
     if problems:
         pytest.fail("; ".join(problems))
+
+
+def require_c_extension() -> ModuleType:
+    """The built C extension ``aprof._ctracer``, or end the test.
+
+    The install builds it (README): missing, that is a failure, except on a
+    free-threaded build, where it is not built on purpose (the test skips).
+    """
+    try:
+        from aprof import _ctracer
+    except ImportError:
+        if sysconfig.get_config_var("Py_GIL_DISABLED"):
+            pytest.skip("aprof._ctracer is not built on free-threaded Python (the twins run)")
+        pytest.fail("aprof._ctracer is not built: reinstall aprof with a C compiler (pip install -e '.[test]')")
+    return _ctracer

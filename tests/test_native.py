@@ -13,7 +13,6 @@ import gc
 import os
 import subprocess
 import sys
-import sysconfig
 import threading
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,8 @@ import pytest
 import aprof
 from aprof._core import _native, _record_function, _threads
 from aprof._core._callbacks import RF_STATE
+
+from .conftest import require_c_extension
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,13 +40,10 @@ CORE_TESTS = [
 
 
 def _require_extension() -> None:
-    if _native.extension is not None:
-        return
-    if _native.FORCED_PURE:
+    """The C path runs: the extension is built (else fail or skip) and not switched off."""
+    require_c_extension()
+    if _native.extension is None:
         pytest.fail("this test checks the C path; run it without APROF_PURE_PYTHON")
-    if sysconfig.get_config_var("Py_GIL_DISABLED"):
-        pytest.skip("the extension is not built on free-threaded Python (the Python path runs)")
-    pytest.fail("aprof._ctracer is not built: reinstall aprof with a C compiler (pip install -e '.[test]')")
 
 
 def raw_lists() -> dict[Any, list[tuple[Any, ...]]]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import sysconfig
 import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -22,34 +21,16 @@ import aprof
 from aprof._core import _tracer, _tracer_py
 from aprof._post._replay import prune_filename
 
-from .conftest import Backend
+from .conftest import Backend, require_c_extension
 from .tracecheck import validate_trace
 
 PY = aprof.RecordScope.PYTHON_FUNCTION
 HERE = "test_tracer.py"
 
 
-def _c_module() -> ModuleType | None:
-    try:
-        from aprof import _ctracer
-    except ImportError:
-        return None
-    return _ctracer
-
-
-def _no_c_extension() -> None:
-    # The install builds aprof._ctracer (README): missing, it is a failure,
-    # except on a free-threaded build, where it is not built on purpose.
-    if sysconfig.get_config_var("Py_GIL_DISABLED"):
-        pytest.skip("aprof._ctracer is not built on free-threaded Python (the twin runs)")
-    pytest.fail("aprof._ctracer is not built: reinstall aprof with a C compiler (pip install -e '.[test]')")
-
-
 @pytest.fixture(params=["c", "python"])
 def impl(request: pytest.FixtureRequest) -> Iterator[ModuleType]:
-    module = _c_module() if request.param == "c" else _tracer_py
-    if module is None:
-        _no_c_extension()
+    module = require_c_extension() if request.param == "c" else _tracer_py
     _tracer._forced = module
     try:
         yield module
@@ -159,9 +140,7 @@ def test_c_calls_are_recorded(impl: ModuleType) -> None:
 
 def test_parity_between_c_and_python(impl: ModuleType) -> None:
     # Both implementations record the same Python call tree.
-    c_module = _c_module()
-    if c_module is None:
-        _no_c_extension()
+    c_module = require_c_extension()
     shapes = []
     for module in (c_module, _tracer_py):
         _tracer._forced = module
