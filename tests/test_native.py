@@ -54,6 +54,7 @@ def raw_lists() -> dict[Any, list[tuple[Any, ...]]]:
 
 
 def test_record_function_runs_in_c_when_the_extension_is_built() -> None:
+    # SPEC 4.1, 14: on a GIL build with the extension, ranges take the C path.
     _require_extension()
     assert _record_function.C_RANGES
     assert type(aprof.record_function("x")).__mro__[1] is _native.extension.RangeCore  # type: ignore[union-attr]
@@ -78,6 +79,7 @@ def test_the_core_tests_pass_on_the_pure_python_path() -> None:
 
 
 def test_pure_python_switch_is_honoured_in_a_child() -> None:
+    # SPEC 14 (docs/reference.md, APROF_PURE_PYTHON).
     # What the test above relies on: the switch really selects the twins.
     code = (
         "from aprof._core import _record_function, _threads, _tracer, _tracer_py;"
@@ -131,6 +133,7 @@ def test_c_records_have_the_python_paths_shape_and_leave_the_gc_alone() -> None:
 
 
 def test_c_records_keep_a_str_subclass_name_tracked() -> None:
+    # SPEC 4.1.
     # A name that is a str subclass may carry a __dict__, so the record may
     # hold a cycle: it stays visible to the collector.
     class Name(str):
@@ -145,6 +148,7 @@ def test_c_records_keep_a_str_subclass_name_tracked() -> None:
 
 
 def test_record_function_misuse_is_named_on_both_paths() -> None:
+    # SPEC 4.1, 12: every misuse names what was wrong.
     with pytest.raises(TypeError, match="record_function: name must be a str, got int"):
         aprof.record_function(3)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="record_function: args must be a str or None, got bytes"):
@@ -158,6 +162,7 @@ def test_record_function_misuse_is_named_on_both_paths() -> None:
 
 
 def test_exit_called_by_hand_with_wrong_arguments_is_a_clear_error() -> None:
+    # SPEC 12.
     r = aprof.record_function("x")
     r.__enter__()
     with pytest.raises(TypeError, match="__exit__"):
@@ -166,6 +171,7 @@ def test_exit_called_by_hand_with_wrong_arguments_is_a_clear_error() -> None:
 
 
 def test_record_function_can_be_subclassed() -> None:
+    # SPEC 4.1.
     class Named(aprof.record_function):
         def __init__(self) -> None:
             super().__init__("named", args="sub")
@@ -178,6 +184,7 @@ def test_record_function_can_be_subclassed() -> None:
 
 
 def test_stepping_slot_is_per_os_thread() -> None:
+    # SPEC 2: logical threads are per OS thread outside tasks.
     # The C slot behaves like the threading.local it replaces.
     stepping = _threads.stepping
     marker = _threads.LogicalThread("thread", "marker")
@@ -195,6 +202,7 @@ def test_stepping_slot_is_per_os_thread() -> None:
 
 
 def test_range_in_an_unwrapped_task_is_on_the_tasks_track() -> None:
+    # SPEC 2, 4.1.
     # The task that starts the profile is not one aprof wrapped: the C path
     # finds its logical thread through asyncio, as the Python path does.
     async def main() -> tuple[int, int]:
@@ -210,6 +218,7 @@ def test_range_in_an_unwrapped_task_is_on_the_tasks_track() -> None:
 
 
 def test_range_in_a_plain_thread_after_asyncio_ran_elsewhere() -> None:
+    # SPEC 2, 4.1.
     # A loop running in another thread must not make this thread's range
     # land on that loop's task (3.11 checks the hint's thread).
     started = threading.Event()
@@ -236,6 +245,7 @@ def test_range_in_a_plain_thread_after_asyncio_ran_elsewhere() -> None:
 
 
 def test_range_in_a_plain_thread_with_trio_imported_is_on_the_threads_track() -> None:
+    # SPEC 2, 4.1.
     # trio imported but not running here: the thread's own track (the C path
     # reads trio's per-thread run context without raising).
     import trio
