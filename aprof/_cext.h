@@ -4,6 +4,7 @@
  *
  *   _ctracer.c  the Python tracer (SPEC 8.1) and the module
  *   _cranges.c  the range fast path under aprof.record_function (SPEC 3)
+ *   _cevents.c  consolidation at stop: raw records -> FunctionEvents (SPEC 6)
  */
 #ifndef APROF_CEXT_H
 #define APROF_CEXT_H
@@ -39,5 +40,9 @@ now_ns(void)
 /* _cranges.c: add RangeCore, the stepping object and _range_setup to the
  * module. Returns -1 with an exception set on failure. */
 int aprof_ranges_init(PyObject *module);
+
+/* _cevents.c: add EventCore, records_of, sort_by_start, nest and
+ * _events_setup to the module. Returns -1 with an exception set on failure. */
+int aprof_events_init(PyObject *module);
 
 #endif

@@ -1,9 +1,11 @@
-"""The C range path and its pure-Python twin mean the same (issue #4 item 4).
+"""The C paths and their pure-Python twins mean the same (issue #4 item 4).
 
 ``record_function``'s ``__init__``/``__enter__``/``__exit__`` run in C when
 the extension is built (aprof/_cranges.c) and in Python otherwise
-(``_PyRangeCore``). The core tests run on both: here in this process on the
-C path, and once more in a child process with ``APROF_PURE_PYTHON=1``.
+(``_PyRangeCore``); so does consolidation at stop (aprof/_cevents.c against
+``_records_of``, ``_sort_by_start`` and ``_nest`` in ``aprof._post._events``).
+The core tests run on both: here in this process on the C path, and once
+more in a child process with ``APROF_PURE_PYTHON=1``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import pytest
 import aprof
 from aprof._core import _native, _record_function, _threads
 from aprof._core._callbacks import RF_STATE
+from aprof._core._recorder import ASYNC_SAME_THREAD, KIND_INSTANT
+from aprof._post import _events
 
 from .conftest import require_c_extension
 
@@ -59,6 +63,8 @@ def test_record_function_runs_in_c_when_the_extension_is_built() -> None:
     assert _record_function.C_RANGES
     assert type(aprof.record_function("x")).__mro__[1] is _native.extension.RangeCore  # type: ignore[union-attr]
     assert _threads.stepping is _native.extension.stepping  # type: ignore[union-attr]
+    assert _events.FunctionEvent.__mro__[1] is _native.extension.EventCore  # type: ignore[union-attr]
+    assert _events.nest is _native.extension.nest  # type: ignore[union-attr]
 
 
 @pytest.mark.timeout(900)
@@ -264,3 +270,132 @@ def test_range_in_a_plain_thread_with_trio_imported_is_on_the_threads_track() ->
     assert by_name["here"].thread_id == me
     assert by_name["in_trio"].thread_id == trio_tid
     assert trio_tid != me
+
+
+# ---------------------------------------------------------------------------
+# Consolidation in C (aprof/_cevents.c) against its twins in _events.py
+# ---------------------------------------------------------------------------
+
+TID = 7
+
+
+def tricky_raw() -> list[tuple[Any, ...]]:
+    """One logical thread's raw list with every case consolidation handles."""
+    return [
+        ("outer", "user_scope", 100, "k=1"),  # 0
+        ("inner", "user_scope", 110, None),  # 1
+        (1, 120, TID, None),
+        ("raised", "user_scope", 130, None),  # 3
+        (3, 140, TID, "KeyError"),
+        (3, 141, TID, None),  # a second end for the same start: ignored
+        ("mark", "user_scope", 150, None, -1, 0, None, None, KIND_INSTANT, {"k": 1}),  # 6
+        ("exec", "executor", 160, None, 5, 3, ("1",), (("f.py", 1, "f"),), 0, 155),  # 7: extra is submit_ns
+        (7, 170, TID, None),
+        ("elsewhere", "user_scope", 175, None),  # 9: ended in another logical thread
+        (9, 185, 8, None),
+        ("declared_async", "user_scope", 176, None),  # 11
+        (11, 180, ASYNC_SAME_THREAD, None),
+        ("outlives", "user_scope", 190, None),  # 13: ends after outer
+        (0, 200, TID, None),
+        (13, 210, TID, None),
+        (99, 211, TID, None),  # an end naming no start: ignored
+        ("open", "user_scope", 220, None),  # never ends: closed at stop
+        ("late", "user_scope", 90, None),  # out of start order (the tracer's replay appends)
+        (18, 95, TID, None),
+    ]
+
+
+def consolidated(records_of: Any, sort_by_start: Any, nest: Any) -> tuple[list[list[Any]], list[tuple[Any, ...]]]:
+    records = records_of(tricky_raw(), TID)
+    sort_by_start(records)
+    events: list[Any] = []
+    nest(records, _events.Track(TID, "t", "thread", 1, 0), 300, events)
+    shape = [
+        (e.name, e.parent.name if e.parent else None, [c.name for c in e.children], e.is_async, e.unfinished)
+        for e in events
+    ]
+    return records, shape
+
+
+def test_c_consolidation_matches_the_python_twin() -> None:
+    # SPEC 6.2, 6.3: the same records, the same nesting, the same flags.
+    _require_extension()
+    ext: Any = _native.extension
+    c_records, c_shape = consolidated(ext.records_of, ext.sort_by_start, ext.nest)
+    py_records, py_shape = consolidated(_events._records_of, _events._sort_by_start, _events._nest)
+    assert c_records == py_records
+    assert c_shape == py_shape
+    by_name = {row[0]: row for row in c_shape}
+    assert [row[0] for row in c_shape][0] == "late"
+    assert by_name["outer"][2] == ["inner", "raised", "mark", "exec"]
+    assert by_name["open"][1] is None
+    assert by_name["elsewhere"][1:4] == ("outer", [], True)
+    assert by_name["declared_async"][3]
+    assert by_name["outlives"][3]
+    assert by_name["open"][4]
+    assert not by_name["outer"][4]
+    rec = {r[0]: r for r in c_records}
+    assert rec["raised"][3:6] == [140, None, "KeyError"]
+    assert rec["elsewhere"][4] == 8
+    assert rec["declared_async"][4] == TID
+    assert rec["exec"][12] == {"submit_ns": 155}
+    assert rec["open"][3] == 300
+
+
+def test_c_consolidated_records_of_strs_and_ints_leave_the_gc_alone() -> None:
+    # SPEC 6.2: a million plain ranges do not weigh on every later collection;
+    # records holding containers stay tracked.
+    _require_extension()
+    records = _native.extension.records_of(tricky_raw(), TID)  # type: ignore[union-attr]
+    rec = {r[0]: r for r in records}
+    assert not gc.is_tracked(rec["outer"])
+    assert not gc.is_tracked(rec["raised"])
+    assert gc.is_tracked(rec["mark"])
+    assert gc.is_tracked(rec["exec"])
+
+
+def test_c_events_are_collected_with_their_cycles() -> None:
+    # SPEC 6.2: parent and children point at each other; dropping a profile's
+    # events frees them (EventCore's traverse and clear are right).
+    _require_extension()
+
+    def count() -> int:
+        return sum(type(o) is _events.FunctionEvent for o in gc.get_objects())
+
+    gc.collect()
+    before = count()
+    _records, shape = consolidated(
+        _native.extension.records_of,  # type: ignore[union-attr]
+        _native.extension.sort_by_start,  # type: ignore[union-attr]
+        _native.extension.nest,  # type: ignore[union-attr]
+    )
+    assert len(shape) == 10
+    gc.collect()
+    assert count() == before
+
+
+@pytest.mark.parametrize(
+    ("raw", "error", "words"),
+    [
+        ([42], TypeError, "raw record 0 is not a start or end tuple"),
+        ([("a", "no_such_scope", 1, None)], ValueError, "unknown scope 'no_such_scope'"),
+        ([("a", "user_scope", 1, None, 0)], TypeError, "raw start record 0 has 5 fields"),
+    ],
+)
+def test_c_consolidation_names_a_bad_raw_record(raw: list[Any], error: type[Exception], words: str) -> None:
+    # SPEC 12: bad input gets an error naming what was wrong.
+    _require_extension()
+    with pytest.raises(error, match=words):
+        _native.extension.records_of(raw, TID)  # type: ignore[union-attr]
+
+
+def test_c_consolidation_refuses_a_record_layout_it_does_not_know() -> None:
+    # SPEC 12: the C and Python layouts of a record cannot drift apart silently.
+    _require_extension()
+    ext: Any = _native.extension
+    with pytest.raises(ValueError, match="record layout constant 0 is 5 in Python, 0 in C"):
+        ext._events_setup(_events.FunctionEvent, _events._NO_CHILDREN, _events._SCOPES, _events._start_of, (5,) * 17)
+    with pytest.raises(TypeError, match="must subclass EventCore"):
+        ext._events_setup(dict, _events._NO_CHILDREN, _events._SCOPES, _events._start_of, (0,) * 17)
+    # Refused setups change nothing: consolidation still works.
+    assert consolidated(ext.records_of, ext.sort_by_start, ext.nest)[1][0][0] == "late"

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator
-from typing import Any, Final
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any, Final
 
+from .._core import _native
 from .._core._callbacks import RecordScope
 from .._core._recorder import (
     ASYNC_SAME_THREAD,
@@ -72,7 +74,21 @@ class Track:
         return f"<Track {self.id} {self.kind} {self.name!r}>"
 
 
-class FunctionEvent:
+class _PyEventCore:
+    """FunctionEvent's fields. The C extension's ``EventCore``
+    (aprof/_cevents.c) is the same in C; FunctionEvent subclasses whichever
+    is active, so consolidation in C can build events directly."""
+
+    __slots__ = ("_r", "_t", "children", "parent")
+
+
+if TYPE_CHECKING:
+    _EventCore = _PyEventCore
+else:
+    _EventCore = _PyEventCore if _native.extension is None else _native.extension.EventCore
+
+
+class FunctionEvent(_EventCore):
     """One recorded range or instant, after consolidation (SPEC 6.2).
 
     Times are ``time.perf_counter_ns()`` values. ``parent`` and ``children``
@@ -85,7 +101,7 @@ class FunctionEvent:
     through properties.
     """
 
-    __slots__ = ("_r", "_t", "children", "parent")
+    __slots__ = ()
 
     _r: list[Any]
     _t: Track
@@ -315,17 +331,17 @@ def consolidate(
         if not raw:
             continue
         tid = lt.id
-        records = _records_of(list(raw), tid)  # a snapshot: later appends are dropped
+        records = records_of(list(raw), tid)  # a snapshot: later appends are dropped
         task = tasks.pop(tid, None)
         if task is not None:
             track, rec = task
             records.insert(0, rec)
         else:
             track = Track(tid, lt.current_name(), lt.kind, lt.os_thread_id, node_id)
-        if any(records[i][R_START] > records[i + 1][R_START] for i in range(len(records) - 1)):
-            # An eager task's first step records before its TASK record is
-            # appended (the task is created by its own first step's caller).
-            records.sort(key=_start_of)
+        # Out of order when an eager task's first step recorded before its
+        # TASK record was appended (the task is created by its own first
+        # step's caller), or when the tracer's replay appended its calls.
+        sort_by_start(records)
         if records:
             rows.append((records[0][R_START], len(rows), track, records))
     for track, rec in tasks.values():
@@ -337,55 +353,75 @@ def consolidate(
     events: list[FunctionEvent] = []
     tracks: dict[int, Track] = {}
     spans: dict[int, tuple[int, int]] = {}
-    append = events.append
-    new = FunctionEvent.__new__
-    no_children = _NO_CHILDREN
     for _, _, track, records in rows:
         tid = track.id
         tracks[tid] = track
         track.node_id = node_id
         first = len(events)
-        stack: list[FunctionEvent] = []
-        ends: list[int] = []
-        for rec in records:
-            ev = new(FunctionEvent)
-            ev._r = rec
-            ev._t = track
-            ev.children = no_children
-            start = rec[R_START]
-            end = rec[R_END]
-            if end is None:
-                end = rec[R_END] = stop_ns if stop_ns > start else start
-                rec[R_KIND] |= FLAG_UNFINISHED
-            end_lt = rec[R_END_LT]
-            instant = rec[R_KIND] & KIND_INSTANT
-            # Pop ranges that ended before this one started.
-            while ends and (ends[-1] < start or (ends[-1] == start and not instant)):
-                ends.pop()
-                stack.pop()
-            if stack:
-                parent = ev.parent = stack[-1]
-                if end_lt is not None or end > ends[-1]:
-                    rec[R_KIND] |= FLAG_ASYNC  # ended elsewhere, or outlived its enclosing range
-                else:
-                    if parent.children is no_children:
-                        parent.children = [ev]
-                    else:
-                        parent.children.append(ev)
-                    if not instant:
-                        stack.append(ev)
-                        ends.append(end)
-            else:
-                ev.parent = None
-                if end_lt is not None:
-                    rec[R_KIND] |= FLAG_ASYNC
-                elif not instant:
-                    stack.append(ev)
-                    ends.append(end)
-            append(ev)
+        nest(records, track, stop_ns, events)
         spans[tid] = (first, len(events))
     _link_across_tracks(events, spans)
     return events, tracks
+
+
+def _nest(records: list[list[Any]], track: Track, stop_ns: int, events: list[FunctionEvent]) -> None:
+    """Append one track's events, in start order, linked to their parents.
+
+    ``records`` are the track's consolidated records in start order. Open
+    ones get the stop time as their end and the ``unfinished`` flag; a range
+    that ended on another logical thread or outlived the range it started in
+    gets the ``async`` flag and is not its parent's child.
+    """
+    append = events.append
+    new = FunctionEvent.__new__
+    no_children = _NO_CHILDREN
+    stack: list[FunctionEvent] = []
+    ends: list[int] = []
+    for rec in records:
+        ev = new(FunctionEvent)
+        ev._r = rec
+        ev._t = track
+        ev.children = no_children
+        start = rec[R_START]
+        end = rec[R_END]
+        if end is None:
+            end = rec[R_END] = stop_ns if stop_ns > start else start
+            rec[R_KIND] |= FLAG_UNFINISHED
+        end_lt = rec[R_END_LT]
+        instant = rec[R_KIND] & KIND_INSTANT
+        # Pop ranges that ended before this one started.
+        while ends and (ends[-1] < start or (ends[-1] == start and not instant)):
+            ends.pop()
+            stack.pop()
+        if stack:
+            parent = ev.parent = stack[-1]
+            if end_lt is not None or end > ends[-1]:
+                rec[R_KIND] |= FLAG_ASYNC  # ended elsewhere, or outlived its enclosing range
+            else:
+                if parent.children is no_children:
+                    parent.children = [ev]
+                else:
+                    parent.children.append(ev)
+                if not instant:
+                    stack.append(ev)
+                    ends.append(end)
+        else:
+            ev.parent = None
+            if end_lt is not None:
+                rec[R_KIND] |= FLAG_ASYNC
+            elif not instant:
+                stack.append(ev)
+                ends.append(end)
+        append(ev)
+
+
+_start_of: Final = itemgetter(R_START)
+
+
+def _sort_by_start(records: list[list[Any]]) -> None:
+    """Sort records by start time in place, unless they already are in order."""
+    if any(records[i][R_START] > records[i + 1][R_START] for i in range(len(records) - 1)):
+        records.sort(key=_start_of)
 
 
 def _row_key(row: tuple[int, int, Track, list[list[Any]]]) -> tuple[int, int]:
@@ -445,8 +481,9 @@ def _records_of(raw: list[tuple[Any, ...]], tid: int) -> list[list[Any]]:
 
     See ``aprof._core._recorder`` for the tuple layouts. Ranges with no end
     keep ``None`` as their end (consolidation closes them at the stop time);
-    a second end for the same start (a range ended twice) is ignored. An
-    EXECUTOR range's extra may be its submit time alone (an int).
+    a second end for the same start (a range ended twice), or an end naming
+    no start, is ignored. An EXECUTOR range's extra may be its submit time
+    alone (an int).
     """
     at: list[list[Any] | None] = [None] * len(raw)
     records: list[list[Any]] = []
@@ -465,19 +502,15 @@ def _records_of(raw: list[tuple[Any, ...]], tid: int) -> list[list[Any]]:
             records.append(rec)
         else:
             idx, end, end_tid, exc = t
-            rec = at[idx]
-            if rec is None or rec[R_END] is not None:
+            started = at[idx] if 0 <= idx < i else None
+            if started is None or started[R_END] is not None:
                 continue
-            rec[R_END] = end
+            started[R_END] = end
             if end_tid != tid:
-                rec[R_END_LT] = tid if end_tid == ASYNC_SAME_THREAD else end_tid
+                started[R_END_LT] = tid if end_tid == ASYNC_SAME_THREAD else end_tid
             if exc is not None:
-                rec[R_EXC] = exc
+                started[R_EXC] = exc
     return records
-
-
-def _start_of(rec: list[Any]) -> int:
-    return rec[R_START]  # type: ignore[no-any-return]
 
 
 def overlap(flat: list[int], start: int, end: int) -> int:
@@ -532,3 +565,23 @@ def _link_across_tracks(events: list[FunctionEvent], spans: dict[int, tuple[int,
 def roots(events: Iterable[FunctionEvent]) -> list[FunctionEvent]:
     """Events with no parent on their track."""
     return [e for e in events if e.parent is None]
+
+
+# Consolidation's three steps run in C when the extension is active
+# (aprof/_cevents.c: a million events would cost about a second per step in
+# Python); _records_of, _sort_by_start and _nest are their pure-Python twins.
+records_of = _records_of
+sort_by_start = _sort_by_start
+nest = _nest
+if not TYPE_CHECKING and _native.extension is not None:
+    _native.extension._events_setup(
+        FunctionEvent,
+        _NO_CHILDREN,
+        _SCOPES,
+        _start_of,
+        (R_NAME, R_SCOPE, R_START, R_END, R_END_LT, R_EXC, R_ARGS, R_SEQ, R_FWD, R_INPUTS, R_STACK, R_KIND, R_EXTRA,
+         KIND_INSTANT, FLAG_UNFINISHED, FLAG_ASYNC, ASYNC_SAME_THREAD),
+    )  # fmt: skip
+    records_of = _native.extension.records_of
+    sort_by_start = _native.extension.sort_by_start
+    nest = _native.extension.nest
