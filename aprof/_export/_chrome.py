@@ -105,45 +105,42 @@ def _event_args(r: list[Any], tid: int, steps: list[int] | None) -> str:
     return _dumps(args) if args else ""
 
 
-def chrome_trace_chunks(session: Session) -> Iterator[str]:
-    """The trace as a stream of JSON text chunks."""
+def chrome_trace_chunks(session: Session, batch: int = 4096) -> Iterator[str]:
+    """The trace as a stream of JSON text chunks (about ``batch`` events each)."""
     base = session.metadata["start_ns"]
     pids = {int(k): v for k, v in session.metadata.get("pids", {}).items()}
-    names: dict[str, str] = {}
     yield '{"displayTimeUnit":"ms","otherData":'
     yield _dumps({"producer": "aprof", "aprof_version": session.metadata.get("aprof_version"), "dropped": session.metadata.get("dropped", 0), "start_ns": base})
     yield ',"traceEvents":[\n'
-    first = True
-
-    def sep() -> str:
-        nonlocal first
-        if first:
-            first = False
-            return ""
-        return ",\n"
+    # Trace events are gathered as lines and joined with ",\n" a batch at a
+    # time: one generator step per batch, not per event.
+    lines: list[str] = []
+    emit = lines.append
+    joined = ""  # "" before the first batch, then ",\n"
 
     tracks = session.tracks()  # sorted by first activity: a walk over every event, so once
     nodes = sorted({t.node_id for t in tracks})
     for node in nodes:
         pid = pids.get(node, node)
-        yield sep() + f'{{"ph":"M","name":"process_name","pid":{pid},"tid":0,"args":{{"name":{_dumps(f"aprof node {node}")}}}}}'
+        emit(f'{{"ph":"M","name":"process_name","pid":{pid},"tid":0,"args":{{"name":{_dumps(f"aprof node {node}")}}}}}')
     for order, track in enumerate(tracks):
         pid = pids.get(track.node_id, track.node_id)
         label = track.name if track.kind == "thread" else f"{track.name} [{track.kind}]"
-        yield sep() + f'{{"ph":"M","name":"thread_name","pid":{pid},"tid":{track.id},"args":{{"name":{_dumps(label)}}}}}'
-        yield sep() + f'{{"ph":"M","name":"thread_sort_index","pid":{pid},"tid":{track.id},"args":{{"sort_index":{2 * order}}}}}'
+        emit(f'{{"ph":"M","name":"thread_name","pid":{pid},"tid":{track.id},"args":{{"name":{_dumps(label)}}}}}')
+        emit(f'{{"ph":"M","name":"thread_sort_index","pid":{pid},"tid":{track.id},"args":{{"sort_index":{2 * order}}}}}')
         if track.steps:  # a task's steps, set by consolidation and by load()
             # A task's steps overlap its ranges without nesting in them, so
             # they get a row of their own, right under the task's.
             rid = _RUNNING_TID_BASE + track.id
-            yield sep() + f'{{"ph":"M","name":"thread_name","pid":{pid},"tid":{rid},"args":{{"name":{_dumps(label + " running")}}}}}'
-            yield sep() + f'{{"ph":"M","name":"thread_sort_index","pid":{pid},"tid":{rid},"args":{{"sort_index":{2 * order + 1}}}}}'
+            emit(f'{{"ph":"M","name":"thread_name","pid":{pid},"tid":{rid},"args":{{"name":{_dumps(label + " running")}}}}}')
+            emit(f'{{"ph":"M","name":"thread_sort_index","pid":{pid},"tid":{rid},"args":{{"sort_index":{2 * order + 1}}}}}')
 
     # Spawners that recorded nothing have no track; name their row for the
     # flow arrows that start there (the profile's starting task, mostly).
+    events = session.events()
     track_pids = {t.id: pids.get(t.node_id, t.node_id) for t in tracks}
     start = session.metadata.get("start_thread") or {}
-    spawners = {(ev._t.node_id, ev._r[R_FWD]) for ev in session.events() if ev._r[R_FWD] and ev._r[R_SEQ] > 0}
+    spawners = {(ev._t.node_id, ev._r[R_FWD]) for ev in events if ev._r[R_FWD] and ev._r[R_SEQ] > 0}
     for node, tid in sorted(spawners):
         if tid not in track_pids:
             pid = pids.get(node, node)
@@ -152,74 +149,92 @@ def chrome_trace_chunks(session: Session) -> Iterator[str]:
                 label = str(start.get("name")) if kind == "thread" else f"{start.get('name')} [{kind}]"
             else:
                 label = f"logical thread {tid}"
-            yield sep() + f'{{"ph":"M","name":"thread_name","pid":{pid},"tid":{tid},"args":{{"name":{_dumps(label)}}}}}'
-            yield sep() + f'{{"ph":"M","name":"thread_sort_index","pid":{pid},"tid":{tid},"args":{{"sort_index":-1}}}}'
+            emit(f'{{"ph":"M","name":"thread_name","pid":{pid},"tid":{tid},"args":{{"name":{_dumps(label)}}}}}')
+            emit(f'{{"ph":"M","name":"thread_sort_index","pid":{pid},"tid":{tid},"args":{{"sort_index":-1}}}}')
     async_id = 0
     flow_id = 0
     # One pass over the raw records behind the events (the fields their
     # properties read), so a million events cost no million property calls.
+    # Per track and per (name, scope), the constant parts of a line are
+    # built once: a million events then cost two float formats and one
+    # f-string each.
     task_scope = RecordScope.TASK
-    cats = {sc: sc.value for sc in RecordScope}
-    for ev in session.events():
+    heads: dict[tuple[str, RecordScope], tuple[str, str]] = {}  # -> ('"name":..,"cat":..', cat)
+    track = None
+    tid = pid = 0
+    steps: list[int] | None = None
+    where = ""
+    for ev in events:
         r = ev._r
-        track = ev._t
-        tid = track.id
-        ev_name = r[R_NAME]
-        name = names.get(ev_name)
-        if name is None:
-            name = names[ev_name] = _dumps(ev_name)
-        node = track.node_id
-        pid = pids.get(node, node)
+        if ev._t is not track:
+            track = ev._t
+            tid = track.id
+            steps = track.steps
+            pid = pids.get(track.node_id, track.node_id)
+            where = f'"pid":{pid},"tid":{tid}'
         scope = r[R_SCOPE]
-        cat = cats[scope]
+        key = (r[R_NAME], scope)
+        head = heads.get(key)
+        if head is None:
+            head = heads[key] = (f'"name":{_dumps(r[R_NAME])},"cat":"{scope.value}"', scope.value)
+        nc = head[0]
         start_ns = r[R_START]
         ts = (start_ns - base) / 1000.0
-        args = _event_args(r, tid, track.steps)
-        args_part = f',"args":{args}' if args else ""
         kind = r[R_KIND]
+        fwd = r[R_FWD]
+        extra = r[R_EXTRA]
+        if (
+            steps is None
+            and r[R_ARGS] is None
+            and r[R_EXC] is None
+            and not kind
+            and r[R_SEQ] < 0
+            and not fwd
+            and r[R_END_LT] is None
+            and r[R_INPUTS] is None
+            and r[R_STACK] is None
+            and not extra
+        ):  # a plain range: the common case, and no args
+            emit(f'{{"ph":"X",{nc},{where},"ts":{ts:.3f},"dur":{(r[R_END] - start_ns) / 1000.0:.3f}}}')
+            if len(lines) >= batch:
+                yield joined + ",\n".join(lines)
+                joined = ",\n"
+                lines.clear()
+            continue
+        args = _event_args(r, tid, steps)
+        args_part = f',"args":{args}' if args else ""
         if kind & KIND_INSTANT:
-            yield sep() + f'{{"ph":"i","s":"t","name":{name},"cat":"{cat}","pid":{pid},"tid":{tid},"ts":{ts:.3f}{args_part}}}'
+            emit(f'{{"ph":"i","s":"t",{nc},{where},"ts":{ts:.3f}{args_part}}}')
         elif kind & FLAG_ASYNC:
             async_id += 1
             te = (r[R_END] - base) / 1000.0
-            yield sep() + (
-                f'{{"ph":"b","name":{name},"cat":"{cat}","id2":{{"local":"0x{async_id:x}"}},'
-                f'"pid":{pid},"tid":{tid},"ts":{ts:.3f}{args_part}}}'
-            )
-            yield sep() + (
-                f'{{"ph":"e","name":{name},"cat":"{cat}","id2":{{"local":"0x{async_id:x}"}},'
-                f'"pid":{pid},"tid":{tid},"ts":{te:.3f}}}'
-            )
+            emit(f'{{"ph":"b",{nc},"id2":{{"local":"0x{async_id:x}"}},{where},"ts":{ts:.3f}{args_part}}}')
+            emit(f'{{"ph":"e",{nc},"id2":{{"local":"0x{async_id:x}"}},{where},"ts":{te:.3f}}}')
         else:
-            dur = (r[R_END] - start_ns) / 1000.0
-            yield sep() + (
-                f'{{"ph":"X","name":{name},"cat":"{cat}","pid":{pid},"tid":{tid},'
-                f'"ts":{ts:.3f},"dur":{dur:.3f}{args_part}}}'
-            )
-        fwd = r[R_FWD]
-        extra = r[R_EXTRA]
+            emit(f'{{"ph":"X",{nc},{where},"ts":{ts:.3f},"dur":{(r[R_END] - start_ns) / 1000.0:.3f}{args_part}}}')
         if fwd and r[R_SEQ] > 0:
             # A flow arrow from the spawn/submit point to the start of the work.
+            cat = head[1]
             flow_id += 1
             link_ns = start_ns
             if extra:
                 link_ns = int(extra.get("spawn_ns", extra.get("submit_ns", link_ns)))
             ts0 = (link_ns - base) / 1000.0
-            yield sep() + (
-                f'{{"ph":"s","name":"spawn","cat":"{cat}","id":{flow_id},"pid":{track_pids.get(fwd, pid)},'
-                f'"tid":{fwd},"ts":{ts0:.3f}}}'
-            )
-            yield sep() + (
-                f'{{"ph":"f","bp":"e","name":"spawn","cat":"{cat}","id":{flow_id},"pid":{pid},'
-                f'"tid":{tid},"ts":{ts:.3f}}}'
-            )
+            emit(f'{{"ph":"s","name":"spawn","cat":"{cat}","id":{flow_id},"pid":{track_pids.get(fwd, pid)},"tid":{fwd},"ts":{ts0:.3f}}}')
+            emit(f'{{"ph":"f","bp":"e","name":"spawn","cat":"{cat}","id":{flow_id},{where},"ts":{ts:.3f}}}')
         if scope is task_scope and extra:
-            steps = extra.get("steps") or ()
-            rid = _RUNNING_TID_BASE + tid
-            for i in range(0, len(steps) - 1, 2):
-                s0 = (steps[i] - base) / 1000.0
-                d = (steps[i + 1] - steps[i]) / 1000.0
-                yield sep() + f'{{"ph":"X","name":"running","cat":"step","pid":{pid},"tid":{rid},"ts":{s0:.3f},"dur":{d:.3f}}}'
+            task_steps = extra.get("steps") or ()
+            rwhere = f'"pid":{pid},"tid":{_RUNNING_TID_BASE + tid}'
+            for i in range(0, len(task_steps) - 1, 2):
+                s0 = (task_steps[i] - base) / 1000.0
+                d = (task_steps[i + 1] - task_steps[i]) / 1000.0
+                emit(f'{{"ph":"X","name":"running","cat":"step",{rwhere},"ts":{s0:.3f},"dur":{d:.3f}}}')
+        if len(lines) >= batch:
+            yield joined + ",\n".join(lines)
+            joined = ",\n"
+            lines.clear()
+    if lines:
+        yield joined + ",\n".join(lines)
     yield "\n]}\n"
 
 
@@ -231,15 +246,4 @@ def export_chrome_trace(session: Session, path: str | PathLike[str]) -> None:
             message names the path.
     """
     p = check_output_path(path, "export_chrome_trace", SUFFIXES)
-    atomic_write_text(p, _batched(chrome_trace_chunks(session)), compress=p.name.lower().endswith(".gz"), what="export_chrome_trace")
-
-
-def _batched(chunks: Iterator[str], size: int = 4096) -> Iterator[str]:
-    buf: list[str] = []
-    for c in chunks:
-        buf.append(c)
-        if len(buf) >= size:
-            yield "".join(buf)
-            buf.clear()
-    if buf:
-        yield "".join(buf)
+    atomic_write_text(p, chrome_trace_chunks(session), compress=p.name.lower().endswith(".gz"), what="export_chrome_trace")

@@ -164,14 +164,20 @@ class Session:
 
 
 def _first_start(events: list[FunctionEvent]) -> Any:
+    """Sort key for tracks: the start of their first event, then their id."""
     first: dict[int, int] = {}
     get = first.get
-    for e in events:  # the raw fields behind thread_id and start_ns: a walk over every event
-        tid = e._t.id
+    track = None
+    for e in events:
+        # Events come track by track in start order: only the first of each
+        # run needs a look (the min keeps it right for any order of runs).
+        if e._t is track:
+            continue
+        track = e._t
         start = e._r[R_START]
-        cur = get(tid)
+        cur = get(track.id)
         if cur is None or start < cur:
-            first[tid] = start
+            first[track.id] = start
 
     def key(t: Track) -> tuple[int, int]:
         return (first.get(t.id, 0), t.id)
