@@ -14,6 +14,8 @@
  *   records_of()    pair one logical thread's start and end tuples.
  *   sort_by_start() put a track's records in start order if they are not.
  *   nest()          build the events of one track and link parents/children.
+ *   chrome_plain()  the Chrome trace lines of a run of plain ranges (the
+ *                   exporter's common case; aprof/_export/_chrome.py).
  *
  * The layout constants are checked against the Python ones once, in
  * _events_setup(), so the two cannot drift apart silently.
@@ -440,6 +442,180 @@ fail:
 }
 
 /* ------------------------------------------------------------------------ */
+/* chrome_plain                                                               */
+/* ------------------------------------------------------------------------ */
+
+typedef struct {
+    char *p;
+    size_t len, cap;
+} Buf;
+
+static int
+buf_grow(Buf *b, size_t more)
+{
+    if (b->len + more <= b->cap)
+        return 0;
+    size_t cap = b->cap ? b->cap : 1 << 16;
+    while (cap < b->len + more)
+        cap *= 2;
+    char *p = PyMem_Realloc(b->p, cap);
+    if (p == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    b->p = p;
+    b->cap = cap;
+    return 0;
+}
+
+static inline void
+buf_put(Buf *b, const char *s, size_t n) /* room reserved by the caller */
+{
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+}
+
+/* Nanoseconds as microseconds with three decimals: what Python's
+ * f"{ns / 1000.0:.3f}" prints, exactly, for any span under about 100 days
+ * (below 2**42 us a double's error is far under half a nanosecond). */
+static inline void
+buf_us(Buf *b, long long ns)
+{
+    char tmp[32];
+    unsigned long long a = ns < 0 ? 0ull - (unsigned long long)ns : (unsigned long long)ns;
+    int n = snprintf(tmp, sizeof tmp, "%s%llu.%03u", ns < 0 ? "-" : "", a / 1000u, (unsigned)(a % 1000u));
+    buf_put(b, tmp, (size_t)n);
+}
+
+/* A str's text (ASCII: what _dumps and the exporter's prefixes produce). */
+static inline const char *
+ascii_of(PyObject *s, Py_ssize_t *n)
+{
+    if (!PyUnicode_Check(s) || !PyUnicode_IS_ASCII(s)) {
+        PyErr_Format(PyExc_TypeError, "aprof: chrome_plain expected ASCII text, got %R", s);
+        return NULL;
+    }
+    *n = PyUnicode_GET_LENGTH(s);
+    return (const char *)PyUnicode_DATA(s);
+}
+
+/* chrome_plain(events, i, base, wheres, names, cats, dumps, limit)
+ *     -> (text, next_i)
+ *
+ * The "X" lines, joined by ",\n", of events[i], events[i+1], ... while they
+ * are plain ranges (no args of any kind: the test is the exporter's), at
+ * most `limit` of them; next_i is the first event not written. wheres maps
+ * a Track with no task steps to its '"pid":P,"tid":T'; names caches
+ * dumps(name) by name; cats is ((RecordScope, cat), ...). */
+static PyObject *
+chrome_plain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 8 || !PyList_Check(args[0]) || !PyDict_Check(args[3]) || !PyDict_Check(args[4]) ||
+        !PyTuple_Check(args[5]) || !PyCallable_Check(args[6])) {
+        PyErr_SetString(PyExc_TypeError, "chrome_plain(events, i, base, wheres, names, cats, dumps, limit)");
+        return NULL;
+    }
+    PyObject *events = args[0], *wheres = args[3], *names = args[4], *cats = args[5], *dumps = args[6];
+    Py_ssize_t i = PyLong_AsSsize_t(args[1]);
+    long long base = PyLong_AsLongLong(args[2]);
+    Py_ssize_t limit = PyLong_AsSsize_t(args[7]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_ssize_t ncats = PyTuple_GET_SIZE(cats);
+    Buf b = {NULL, 0, 0};
+    Py_ssize_t written = 0;
+    PyObject *track = NULL, *where = NULL; /* borrowed: the last event's */
+    for (; i < PyList_GET_SIZE(events) && written < limit; i++) {
+        PyObject *o = PyList_GET_ITEM(events, i);
+        if (!PyObject_TypeCheck(o, &EventCoreType))
+            break;
+        EventCore *ev = (EventCore *)o;
+        PyObject *r = ev->r;
+        if (r == NULL || !PyList_CheckExact(r) || PyList_GET_SIZE(r) != R_SIZE || ev->t == NULL)
+            break;
+        if (ev->t != track) {
+            where = PyDict_GetItemWithError(wheres, ev->t);
+            if (where == NULL) { /* a task's track (steps to report), or an error */
+                if (PyErr_Occurred())
+                    goto fail;
+                break;
+            }
+            track = ev->t;
+        }
+        PyObject *seq = PyList_GET_ITEM(r, R_SEQ), *fwd = PyList_GET_ITEM(r, R_FWD), *kind = PyList_GET_ITEM(r, R_KIND);
+        PyObject *start = PyList_GET_ITEM(r, R_START), *end = PyList_GET_ITEM(r, R_END);
+        if (PyList_GET_ITEM(r, R_ARGS) != Py_None || PyList_GET_ITEM(r, R_EXC) != Py_None ||
+            PyList_GET_ITEM(r, R_END_LT) != Py_None || PyList_GET_ITEM(r, R_INPUTS) != Py_None ||
+            PyList_GET_ITEM(r, R_STACK) != Py_None || PyList_GET_ITEM(r, R_EXTRA) != Py_None ||
+            !PyLong_CheckExact(seq) || !PyLong_CheckExact(fwd) || !PyLong_CheckExact(kind) ||
+            !PyLong_CheckExact(start) || !PyLong_CheckExact(end))
+            break;
+        int overflow;
+        long k = PyLong_AsLongAndOverflow(kind, &overflow), f = PyLong_AsLongAndOverflow(fwd, &overflow);
+        if (overflow || k != 0 || f != 0 || PyLong_AsLongAndOverflow(seq, &overflow) >= 0 || overflow)
+            break;
+        long long s = PyLong_AsLongLong(start), e = PyLong_AsLongLong(end);
+        if (PyErr_Occurred()) {
+            PyErr_Clear();
+            break;
+        }
+        PyObject *scope = PyList_GET_ITEM(r, R_SCOPE), *cat = NULL;
+        for (Py_ssize_t c = 0; c < ncats; c++) {
+            PyObject *pair = PyTuple_GET_ITEM(cats, c);
+            if (PyTuple_Check(pair) && PyTuple_GET_SIZE(pair) == 2 && PyTuple_GET_ITEM(pair, 0) == scope) {
+                cat = PyTuple_GET_ITEM(pair, 1);
+                break;
+            }
+        }
+        if (cat == NULL)
+            break;
+        PyObject *name = PyList_GET_ITEM(r, R_NAME);
+        PyObject *jname = PyDict_GetItemWithError(names, name); /* borrowed */
+        if (jname == NULL) {
+            if (PyErr_Occurred())
+                goto fail;
+            PyObject *d = PyObject_CallOneArg(dumps, name);
+            if (d == NULL)
+                goto fail;
+            int rc = PyDict_SetItem(names, name, d);
+            Py_DECREF(d); /* the dict keeps it */
+            if (rc < 0)
+                goto fail;
+            jname = d;
+        }
+        Py_ssize_t nw, nn, nc;
+        const char *w = ascii_of(where, &nw), *jn = ascii_of(jname, &nn), *ct = ascii_of(cat, &nc);
+        if (w == NULL || jn == NULL || ct == NULL)
+            goto fail;
+        if (buf_grow(&b, (size_t)(nw + nn + nc) + 128) < 0)
+            goto fail;
+        if (written)
+            buf_put(&b, ",\n", 2);
+        buf_put(&b, "{\"ph\":\"X\",\"name\":", 17);
+        buf_put(&b, jn, (size_t)nn);
+        buf_put(&b, ",\"cat\":\"", 8);
+        buf_put(&b, ct, (size_t)nc);
+        buf_put(&b, "\",", 2);
+        buf_put(&b, w, (size_t)nw);
+        buf_put(&b, ",\"ts\":", 6);
+        buf_us(&b, s - base);
+        buf_put(&b, ",\"dur\":", 7);
+        buf_us(&b, e - s);
+        buf_put(&b, "}", 1);
+        written++;
+    }
+    PyObject *text = PyUnicode_DecodeASCII(b.p ? b.p : "", (Py_ssize_t)b.len, "strict");
+    PyMem_Free(b.p);
+    if (text == NULL)
+        return NULL;
+    PyObject *out = Py_BuildValue("(Nn)", text, i);
+    return out;
+fail:
+    PyMem_Free(b.p);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------ */
 /* Module glue                                                                */
 /* ------------------------------------------------------------------------ */
 
@@ -492,6 +668,8 @@ static PyMethodDef event_functions[] = {
     {"sort_by_start", (PyCFunction)sort_by_start, METH_O, "Sort records by start time unless already in order."},
     {"nest", (PyCFunction)(void (*)(void))nest, METH_FASTCALL,
      "Build one track's events from its records, nested, appending them to events."},
+    {"chrome_plain", (PyCFunction)(void (*)(void))chrome_plain, METH_FASTCALL,
+     "The Chrome trace lines of a run of plain ranges, and the index after it."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -11,7 +11,10 @@ more in a child process with ``APROF_PURE_PYTHON=1``.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import gc
+import json
 import os
 import subprocess
 import sys
@@ -399,3 +402,100 @@ def test_c_consolidation_refuses_a_record_layout_it_does_not_know() -> None:
         ext._events_setup(dict, _events._NO_CHILDREN, _events._SCOPES, _events._start_of, (0,) * 17)
     # Refused setups change nothing: consolidation still works.
     assert consolidated(ext.records_of, ext.sort_by_start, ext.nest)[1][0][0] == "late"
+
+
+# ---------------------------------------------------------------------------
+# Chrome export: runs of plain ranges written in C (aprof/_cevents.c)
+# ---------------------------------------------------------------------------
+
+
+def rich_session() -> aprof.Session:
+    """A session with every kind of Chrome line: plain and nested ranges,
+    args, exceptions, instants, async slices, tasks with steps, executor
+    work, names that need escaping."""
+
+    class Name(str):
+        pass
+
+    def in_pool() -> None:
+        with aprof.record_function("in pool"):
+            pass
+
+    async def child(i: int) -> None:
+        with aprof.record_function("child", args=f"i={i}"):
+            await asyncio.sleep(0)
+        aprof.mark("marked")
+        with contextlib.suppress(KeyError), aprof.record_function("raises"):
+            raise KeyError(i)
+
+    async def main() -> aprof.profile:
+        async with aprof.profile(with_stack=True) as prof:
+            for name in ("plain", 'quote " and \\ backslash', "line\nbreak", "caf\u00e9 \u2603", Name("sub")):
+                with aprof.record_function(name), aprof.record_function("nested"):
+                    pass
+            late = aprof.record_function("outlives")
+            with aprof.record_function("short"):
+                late.__enter__()
+            late.__exit__(None, None, None)
+            await asyncio.gather(*(child(i) for i in range(3)))
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                await asyncio.get_running_loop().run_in_executor(aprof.propagating(pool), in_pool)
+            for _ in range(50):
+                with aprof.record_function("many"):
+                    pass
+        return prof
+
+    return asyncio.run(main()).session
+
+
+def test_chrome_export_is_the_same_text_on_the_c_and_python_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+    # SPEC 9.1: the C writer of plain ranges changes the speed, not one byte.
+    _require_extension()
+    from aprof._export._chrome import chrome_trace_chunks
+
+    session = rich_session()
+    for batch in (1, 3, 4096):
+        c_text = "".join(chrome_trace_chunks(session, batch))
+        with monkeypatch.context() as m:
+            m.setattr(_native, "extension", None)
+            py_text = "".join(chrome_trace_chunks(session, batch))
+        assert c_text == py_text
+    doc = json.loads(c_text)
+    names = {e.get("name") for e in doc["traceEvents"]}
+    assert {"plain", 'quote " and \\ backslash', "line\nbreak", "caf\u00e9 \u2603", "sub", "nested", "many"} <= names
+    assert {"b", "e", "i", "s", "f", "X", "M"} <= {e["ph"] for e in doc["traceEvents"]}
+
+
+@pytest.mark.parametrize("offset_ns", [0, 1, 999, 1000, 1001, 123_456_789_012, -1, -999, -1000, -1_234_567])
+def test_c_chrome_times_print_as_python_prints_them(offset_ns: int) -> None:
+    # SPEC 9.1: timestamps are microseconds with nanosecond decimals, as
+    # f"{ns / 1000.0:.3f}" prints them (negative for frames open before start).
+    _require_extension()
+    base = 10**15
+    track = _events.Track(1, "t", "thread", 1, 0)
+    rec = ["r", aprof.RecordScope.USER_SCOPE, base + offset_ns, base + offset_ns + 2_500, None, None, None, -1, 0,
+           None, None, 0, None]  # fmt: skip
+    ev = _events.make_event(rec, track, is_async=False, unfinished=False)
+    cats = tuple((sc, sc.value) for sc in aprof.RecordScope)
+    text, nxt = _native.extension.chrome_plain(  # type: ignore[union-attr]
+        [ev], 0, base, {track: '"pid":1,"tid":1'}, {}, cats, json.dumps, 10
+    )
+    assert nxt == 1
+    assert text == f'{{"ph":"X","name":"r","cat":"user_scope","pid":1,"tid":1,"ts":{offset_ns / 1000.0:.3f},"dur":2.500}}'
+
+
+def test_c_chrome_writer_stops_at_the_first_event_it_does_not_write() -> None:
+    # SPEC 9.1: anything with args, flags or links is left to the exporter.
+    _require_extension()
+    track = _events.Track(1, "t", "thread", 1, 0)
+    plain = ["p", aprof.RecordScope.USER_SCOPE, 10, 20, None, None, None, -1, 0, None, None, 0, None]
+    with_args = [*plain[:6], "k=1", *plain[7:]]
+    evs = [_events.make_event(list(r), track, False, False) for r in (plain, plain, with_args, plain)]
+    cats = tuple((sc, sc.value) for sc in aprof.RecordScope)
+    chrome_plain = _native.extension.chrome_plain  # type: ignore[union-attr]
+    text, nxt = chrome_plain(evs, 0, 0, {track: '"pid":1,"tid":1'}, {}, cats, json.dumps, 100)
+    assert nxt == 2
+    assert text.count('"ph":"X"') == 2
+    assert chrome_plain(evs, 2, 0, {track: '"pid":1,"tid":1'}, {}, cats, json.dumps, 100) == ("", 2)
+    assert chrome_plain(evs, 0, 0, {track: '"pid":1,"tid":1'}, {}, cats, json.dumps, 1)[1] == 1  # the batch limit
+    assert chrome_plain(evs, 0, 0, {}, {}, cats, json.dumps, 100) == ("", 0)  # a track with task steps

@@ -10,7 +10,9 @@
 
 Timestamps are microseconds since the profile started, with nanosecond
 decimals. Lines are built with f-strings and a cache of JSON-escaped names:
-``json.dumps`` per event is several times slower at a million events.
+``json.dumps`` per event is several times slower at a million events. With
+the C extension, runs of plain ranges (no args, flags or links) are written
+by ``chrome_plain`` in aprof/_cevents.c, to the same bytes.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from .._core import _native
 from .._core._callbacks import RecordScope
 from .._core._recorder import (
     FLAG_ASYNC,
@@ -45,6 +48,7 @@ from ._files import atomic_write_text, check_output_path
 if TYPE_CHECKING:
     from os import PathLike
 
+    from .._post._events import Track
     from .._post._session import Session
 
 __all__ = ["export_chrome_trace", "chrome_trace_chunks"]
@@ -160,17 +164,42 @@ def chrome_trace_chunks(session: Session, batch: int = 4096) -> Iterator[str]:
     # f-string each.
     task_scope = RecordScope.TASK
     heads: dict[tuple[str, RecordScope], tuple[str, str]] = {}  # -> ('"name":..,"cat":..', cat)
-    track = None
+    ev_track: Track | None = None
     tid = pid = 0
     steps: list[int] | None = None
     where = ""
-    for ev in events:
+    # Runs of plain ranges (no args, flags or links: most of a big trace)
+    # are written in C when the extension is active; the loop below writes
+    # everything else, and everything on the pure-Python path.
+    plain = None if _native.extension is None else _native.extension.chrome_plain
+    wheres = {t: f'"pid":{pids.get(t.node_id, t.node_id)},"tid":{t.id}' for t in tracks if t.steps is None}
+    json_names: dict[str, str] = {}
+    cats = tuple((sc, sc.value) for sc in RecordScope)
+    pending = len(lines)
+    i = 0
+    n = len(events)
+    while i < n:
+        if pending >= batch:
+            yield joined + ",\n".join(lines)
+            joined = ",\n"
+            lines.clear()
+            pending = 0
+        if plain is not None:
+            text, j = plain(events, i, base, wheres, json_names, cats, _dumps, batch)
+            if j > i:
+                emit(text)
+                pending += j - i
+                i = j
+                continue
+        ev = events[i]
+        i += 1
+        pending += 1
         r = ev._r
-        if ev._t is not track:
-            track = ev._t
-            tid = track.id
-            steps = track.steps
-            pid = pids.get(track.node_id, track.node_id)
+        if ev._t is not ev_track:
+            ev_track = ev._t
+            tid = ev_track.id
+            steps = ev_track.steps
+            pid = pids.get(ev_track.node_id, ev_track.node_id)
             where = f'"pid":{pid},"tid":{tid}'
         scope = r[R_SCOPE]
         key = (r[R_NAME], scope)
@@ -196,10 +225,6 @@ def chrome_trace_chunks(session: Session, batch: int = 4096) -> Iterator[str]:
             and not extra
         ):  # a plain range: the common case, and no args
             emit(f'{{"ph":"X",{nc},{where},"ts":{ts:.3f},"dur":{(r[R_END] - start_ns) / 1000.0:.3f}}}')
-            if len(lines) >= batch:
-                yield joined + ",\n".join(lines)
-                joined = ",\n"
-                lines.clear()
             continue
         args = _event_args(r, tid, steps)
         args_part = f',"args":{args}' if args else ""
@@ -225,14 +250,10 @@ def chrome_trace_chunks(session: Session, batch: int = 4096) -> Iterator[str]:
         if scope is task_scope and extra:
             task_steps = extra.get("steps") or ()
             rwhere = f'"pid":{pid},"tid":{_RUNNING_TID_BASE + tid}'
-            for i in range(0, len(task_steps) - 1, 2):
-                s0 = (task_steps[i] - base) / 1000.0
-                d = (task_steps[i + 1] - task_steps[i]) / 1000.0
+            for k in range(0, len(task_steps) - 1, 2):
+                s0 = (task_steps[k] - base) / 1000.0
+                d = (task_steps[k + 1] - task_steps[k]) / 1000.0
                 emit(f'{{"ph":"X","name":"running","cat":"step",{rwhere},"ts":{s0:.3f},"dur":{d:.3f}}}')
-        if len(lines) >= batch:
-            yield joined + ",\n".join(lines)
-            joined = ",\n"
-            lines.clear()
     if lines:
         yield joined + ",\n".join(lines)
     yield "\n]}\n"
