@@ -134,6 +134,30 @@ detect_tsc(void)
 #endif
 }
 
+/* One (ticks, ns) calibration pair. Reading the two clocks one after the
+ * other is only a pair if nothing ran in between: a thread preempted there
+ * (a loaded machine) would shift every tracer time against the ranges' by
+ * the length of the preemption. So the ns read is bracketed by two tick
+ * reads, a few times, and the tightest bracket wins, its midpoint standing
+ * for the ns read. */
+static void
+read_pair(uint64_t *ticks, uint64_t *ns)
+{
+    uint64_t best = UINT64_MAX;
+    *ticks = now_ticks();
+    *ns = now_ns();
+    if (!use_tsc)
+        return; /* both are the same clock */
+    for (int i = 0; i < 16; i++) {
+        uint64_t a = now_ticks(), n = now_ns(), b = now_ticks();
+        if (b >= a && b - a < best) {
+            best = b - a;
+            *ticks = a + (b - a) / 2;
+            *ns = n;
+        }
+    }
+}
+
 /* ------------------------------------------------------------------------ */
 /* 2. The object table: pointer -> index, open addressing                    */
 /* ------------------------------------------------------------------------ */
@@ -983,8 +1007,7 @@ Tracer_start(Tracer *t, PyObject *initial)
     PyObject *seq = PySequence_Fast(initial, "Tracer.start: initial must be a sequence of code objects");
     if (seq == NULL)
         return NULL;
-    t->calib[0] = now_ticks();
-    t->calib[1] = now_ns();
+    read_pair(&t->calib[0], &t->calib[1]);
     t->start_ns = t->last_ns = t->calib[0];
     t->active = 1;
     /* Frames already on the stack (outermost first) open at the start time
@@ -1032,8 +1055,7 @@ static PyObject *
 Tracer_stop(Tracer *t, PyObject *Py_UNUSED(ignored))
 {
     if (t->active) {
-        t->calib[2] = now_ticks();
-        t->calib[3] = now_ns();
+        read_pair(&t->calib[2], &t->calib[3]);
     }
     t->active = 0;
 #if !APROF_MONITORING

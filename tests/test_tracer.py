@@ -112,6 +112,24 @@ def test_times_are_on_the_profile_clock(impl: ModuleType) -> None:
     assert starts == sorted(starts)
 
 
+def test_calls_nest_in_the_ranges_around_them(impl: ModuleType) -> None:
+    # SPEC 8.1: the tracer's times and the ranges' times are one clock. A
+    # call made inside a range lies inside it; a calibration of the TSC read
+    # across a preemption shifted every call against the ranges (seen as
+    # calls outliving their range, flagged async, on a loaded machine).
+    with aprof.profile(python_tracer=True) as prof:
+        for _ in range(300):
+            with aprof.record_function("around"):
+                leaf()
+    ranges = [e for e in prof.events() if e.name == "around"]
+    assert len(ranges) == 300
+    for r in ranges:
+        calls = [c for c in r.children if short(c) == "leaf"]
+        assert len(calls) == 1, r.children
+        assert r.start_ns <= calls[0].start_ns <= calls[0].end_ns <= r.end_ns
+        assert not calls[0].is_async
+
+
 def test_global_scope_traces_every_thread(impl: ModuleType) -> None:
     # SPEC 5.3 with the tracer: a thread that does not carry the context.
     def outside() -> None:
