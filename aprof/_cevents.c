@@ -148,7 +148,8 @@ untrack_if_atomic(PyObject *rec)
     PyObject_GC_UnTrack(rec);
 }
 
-/* records_of(raw, tid): see _events._records_of. */
+/* records_of(raw, tid): see _events._records_of. Reads raw as it is on
+ * entry; no Python code runs during the loop, so no other thread appends. */
 static PyObject *
 records_of(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -341,7 +342,7 @@ add_child(EventCore *parent, EventCore *child)
     return PyList_Append(parent->children, (PyObject *)child);
 }
 
-/* nest(records, track, stop_ns, events): see _events._nest. */
+/* nest(records, track, stop_ns, events, linked): see _events._nest. */
 static PyObject *
 nest(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -349,11 +350,13 @@ nest(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_RuntimeError, "aprof: _events_setup() was not called");
         return NULL;
     }
-    if (nargs != 4 || !PyList_Check(args[0]) || !PyLong_Check(args[2]) || !PyList_Check(args[3])) {
-        PyErr_SetString(PyExc_TypeError, "nest(records: list, track: Track, stop_ns: int, events: list)");
+    if (nargs != 5 || !PyList_Check(args[0]) || !PyLong_Check(args[2]) || !PyList_Check(args[3]) ||
+        !PyList_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "nest(records: list, track: Track, stop_ns: int, events: list, linked: list)");
         return NULL;
     }
-    PyObject *records = args[0], *track = args[1], *events = args[3];
+    PyObject *records = args[0], *track = args[1], *events = args[3], *linked = args[4];
     long long stop_ns = PyLong_AsLongLong(args[2]);
     if ((stop_ns == -1 && PyErr_Occurred()) || check_records(records) < 0)
         return NULL;
@@ -413,6 +416,9 @@ nest(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }
         else {
             ev->parent = Py_NewRef(Py_None);
+            int fwd = PyObject_IsTrue(PyList_GET_ITEM(rec, R_FWD)); /* spawned or submitted work */
+            if (fwd < 0 || (fwd && PyList_Append(linked, (PyObject *)ev) < 0))
+                goto fail_ev;
             if (ended_elsewhere) {
                 if (or_kind(rec, FLAG_ASYNC) < 0)
                     goto fail_ev;
@@ -667,7 +673,8 @@ static PyMethodDef event_functions[] = {
      "Pair one logical thread's start and end tuples into consolidated records."},
     {"sort_by_start", (PyCFunction)sort_by_start, METH_O, "Sort records by start time unless already in order."},
     {"nest", (PyCFunction)(void (*)(void))nest, METH_FASTCALL,
-     "Build one track's events from its records, nested, appending them to events."},
+     "Build one track's events from its records, nested, appending them to events (and the top-level "
+     "ones with a forward thread to linked)."},
     {"chrome_plain", (PyCFunction)(void (*)(void))chrome_plain, METH_FASTCALL,
      "The Chrome trace lines of a run of plain ranges, and the index after it."},
     {NULL, NULL, 0, NULL},

@@ -305,6 +305,8 @@ def tricky_raw() -> list[tuple[Any, ...]]:
         ("open", "user_scope", 220, None),  # never ends: closed at stop
         ("late", "user_scope", 90, None),  # out of start order (the tracer's replay appends)
         (18, 95, TID, None),
+        ("spawned", "task", 212, None, 4, 3, None, None, 0, None),  # 20: top-level work spawned from thread 3
+        (20, 215, TID, None),
     ]
 
 
@@ -312,7 +314,9 @@ def consolidated(records_of: Any, sort_by_start: Any, nest: Any) -> tuple[list[l
     records = records_of(tricky_raw(), TID)
     sort_by_start(records)
     events: list[Any] = []
-    nest(records, _events.Track(TID, "t", "thread", 1, 0), 300, events)
+    linked: list[Any] = []
+    nest(records, _events.Track(TID, "t", "thread", 1, 0), 300, events, linked)
+    assert [e.name for e in linked] == ["spawned"]  # top-level, with a forward thread: linked across tracks later
     shape = [
         (e.name, e.parent.name if e.parent else None, [c.name for c in e.children], e.is_async, e.unfinished)
         for e in events
@@ -372,7 +376,7 @@ def test_c_events_are_collected_with_their_cycles() -> None:
         _native.extension.sort_by_start,  # type: ignore[union-attr]
         _native.extension.nest,  # type: ignore[union-attr]
     )
-    assert len(shape) == 10
+    assert len(shape) == 11
     gc.collect()
     assert count() == before
 

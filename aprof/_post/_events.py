@@ -331,7 +331,7 @@ def consolidate(
         if not raw:
             continue
         tid = lt.id
-        records = records_of(list(raw), tid)  # a snapshot: later appends are dropped
+        records = records_of(raw, tid)  # reads a snapshot: later appends are dropped
         task = tasks.pop(tid, None)
         if task is not None:
             track, rec = task
@@ -353,24 +353,29 @@ def consolidate(
     events: list[FunctionEvent] = []
     tracks: dict[int, Track] = {}
     spans: dict[int, tuple[int, int]] = {}
+    linked: list[FunctionEvent] = []
     for _, _, track, records in rows:
         tid = track.id
         tracks[tid] = track
         track.node_id = node_id
         first = len(events)
-        nest(records, track, stop_ns, events)
+        nest(records, track, stop_ns, events, linked)
         spans[tid] = (first, len(events))
-    _link_across_tracks(events, spans)
+    _link_across_tracks(events, spans, linked)
     return events, tracks
 
 
-def _nest(records: list[list[Any]], track: Track, stop_ns: int, events: list[FunctionEvent]) -> None:
+def _nest(
+    records: list[list[Any]], track: Track, stop_ns: int, events: list[FunctionEvent], linked: list[FunctionEvent]
+) -> None:
     """Append one track's events, in start order, linked to their parents.
 
     ``records`` are the track's consolidated records in start order. Open
     ones get the stop time as their end and the ``unfinished`` flag; a range
     that ended on another logical thread or outlived the range it started in
-    gets the ``async`` flag and is not its parent's child.
+    gets the ``async`` flag and is not its parent's child. Top-level events
+    with a forward thread (spawned or submitted work) also go to ``linked``,
+    for ``_link_across_tracks``.
     """
     append = events.append
     new = FunctionEvent.__new__
@@ -407,6 +412,8 @@ def _nest(records: list[list[Any]], track: Track, stop_ns: int, events: list[Fun
                     ends.append(end)
         else:
             ev.parent = None
+            if rec[R_FWD]:
+                linked.append(ev)
             if end_lt is not None:
                 rec[R_KIND] |= FLAG_ASYNC
             elif not instant:
@@ -485,6 +492,7 @@ def _records_of(raw: list[tuple[Any, ...]], tid: int) -> list[list[Any]]:
     no start, is ignored. An EXECUTOR range's extra may be its submit time
     alone (an int).
     """
+    raw = list(raw)  # a snapshot: appends made while this loop runs are dropped
     at: list[list[Any] | None] = [None] * len(raw)
     records: list[list[Any]] = []
     scopes = _SCOPES
@@ -531,7 +539,9 @@ def overlap(flat: list[int], start: int, end: int) -> int:
     return total
 
 
-def _link_across_tracks(events: list[FunctionEvent], spans: dict[int, tuple[int, int]]) -> None:
+def _link_across_tracks(
+    events: list[FunctionEvent], spans: dict[int, tuple[int, int]], linked: list[FunctionEvent]
+) -> None:
     """Give spawned and submitted work a parent on the spawner's track.
 
     A TASK or EXECUTOR event that is top-level on its own track gets as
@@ -540,7 +550,7 @@ def _link_across_tracks(events: list[FunctionEvent], spans: dict[int, tuple[int,
     concurrently, so it is not part of the range's self time.
     """
     starts: dict[int, list[int]] = {}
-    for ev in events:
+    for ev in linked:
         r = ev._r
         fwd = r[R_FWD]
         if not fwd or ev.parent is not None:
