@@ -111,6 +111,50 @@ class RangeCore:
     def __enter__(self) -> Any: ...
     def __exit__(self, et: Any, ev: Any, tb: Any, /) -> None: ...
 
-def _range_setup(rf_state: ContextVar[Any], callbacks_dict: dict[str, Any], current_logical_thread: Callable[[], Any], /) -> None:
-    """Give the range fast path ``RF_STATE``, ``_callbacks.__dict__`` and
-    ``current_logical_thread`` (called once, at import)."""
+def _range_setup(
+    rf_state: ContextVar[Any],
+    callbacks_dict: dict[str, Any],
+    current_logical_thread: Callable[[], Any],
+    threads_dict: dict[str, Any],
+    hint_var: ContextVar[Any] | None,
+    /,
+) -> None:
+    """Give the range fast path ``RF_STATE``, ``_callbacks.__dict__``,
+    ``current_logical_thread``, ``_threads.__dict__`` and (3.11) the
+    logical-thread hint variable (called once, at import)."""
+
+# Consolidation and Chrome export (aprof/_cevents.c); the contract is the
+# pure-Python twins in aprof/_post/_events.py and aprof/_export/_chrome.py.
+
+class EventCore:
+    """``FunctionEvent``'s fields in C (the twin is ``_PyEventCore``)."""
+
+    _r: list[Any]
+    _t: Any
+    children: list[Any]
+    parent: Any
+
+def _events_setup(
+    function_event: type[EventCore], no_children: list[Any], scopes: dict[str, Any], start_key: Callable[[Any], int],
+    layout: tuple[int, ...], /,
+) -> None:
+    """Give consolidation ``FunctionEvent``, ``_NO_CHILDREN``, the scopes by
+    value, the sort key and the record layout, which must match C's
+    (ValueError otherwise; called once, at import)."""
+
+def records_of(raw: list[tuple[Any, ...]], tid: int, /) -> list[list[Any]]:
+    """``_events._records_of``: pair one logical thread's start and end tuples."""
+
+def sort_by_start(records: list[list[Any]], /) -> None:
+    """``_events._sort_by_start``: sort by start time unless already in order."""
+
+def nest(records: list[list[Any]], track: Any, stop_ns: int, events: list[Any], linked: list[Any], /) -> None:
+    """``_events._nest``: append one track's events, nested, to ``events``
+    (and the top-level ones with a forward thread to ``linked``)."""
+
+def chrome_plain(
+    events: list[Any], i: int, base: int, wheres: dict[Any, str], names: dict[str, str],
+    cats: tuple[tuple[Any, str], ...], dumps: Callable[[Any], str], limit: int, /,
+) -> tuple[str, int]:
+    """The Chrome ``X`` lines, joined by ``",\\n"``, of the run of plain ranges
+    starting at ``events[i]`` (at most ``limit``), and the index after it."""

@@ -503,3 +503,15 @@ def test_c_chrome_writer_stops_at_the_first_event_it_does_not_write() -> None:
     assert chrome_plain(evs, 2, 0, {track: '"pid":1,"tid":1'}, {}, cats, json.dumps, 100) == ("", 2)
     assert chrome_plain(evs, 0, 0, {track: '"pid":1,"tid":1'}, {}, cats, json.dumps, 1)[1] == 1  # the batch limit
     assert chrome_plain(evs, 0, 0, {}, {}, cats, json.dumps, 100) == ("", 0)  # a track with task steps
+
+
+def test_the_stub_names_everything_the_extension_has() -> None:
+    # SPEC 14 (issue #4 item 1: the extension is described by a .pyi stub).
+    _require_extension()
+    import ast
+
+    stub = ast.parse((ROOT / "aprof" / "_ctracer.pyi").read_text())
+    named = {n.name for n in stub.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    named |= {t.id for n in stub.body if isinstance(n, ast.AnnAssign) for t in [n.target] if isinstance(t, ast.Name)}
+    have = {n for n in dir(_native.extension) if not n.startswith("__")}
+    assert have - named == set()
