@@ -33,12 +33,88 @@ enum { MODE_OFF = 0, MODE_IDLE = 1, MODE_FAST = 2, MODE_SLOW = 3 };
 
 /* Set once by _range_setup(). */
 static PyObject *rf_state_var;   /* ContextVar RF_STATE */
-static PyObject *callbacks_dict; /* aprof._core._callbacks.__dict__ */
 static PyObject *current_lt;     /* current_logical_thread() */
 
-static PyObject *str_mode, *str_recorder, *str_state, *str_lists, *str_list_for, *str_id,
-    *str_global_entries, *str_user_scope, *str_name, *str_spill, *str_take_shared,
+static PyObject *str_list_for, *str_global_entries, *str_user_scope, *str_name, *str_spill, *str_take_shared,
     *str_slow_start, *str_end_general;
+
+/* ------------------------------------------------------------------------ */
+/* Slot readers                                                               */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * The hot path reads a handful of attributes of aprof's own __slots__
+ * classes (RFState.mode, Recorder.state, LogicalThread.id, ...).
+ * PyObject_GetAttr costs ~160 instructions for each (type lookup, then the
+ * member descriptor's __get__); a slot is a pointer at a fixed offset. A
+ * reader keeps the member descriptor given at setup and reads the slot
+ * directly from any type whose attribute lookup resolves the name to that
+ * descriptor, which is exactly when getattr would return the slot. The type
+ * last checked is remembered with its version tag, which CPython changes
+ * whenever the type or a base is modified. Anything else, and an empty
+ * slot, goes through PyObject_GetAttr, which gives the same answer or
+ * raises the same error.
+ */
+typedef struct {
+    PyObject *name;           /* interned attribute name */
+    PyObject *descr;          /* the member descriptor (strong), or NULL */
+    Py_ssize_t offset;        /* the slot's offset; -1 when there is none */
+    PyTypeObject *seen;       /* a type checked to resolve name to descr */
+    unsigned int seen_version; /* its tp_version_tag then (never 0) */
+} slot_reader;
+
+static slot_reader rd_mode, rd_recorder, rd_state, rd_lists, rd_id, rd_os_thread_id, rd_task_ref, rd_loop;
+
+/* Point `r` at cls.<name> if that is an object slot; else GetAttr always. */
+static int
+slot_reader_init(slot_reader *r, PyObject *cls, const char *name)
+{
+    Py_CLEAR(r->descr);
+    r->offset = -1;
+    r->seen = NULL;
+    r->seen_version = 0;
+    if (r->name == NULL && (r->name = PyUnicode_InternFromString(name)) == NULL)
+        return -1;
+    if (!PyType_Check(cls)) {
+        PyErr_Format(PyExc_TypeError, "_range_setup: expected a class for .%s, got %R", name, cls);
+        return -1;
+    }
+    PyObject *d = _PyType_Lookup((PyTypeObject *)cls, r->name); /* borrowed */
+    if (d != NULL && Py_IS_TYPE(d, &PyMemberDescr_Type)) {
+        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+        if (m->type == T_OBJECT_EX) {
+            r->descr = Py_NewRef(d);
+            r->offset = m->offset;
+        }
+    }
+    return 0;
+}
+
+/* Whether getattr(obj, r->name) on type `tp` reads r's slot. */
+static int
+slot_reader_check(slot_reader *r, PyTypeObject *tp)
+{
+    if (r->offset < 0 || tp->tp_getattro != PyObject_GenericGetAttr || _PyType_Lookup(tp, r->name) != r->descr)
+        return 0;
+    if (tp->tp_version_tag != 0) { /* 0: no tag; a modified type gets a new one */
+        r->seen = tp;
+        r->seen_version = tp->tp_version_tag;
+    }
+    return 1;
+}
+
+/* getattr(obj, r->name): new reference, NULL with an exception set. */
+static inline PyObject *
+slot_get(slot_reader *r, PyObject *obj)
+{
+    PyTypeObject *tp = Py_TYPE(obj);
+    if ((tp == r->seen && tp->tp_version_tag == r->seen_version) || slot_reader_check(r, tp)) {
+        PyObject *v = *(PyObject **)((char *)obj + r->offset);
+        if (v != NULL)
+            return Py_NewRef(v);
+    }
+    return PyObject_GetAttr(obj, r->name);
+}
 
 /* ------------------------------------------------------------------------ */
 /* The stepping slot                                                          */
@@ -102,8 +178,7 @@ static PyTypeObject SteppingType = {
  */
 static PyObject *threads_dict; /* aprof._core._threads.__dict__ */
 static PyObject *hint_var;     /* 3.11: _threads._hint; NULL on 3.12+ */
-static PyObject *str_current_tasks_311, *str_asyncio_fns, *str_task_attr, *str_os_thread_id,
-    *str_task_ref, *str_loop, *str_tls, *str_lt, *str_trio, *str_asyncio, *str_trio_run_context, *str_dict, *str_task, *str_side_table;
+static PyObject *str_current_tasks_311, *str_asyncio_fns, *str_task_attr, *str_tls, *str_lt, *str_trio, *str_asyncio, *str_trio_run_context, *str_dict, *str_task, *str_side_table;
 
 /* A lookup below did not find the answer: NULL, so the Python function
  * answers. An ordinary exception met on the way is cleared (the Python
@@ -147,10 +222,10 @@ hinted_task_lt(PyObject *tasks)
     PyObject *hint = NULL, *tid = NULL, *ref = NULL, *task = NULL, *loop = NULL, *result = NULL;
     if (PyContextVar_Get(hint_var, Py_None, &hint) < 0 || hint == NULL || hint == Py_None)
         goto done;
-    tid = PyObject_GetAttr(hint, str_os_thread_id);
+    tid = slot_get(&rd_os_thread_id, hint);
     if (tid == NULL || !PyLong_CheckExact(tid) || PyLong_AsUnsignedLong(tid) != PyThread_get_thread_ident())
         goto done;
-    ref = PyObject_GetAttr(hint, str_task_ref);
+    ref = slot_get(&rd_task_ref, hint);
     if (ref == NULL || !PyWeakref_CheckRef(ref))
         goto done;
     task = PyWeakref_GetObject(ref); /* borrowed: made strong at once */
@@ -159,7 +234,7 @@ hinted_task_lt(PyObject *tasks)
         goto done;
     }
     Py_INCREF(task);
-    loop = PyObject_GetAttr(hint, str_loop);
+    loop = slot_get(&rd_loop, hint);
     if (loop == NULL)
         goto done;
     PyObject *cur = PyDict_GetItemWithError(tasks, loop); /* borrowed, only compared */
@@ -276,16 +351,84 @@ done:
 #endif
 }
 
+/*
+ * The answer, cached per OS thread for as long as nothing can have changed
+ * it. What changes it: a task starting or ending a step (asyncio and trio
+ * both run every step, and every loop callback, inside Context.run of the
+ * task's or the callback's context, and CPython counts each context enter
+ * and exit in the thread state's context_ver), another thread state on this
+ * OS thread (its id), a fork (the generation, bumped by the child), and
+ * aprof's task hooks (the stepping slot, checked first). So the lookup runs
+ * once per step or callback that records a range, not twice per range.
+ *
+ * The cached object is held by the thread state's dict, which CPython
+ * clears when the thread ends; the TLS copy is borrowed and is used only
+ * while the thread state that holds it is the one running.
+ */
+typedef struct {
+    PyThreadState *ts;
+    uint64_t ts_id;
+    uint64_t ver;
+    uint64_t gen;
+    PyObject *lt; /* borrowed from the thread state's dict */
+} lt_cache;
+
+static APROF_TLS lt_cache tl_lt_cache;
+static uint64_t lt_generation = 1;
+static PyObject *str_lt_cache_key;
+
+static void
+lt_cache_store(PyThreadState *ts, uint64_t ver, uint64_t gen, PyObject *lt)
+{
+    lt_cache *c = &tl_lt_cache;
+    c->lt = NULL;
+    if (ver != ts->context_ver || gen != lt_generation)
+        return; /* the lookup itself moved on: do not cache a stale answer */
+    PyObject *d = PyThreadState_GetDict(); /* borrowed */
+    if (d == NULL || PyDict_SetItem(d, str_lt_cache_key, lt) < 0) {
+        PyErr_Clear(); /* no cache this time; the answer stands */
+        return;
+    }
+    /* Dropping the old entry can run a finalizer that records a range and
+     * stores its own answer; keep a borrowed pointer only to what the dict
+     * holds. */
+    if (PyDict_GetItemWithError(d, str_lt_cache_key) != lt) {
+        PyErr_Clear();
+        return;
+    }
+    c->ts = ts;
+    c->ts_id = ts->id;
+    c->ver = ver;
+    c->gen = gen;
+    c->lt = lt;
+}
+
 /* The current logical thread. New reference, NULL with an exception set. */
 static inline PyObject *
 logical_thread(void)
 {
     if (tl_stepping != NULL)
         return Py_NewRef(tl_stepping);
+    PyThreadState *ts = PyThreadState_Get();
+    lt_cache *c = &tl_lt_cache;
+    uint64_t ver = ts->context_ver, gen = lt_generation;
+    if (c->lt != NULL && c->ts == ts && c->ts_id == ts->id && c->ver == ver && c->gen == gen)
+        return Py_NewRef(c->lt);
     PyObject *lt = known_lt();
-    if (lt != NULL || PyErr_Occurred())
-        return lt;
-    return PyObject_CallNoArgs(current_lt);
+    if (lt == NULL) {
+        if (PyErr_Occurred() || (lt = PyObject_CallNoArgs(current_lt)) == NULL)
+            return NULL;
+    }
+    lt_cache_store(ts, ver, gen, lt);
+    return lt;
+}
+
+/* _forget_logical_threads(): drop every OS thread's cached answer. */
+static PyObject *
+forget_logical_threads(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    lt_generation++;
+    Py_RETURN_NONE;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -304,6 +447,25 @@ typedef struct {
 
 #define IS_SET(o) ((o) != NULL && (o) != Py_None)
 
+/* record_function's argument checks; -1 with TypeError naming the bad one. */
+static int
+check_name_args(PyObject *name, PyObject *a)
+{
+    if (!PyUnicode_Check(name)) {
+        PyObject *tn = PyType_GetName(Py_TYPE(name));
+        PyErr_Format(PyExc_TypeError, "record_function: name must be a str, got %S", tn);
+        Py_XDECREF(tn);
+        return -1;
+    }
+    if (a != Py_None && !PyUnicode_Check(a)) {
+        PyObject *tn = PyType_GetName(Py_TYPE(a));
+        PyErr_Format(PyExc_TypeError, "record_function: args must be a str or None, got %S", tn);
+        Py_XDECREF(tn);
+        return -1;
+    }
+    return 0;
+}
+
 static int
 RangeCore_init(RangeCore *self, PyObject *args, PyObject *kwds)
 {
@@ -319,18 +481,8 @@ RangeCore_init(RangeCore *self, PyObject *args, PyObject *kwds)
         if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|O:record_function", kwlist, &name, &a))
             return -1;
     }
-    if (!PyUnicode_Check(name)) {
-        PyObject *tn = PyType_GetName(Py_TYPE(name));
-        PyErr_Format(PyExc_TypeError, "record_function: name must be a str, got %S", tn);
-        Py_XDECREF(tn);
+    if (check_name_args(name, a) < 0)
         return -1;
-    }
-    if (a != Py_None && !PyUnicode_Check(a)) {
-        PyObject *tn = PyType_GetName(Py_TYPE(a));
-        PyErr_Format(PyExc_TypeError, "record_function: args must be a str or None, got %S", tn);
-        Py_XDECREF(tn);
-        return -1;
-    }
     Py_XSETREF(self->name, Py_NewRef(name));
     Py_XSETREF(self->args, Py_NewRef(a));
     Py_CLEAR(self->rec);
@@ -338,17 +490,27 @@ RangeCore_init(RangeCore *self, PyObject *args, PyObject *kwds)
     return 0;
 }
 
-/* Whether a global callback is registered (the Python path's
- * `if _callbacks.global_entries`). -1 on error. */
+/* Whether a global callback is registered: the Python path's
+ * `if _callbacks.global_entries`. _callbacks._publish_globals(), the one
+ * place that assigns global_entries, tells us through
+ * _set_global_callbacks(), so the hot path reads an int, not a module
+ * dict. */
+static int global_callbacks_on;
+
 static inline int
 globals_active(void)
 {
-    PyObject *g = PyDict_GetItemWithError(callbacks_dict, str_global_entries); /* borrowed */
-    if (g == NULL)
-        return PyErr_Occurred() ? -1 : 0;
-    if (PyTuple_CheckExact(g))
-        return PyTuple_GET_SIZE(g) > 0;
-    return PyObject_IsTrue(g);
+    return global_callbacks_on;
+}
+
+static PyObject *
+set_global_callbacks(PyObject *module, PyObject *flag)
+{
+    int on = PyObject_IsTrue(flag);
+    if (on < 0)
+        return NULL;
+    global_callbacks_on = on;
+    Py_RETURN_NONE;
 }
 
 static inline int
@@ -364,7 +526,7 @@ call_method(RangeCore *self, PyObject *name)
 static long
 state_mode(PyObject *st)
 {
-    PyObject *m = PyObject_GetAttr(st, str_mode);
+    PyObject *m = slot_get(&rd_mode, st);
     if (m == NULL)
         return -1;
     long mode = PyLong_AsLong(m);
@@ -394,7 +556,7 @@ untrack_atomic(PyObject *tup)
 static int
 fast_start(RangeCore *self, PyObject *recorder)
 {
-    PyObject *ps = PyObject_GetAttr(recorder, str_state);
+    PyObject *ps = slot_get(&rd_state, recorder);
     if (ps == NULL)
         return -1;
     if (ps == Py_None) { /* the profile stopped */
@@ -406,7 +568,7 @@ fast_start(RangeCore *self, PyObject *recorder)
     PyObject *lt = logical_thread();
     if (lt == NULL)
         goto done;
-    lists = PyObject_GetAttr(ps, str_lists);
+    lists = slot_get(&rd_lists, ps);
     if (lists == NULL)
         goto done;
     if (PyDict_CheckExact(lists)) {
@@ -476,7 +638,7 @@ RangeCore_enter(RangeCore *self, PyObject *Py_UNUSED(ignored))
             rc = g < 0 ? -1 : call_method(self, str_slow_start);
         }
         else {
-            PyObject *recorder = PyObject_GetAttr(st, str_recorder);
+            PyObject *recorder = slot_get(&rd_recorder, st);
             rc = recorder == NULL ? -1 : fast_start(self, recorder);
             Py_XDECREF(recorder);
         }
@@ -520,7 +682,7 @@ RangeCore_exit(RangeCore *self, PyObject *const *args, Py_ssize_t nargs)
     lt = logical_thread();
     if (lt == NULL)
         goto done;
-    tid = PyObject_GetAttr(lt, str_id);
+    tid = slot_get(&rd_id, lt);
     if (tid == NULL)
         goto done;
     if (et == Py_None)
@@ -613,6 +775,71 @@ static PyTypeObject RangeCoreType = {
     .tp_members = RangeCore_members,
 };
 
+/*
+ * Calling the class. `record_function("x")` goes through type.__call__: an
+ * argument tuple, tp_new, then tp_init parsing that tuple. The class given
+ * to _range_vectorcall() gets a vectorcall that does the same work straight
+ * from the call's arguments, for the one shape every range uses (a name and
+ * maybe args, positional). Anything else, or a class whose __new__ or
+ * __init__ is no longer RangeCore's (a subclass, or one patched later:
+ * tp_vectorcall is never inherited, and the slots are checked per call),
+ * takes type.__call__ as before.
+ */
+static PyObject *
+type_call_default(PyObject *type, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf), nk = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+    PyObject *tuple = PyTuple_New(n), *kwargs = NULL, *result = NULL;
+    if (tuple == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++)
+        PyTuple_SET_ITEM(tuple, i, Py_NewRef(args[i]));
+    if (nk > 0) {
+        if ((kwargs = PyDict_New()) == NULL)
+            goto done;
+        for (Py_ssize_t i = 0; i < nk; i++) {
+            if (PyDict_SetItem(kwargs, PyTuple_GET_ITEM(kwnames, i), args[n + i]) < 0)
+                goto done;
+        }
+    }
+    result = PyType_Type.tp_call(type, tuple, kwargs);
+done:
+    Py_XDECREF(kwargs);
+    Py_DECREF(tuple);
+    return result;
+}
+
+static PyObject *
+range_type_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    PyTypeObject *tp = (PyTypeObject *)type;
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    if (kwnames != NULL || n < 1 || n > 2 || tp->tp_new != PyType_GenericNew ||
+        tp->tp_init != (initproc)RangeCore_init || tp->tp_alloc != PyType_GenericAlloc)
+        return type_call_default(type, args, nargsf, kwnames);
+    PyObject *name = args[0], *a = n == 2 ? args[1] : Py_None;
+    if (check_name_args(name, a) < 0)
+        return NULL;
+    RangeCore *self = (RangeCore *)tp->tp_alloc(tp, 0);
+    if (self == NULL)
+        return NULL;
+    self->name = Py_NewRef(name);
+    self->args = Py_NewRef(a);
+    return (PyObject *)self;
+}
+
+/* _range_vectorcall(cls): calls of cls (record_function) skip type.__call__. */
+static PyObject *
+range_vectorcall(PyObject *module, PyObject *cls)
+{
+    if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, &RangeCoreType)) {
+        PyErr_Format(PyExc_TypeError, "_range_vectorcall: expected a subclass of RangeCore, got %R", cls);
+        return NULL;
+    }
+    ((PyTypeObject *)cls)->tp_vectorcall = range_type_vectorcall;
+    Py_RETURN_NONE;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Module glue                                                                */
 /* ------------------------------------------------------------------------ */
@@ -620,22 +847,55 @@ static PyTypeObject RangeCoreType = {
 static PyObject *
 range_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 5 || !PyDict_Check(args[1]) || !PyCallable_Check(args[2]) || !PyDict_Check(args[3])) {
-        PyErr_SetString(PyExc_TypeError,
-                        "_range_setup(rf_state, callbacks_dict, current_logical_thread, threads_dict, hint_var)");
+    if (nargs != 6 || !PyDict_Check(args[1]) || !PyCallable_Check(args[2]) || !PyDict_Check(args[3]) ||
+        !PyTuple_CheckExact(args[5]) || PyTuple_GET_SIZE(args[5]) != 4) {
+        PyErr_SetString(PyExc_TypeError, "_range_setup(rf_state, callbacks_dict, current_logical_thread, "
+                                         "threads_dict, hint_var, (RFState, Recorder, ProfilerState, LogicalThread))");
         return NULL;
     }
+    PyObject *rf_state = PyTuple_GET_ITEM(args[5], 0), *recorder = PyTuple_GET_ITEM(args[5], 1),
+             *profiler_state = PyTuple_GET_ITEM(args[5], 2), *logical = PyTuple_GET_ITEM(args[5], 3);
+    if (slot_reader_init(&rd_mode, rf_state, "mode") < 0 || slot_reader_init(&rd_recorder, rf_state, "recorder") < 0 ||
+        slot_reader_init(&rd_state, recorder, "state") < 0 || slot_reader_init(&rd_lists, profiler_state, "lists") < 0 ||
+        slot_reader_init(&rd_id, logical, "id") < 0 || slot_reader_init(&rd_os_thread_id, logical, "os_thread_id") < 0 ||
+        slot_reader_init(&rd_task_ref, logical, "_task_ref") < 0 || slot_reader_init(&rd_loop, logical, "loop") < 0)
+        return NULL;
     Py_XSETREF(rf_state_var, Py_NewRef(args[0]));
-    Py_XSETREF(callbacks_dict, Py_NewRef(args[1]));
+    PyObject *g = PyDict_GetItemWithError(args[1], str_global_entries); /* borrowed */
+    int on = g != NULL ? PyObject_IsTrue(g) : PyErr_Occurred() ? -1 : 0;
+    if (on < 0)
+        return NULL;
+    global_callbacks_on = on;
     Py_XSETREF(current_lt, Py_NewRef(args[2]));
     Py_XSETREF(threads_dict, Py_NewRef(args[3]));
     Py_XSETREF(hint_var, args[4] == Py_None ? NULL : Py_NewRef(args[4]));
+    lt_generation++;
     Py_RETURN_NONE;
+}
+
+/* Which attributes the slot readers read directly (for the tests). */
+static PyObject *
+range_slots(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    slot_reader *all[] = {&rd_mode, &rd_recorder, &rd_state, &rd_lists, &rd_id, &rd_os_thread_id, &rd_task_ref, &rd_loop};
+    PyObject *names = PyList_New(0);
+    for (size_t i = 0; names != NULL && i < sizeof all / sizeof all[0]; i++) {
+        if (all[i]->offset >= 0 && PyList_Append(names, all[i]->name) < 0)
+            Py_CLEAR(names);
+    }
+    return names;
 }
 
 static PyMethodDef range_functions[] = {
     {"_range_setup", (PyCFunction)(void (*)(void))range_setup, METH_FASTCALL,
-     "Give the range fast path RF_STATE, _callbacks.__dict__ and current_logical_thread."},
+     "Give the range fast path RF_STATE, _callbacks.__dict__, current_logical_thread, _threads.__dict__, "
+     "the 3.11 hint variable and the classes whose slots it reads."},
+    {"_range_vectorcall", range_vectorcall, METH_O, "Let calls of the class (record_function) skip type.__call__."},
+    {"_set_global_callbacks", set_global_callbacks, METH_O,
+     "Tell the range fast path whether _callbacks.global_entries is non-empty."},
+    {"_range_slots", range_slots, METH_NOARGS, "The attributes the range fast path reads as slots."},
+    {"_forget_logical_threads", forget_logical_threads, METH_NOARGS,
+     "Drop every OS thread's cached logical thread (after a fork)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -649,17 +909,14 @@ intern(PyObject **slot, const char *s)
 int
 aprof_ranges_init(PyObject *module)
 {
-    if (intern(&str_mode, "mode") < 0 || intern(&str_recorder, "recorder") < 0 ||
-        intern(&str_state, "state") < 0 || intern(&str_lists, "lists") < 0 ||
-        intern(&str_list_for, "list_for") < 0 || intern(&str_id, "id") < 0 ||
+    if (intern(&str_lt_cache_key, "aprof.logical_thread") < 0 || intern(&str_list_for, "list_for") < 0 ||
         intern(&str_global_entries, "global_entries") < 0 ||
         intern(&str_user_scope, "user_scope") < 0 || intern(&str_name, "__name__") < 0 ||
         intern(&str_spill, "_spill") < 0 || intern(&str_take_shared, "_take_shared") < 0 ||
         intern(&str_slow_start, "_slow_start") < 0 || intern(&str_end_general, "_end_general") < 0 ||
         intern(&str_current_tasks_311, "_current_tasks_311") < 0 ||
         intern(&str_asyncio_fns, "_asyncio_fns") < 0 || intern(&str_task_attr, "_aprof_logical_thread") < 0 ||
-        intern(&str_os_thread_id, "os_thread_id") < 0 || intern(&str_task_ref, "_task_ref") < 0 ||
-        intern(&str_loop, "loop") < 0 || intern(&str_tls, "_tls") < 0 || intern(&str_lt, "lt") < 0 ||
+        intern(&str_tls, "_tls") < 0 || intern(&str_lt, "lt") < 0 ||
         intern(&str_trio, "trio") < 0 || intern(&str_asyncio, "asyncio") < 0 ||
         intern(&str_trio_run_context, "_trio_run_context") < 0 || intern(&str_dict, "__dict__") < 0 ||
         intern(&str_task, "task") < 0 || intern(&str_side_table, "_side_table") < 0)

@@ -117,11 +117,28 @@ def _range_setup(
     current_logical_thread: Callable[[], Any],
     threads_dict: dict[str, Any],
     hint_var: ContextVar[Any] | None,
+    classes: tuple[type, type, type, type],
     /,
 ) -> None:
     """Give the range fast path ``RF_STATE``, ``_callbacks.__dict__``,
-    ``current_logical_thread``, ``_threads.__dict__`` and (3.11) the
-    logical-thread hint variable (called once, at import)."""
+    ``current_logical_thread``, ``_threads.__dict__``, (3.11) the
+    logical-thread hint variable, and the classes ``(RFState, Recorder,
+    ProfilerState, LogicalThread)`` whose ``__slots__`` it reads directly
+    (called once, at import)."""
+
+def _range_vectorcall(cls: type[RangeCore], /) -> None:
+    """Let calls of ``cls`` (``record_function``) skip ``type.__call__``:
+    a positional name and args build the object directly."""
+
+def _set_global_callbacks(on: bool, /) -> None:
+    """Tell the range fast path whether a global callback is registered
+    (``_callbacks._publish_globals`` calls it whenever that changes)."""
+
+def _range_slots() -> list[str]:
+    """The attributes the range fast path reads as slots, not through getattr."""
+
+def _forget_logical_threads() -> None:
+    """Drop every OS thread's cached logical thread (the fork handler calls it)."""
 
 # Consolidation and Chrome export (aprof/_cevents.c); the contract is the
 # pure-Python twins in aprof/_post/_events.py and aprof/_export/_chrome.py.

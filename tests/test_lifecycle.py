@@ -58,6 +58,37 @@ def test_fork_while_profiling_and_holding_a_lock(tmp_path: Path) -> None:
     assert not [e for e in doc["traceEvents"] if e.get("name") == "parent-before-fork"]
 
 
+def test_a_forked_child_records_on_its_own_track(tmp_path: Path) -> None:
+    # LC-01, SPEC 2.3: the child's main thread is a new logical thread, on
+    # both range paths; the C path must not answer from what it cached in
+    # the parent (same thread state, same context).
+    proc = run_script(
+        tmp_path,
+        """
+        import os, aprof
+
+        def one_range():
+            prof = aprof.profile().start()
+            with aprof.record_function("r"):
+                pass
+            prof.stop()
+            (event,) = prof.events()
+            return event.thread_id, event.end_thread_id
+
+        parent = aprof.current_thread_id()
+        assert one_range() == (parent, parent)
+        pid = os.fork()
+        if pid == 0:
+            child = aprof.current_thread_id()
+            os._exit(0 if child != parent and one_range() == (child, child) else 3)
+        _, status = os.waitpid(pid, 0)
+        print("child exit", os.waitstatus_to_exitcode(status))
+        """,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "child exit 0" in proc.stdout
+
+
 def test_exit_with_a_profile_running_and_daemon_threads_in_ranges(tmp_path: Path) -> None:
     # LC-02: exit code 0, nothing on stderr, no crash.
     proc = run_script(

@@ -170,6 +170,37 @@ def test_record_function_misuse_is_named_on_both_paths() -> None:
     assert (r.name, r.args) == ("kw", "a=1")
 
 
+def test_calling_record_function_builds_what_type_call_builds(monkeypatch: pytest.MonkeyPatch) -> None:
+    # SPEC 4.1: the C path's shortcut for calling the class gives the same
+    # object as type.__call__, the same errors, and honours an __init__
+    # patched onto the class later.
+    made = [aprof.record_function("x"), aprof.record_function("x", "a=1"), type.__call__(aprof.record_function, "x", "a=1")]
+    assert [(type(r), r.name, r.args) for r in made] == [
+        (aprof.record_function, "x", None),
+        (aprof.record_function, "x", "a=1"),
+        (aprof.record_function, "x", "a=1"),
+    ]
+    with pytest.raises(TypeError, match="record_function: args must be a str or None, got bytes"):
+        aprof.record_function("x", b"1")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        aprof.record_function("x", "a", "b")  # type: ignore[call-arg]
+    calls: list[str] = []
+    original = aprof.record_function.__init__
+
+    def patched(self: Any, name: str, args: str | None = None) -> None:
+        calls.append(name)
+        original(self, name.upper(), args)
+
+    monkeypatch.setattr(aprof.record_function, "__init__", patched)
+    with aprof.profile() as prof:
+        with aprof.record_function("patched"):
+            pass
+    monkeypatch.undo()
+    assert calls == ["patched"]
+    assert [e.name for e in prof.events()] == ["PATCHED"]
+    assert aprof.record_function("after").name == "after"
+
+
 def test_exit_called_by_hand_with_wrong_arguments_is_a_clear_error() -> None:
     # SPEC 12.
     r = aprof.record_function("x")
@@ -273,6 +304,74 @@ def test_range_in_a_plain_thread_with_trio_imported_is_on_the_threads_track() ->
     assert by_name["here"].thread_id == me
     assert by_name["in_trio"].thread_id == trio_tid
     assert trio_tid != me
+
+
+def test_c_ranges_read_aprofs_slots_directly() -> None:
+    # Issue #4 item 4: the C path reads these __slots__ without getattr.
+    _require_extension()
+    assert sorted(_native.extension._range_slots()) == sorted(  # type: ignore[union-attr]
+        ["mode", "recorder", "state", "lists", "id", "os_thread_id", "_task_ref", "loop"]
+    )
+
+
+class _RenumberedThread(_threads.LogicalThread):
+    """A logical thread whose ``id`` is not the slot (getattr finds the property)."""
+
+    __slots__ = ()
+    id = property(lambda self: 424242, lambda self, value: None)  # type: ignore[assignment]
+
+
+def test_c_ranges_answer_what_getattr_answers_for_an_overridden_slot(monkeypatch: pytest.MonkeyPatch) -> None:
+    # SPEC 2.3, 4.1: a slot read directly must give what getattr gives, for a
+    # subclass that overrides the attribute and after the class changes.
+    stepping = _threads.stepping
+    lt = _RenumberedThread("thread", "renumbered")
+    with aprof.profile() as prof:
+        with aprof.record_function("plain"):  # the reader checks LogicalThread here
+            pass
+        stepping.lt = lt
+        try:
+            with aprof.record_function("subclass"):
+                pass
+        finally:
+            stepping.lt = None
+        monkeypatch.setattr(_threads.LogicalThread, "id", property(lambda self: 777, lambda self, value: None))
+        with aprof.record_function("patched"):
+            pass
+        monkeypatch.undo()
+        with aprof.record_function("restored"):
+            pass
+    by_name = {e.name: e for e in prof.events()}
+    assert by_name["subclass"].end_thread_id == 424242
+    assert by_name["patched"].end_thread_id == 777
+    assert by_name["restored"].end_thread_id == by_name["plain"].end_thread_id == aprof.current_thread_id()
+
+
+def test_c_ranges_see_each_step_of_tasks_sharing_one_context() -> None:
+    # SPEC 2.3: tasks that share a Context object (create_task(context=...))
+    # and alternate steps each keep their own track; the C path's cached
+    # logical thread is per step, not per context.
+    import contextvars
+
+    async def worker(name: str) -> int:
+        for _ in range(3):
+            with aprof.record_function(name):
+                pass
+            await asyncio.sleep(0)
+        return aprof.current_thread_id()
+
+    async def main() -> tuple[Any, int, int]:
+        async with aprof.profile() as prof:
+            shared = contextvars.copy_context()
+            a = asyncio.get_running_loop().create_task(worker("a"), context=shared)
+            b = asyncio.get_running_loop().create_task(worker("b"), context=shared)
+            tid_a, tid_b = await asyncio.gather(a, b)
+        return prof, tid_a, tid_b
+
+    prof, tid_a, tid_b = asyncio.run(main())
+    assert tid_a != tid_b
+    tracks = {(e.name, e.thread_id, e.end_thread_id) for e in prof.events() if e.name in ("a", "b")}
+    assert tracks == {("a", tid_a, tid_a), ("b", tid_b, tid_b)}
 
 
 # ---------------------------------------------------------------------------

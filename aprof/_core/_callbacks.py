@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Final
 
+from . import _native
+
 if TYPE_CHECKING:
     from ._record_function import RecordFunction
     from ._recorder import Recorder
@@ -283,6 +285,8 @@ _registry: weakref.WeakValueDictionary[int, Entry] = weakref.WeakValueDictionary
 def _publish_globals() -> None:
     global global_entries
     global_entries = tuple(e for e in _global_all if e.enabled and not e.removed)
+    if _native.extension is not None:
+        _native.extension._set_global_callbacks(bool(global_entries))  # the C range path's copy
 
 
 def add_global_callback(cb: RecordFunctionCallback) -> CallbackHandle:

@@ -36,7 +36,7 @@ from ._callbacks import (
     sampled,
 )
 from ._debug_info import restore_slot
-from ._recorder import ASYNC_SAME_THREAD, Recorder
+from ._recorder import ASYNC_SAME_THREAD, ProfilerState, Recorder
 from ._threads import LogicalThread, current_logical_thread, stepping
 
 __all__ = [
@@ -446,7 +446,12 @@ else:
     _RangeCore = _PyRangeCore if _native.extension is None else _native.extension.RangeCore
     if _native.extension is not None:
         _native.extension._range_setup(
-            RF_STATE, vars(_callbacks), current_logical_thread, vars(_threads), _threads._hint if _threads._HINTS else None
+            RF_STATE,
+            vars(_callbacks),
+            current_logical_thread,
+            vars(_threads),
+            _threads._hint if _threads._HINTS else None,
+            (_callbacks.RFState, Recorder, ProfilerState, LogicalThread),  # their slots are read in C
         )
 
 #: Whether record_function's enter/exit run in C (the extension is built and
@@ -568,6 +573,10 @@ class record_function(_RangeCore):
         if not callable(fn):
             raise TypeError(f"record_function: cannot decorate {fn!r}, it is not callable")
         return cast(F, _decorate(fn, self.name, self.args))
+
+
+if C_RANGES:
+    _native.extension._range_vectorcall(record_function)  # type: ignore[union-attr]
 
 
 def _kind_probe(fn: Callable[..., Any]) -> Any:

@@ -297,6 +297,8 @@ def _reset_after_fork() -> None:
     # The child's main thread is a new OS thread as far as tracks go.
     global _tls
     _tls = threading.local()
+    if _native.extension is not None:
+        _native.extension._forget_logical_threads()  # the C range path's per-thread answer
 
 
 if hasattr(sys.modules["os"], "register_at_fork"):
