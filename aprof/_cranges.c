@@ -497,12 +497,6 @@ RangeCore_init(RangeCore *self, PyObject *args, PyObject *kwds)
  * dict. */
 static int global_callbacks_on;
 
-static inline int
-globals_active(void)
-{
-    return global_callbacks_on;
-}
-
 static PyObject *
 set_global_callbacks(PyObject *module, PyObject *flag)
 {
@@ -629,13 +623,11 @@ RangeCore_enter(RangeCore *self, PyObject *Py_UNUSED(ignored))
         rc = -1;
     }
     else if (mode == MODE_IDLE) {
-        int g = globals_active();
-        rc = g < 0 ? -1 : g ? call_method(self, str_slow_start) : 0;
+        rc = global_callbacks_on ? call_method(self, str_slow_start) : 0;
     }
     else if (mode == MODE_FAST) {
-        int g = globals_active();
-        if (g != 0) {
-            rc = g < 0 ? -1 : call_method(self, str_slow_start);
+        if (global_callbacks_on) {
+            rc = call_method(self, str_slow_start);
         }
         else {
             PyObject *recorder = slot_get(&rd_recorder, st);
