@@ -37,6 +37,21 @@ now_ns(void)
 #define APROF_TLS _Thread_local
 #endif
 
+/* The per-event paths are a few loads and stores; a call per helper (with
+ * its register saves) would cost as much as the work. Slow paths stay out
+ * of line so the inlined fast path stays small. */
+#if defined(__GNUC__)
+#define APROF_INLINE inline __attribute__((always_inline))
+#define APROF_NOINLINE __attribute__((noinline))
+#define APROF_LIKELY(x) __builtin_expect(!!(x), 1)
+#define APROF_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#else
+#define APROF_INLINE inline
+#define APROF_NOINLINE
+#define APROF_LIKELY(x) (x)
+#define APROF_UNLIKELY(x) (x)
+#endif
+
 /* _cranges.c: add RangeCore, the stepping object and _range_setup to the
  * module. Returns -1 with an exception set on failure. */
 int aprof_ranges_init(PyObject *module);

@@ -101,7 +101,7 @@ enum {
 #endif
 static int use_tsc = 0;
 
-static inline uint64_t
+static APROF_INLINE uint64_t
 now_ticks(void)
 {
 #if APROF_HAVE_TSC
@@ -195,6 +195,7 @@ typedef struct {
     /* events */
     RawEvent *buf;
     Py_ssize_t len, cap;
+    Py_ssize_t limit;           /* push's slow path from this length (see set_limit) */
     uint64_t last_ns, start_ns; /* in event clock units (see now_ticks) */
     uint64_t calib[4];          /* ticks and ns at start, ticks and ns at stop */
     Py_ssize_t dropped;
@@ -217,7 +218,7 @@ static PyObject *str_recorder;
 static PyObject *str_co_filename;
 static Tracer *running_tracer = NULL; /* at most one at a time */
 
-static inline size_t
+static APROF_INLINE size_t
 hash_ptr(void *p, size_t mask)
 {
     uint64_t x = (uint64_t)(uintptr_t)p;
@@ -270,7 +271,7 @@ table_add(Tracer *t, void *key, PyObject *desc, int ignored)
     return value;
 }
 
-static inline int64_t
+static APROF_INLINE int64_t
 table_get(Tracer *t, void *key)
 {
     if (t->table_size == 0)
@@ -287,13 +288,10 @@ table_get(Tracer *t, void *key)
     }
 }
 
-/* A code object's index; its first sight decides whether it is aprof's own. */
-static inline int64_t
-code_index(Tracer *t, PyObject *code)
+/* A code object's first sight decides whether it is aprof's own. */
+static APROF_NOINLINE int64_t
+code_index_add(Tracer *t, PyObject *code)
 {
-    int64_t v = table_get(t, code);
-    if (v != -2)
-        return v;
     int ignored = 0;
     PyObject *fn = PyObject_GetAttr(code, str_co_filename);
     if (fn == NULL)
@@ -310,12 +308,27 @@ code_index(Tracer *t, PyObject *code)
     return table_add(t, code, code, ignored);
 }
 
+/* A code object's index (with IGNORED_FLAG for aprof's own code). */
+static APROF_INLINE int64_t
+code_index(Tracer *t, PyObject *code)
+{
+    int64_t v = table_get(t, code);
+    return v != -2 ? v : code_index_add(t, code);
+}
+
 /* The key of a C callable: its PyMethodDef, which is static, so a bound
  * method made per call (lst.append) maps to one entry. Only builtin
  * functions and method descriptors are recorded as C calls. */
-static inline void *
+static APROF_INLINE void *
 cfunc_key(PyObject *callable)
 {
+    PyTypeObject *tp = Py_TYPE(callable);
+    if (tp == &PyCFunction_Type || tp == &PyCMethod_Type)
+        return ((PyCFunctionObject *)callable)->m_ml;
+    if (tp == &PyMethodDescr_Type)
+        return ((PyMethodDescrObject *)callable)->d_method;
+    if (tp == &PyFunction_Type || tp == &PyType_Type)
+        return NULL; /* the common misses, without the subtype walk below */
     if (PyCFunction_Check(callable))
         return ((PyCFunctionObject *)callable)->m_ml;
     if (Py_IS_TYPE(callable, &PyMethodDescr_Type))
@@ -323,12 +336,9 @@ cfunc_key(PyObject *callable)
     return NULL;
 }
 
-static int64_t
-cfunc_index(Tracer *t, PyObject *callable, void *key)
+static APROF_NOINLINE int64_t
+cfunc_index_add(Tracer *t, PyObject *callable, void *key)
 {
-    int64_t v = table_get(t, key);
-    if (v != -2)
-        return v;
     /* First sight: keep a (name, file, line) description, not the object,
      * so a bound method does not keep its receiver alive. */
     PyObject *qn = PyObject_GetAttrString(callable, "__qualname__");
@@ -344,6 +354,13 @@ cfunc_index(Tracer *t, PyObject *callable, void *key)
     int64_t r = table_add(t, key, desc, 0);
     Py_DECREF(desc);
     return r;
+}
+
+static APROF_INLINE int64_t
+cfunc_index(Tracer *t, PyObject *callable, void *key)
+{
+    int64_t v = table_get(t, key);
+    return v != -2 ? v : cfunc_index_add(t, callable, key);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -376,7 +393,7 @@ new_thread_slot(Tracer *t)
     return s;
 }
 
-static inline ThreadSlot *
+static APROF_INLINE ThreadSlot *
 thread_slot(Tracer *t)
 {
     if (tl_gen == t->gen)
@@ -436,7 +453,7 @@ typedef struct {
 #define APROF_CONTEXT_VARS 0
 #endif
 
-static inline PyObject *
+static APROF_INLINE PyObject *
 context_vars(void)
 {
 #if APROF_CONTEXT_VARS
@@ -524,7 +541,7 @@ context_lt(Tracer *t, ThreadSlot *ts)
 
 /* Is this event's context recorded? Sets ts->last_lt when it is. Returns
  * -1 on error (the slot pointer may be stale after it: callers re-fetch). */
-static inline int
+static int
 context_check(Tracer *t, ThreadSlot *ts)
 {
     PyObject *vars = context_vars();
@@ -564,19 +581,37 @@ grow(Tracer *t)
     return 0;
 }
 
-/* Append one event. Bounded buffers stop recording when full (the events
- * kept are the first max_events; the rest are counted in dropped). */
-static inline void
+/* The length from which push() takes its slow path: room for two more
+ * events (a TIME and the event), and below max_events when bounded. */
+static void
+set_limit(Tracer *t)
+{
+    Py_ssize_t limit = t->cap - 1;
+    if (t->max_events && t->max_events < limit)
+        limit = t->max_events;
+    t->limit = limit;
+}
+
+/* Is there room for one more event (and the TIME before it)? Bounded
+ * buffers stop recording when full: the events kept are the first
+ * max_events, the rest are counted in dropped. */
+static APROF_NOINLINE int
+make_room(Tracer *t)
+{
+    if ((t->max_events && t->len >= t->max_events) || (t->len + 2 > t->cap && grow(t) < 0)) {
+        t->dropped++;
+        return 0;
+    }
+    set_limit(t);
+    return 1;
+}
+
+/* Append one event. */
+static APROF_INLINE void
 push(Tracer *t, int tag, int tidx, uint64_t payload, uint64_t now)
 {
-    if (t->max_events && t->len >= t->max_events) {
-        t->dropped++;
+    if (t->len >= t->limit && !make_room(t))
         return;
-    }
-    if (t->len + 2 > t->cap && grow(t) < 0) {
-        t->dropped++;
-        return;
-    }
     uint64_t delta = now > t->last_ns ? now - t->last_ns : 0;
     if (delta >> 32) {
         RawEvent *e = &t->buf[t->len++];
@@ -602,7 +637,7 @@ fail(Tracer *t)
 
 /* Write one event (object-table entry idx) for the thread in slot tidx,
  * preceded by a SWITCH when its logical thread changed. */
-static inline void
+static APROF_INLINE void
 write_event(Tracer *t, int tidx, int tag, int64_t idx, uint64_t now)
 {
     ThreadSlot *ts = &t->threads[tidx];
@@ -614,12 +649,11 @@ write_event(Tracer *t, int tidx, int tag, int64_t idx, uint64_t now)
     push(t, tag, tidx, (uint64_t)idx, now);
 }
 
-/* The slot of this thread if the event is to be recorded, else NULL. */
-static inline ThreadSlot *
-recording_slot(Tracer *t)
+/* recording_slot() when the cached answer does not apply: a new thread, or
+ * a context not seen since the last event of this thread. */
+static APROF_NOINLINE ThreadSlot *
+recording_slot_slow(Tracer *t)
 {
-    if (!t->active)
-        return NULL;
     ThreadSlot *ts = thread_slot(t);
     if (ts == NULL) {
         t->dropped++;
@@ -634,7 +668,29 @@ recording_slot(Tracer *t)
     return in ? &t->threads[tidx] : NULL;
 }
 
-static inline int
+/* The slot of this thread if the event is to be recorded, else NULL. The
+ * common case: the thread has its slot and runs the context of its last
+ * event, whose answer is cached. */
+static APROF_INLINE ThreadSlot *
+recording_slot(Tracer *t)
+{
+    if (APROF_UNLIKELY(!t->active))
+        return NULL;
+    if (APROF_LIKELY(tl_gen == t->gen)) {
+        ThreadSlot *ts = &t->threads[tl_tidx];
+        PyObject *vars = context_vars();
+        if (APROF_LIKELY(vars != NULL && vars == ts->last_vars))
+            return ts->last_in ? ts : NULL;
+    }
+    return recording_slot_slow(t);
+}
+
+/* What on_code() and on_cfunc() return for an event of aprof's own code (a
+ * C call made by it), which is never recorded: on 3.12+ its location can
+ * be switched off. Otherwise they return 0; they never fail (see fail()). */
+#define OWN_CODE 1
+
+static APROF_INLINE int
 on_code(Tracer *t, int tag, PyObject *code)
 {
     ThreadSlot *ts = recording_slot(t);
@@ -647,14 +703,15 @@ on_code(Tracer *t, int tag, PyObject *code)
         fail(t);
         return 0;
     }
-    if (!(idx & IGNORED_FLAG))
-        write_event(t, tidx, tag, idx, now);
+    if (idx & IGNORED_FLAG)
+        return OWN_CODE;
+    write_event(t, tidx, tag, idx, now);
     return 0;
 }
 
 /* A C call: skipped when made by aprof's own code (the caller's code is
  * ignored), so aprof's bookkeeping does not show up in the trace. */
-static inline int
+static APROF_INLINE int
 on_cfunc(Tracer *t, int tag, PyObject *caller, PyObject *callable)
 {
     void *key = cfunc_key(callable);
@@ -671,7 +728,7 @@ on_cfunc(Tracer *t, int tag, PyObject *caller, PyObject *callable)
         return 0;
     }
     if (c & IGNORED_FLAG)
-        return 0;
+        return OWN_CODE;
     int64_t idx = cfunc_index(t, callable, key);
     if (idx < 0) {
         fail(t);
@@ -694,22 +751,20 @@ profile_func(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg)
 {
     Tracer *t = (Tracer *)obj;
     PyObject *code;
-    int r = 0;
     switch (what) {
     case PyTrace_CALL:
     case PyTrace_RETURN:
         code = (PyObject *)PyFrame_GetCode(frame);
-        r = on_code(t, what == PyTrace_CALL ? EV_CALL : (arg == NULL ? EV_UNWIND : EV_RETURN), code);
+        on_code(t, what == PyTrace_CALL ? EV_CALL : (arg == NULL ? EV_UNWIND : EV_RETURN), code);
         Py_DECREF(code);
-        return r;
+        return 0;
     case PyTrace_C_CALL:
     case PyTrace_C_RETURN:
     case PyTrace_C_EXCEPTION:
         code = (PyObject *)PyFrame_GetCode(frame);
-        r = on_cfunc(t, what == PyTrace_C_CALL ? EV_CCALL : (what == PyTrace_C_RETURN ? EV_CRETURN : EV_CRAISE), code,
-                     arg);
+        on_cfunc(t, what == PyTrace_C_CALL ? EV_CCALL : (what == PyTrace_C_RETURN ? EV_CRETURN : EV_CRAISE), code, arg);
         Py_DECREF(code);
-        return r;
+        return 0;
     default:
         return 0;
     }
@@ -814,35 +869,88 @@ uninstall_311(Tracer *t)
 #endif
 
 #if APROF_MONITORING
-/* 3.12+: sys.monitoring callbacks, called through vectorcall with the code
- * object (no frame object is made). Registered by aprof/_core/_tracer.py. */
-#define ARG_CODE(args) (args[0])
+/*
+ * 3.12+: sys.monitoring callbacks. Each is a Hook: a tiny callable object
+ * whose vectorcall slot is the handler itself, so sys.monitoring calls
+ * straight into it (a builtin method would add its own call layer, a
+ * recursion check and a result check per event). The monitoring API passes
+ * the code object first (no frame object is made). Tracer.py_start and the
+ * other event names give a new Hook for the tracer; aprof/_core/_tracer.py
+ * registers them.
+ */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    Tracer *t;
+    const char *name;
+} Hook;
 
-static PyObject *
-Tracer_py_start(Tracer *t, PyObject *const *args, Py_ssize_t nargs)
+/* The arguments sys.monitoring passes: at least `need` positional ones, the
+ * first a code object. Anything else is a caller's mistake (sys.monitoring
+ * itself never does it), reported as a TypeError. */
+static APROF_INLINE int
+hook_args(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames, Py_ssize_t need)
 {
-    on_code(t, EV_CALL, ARG_CODE(args));
+    if (APROF_LIKELY(PyVectorcall_NARGS(nargsf) >= need && kwnames == NULL && PyCode_Check(args[0])))
+        return 1;
+    PyErr_Format(PyExc_TypeError,
+                 "aprof tracer hook %s: expected (code, offset%s) as sys.monitoring passes them",
+                 ((Hook *)self)->name, need == 2 ? "" : (need == 3 ? ", arg" : ", callable, arg0"));
+    return 0;
+}
+
+#define HOOK_TRACER(self) (((Hook *)(self))->t)
+
+static PyObject *disable_sentinel; /* sys.monitoring.DISABLE */
+
+/* PY_START, PY_RESUME, PY_RETURN and PY_YIELD are local events: for aprof's
+ * own code the location is switched off (DISABLE), so its frames cost
+ * nothing after their first event. restart_events() at the next start
+ * switches them back on (see aprof/_core/_tracer.py). */
+static PyObject *
+hook_py_start(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    if (!hook_args(self, args, nargsf, kwnames, 2))
+        return NULL;
+    if (on_code(HOOK_TRACER(self), EV_CALL, args[0]) == OWN_CODE)
+        return Py_NewRef(disable_sentinel);
+    Py_RETURN_NONE;
+}
+
+/* PY_THROW cannot be switched off (sys.monitoring raises if asked). */
+static PyObject *
+hook_py_throw(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    if (!hook_args(self, args, nargsf, kwnames, 2))
+        return NULL;
+    on_code(HOOK_TRACER(self), EV_CALL, args[0]);
     Py_RETURN_NONE;
 }
 
 static PyObject *
-Tracer_py_return(Tracer *t, PyObject *const *args, Py_ssize_t nargs)
+hook_py_return(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
-    on_code(t, EV_RETURN, ARG_CODE(args));
+    if (!hook_args(self, args, nargsf, kwnames, 2))
+        return NULL;
+    if (on_code(HOOK_TRACER(self), EV_RETURN, args[0]) == OWN_CODE)
+        return Py_NewRef(disable_sentinel);
     Py_RETURN_NONE;
 }
 
 static PyObject *
-Tracer_py_unwind(Tracer *t, PyObject *const *args, Py_ssize_t nargs)
+hook_py_unwind(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
+    if (!hook_args(self, args, nargsf, kwnames, 3))
+        return NULL;
     /* The exception's type goes in an EXC event just before the UNWIND, so
      * the frame's event gets its name (the UNWIND's payload is the code). */
-    ThreadSlot *ts = nargs >= 3 ? recording_slot(t) : NULL;
+    Tracer *t = HOOK_TRACER(self);
+    ThreadSlot *ts = recording_slot(t);
     if (ts == NULL)
         Py_RETURN_NONE;
     uint64_t now = now_ticks();
     int tidx = ts->tidx;
-    int64_t idx = code_index(t, ARG_CODE(args));
+    int64_t idx = code_index(t, args[0]);
     if (idx < 0) {
         fail(t);
         Py_RETURN_NONE;
@@ -862,38 +970,91 @@ Tracer_py_unwind(Tracer *t, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
-static PyObject *disable_sentinel; /* sys.monitoring.DISABLE */
-
 /* CALL fires for every call; only C callables are recorded here (Python
  * ones get PY_START). A call site that calls a Python function is switched
  * off for CALL (and so for its C_RETURN), which halves the callbacks of
- * Python-heavy code; a site that calls both loses its C calls. */
+ * Python-heavy code; a site that calls both loses its C calls. So is a call
+ * site in aprof's own code. C_RETURN and C_RAISE cannot be switched off
+ * themselves: sys.monitoring raises if asked. */
 static PyObject *
-Tracer_call(Tracer *t, PyObject *const *args, Py_ssize_t nargs)
+hook_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
-    if (nargs < 3)
-        Py_RETURN_NONE;
+    if (!hook_args(self, args, nargsf, kwnames, 4))
+        return NULL;
     PyObject *callable = args[2];
     if (PyFunction_Check(callable) || PyMethod_Check(callable))
         return Py_NewRef(disable_sentinel);
-    on_cfunc(t, EV_CCALL, ARG_CODE(args), callable);
+    if (on_cfunc(HOOK_TRACER(self), EV_CCALL, args[0], callable) == OWN_CODE)
+        return Py_NewRef(disable_sentinel);
     Py_RETURN_NONE;
 }
 
 static PyObject *
-Tracer_c_return(Tracer *t, PyObject *const *args, Py_ssize_t nargs)
+hook_c_return(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
-    if (nargs >= 3)
-        on_cfunc(t, EV_CRETURN, ARG_CODE(args), args[2]);
+    if (!hook_args(self, args, nargsf, kwnames, 4))
+        return NULL;
+    on_cfunc(HOOK_TRACER(self), EV_CRETURN, args[0], args[2]);
     Py_RETURN_NONE;
 }
 
 static PyObject *
-Tracer_c_raise(Tracer *t, PyObject *const *args, Py_ssize_t nargs)
+hook_c_raise(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
-    if (nargs >= 3)
-        on_cfunc(t, EV_CRAISE, ARG_CODE(args), args[2]);
+    if (!hook_args(self, args, nargsf, kwnames, 4))
+        return NULL;
+    on_cfunc(HOOK_TRACER(self), EV_CRAISE, args[0], args[2]);
     Py_RETURN_NONE;
+}
+
+static void
+Hook_dealloc(Hook *h)
+{
+    Py_XDECREF(h->t);
+    PyObject_Free(h);
+}
+
+static PyObject *
+Hook_repr(Hook *h)
+{
+    return PyUnicode_FromFormat("<aprof tracer hook %s>", h->name);
+}
+
+static PyTypeObject HookType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "aprof._ctracer.Hook",
+    .tp_basicsize = sizeof(Hook),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "One sys.monitoring callback of a Tracer (see Tracer.py_start).",
+    .tp_vectorcall_offset = offsetof(Hook, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_dealloc = (destructor)Hook_dealloc,
+    .tp_repr = (reprfunc)Hook_repr,
+};
+
+typedef struct {
+    const char *name;
+    vectorcallfunc fn;
+} HookDef;
+
+static HookDef hook_defs[] = {
+    {"py_start", hook_py_start},   {"py_resume", hook_py_start}, {"py_throw", hook_py_throw},
+    {"py_return", hook_py_return}, {"py_yield", hook_py_return}, {"py_unwind", hook_py_unwind},
+    {"call", hook_call},           {"c_return", hook_c_return},  {"c_raise", hook_c_raise},
+};
+
+/* Tracer.<event>: a new Hook holding the tracer (a strong reference: a hook
+ * kept after its tracer is dropped still points at a live, stopped tracer). */
+static PyObject *
+Tracer_get_hook(Tracer *t, void *closure)
+{
+    HookDef *def = (HookDef *)closure;
+    Hook *h = PyObject_New(Hook, &HookType);
+    if (h == NULL)
+        return NULL;
+    h->vectorcall = def->fn;
+    h->t = (Tracer *)Py_NewRef(t);
+    h->name = def->name;
+    return (PyObject *)h;
 }
 #endif
 
@@ -1125,7 +1286,7 @@ Tracer_take(Tracer *t, PyObject *Py_UNUSED(ignored))
     t->objs = PyList_New(0);
     PyMem_Free(t->buf);
     t->buf = NULL;
-    t->cap = t->len = 0;
+    t->cap = t->len = t->limit = 0;
     PyMem_Free(t->table);
     t->table = NULL;
     t->table_size = t->table_used = 0;
@@ -1301,17 +1462,7 @@ static PyMethodDef Tracer_methods[] = {
     {"start", (PyCFunction)Tracer_start, METH_O, "Start recording; initial: code objects on the stack, outermost first."},
     {"stop", (PyCFunction)Tracer_stop, METH_NOARGS, "Stop recording."},
     {"take", (PyCFunction)Tracer_take, METH_NOARGS, "Hand over (packed events, objects, start_ns)."},
-#if APROF_MONITORING
-    {"py_start", (PyCFunction)(void (*)(void))Tracer_py_start, METH_FASTCALL, NULL},
-    {"py_resume", (PyCFunction)(void (*)(void))Tracer_py_start, METH_FASTCALL, NULL},
-    {"py_throw", (PyCFunction)(void (*)(void))Tracer_py_start, METH_FASTCALL, NULL},
-    {"py_return", (PyCFunction)(void (*)(void))Tracer_py_return, METH_FASTCALL, NULL},
-    {"py_yield", (PyCFunction)(void (*)(void))Tracer_py_return, METH_FASTCALL, NULL},
-    {"py_unwind", (PyCFunction)(void (*)(void))Tracer_py_unwind, METH_FASTCALL, NULL},
-    {"call", (PyCFunction)(void (*)(void))Tracer_call, METH_FASTCALL, NULL},
-    {"c_return", (PyCFunction)(void (*)(void))Tracer_c_return, METH_FASTCALL, NULL},
-    {"c_raise", (PyCFunction)(void (*)(void))Tracer_c_raise, METH_FASTCALL, NULL},
-#else
+#if !APROF_MONITORING
     {"_thread_hook", (PyCFunction)(void (*)(void))Tracer_thread_hook, METH_FASTCALL, NULL},
 #endif
     {NULL, NULL, 0, NULL},
@@ -1321,6 +1472,13 @@ static PyGetSetDef Tracer_getset[] = {
     {"dropped", (getter)Tracer_get_dropped, NULL, "Events not recorded because the buffer was full.", NULL},
     {"count", (getter)Tracer_get_count, NULL, "Raw events in the buffer.", NULL},
     {"active", (getter)Tracer_get_active, NULL, "Whether the tracer is recording.", NULL},
+#if APROF_MONITORING
+#define HOOK_GETTER(i, name) {name, (getter)Tracer_get_hook, NULL, "A sys.monitoring callback (see Hook).", &hook_defs[i]}
+    HOOK_GETTER(0, "py_start"), HOOK_GETTER(1, "py_resume"), HOOK_GETTER(2, "py_throw"),
+    HOOK_GETTER(3, "py_return"), HOOK_GETTER(4, "py_yield"), HOOK_GETTER(5, "py_unwind"),
+    HOOK_GETTER(6, "call"), HOOK_GETTER(7, "c_return"), HOOK_GETTER(8, "c_raise"),
+#undef HOOK_GETTER
+#endif
     {NULL},
 };
 
@@ -1351,6 +1509,10 @@ PyInit__ctracer(void)
 {
     if (PyType_Ready(&TracerType) < 0)
         return NULL;
+#if APROF_MONITORING
+    if (PyType_Ready(&HookType) < 0)
+        return NULL;
+#endif
     detect_tsc();
     str_recorder = PyUnicode_InternFromString("recorder");
     str_co_filename = PyUnicode_InternFromString("co_filename");

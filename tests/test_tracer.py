@@ -278,6 +278,81 @@ def test_bounded_buffer_counts_what_it_drops(impl: ModuleType, tmp_path: Path) -
     assert len(py_events(again, "fib")) == 15
 
 
+def _bare_tracer(impl: ModuleType, max_events: int = 0) -> Any:
+    """A recording half on its own, recording every context (no profile)."""
+    from aprof._core._callbacks import RF_STATE
+
+    return impl.Tracer(RF_STATE, None, _tracer.TRACER_LT, _tracer._starting_thread_lt, _tracer.APROF_DIR, max_events)
+
+
+def test_a_bounded_buffer_keeps_exactly_the_first_max_events(impl: ModuleType) -> None:
+    # RELIABILITY LD-02, at the buffer: the first event of the thread is its
+    # SWITCH, then one event per call; past the cap every event is counted.
+    # (25 frames on the stack at start: the buffer's path on every version.)
+    t = _bare_tracer(impl, max_events=10)
+    t.start([leaf.__code__] * 25)
+    t.stop()
+    assert t.count == 10
+    # 16 dropped, plus on 3.11 the C call to t.stop() itself, which the
+    # profile function installed by start() sees.
+    assert t.dropped == 16 + (sys.version_info < (3, 12) and impl is not _tracer_py)
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="sys.monitoring is new in 3.12")
+def test_aprofs_own_code_is_switched_off_where_monitoring_allows_it(impl: ModuleType) -> None:
+    # aprof's own frames are never recorded, so their locations are switched
+    # off (DISABLE) and cost nothing after their first event. PY_THROW,
+    # PY_UNWIND, C_RETURN and C_RAISE refuse DISABLE (sys.monitoring raises
+    # into the running code), so those hooks never return it.
+    disable = sys.monitoring.DISABLE  # type: ignore[attr-defined]
+    own = _tracer.publish_task.__code__
+    user = leaf.__code__
+    exc = KeyError("x")
+    t = _bare_tracer(impl)
+    t.start([])
+    try:
+        assert t.py_start(own, 0) is disable
+        assert t.py_resume(own, 0) is disable
+        assert t.py_return(own, 0, None) is disable
+        assert t.py_yield(own, 0, None) is disable
+        assert t.call(own, 0, len, "ab") is disable
+        assert t.py_throw(own, 0, exc) is None
+        assert t.py_unwind(own, 0, exc) is None
+        assert t.c_return(own, 0, len, "ab") is None
+        assert t.c_raise(own, 0, len, "ab") is None
+        assert t.py_start(user, 0) is None
+        assert t.py_return(user, 0, None) is None
+        assert t.call(user, 0, len, "ab") is None
+        assert t.c_return(user, 0, len, "ab") is None
+        assert t.call(user, 0, leaf, None) is disable  # a Python callee gets PY_START
+    finally:
+        t.stop()
+    assert t.py_start(own, 0) is None  # stopped: nothing is decided any more
+    # Recorded: the thread's SWITCH, then leaf's start and return, and len's
+    # call and return; nothing of aprof's code.
+    assert t.count == 5
+
+
+def test_the_c_hooks_refuse_calls_sys_monitoring_never_makes() -> None:
+    ext = require_c_extension()
+    if sys.version_info < (3, 12):
+        assert not hasattr(ext.Tracer, "py_start")  # 3.11 installs a C profile function instead
+        return
+    t = _bare_tracer(ext)
+    hook = t.py_start
+    assert repr(hook) == "<aprof tracer hook py_start>"
+    assert repr(t.c_raise) == "<aprof tracer hook c_raise>"
+    with pytest.raises(TypeError, match=r"hook py_start: expected \(code, offset\)"):
+        hook("not code", 0)
+    with pytest.raises(TypeError, match="hook py_start"):
+        hook(leaf.__code__)
+    with pytest.raises(TypeError, match=r"hook call: expected \(code, offset, callable, arg0\)"):
+        t.call(leaf.__code__, 0)
+    with pytest.raises(TypeError, match="hook py_return"):
+        t.py_return(code=leaf.__code__, offset=0, retval=None)
+    assert t.count == 0
+
+
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "10"])
 def test_max_events_is_checked(bad: Any) -> None:
     with pytest.raises((ValueError, TypeError), match="max_events"):

@@ -32,6 +32,8 @@ EV_TIME: Final = 8
 EV_EXC: Final = 9
 
 _IGNORED: Final = 1 << 31
+#: sys.monitoring.DISABLE (3.12+; the monitoring callbacks run only there).
+_DISABLE: Final = getattr(getattr(sys, "monitoring", None), "DISABLE", None)
 _MAX_THREADS: Final = 4096
 _MONITORING: Final = sys.version_info >= (3, 12)
 
@@ -193,25 +195,30 @@ class Tracer:
             self._push(EV_SWITCH, ts.tidx, lt, now)
         self._push(tag, ts.tidx, idx, now)
 
-    def _on_code(self, tag: int, code: CodeType) -> None:
+    def _on_code(self, tag: int, code: CodeType) -> bool:
+        """Record a frame event; True if the code is aprof's own (not recorded)."""
         if not self._active or not self._in_context():
-            return
+            return False
         now = perf_counter_ns()
-        self._record(tag, self._code_index(code), now)
+        idx = self._code_index(code)
+        self._record(tag, idx, now)
+        return bool(idx & _IGNORED)
 
-    def _on_cfunc(self, tag: int, caller: CodeType, callable: object) -> None:
+    def _on_cfunc(self, tag: int, caller: CodeType, callable: object) -> bool:
+        """Record a C call event; True if the caller is aprof's own code (not recorded)."""
         if not self._active:
-            return
+            return False
         key = _cfunc_key(callable)
         if key is None or not self._in_context():
-            return
+            return False
         now = perf_counter_ns()
         if self._code_index(caller) & _IGNORED:
-            return
+            return True
         v = self._index.get(key)
         if v is None:
             v = self._add(key, (key, "<built-in>", 0), False)
         self._record(tag, v, now)
+        return False
 
     # -- event sources ------------------------------------------------------
 
@@ -234,8 +241,12 @@ class Tracer:
         if self._active:
             self._profile(frame, event, arg)
 
+    # sys.monitoring (3.12+). The locations of aprof's own code are switched
+    # off (DISABLE) where the event allows it, as the C tracer does; PY_THROW,
+    # PY_UNWIND, C_RETURN and C_RAISE do not allow it.
+
     def py_start(self, code: CodeType, offset: int, /) -> Any:
-        self._on_code(EV_CALL, code)
+        return _DISABLE if self._on_code(EV_CALL, code) else None
 
     py_resume = py_start
 
@@ -243,7 +254,7 @@ class Tracer:
         self._on_code(EV_CALL, code)
 
     def py_return(self, code: CodeType, offset: int, retval: object, /) -> Any:
-        self._on_code(EV_RETURN, code)
+        return _DISABLE if self._on_code(EV_RETURN, code) else None
 
     py_yield = py_return
 
@@ -260,9 +271,8 @@ class Tracer:
 
     def call(self, code: CodeType, offset: int, callable: object, arg0: object, /) -> Any:
         if type(callable) is _FUNCTION or type(callable) is _METHOD:
-            return sys.monitoring.DISABLE  # type: ignore[attr-defined]  # 3.12+ only
-        self._on_cfunc(EV_CCALL, code, callable)
-        return None
+            return _DISABLE
+        return _DISABLE if self._on_cfunc(EV_CCALL, code, callable) else None
 
     def c_return(self, code: CodeType, offset: int, callable: object, arg0: object, /) -> Any:
         self._on_cfunc(EV_CRETURN, code, callable)
