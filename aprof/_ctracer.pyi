@@ -72,7 +72,13 @@ class Tracer:
         """Stop recording and uninstall (idempotent)."""
     def take(self) -> tuple[bytes, list[Any], int]:
         """Hand over ``(packed events, objects, start_ns)`` once, after stop."""
-    # sys.monitoring callbacks (3.12+), registered by aprof._core._tracer.
+    # sys.monitoring callbacks (3.12+), registered by aprof._core._tracer. In
+    # C each is an attribute giving a new ``Hook`` (a vectorcall object bound
+    # to this tracer); called with anything but what sys.monitoring passes it
+    # raises TypeError. ``py_start``, ``py_resume``, ``py_return``,
+    # ``py_yield`` and ``call`` return ``sys.monitoring.DISABLE`` for aprof's
+    # own code (and ``call`` for a Python callee), else None; the others
+    # always return None (their events cannot be switched off).
     def py_start(self, code: CodeType, offset: int, /) -> Any: ...
     def py_resume(self, code: CodeType, offset: int, /) -> Any: ...
     def py_throw(self, code: CodeType, offset: int, exc: BaseException, /) -> Any: ...
