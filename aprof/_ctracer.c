@@ -288,6 +288,15 @@ table_get(Tracer *t, void *key)
     }
 }
 
+/* The index of an object kept as itself (a logical thread, an exception
+ * type), added on first sight. Returns -1 on error. */
+static int64_t
+obj_index(Tracer *t, PyObject *obj)
+{
+    int64_t v = table_get(t, obj);
+    return v != -2 ? v : table_add(t, obj, obj, 0);
+}
+
 /* A code object's first sight decides whether it is aprof's own. */
 static APROF_NOINLINE int64_t
 code_index_add(Tracer *t, PyObject *code)
@@ -413,9 +422,7 @@ own_lt(Tracer *t, ThreadSlot *ts)
         Py_DECREF(lt);
         return -2;
     }
-    int64_t idx = table_get(t, lt);
-    if (idx == -2)
-        idx = table_add(t, lt, lt, 0);
+    int64_t idx = obj_index(t, lt);
     Py_DECREF(lt);
     if (idx < 0)
         return -1;
@@ -525,10 +532,7 @@ context_lt(Tracer *t, ThreadSlot *ts)
         if (ident == (unsigned long)-1 && PyErr_Occurred())
             PyErr_Clear();
         else if (ident == ts->ident) {
-            PyObject *obj = PyTuple_GET_ITEM(v, 0);
-            int64_t idx = table_get(t, obj);
-            if (idx == -2)
-                idx = table_add(t, obj, obj, 0);
+            int64_t idx = obj_index(t, PyTuple_GET_ITEM(v, 0));
             if (idx < 0)
                 PyErr_Clear();
             else
@@ -903,6 +907,13 @@ hook_args(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwname
 
 static PyObject *disable_sentinel; /* sys.monitoring.DISABLE */
 
+/* A local event's answer: switch the location off for aprof's own code. */
+static APROF_INLINE PyObject *
+switch_off_if_own(int r)
+{
+    return Py_NewRef(r == OWN_CODE ? disable_sentinel : Py_None);
+}
+
 /* PY_START, PY_RESUME, PY_RETURN and PY_YIELD are local events: for aprof's
  * own code the location is switched off (DISABLE), so its frames cost
  * nothing after their first event. restart_events() at the next start
@@ -912,9 +923,7 @@ hook_py_start(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw
 {
     if (!hook_args(self, args, nargsf, kwnames, 2))
         return NULL;
-    if (on_code(HOOK_TRACER(self), EV_CALL, args[0]) == OWN_CODE)
-        return Py_NewRef(disable_sentinel);
-    Py_RETURN_NONE;
+    return switch_off_if_own(on_code(HOOK_TRACER(self), EV_CALL, args[0]));
 }
 
 /* PY_THROW cannot be switched off (sys.monitoring raises if asked). */
@@ -932,9 +941,7 @@ hook_py_return(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *k
 {
     if (!hook_args(self, args, nargsf, kwnames, 2))
         return NULL;
-    if (on_code(HOOK_TRACER(self), EV_RETURN, args[0]) == OWN_CODE)
-        return Py_NewRef(disable_sentinel);
-    Py_RETURN_NONE;
+    return switch_off_if_own(on_code(HOOK_TRACER(self), EV_RETURN, args[0]));
 }
 
 static PyObject *
@@ -957,10 +964,7 @@ hook_py_unwind(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *k
     }
     if (idx & IGNORED_FLAG)
         Py_RETURN_NONE;
-    PyObject *tp = (PyObject *)Py_TYPE(args[2]);
-    int64_t e = table_get(t, tp);
-    if (e == -2)
-        e = table_add(t, tp, tp, 0);
+    int64_t e = obj_index(t, (PyObject *)Py_TYPE(args[2]));
     if (e < 0) {
         fail(t);
         Py_RETURN_NONE;
@@ -984,9 +988,7 @@ hook_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwname
     PyObject *callable = args[2];
     if (PyFunction_Check(callable) || PyMethod_Check(callable))
         return Py_NewRef(disable_sentinel);
-    if (on_cfunc(HOOK_TRACER(self), EV_CCALL, args[0], callable) == OWN_CODE)
-        return Py_NewRef(disable_sentinel);
-    Py_RETURN_NONE;
+    return switch_off_if_own(on_cfunc(HOOK_TRACER(self), EV_CCALL, args[0], callable));
 }
 
 static PyObject *
