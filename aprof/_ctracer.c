@@ -32,6 +32,16 @@
 
 #include "_cext.h"
 
+#if PY_VERSION_HEX < 0x030C0000
+/* 3.11 without C calls evaluates frames through a PEP 523 hook, which is
+ * handed a _PyInterpreterFrame: its layout is in CPython's internal headers,
+ * which 3.11 installs (Cython reads them the same way). Nothing else here
+ * uses them. */
+#define Py_BUILD_CORE 1
+#include "internal/pycore_frame.h"
+#undef Py_BUILD_CORE
+#endif
+
 #ifdef Py_GIL_DISABLED
 /* The buffer and tables rely on the GIL (see above). On a free-threaded
  * build the extension is not built and aprof uses the pure-Python twin. */
@@ -79,7 +89,8 @@ enum {
     EV_CRAISE = 6,   /* it raised */
     EV_SWITCH = 7,   /* this OS thread now runs another logical thread */
     EV_TIME = 8,     /* absolute time (after a gap the delta cannot hold) */
-    EV_EXC = 9,      /* the exception type of the UNWIND that follows (3.12+) */
+    EV_EXC = 9,      /* the exception type of the UNWIND that follows (3.12+, and
+                        3.11 without C calls) */
 };
 
 #define MAX_THREADS 4096
@@ -208,6 +219,16 @@ typedef struct {
     int nthreads;
     PyObject *prev_thread_hook;
     int installed_311;
+    int c_calls;             /* record C calls (else Python frames only) */
+#if PY_VERSION_HEX < 0x030C0000
+    /* 3.11 without C calls: the frame evaluator (see section 5) */
+    int eval_installed;
+    struct LiveFrame *live;  /* frames live at start, outermost first */
+    Py_ssize_t nlive;
+    PyThreadState *live_tstate;
+    int32_t live_lt;
+    int degraded;            /* the C stack ran low: switched to the profile function */
+#endif
 } Tracer;
 
 static uint64_t next_gen = 1;
@@ -742,6 +763,33 @@ on_cfunc(Tracer *t, int tag, PyObject *caller, PyObject *callable)
     return 0;
 }
 
+/* A frame left by an exception of type exc_type. The type goes in an EXC
+ * event just before the UNWIND, so the frame's event gets its name (the
+ * UNWIND's payload is the code). */
+static void
+on_unwind(Tracer *t, PyObject *code, PyObject *exc_type)
+{
+    ThreadSlot *ts = recording_slot(t);
+    if (ts == NULL)
+        return;
+    uint64_t now = now_ticks();
+    int tidx = ts->tidx;
+    int64_t idx = code_index(t, code);
+    if (idx < 0) {
+        fail(t);
+        return;
+    }
+    if (idx & IGNORED_FLAG)
+        return;
+    int64_t e = obj_index(t, exc_type);
+    if (e < 0) {
+        fail(t);
+        return;
+    }
+    write_event(t, tidx, EV_EXC, e, now);
+    write_event(t, tidx, EV_UNWIND, idx, now);
+}
+
 /* ------------------------------------------------------------------------ */
 /* 5. Event sources                                                          */
 /* ------------------------------------------------------------------------ */
@@ -765,6 +813,8 @@ profile_func(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg)
     case PyTrace_C_CALL:
     case PyTrace_C_RETURN:
     case PyTrace_C_EXCEPTION:
+        if (!t->c_calls) /* the frame evaluator's stand-in (see degrade()) */
+            return 0;
         code = (PyObject *)PyFrame_GetCode(frame);
         on_cfunc(t, what == PyTrace_C_CALL ? EV_CCALL : (what == PyTrace_C_RETURN ? EV_CRETURN : EV_CRAISE), code, arg);
         Py_DECREF(code);
@@ -872,6 +922,288 @@ uninstall_311(Tracer *t)
 }
 #endif
 
+#if !APROF_MONITORING
+/*
+ * 3.11 without C calls (c_calls=False): a PEP 523 frame evaluator. The
+ * profile function above makes 3.11 run every instruction through its
+ * tracing path, unspecialised, which alone slows call-heavy code ~3.6x
+ * (measured with a profile function that does nothing). The interpreter
+ * calls a frame evaluator once per Python frame it evaluates: a call, and
+ * each step of a generator or coroutine (its resume until its yield). The
+ * evaluator records EV_CALL, runs the frame with the default evaluator and
+ * records EV_RETURN or EV_UNWIND (after an EXC naming the exception); the
+ * code runs specialised as usual. What it costs: 3.11 stops inlining
+ * Python-to-Python calls (each one is a C call again), and it cannot see C
+ * calls at all.
+ *
+ * Calling a generator function evaluates its frame only up to
+ * RETURN_GENERATOR, which copies the frame into the new generator: that is
+ * not a call of the generator's code (the profile function sees nothing
+ * there either), so it is not recorded.
+ *
+ * Frames live at start were entered before the evaluator was installed, so
+ * it never sees them leave. The tracer keeps them (outermost first, as the
+ * initial stack's EV_CALLs opened them) and closes them when the starting
+ * thread shows they are gone: a live generator frame has left when its
+ * generator no longer executes or is resumed again; a frame has left when a
+ * frame it called is entered from one of its callers. Each closes at the
+ * first frame entry that shows it, which is later than it left by at most
+ * the time to the next Python call on that thread.
+ */
+struct LiveFrame {
+    struct _PyInterpreterFrame *frame;
+    PyGenObject *gen; /* strong reference for a generator's frame, else NULL */
+    uint32_t idx;     /* object-table index of its code */
+};
+
+/* Frames evaluated while the tracer records for itself (a new thread's
+ * logical thread is asked from Python) are not traced. */
+static APROF_TLS int tl_busy = 0;
+
+/*
+ * The C stack. Under a frame evaluator every Python call is a C call again,
+ * as before 3.11, so a recursion that plain 3.11 runs in a raised recursion
+ * limit (sys.setrecursionlimit(100_000)) can overflow the C stack (~400
+ * bytes a level). Before that, the tracer switches to the profile function
+ * for the rest of the profile (degrade()): calls are inlined again and the
+ * recording goes on, slower. tl_stack_low is the lowest address this
+ * thread's frames may reach: its stack's end plus a margin for whatever
+ * runs deeper (Linux: the thread's stack as pthread reports it; elsewhere a
+ * depth of 2,000 evaluator levels, twice the default recursion limit).
+ */
+#define STACK_MARGIN (256 * 1024)
+#define FALLBACK_DEPTH 2000
+static APROF_TLS uintptr_t tl_stack_low = 0;
+static APROF_TLS int tl_depth = 0;
+
+#if defined(__linux__)
+#include <pthread.h>
+static uintptr_t
+stack_low(void)
+{
+    pthread_attr_t attr;
+    void *addr;
+    size_t size;
+    uintptr_t low = 1;
+    if (pthread_getattr_np(pthread_self(), &attr) == 0) {
+        if (pthread_attr_getstack(&attr, &addr, &size) == 0 && size > 2 * STACK_MARGIN)
+            low = (uintptr_t)addr + STACK_MARGIN;
+        pthread_attr_destroy(&attr);
+    }
+    return low;
+}
+#endif
+
+static APROF_INLINE int
+stack_is_low(void)
+{
+#if defined(__linux__)
+    if (APROF_UNLIKELY(tl_stack_low == 0))
+        tl_stack_low = stack_low();
+    if (tl_stack_low > 1)
+        return (uintptr_t)__builtin_frame_address(0) < tl_stack_low;
+#endif
+    return tl_depth > FALLBACK_DEPTH;
+}
+
+static void
+release_live(Tracer *t)
+{
+    for (Py_ssize_t i = 0; i < t->nlive; i++)
+        Py_XDECREF(t->live[i].gen);
+    PyMem_Free(t->live);
+    t->live = NULL;
+    t->nlive = 0;
+    t->live_tstate = NULL;
+}
+
+static PyGenObject *
+frame_generator(struct _PyInterpreterFrame *f)
+{
+    if (f->owner != FRAME_OWNED_BY_GENERATOR)
+        return NULL;
+    return (PyGenObject *)((char *)f - offsetof(PyGenObject, gi_iframe));
+}
+
+/* Find the live frames of the initial stack (codes, outermost first) on
+ * this thread's frame chain, innermost first. A code not found keeps no
+ * frame: its EV_CALL closes at stop. */
+static int
+find_live(Tracer *t, PyObject *seq, int32_t lt)
+{
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    release_live(t);
+    if (n == 0)
+        return 0;
+    t->live = PyMem_Calloc((size_t)n, sizeof(struct LiveFrame));
+    if (t->live == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    PyThreadState *tstate = PyThreadState_Get();
+    struct _PyInterpreterFrame *f = tstate->cframe->current_frame;
+    Py_ssize_t found = 0;
+    struct LiveFrame *tmp = PyMem_Calloc((size_t)n, sizeof(struct LiveFrame));
+    if (tmp == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = n - 1; i >= 0 && f != NULL; i--) {
+        PyObject *code = PySequence_Fast_GET_ITEM(seq, i);
+        while (f != NULL && (PyObject *)f->f_code != code)
+            f = f->previous;
+        if (f == NULL)
+            break;
+        int64_t idx = code_index(t, code);
+        if (idx < 0) {
+            for (Py_ssize_t k = 0; k < found; k++)
+                Py_XDECREF(tmp[k].gen);
+            PyMem_Free(tmp);
+            return -1;
+        }
+        if (!(idx & IGNORED_FLAG)) {
+            tmp[found].frame = f;
+            tmp[found].gen = (PyGenObject *)Py_XNewRef((PyObject *)frame_generator(f));
+            tmp[found].idx = (uint32_t)idx;
+            found++;
+        }
+        f = f->previous;
+    }
+    for (Py_ssize_t i = 0; i < found; i++) /* outermost first */
+        t->live[i] = tmp[found - 1 - i];
+    PyMem_Free(tmp);
+    t->nlive = found;
+    t->live_tstate = tstate;
+    t->live_lt = lt;
+    return 0;
+}
+
+/* Close the live frames that frame f's entry shows are gone (see above):
+ * each writes its EV_RETURN on the starting logical thread. */
+static APROF_NOINLINE void
+close_left_live(Tracer *t, struct _PyInterpreterFrame *f)
+{
+    Py_ssize_t keep = t->nlive;
+    for (Py_ssize_t j = 0; j < t->nlive; j++) {
+        struct LiveFrame *lf = &t->live[j];
+        if (lf->frame == f || (lf->gen != NULL && lf->gen->gi_frame_state != FRAME_EXECUTING)) {
+            keep = j; /* it left (and so did everything it called) */
+            break;
+        }
+        if (lf->frame == f->previous) {
+            keep = j + 1; /* it is f's caller: what it called has left */
+            break;
+        }
+    }
+    if (keep == t->nlive)
+        return;
+    ThreadSlot *ts = tl_gen == t->gen ? &t->threads[tl_tidx] : thread_slot(t);
+    uint64_t now = now_ticks();
+    for (Py_ssize_t j = t->nlive - 1; j >= keep; j--) {
+        if (ts != NULL) {
+            if (ts->cur_lt != t->live_lt) {
+                ts->cur_lt = t->live_lt;
+                push(t, EV_SWITCH, ts->tidx, (uint64_t)t->live_lt, now);
+            }
+            push(t, EV_RETURN, ts->tidx, t->live[j].idx, now);
+        }
+        Py_CLEAR(t->live[j].gen);
+    }
+    t->nlive = keep;
+}
+
+static void uninstall_eval(Tracer *t);
+static int install_311(Tracer *t);
+
+/* The C stack runs low (see above): hand over to the profile function,
+ * which records the rest of the profile without C calls. The frames now
+ * running under the evaluator opened with their EV_CALL; the profile
+ * function records their returns. If another profiler holds that hook the
+ * tracer stops recording. */
+static APROF_NOINLINE void
+degrade(Tracer *t)
+{
+    uninstall_eval(t);
+    t->degraded = 1;
+    if (install_311(t) < 0)
+        fail(t);
+}
+
+static PyObject *
+eval_frame(PyThreadState *tstate, struct _PyInterpreterFrame *f, int throwflag)
+{
+    Tracer *t = running_tracer;
+    PyCodeObject *co = f->f_code;
+    if (t == NULL || tl_busy || !t->active || !t->eval_installed
+        || ((co->co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR)) && f->owner != FRAME_OWNED_BY_GENERATOR))
+        return _PyEval_EvalFrameDefault(tstate, f, throwflag);
+    if (APROF_UNLIKELY(stack_is_low())) {
+        tl_busy = 1;
+        degrade(t);
+        tl_busy = 0;
+        return _PyEval_EvalFrameDefault(tstate, f, throwflag);
+    }
+    tl_busy = 1;
+    if (APROF_UNLIKELY(t->nlive != 0) && tstate == t->live_tstate)
+        close_left_live(t, f);
+    on_code(t, EV_CALL, (PyObject *)co);
+    tl_busy = 0;
+    Py_INCREF(co); /* the frame's own reference goes when it is popped */
+    tl_depth++;
+    PyObject *r = _PyEval_EvalFrameDefault(tstate, f, throwflag);
+    tl_depth--;
+    t = running_tracer; /* the profile may have stopped in the frame */
+    if (t != NULL && !tl_busy && !t->installed_311) {
+        tl_busy = 1;
+        if (r != NULL) {
+            on_code(t, EV_RETURN, (PyObject *)co);
+        }
+        else {
+            PyObject *et, *ev, *tb;
+            PyErr_Fetch(&et, &ev, &tb);
+            if (et != NULL)
+                on_unwind(t, (PyObject *)co, et);
+            else
+                on_code(t, EV_UNWIND, (PyObject *)co);
+            PyErr_Restore(et, ev, tb);
+        }
+        tl_busy = 0;
+    }
+    Py_DECREF(co);
+    return r;
+}
+
+static int
+install_eval(Tracer *t)
+{
+    PyInterpreterState *interp = PyInterpreterState_Get();
+    _PyFrameEvalFunction cur = _PyInterpreterState_GetEvalFrameFunc(interp);
+    if (cur != _PyEval_EvalFrameDefault && cur != eval_frame) {
+        PyErr_Format(PyExc_RuntimeError,
+                     "aprof: python_tracer cannot start: another tool has replaced the interpreter's frame "
+                     "evaluator (PEP 523; a debugger or torch.compile do) with the function at %p; stop it "
+                     "first, or trace with C calls (c_calls=True), which does not use it",
+                     (void *)cur);
+        return -1;
+    }
+    _PyInterpreterState_SetEvalFrameFunc(interp, eval_frame);
+    t->eval_installed = 1;
+    return 0;
+}
+
+static void
+uninstall_eval(Tracer *t)
+{
+    if (!t->eval_installed)
+        return;
+    t->eval_installed = 0;
+    PyInterpreterState *interp = PyInterpreterState_Get();
+    if (_PyInterpreterState_GetEvalFrameFunc(interp) == eval_frame)
+        _PyInterpreterState_SetEvalFrameFunc(interp, _PyEval_EvalFrameDefault);
+    release_live(t);
+}
+#endif
+
 #if APROF_MONITORING
 /*
  * 3.12+: sys.monitoring callbacks. Each is a Hook: a tiny callable object
@@ -949,28 +1281,7 @@ hook_py_unwind(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *k
 {
     if (!hook_args(self, args, nargsf, kwnames, 3))
         return NULL;
-    /* The exception's type goes in an EXC event just before the UNWIND, so
-     * the frame's event gets its name (the UNWIND's payload is the code). */
-    Tracer *t = HOOK_TRACER(self);
-    ThreadSlot *ts = recording_slot(t);
-    if (ts == NULL)
-        Py_RETURN_NONE;
-    uint64_t now = now_ticks();
-    int tidx = ts->tidx;
-    int64_t idx = code_index(t, args[0]);
-    if (idx < 0) {
-        fail(t);
-        Py_RETURN_NONE;
-    }
-    if (idx & IGNORED_FLAG)
-        Py_RETURN_NONE;
-    int64_t e = obj_index(t, (PyObject *)Py_TYPE(args[2]));
-    if (e < 0) {
-        fail(t);
-        Py_RETURN_NONE;
-    }
-    write_event(t, tidx, EV_EXC, e, now);
-    write_event(t, tidx, EV_UNWIND, idx, now);
+    on_unwind(HOOK_TRACER(self), args[0], (PyObject *)Py_TYPE(args[2]));
     Py_RETURN_NONE;
 }
 
@@ -1067,11 +1378,13 @@ Tracer_get_hook(Tracer *t, void *closure)
 static int
 Tracer_init(Tracer *t, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"rf_state", "recorder", "lt_var", "thread_lt", "ignore_prefix", "max_events", NULL};
+    static char *kwlist[] = {"rf_state", "recorder",   "lt_var",  "thread_lt", "ignore_prefix",
+                             "max_events", "c_calls", NULL};
     PyObject *rf_var, *recorder, *lt_var, *thread_lt, *prefix;
     Py_ssize_t max_events = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOU|n", kwlist, &rf_var, &recorder, &lt_var, &thread_lt, &prefix,
-                                     &max_events))
+    int c_calls = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOU|np", kwlist, &rf_var, &recorder, &lt_var, &thread_lt, &prefix,
+                                     &max_events, &c_calls))
         return -1;
     if (!PyContextVar_CheckExact(rf_var) || !PyContextVar_CheckExact(lt_var)) {
         PyErr_SetString(PyExc_TypeError, "Tracer: rf_state and lt_var must be ContextVars");
@@ -1088,6 +1401,7 @@ Tracer_init(Tracer *t, PyObject *args, PyObject *kwds)
     Py_XSETREF(t->ignore_prefix, Py_NewRef(prefix));
     t->global = recorder == Py_None;
     t->max_events = max_events;
+    t->c_calls = c_calls;
     if (t->objs == NULL && (t->objs = PyList_New(0)) == NULL)
         return -1;
     t->gen = next_gen++;
@@ -1117,6 +1431,10 @@ Tracer_traverse(Tracer *t, visitproc visit, void *arg)
     Py_VISIT(t->prev_thread_hook);
     for (int i = 0; i < t->nthreads; i++)
         Py_VISIT(t->threads[i].last_vars);
+#if !APROF_MONITORING
+    for (Py_ssize_t i = 0; i < t->nlive; i++)
+        Py_VISIT(t->live[i].gen);
+#endif
     return 0;
 }
 
@@ -1134,6 +1452,10 @@ Tracer_clear(Tracer *t)
     Py_CLEAR(t->prev_thread_hook);
     for (int i = 0; i < t->nthreads; i++)
         Py_CLEAR(t->threads[i].last_vars);
+#if !APROF_MONITORING
+    for (Py_ssize_t i = 0; i < t->nlive; i++)
+        Py_CLEAR(t->live[i].gen);
+#endif
     return 0;
 }
 
@@ -1143,6 +1465,9 @@ Tracer_dealloc(Tracer *t)
     PyObject_GC_UnTrack(t);
     if (running_tracer == t)
         running_tracer = NULL;
+#if !APROF_MONITORING
+    uninstall_eval(t);
+#endif
     Tracer_clear(t);
     release_threads(t);
     PyMem_Free(t->buf);
@@ -1197,19 +1522,22 @@ Tracer_start(Tracer *t, PyObject *initial)
         if (!(idx & IGNORED_FLAG))
             write_event(t, tl_tidx, EV_CALL, idx, t->start_ns);
     }
-    Py_DECREF(seq);
     if (lt < 0) {
         t->active = 0;
+        Py_DECREF(seq);
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_RuntimeError, "Tracer.start: could not record the initial stack");
         return NULL;
     }
 #if !APROF_MONITORING
-    if (install_311(t) < 0) {
+    if (t->c_calls ? install_311(t) < 0 : (find_live(t, seq, lt) < 0 || install_eval(t) < 0)) {
         t->active = 0;
+        release_live(t);
+        Py_DECREF(seq);
         return NULL;
     }
 #endif
+    Py_DECREF(seq);
     running_tracer = t;
     Py_RETURN_NONE;
 }
@@ -1223,6 +1551,7 @@ Tracer_stop(Tracer *t, PyObject *Py_UNUSED(ignored))
     t->active = 0;
 #if !APROF_MONITORING
     uninstall_311(t);
+    uninstall_eval(t);
 #endif
     if (running_tracer == t)
         running_tracer = NULL;
@@ -1313,6 +1642,16 @@ static PyObject *
 Tracer_get_active(Tracer *t, void *closure)
 {
     return PyBool_FromLong(t->active);
+}
+
+static PyObject *
+Tracer_get_degraded(Tracer *t, void *closure)
+{
+#if !APROF_MONITORING
+    return PyBool_FromLong(t->degraded);
+#else
+    Py_RETURN_FALSE;
+#endif
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1455,7 +1794,22 @@ ctracer_replay(PyObject *module, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* Is the interpreter's frame evaluator another tool's (PEP 523)? Then the
+ * tracer without C calls cannot start on 3.11 (see install_eval). */
+static PyObject *
+ctracer_foreign_frame_evaluator(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+#if !APROF_MONITORING
+    _PyFrameEvalFunction cur = _PyInterpreterState_GetEvalFrameFunc(PyInterpreterState_Get());
+    if (cur != _PyEval_EvalFrameDefault && cur != eval_frame)
+        return PyUnicode_FromFormat("the function at %p", (void *)cur);
+#endif
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
+    {"foreign_frame_evaluator", ctracer_foreign_frame_evaluator, METH_NOARGS,
+     "A description of another tool's PEP 523 frame evaluator, or None."},
     {"replay", (PyCFunction)ctracer_replay, METH_VARARGS, "Replay's inner loop (see aprof/_post/_replay.py)."},
     {NULL, NULL, 0, NULL},
 };
@@ -1474,6 +1828,10 @@ static PyGetSetDef Tracer_getset[] = {
     {"dropped", (getter)Tracer_get_dropped, NULL, "Events not recorded because the buffer was full.", NULL},
     {"count", (getter)Tracer_get_count, NULL, "Raw events in the buffer.", NULL},
     {"active", (getter)Tracer_get_active, NULL, "Whether the tracer is recording.", NULL},
+    {"degraded", (getter)Tracer_get_degraded, NULL,
+     "Whether the C stack ran low under the frame evaluator (3.11 without C calls) and the profile function took "
+     "over.",
+     NULL},
 #if APROF_MONITORING
 #define HOOK_GETTER(i, name) {name, (getter)Tracer_get_hook, NULL, "A sys.monitoring callback (see Hook).", &hook_defs[i]}
     HOOK_GETTER(0, "py_start"), HOOK_GETTER(1, "py_resume"), HOOK_GETTER(2, "py_throw"),

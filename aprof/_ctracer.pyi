@@ -23,6 +23,10 @@ from typing import Any, Final
 
 EVENT_BYTES: Final[int]
 
+def foreign_frame_evaluator() -> str | None:
+    """A description of another tool's PEP 523 frame evaluator, if one is
+    installed (3.11; always None on 3.12+, where the tracer uses none)."""
+
 def replay(data: bytes, names: list[str | None], lts: list[tuple[list[Any], int] | None], start_ns: int, scope: str, /) -> None:
     """The inner loop of ``aprof._post._replay.replay`` (documented there), in C."""
 
@@ -43,6 +47,11 @@ class Tracer:
             (aprof's own frames), nor are the C calls it makes.
         max_events: Keep at most this many raw events (0: no limit); later
             events are counted in :attr:`dropped`.
+        c_calls: Record C calls too. Without them, on 3.11 the C tracer
+            records frames through a PEP 523 frame evaluator instead of the
+            profile function (the twin keeps the profile function and drops
+            the C events); on 3.12+ it changes nothing here (the driver
+            registers no CALL, C_RETURN or C_RAISE callbacks).
     """
 
     def __init__(
@@ -53,6 +62,7 @@ class Tracer:
         thread_lt: Callable[[], object],
         ignore_prefix: str,
         max_events: int = 0,
+        c_calls: bool = True,
     ) -> None: ...
     @property
     def dropped(self) -> int: ...
@@ -60,13 +70,19 @@ class Tracer:
     def count(self) -> int: ...
     @property
     def active(self) -> bool: ...
+    @property
+    def degraded(self) -> bool:
+        """3.11 without C calls: a recursion ran the C stack low under the
+        frame evaluator, and the profile function recorded the rest."""
     def start(self, initial: Sequence[CodeType]) -> None:
         """Start recording. ``initial``: code of the frames already on the
         stack, outermost first; they open at the start time.
 
         On 3.11 this installs the profile function on every thread and on
-        threads started later. Raises RuntimeError if another tracer runs,
-        or (3.11) another ``sys.setprofile`` hook is installed here.
+        threads started later, or without C calls the frame evaluator.
+        Raises RuntimeError if another tracer runs, or (3.11) another
+        ``sys.setprofile`` hook is installed here (with C calls) or another
+        tool's frame evaluator (without).
         """
     def stop(self) -> None:
         """Stop recording and uninstall (idempotent)."""

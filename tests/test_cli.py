@@ -146,6 +146,7 @@ def test_ctrl_c_still_writes_the_trace(tmp_path: Path) -> None:
         (["convert", "nothere.json", "out.html"], "no such file 'nothere.json'"),
         (["convert", "garbage.json", "out.html"], "'garbage.json' is not a session"),
         (["run", "--max-events", "5", "s.py"], "--max-events limits the Python tracer's events: add --python-tracer"),
+        (["run", "--no-c-calls", "s.py"], "--no-c-calls changes what the Python tracer records: add --python-tracer"),
     ],
 )
 def test_bad_input_is_one_line_naming_it(tmp_path: Path, args: list[str], message: str) -> None:
@@ -303,6 +304,22 @@ def test_run_python_tracer_puts_calls_on_the_calling_tasks_track(tmp_path: Path,
     assert len(crunch) == 1, crunch
     assert crunch[0]["cat"] == "python_function"
     assert "worker" in tracks[crunch[0]["pid"], crunch[0]["tid"]]
+
+
+def test_run_no_c_calls_records_the_python_frames_only(tmp_path: Path) -> None:
+    # SPEC 10.1, 8.1: --no-c-calls keeps the Python calls (crunch() on the
+    # worker's track) and records no C call.
+    script = tmp_path / "prog.py"
+    script.write_text(SPAWNS_AND_BLOCKS)
+    out = tmp_path / "t.json"
+    proc = run_aprof("run", "--python-tracer", "--no-c-calls", "--no-summary", "-o", str(out), str(script), "asyncio", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    events = validate_trace(out)["traceEvents"]
+    tracks = _tracks_by_tid(events)
+    calls = [e for e in events if e.get("ph") == "X" and e.get("cat") == "python_function"]
+    (crunch,) = [e for e in calls if e["name"].endswith(": crunch")]
+    assert "worker" in tracks[crunch["pid"], crunch["tid"]]
+    assert not [e["name"] for e in calls if e["name"].startswith("<built-in")]
 
 
 def test_run_max_events_keeps_the_first_events_and_counts_the_rest(tmp_path: Path) -> None:

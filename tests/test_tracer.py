@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import warnings
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -28,14 +29,29 @@ PY = aprof.RecordScope.PYTHON_FUNCTION
 HERE = "test_tracer.py"
 
 
-@pytest.fixture(params=["c", "python"])
-def impl(request: pytest.FixtureRequest) -> Iterator[ModuleType]:
-    module = require_c_extension() if request.param == "c" else _tracer_py
+def _use(which: str) -> Iterator[ModuleType]:
+    module = _tracer_py if which == "python" else require_c_extension()
     _tracer._forced = module
+    _tracer._forced_c_calls = False if which == "c, no C calls" else None
     try:
         yield module
     finally:
         _tracer._forced = None
+        _tracer._forced_c_calls = None
+
+
+@pytest.fixture(params=["c", "python", "c, no C calls"])
+def impl(request: pytest.FixtureRequest) -> Iterator[ModuleType]:
+    """The tracer implementation, and on the C one with and without C calls
+    (``c_calls=False`` records Python frames through another hook on 3.11:
+    a frame evaluator; on 3.12+ it drops the CALL events)."""
+    yield from _use(request.param)
+
+
+@pytest.fixture(params=["c", "python"])
+def impl_cc(request: pytest.FixtureRequest) -> Iterator[ModuleType]:
+    """The tracer implementation, recording C calls (for the tests of them)."""
+    yield from _use(request.param)
 
 
 def py_events(prof: aprof.profile, name_part: str | None = None) -> list[aprof.FunctionEvent]:
@@ -143,7 +159,7 @@ def test_global_scope_traces_every_thread(impl: ModuleType) -> None:
     assert [e.track for e in evs] == ["plain-thread"]
 
 
-def test_c_calls_are_recorded(impl: ModuleType) -> None:
+def test_c_calls_are_recorded(impl_cc: ModuleType) -> None:
     # SPEC 8.1: "(and C calls)"
     def uses_builtins() -> int:
         return len(sorted([3, 1, 2]))
@@ -168,6 +184,128 @@ def test_parity_between_c_and_python(impl: ModuleType) -> None:
         shapes.append([(short(e), depth(e)) for e in py_events(prof, HERE)])
     assert shapes[0] == shapes[1]
     assert sum(1 for name, _ in shapes[0] if name == "fib") == 25
+
+
+def _gen(n: int) -> Iterator[int]:
+    yield from range(n)
+
+
+def _c_and_python() -> int:
+    made = _gen(2)  # made, never run: not a call of _gen (no frame)
+    del made
+    total = sum(_gen(3)) + len(sorted([3, 1, 2]))
+    catches()
+    return total + fib(4)
+
+
+def _python_tree(prof: aprof.profile) -> list[tuple[str, int]]:
+    """(name, depth among Python frames) of this file's frames, in order."""
+    out = []
+    for e in py_events(prof, HERE):
+        d, p = 0, e.parent
+        while p is not None:
+            d += p.scope is PY and not p.name.startswith("<built-in")
+            p = p.parent
+        out.append((short(e), d))
+    return out
+
+
+@pytest.mark.parametrize("which", ["c", "python"])
+def test_without_c_calls_the_python_frames_are_the_same(which: str) -> None:
+    # SPEC 8.1 with c_calls=False: the same Python call tree as with C calls,
+    # and no C call (on 3.11 the C tracer gets the frames from another hook).
+    use = _use(which)
+    next(use)
+    try:
+        trees, builtins = [], []
+        for c_calls in (True, False):
+            with aprof.profile(python_tracer=True, c_calls=c_calls) as prof:
+                _c_and_python()
+            trees.append(_python_tree(prof))
+            builtins.append([e.name for e in py_events(prof) if e.name.startswith("<built-in")])
+    finally:
+        use.close()
+    assert trees[0] == trees[1]
+    # sum() ran one _gen for 4 steps. Making the other was no call; dropping
+    # it unstarted is a step on 3.11 only (it is closed by a throw).
+    assert [n for n, _ in trees[1]].count("_gen") == (5 if sys.version_info < (3, 12) else 4)
+    assert "<built-in method sorted>" in builtins[0]
+    assert builtins[1] == []
+
+
+def test_an_exception_leaving_traced_frames_reaches_the_caller_unchanged(impl: ModuleType) -> None:
+    # A failure in the profiled code is the user's, whole: the tracer records
+    # the frames it leaves and hands the same exception on.
+    err = ValueError("boom")
+
+    def deep() -> None:
+        raise err
+
+    def mid() -> None:
+        deep()
+
+    with pytest.raises(ValueError, match="boom") as info, aprof.profile(python_tracer=True) as prof:
+        mid()
+    assert info.value is err
+    (d,) = [e for e in py_events(prof, HERE) if short(e).endswith("deep")]
+    (m,) = [e for e in py_events(prof, HERE) if short(e).endswith("mid")]
+    assert d.parent is m
+    assert not d.unfinished
+    assert not m.unfinished
+
+
+def _recurse(n: int) -> int:
+    return 0 if n == 0 else 1 + _recurse(n - 1)
+
+
+def test_a_recursion_deeper_than_the_c_stack_is_traced_whole(impl: ModuleType) -> None:
+    # Plain 3.11 runs a recursion this deep in a raised recursion limit
+    # without C stack. Under the frame evaluator (3.11, no C calls) every
+    # call is a C call: the tracer hands over to the profile function before
+    # the C stack overflows, says so, and keeps every frame.
+    n = 30_000
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(n + 500)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with aprof.profile(python_tracer=True) as prof:
+                assert _recurse(n) == n
+    finally:
+        sys.setrecursionlimit(limit)
+    evs = sorted((e for e in py_events(prof, HERE) if short(e) == "_recurse"), key=lambda e: e.start_ns)
+    assert len(evs) == n + 1
+    assert not [e for e in evs if e.unfinished]
+    assert all(inner.parent is outer for outer, inner in zip(evs, evs[1:], strict=False))
+    evaluator = impl is not _tracer_py and _tracer._forced_c_calls is False and sys.version_info < (3, 12)
+    assert any("ran the C stack low" in str(w.message) for w in caught) == evaluator
+
+
+def test_c_calls_must_be_a_bool() -> None:
+    with pytest.raises(TypeError, match="c_calls"):
+        aprof.profile(python_tracer=True, c_calls="no")  # type: ignore[arg-type]
+
+
+def test_another_frame_evaluator_is_refused_with_its_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    # RELIABILITY FA-08 for the hook of 3.11 without C calls: a PEP 523 frame
+    # evaluator that another tool installed (a debugger, torch.compile).
+    c = require_c_extension()
+    real = c.foreign_frame_evaluator
+    assert real() is None  # the default one
+    with aprof.profile(python_tracer=True, c_calls=False):
+        assert real() is None  # aprof's own is not foreign
+    monkeypatch.setattr(c, "foreign_frame_evaluator", lambda: "the function at 0x1234")
+    prof = aprof.profile(python_tracer=True, c_calls=False)
+    if sys.version_info < (3, 12):
+        with pytest.raises(RuntimeError, match=r"frame evaluator \(PEP 523.*the function at 0x1234"):
+            prof.start()
+        assert not _tracer.running()
+        assert real() is None  # nothing was installed
+    else:  # 3.12+ records frames through sys.monitoring, no evaluator
+        prof.start()
+        leaf()
+        prof.stop()
+        assert "leaf" in [short(e) for e in py_events(prof, HERE)]
 
 
 def test_exceptions_close_the_frames_they_leave(impl: ModuleType) -> None:
@@ -299,7 +437,7 @@ def test_a_bounded_buffer_keeps_exactly_the_first_max_events(impl: ModuleType) -
 
 
 @pytest.mark.skipif(sys.version_info < (3, 12), reason="sys.monitoring is new in 3.12")
-def test_aprofs_own_code_is_switched_off_where_monitoring_allows_it(impl: ModuleType) -> None:
+def test_aprofs_own_code_is_switched_off_where_monitoring_allows_it(impl_cc: ModuleType) -> None:
     # aprof's own frames are never recorded, so their locations are switched
     # off (DISABLE) and cost nothing after their first event. PY_THROW,
     # PY_UNWIND, C_RETURN and C_RAISE refuse DISABLE (sys.monitoring raises
@@ -308,7 +446,7 @@ def test_aprofs_own_code_is_switched_off_where_monitoring_allows_it(impl: Module
     own = _tracer.publish_task.__code__
     user = leaf.__code__
     exc = KeyError("x")
-    t = _bare_tracer(impl)
+    t = _bare_tracer(impl_cc)
     t.start([])
     try:
         assert t.py_start(own, 0) is disable
@@ -409,7 +547,7 @@ def test_one_tracer_at_a_time(impl: ModuleType) -> None:
 
 
 @pytest.mark.skipif(sys.version_info >= (3, 12), reason="3.11 uses the sys.setprofile hook")
-def test_foreign_setprofile_is_refused_with_its_name(impl: ModuleType) -> None:
+def test_foreign_setprofile_is_refused_with_its_name(impl_cc: ModuleType) -> None:
     # RELIABILITY FA-08
     def foreign(frame: Any, event: str, arg: Any) -> None:
         pass
@@ -623,7 +761,7 @@ def _calls(f: Any) -> Any:
     return f()
 
 
-def test_a_call_site_seen_calling_python_records_c_calls_in_the_next_profile(impl: ModuleType) -> None:
+def test_a_call_site_seen_calling_python_records_c_calls_in_the_next_profile(impl_cc: ModuleType) -> None:
     # 3.12+: CALL is switched off (DISABLE) at sites that call Python
     # functions; the next profile switches them back on.
     with aprof.profile(python_tracer=True):

@@ -64,6 +64,7 @@ def running() -> bool:
 
 
 _forced: Any = None  # tests: force one implementation (module), None: choose
+_forced_c_calls: bool | None = None  # tests: force c_calls, None: as asked
 _warned = False
 
 
@@ -133,6 +134,8 @@ if _MONITORING:
         ("PY_RETURN", "py_return"),
         ("PY_YIELD", "py_yield"),
         ("PY_UNWIND", "py_unwind"),
+    )
+    _C_EVENTS: Final = (
         ("CALL", "call"),
         ("C_RETURN", "c_return"),
         ("C_RAISE", "c_raise"),
@@ -145,15 +148,20 @@ class TracerRun:
     Args:
         recorder: The profile's recorder (context scope), or None (global).
         max_events: Keep at most this many raw events (0: unbounded).
+        c_calls: Record C calls too (else Python frames only, which on 3.11
+            the C tracer records through a PEP 523 frame evaluator instead
+            of a profile function, and on 3.12+ without the CALL events).
     """
 
-    def __init__(self, recorder: Recorder | None, max_events: int = 0) -> None:
+    def __init__(self, recorder: Recorder | None, max_events: int = 0, c_calls: bool = True) -> None:
         impl = implementation()
         self.impl = impl
-        self.tracer = impl.Tracer(RF_STATE, recorder, TRACER_LT, _starting_thread_lt, APROF_DIR, max_events)
+        self.c_calls = c_calls if _forced_c_calls is None else _forced_c_calls
+        self.tracer = impl.Tracer(RF_STATE, recorder, TRACER_LT, _starting_thread_lt, APROF_DIR, max_events, self.c_calls)
         self._token: Token[tuple[LogicalThread, int] | None] | None = None
         self._tool: int | None = None
         self._forked = False
+        self._warned_degraded = False
 
     def check(self) -> None:
         """Raise if the tracer cannot hook the interpreter (before anything is set up).
@@ -161,7 +169,9 @@ class TracerRun:
         Raises:
             RuntimeError: another tool holds the profiler's ``sys.monitoring``
                 id (3.12+), another ``sys.setprofile`` hook is installed in
-                this thread (3.11), or another Python tracer runs (FA-08).
+                this thread (3.11 with C calls), another tool's frame
+                evaluator is installed (3.11 without C calls), or another
+                Python tracer runs (FA-08).
         """
         if _running:
             raise RuntimeError(
@@ -175,6 +185,14 @@ class TracerRun:
                 raise RuntimeError(
                     f"aprof: python_tracer cannot start: sys.monitoring tool id {mon.PROFILER_ID} (PROFILER_ID) "
                     f"is in use by {owner!r}; stop that profiler first (cProfile and other profilers use this id)"
+                )
+        elif not self.c_calls and hasattr(self.impl, "foreign_frame_evaluator"):
+            other = self.impl.foreign_frame_evaluator()
+            if other is not None:
+                raise RuntimeError(
+                    "aprof: python_tracer cannot start: another tool has replaced the interpreter's frame "
+                    f"evaluator (PEP 523; debuggers and torch.compile do) with {other}; stop it first, "
+                    "or trace with C calls, which does not use it"
                 )
         else:
             current = sys.getprofile()
@@ -204,7 +222,7 @@ class TracerRun:
             mon.use_tool_id(tool, _TOOL_NAME)
             self._tool = tool
             events = 0
-            for name, method in _EVENTS:
+            for name, method in self._events():
                 ev = getattr(mon.events, name)
                 mon.register_callback(tool, ev, getattr(self.tracer, method))
                 events |= ev
@@ -218,16 +236,28 @@ class TracerRun:
                 mon.restart_events()
             mon.set_events(tool, events)
 
+    def _events(self) -> tuple[tuple[str, str], ...]:
+        return _EVENTS + _C_EVENTS if self.c_calls else _EVENTS
+
     def stop(self) -> None:
         """Stop tracing and release the hooks (idempotent)."""
         tool, self._tool = self._tool, None
         if tool is not None:
             mon = _mon()
             mon.set_events(tool, 0)
-            for name, _ in _EVENTS:
+            for name, _ in self._events():
                 mon.register_callback(tool, getattr(mon.events, name), None)
             mon.free_tool_id(tool)
         self.tracer.stop()
+        if getattr(self.tracer, "degraded", False) and not self._warned_degraded:
+            self._warned_degraded = True
+            warnings.warn(
+                "aprof: a recursion ran the C stack low under the frame evaluator of python_tracer with "
+                "c_calls=False (on 3.11 every traced call uses C stack); the rest of the profile was traced "
+                "with the profile function, as with C calls, which is slower",
+                AprofWarning,
+                stacklevel=3,
+            )
         if self in _running:
             _running.remove(self)
         token, self._token = self._token, None

@@ -76,9 +76,11 @@ class Tracer:
         thread_lt: Callable[[], object],
         ignore_prefix: str,
         max_events: int = 0,
+        c_calls: bool = True,
     ) -> None:
         if max_events < 0:
             raise ValueError("Tracer: max_events must be >= 0")
+        self._c_calls = bool(c_calls)
         self._rf = rf_state
         self._recorder = recorder
         self._global = recorder is None
@@ -110,6 +112,10 @@ class Tracer:
     @property
     def active(self) -> bool:
         return self._active
+
+    @property
+    def degraded(self) -> bool:
+        return False  # the twin never uses a frame evaluator
 
     # -- the per-event path -------------------------------------------------
 
@@ -225,10 +231,14 @@ class Tracer:
     def _profile(self, frame: Any, event: str, arg: Any) -> None:
         # sys.setprofile (3.11). A frame left by an exception reports
         # "return" with arg None here, so the twin cannot tell UNWIND apart.
+        # Without C calls the C tracer uses a frame evaluator instead; the
+        # twin keeps the profile function and drops the C events.
         if event == "call":
             self._on_code(EV_CALL, frame.f_code)
         elif event == "return":
             self._on_code(EV_RETURN, frame.f_code)
+        elif not self._c_calls:
+            return
         elif event == "c_call":
             self._on_cfunc(EV_CCALL, frame.f_code, arg)
         elif event == "c_return":
@@ -290,7 +300,7 @@ class Tracer:
                 "aprof: another profile with python_tracer=True is running in this process; "
                 "only one Python tracer can run at a time"
             )
-        if not _MONITORING:
+        if not _MONITORING:  # the twin's profile function, with or without C calls
             current = sys.getprofile()
             if current is not None:
                 raise RuntimeError(
