@@ -12,8 +12,9 @@ after the timing (start/stop are outside it):
   ``str.split``, ``dict.setdefault``, ``math.sqrt``).
 
 Variants, round-robin (rotating order, GC before each sample): plain,
-cProfile, yappi (wall clock), viztracer (default), pyinstrument, and
-``aprof.profile(python_tracer=True, tasks=False)``. Then, for aprof alone:
+cProfile, yappi (wall clock), viztracer (default), pyinstrument,
+``aprof.profile(python_tracer=True, tasks=False)`` and the same with
+``c_calls=False`` (Python frames only). Then, for aprof alone:
 bytes per raw event (tracemalloc over the recording, and the packed size),
 and stop (replay + consolidation) plus Chrome export per million raw events.
 Finally the figures are checked against the issue's targets.
@@ -69,12 +70,16 @@ def mixed(n: int) -> float:
 # -- profilers: start() -> stop() ---------------------------------------------
 
 
-def _aprof() -> Callable[[], Any]:
+def _aprof(c_calls: bool = True) -> Callable[[], Any]:
     import aprof
 
-    prof = aprof.profile(python_tracer=True, tasks=False)
+    prof = aprof.profile(python_tracer=True, tasks=False, c_calls=c_calls)
     prof.start()
     return prof.stop
+
+
+def _aprof_python_only() -> Callable[[], Any]:
+    return _aprof(c_calls=False)
 
 
 def _cprofile() -> Callable[[], Any]:
@@ -126,6 +131,7 @@ PEERS: dict[str, Callable[[], Callable[[], Any]] | None] = {
     "viztracer": _viztracer,
     "pyinstrument": _pyinstrument,
     "aprof tracer": _aprof,
+    "aprof, no C calls": _aprof_python_only,
 }
 
 
@@ -243,9 +249,12 @@ def main() -> None:
         return median(by[name]) / median(by["plain"]) if by[name].samples else float("nan")
 
     r_aprof, r_viz = ratio(fib_cases, "aprof tracer"), ratio(fib_cases, "viztracer")
+    r_py = ratio(fib_cases, "aprof, no C calls")
     checks = [
         (f"fib({args.n}) under the aprof tracer <= 3.0x plain", r_aprof <= 3.0, f"{r_aprof:.2f}x"),
         ("... and <= 0.65x viztracer's slowdown", r_aprof <= 0.65 * r_viz, f"{r_aprof / r_viz:.2f} of viztracer's {r_viz:.2f}x"),
+        (f"fib({args.n}), no C calls, <= 3.0x plain", r_py <= 3.0, f"{r_py:.2f}x"),
+        ("... and <= 0.65x viztracer's slowdown", r_py <= 0.65 * r_viz, f"{r_py / r_viz:.2f} of viztracer's {r_viz:.2f}x"),
         ("<= 16 bytes per raw event (packed)", mem["packed_bytes"] <= 16, f"{mem['packed_bytes']} B"),
         ("stop + replay + Chrome export of 1M events <= 2 s", post["stop_per_M"] + post["export_per_M"] <= 2.0,
          f"{post['stop_per_M'] + post['export_per_M']:.2f} s"),
