@@ -1078,6 +1078,8 @@ find_live(Tracer *t, PyObject *seq, int32_t lt)
     return 0;
 }
 
+static void close_live_from(Tracer *t, Py_ssize_t keep);
+
 /* Close the live frames that frame f's entry shows are gone (see above):
  * each writes its EV_RETURN on the starting logical thread. */
 static APROF_NOINLINE void
@@ -1095,7 +1097,14 @@ close_left_live(Tracer *t, struct _PyInterpreterFrame *f)
             break;
         }
     }
-    if (keep == t->nlive)
+    close_live_from(t, keep);
+}
+
+/* Write the returns of live frames keep.. (innermost first) and drop them. */
+static void
+close_live_from(Tracer *t, Py_ssize_t keep)
+{
+    if (keep >= t->nlive)
         return;
     ThreadSlot *ts = tl_gen == t->gen ? &t->threads[tl_tidx] : thread_slot(t);
     uint64_t now = now_ticks();
@@ -1129,6 +1138,23 @@ degrade(Tracer *t)
         fail(t);
 }
 
+/* Frame f, live at start, returns through the evaluator after all: it was
+ * entered under an earlier tracer's evaluator (a schedule's next cycle
+ * started in it). Its own return is written as usual; it leaves the live
+ * list, with the live frames it called, which have left unseen. */
+static APROF_NOINLINE void
+forget_live(Tracer *t, struct _PyInterpreterFrame *f)
+{
+    for (Py_ssize_t j = t->nlive - 1; j >= 0; j--) {
+        if (t->live[j].frame != f)
+            continue;
+        close_live_from(t, j + 1);
+        Py_CLEAR(t->live[j].gen);
+        t->nlive = j;
+        return;
+    }
+}
+
 static PyObject *
 eval_frame(PyThreadState *tstate, struct _PyInterpreterFrame *f, int throwflag)
 {
@@ -1155,6 +1181,8 @@ eval_frame(PyThreadState *tstate, struct _PyInterpreterFrame *f, int throwflag)
     t = running_tracer; /* the profile may have stopped in the frame */
     if (t != NULL && !tl_busy && !t->installed_311) {
         tl_busy = 1;
+        if (APROF_UNLIKELY(t->nlive != 0) && tstate == t->live_tstate)
+            forget_live(t, f);
         if (r != NULL) {
             on_code(t, EV_RETURN, (PyObject *)co);
         }

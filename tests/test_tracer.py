@@ -708,6 +708,41 @@ def test_schedule_cycles_each_get_a_tracer(impl: ModuleType) -> None:
     assert ready == [1, 1]
 
 
+def _steps_inside(prof: aprof.profile, depth: int) -> None:
+    if depth:
+        _steps_inside(prof, depth - 1)
+        leaf()
+    else:
+        prof.step()
+
+
+def test_a_frame_that_steps_the_schedule_closes_once_in_the_next_cycle(impl: ModuleType) -> None:
+    # Each cycle starts two _steps_inside frames deep; both return in that
+    # cycle, each closed once: the leaf after the inner one's return is the
+    # outer one's. (Without C calls on 3.11 the frames were entered under
+    # the previous cycle's evaluator and return through it, and are also on
+    # the new cycle's list of frames live at start.)
+    cycles: list[list[tuple[str, str | None, bool]]] = []
+
+    def on_ready(p: aprof.profile) -> None:
+        evs = [e for e in py_events(p, HERE) if short(e) in ("_steps_inside", "leaf")]
+        cycles.append([(short(e), e.parent and short(e.parent), e.unfinished) for e in evs])
+
+    sched = aprof.schedule(wait=0, warmup=0, active=1, repeat=3)
+    with aprof.profile(python_tracer=True, schedule=sched, on_trace_ready=on_ready) as prof:
+        for _ in range(3):
+            _steps_inside(prof, 1)
+    me = "test_a_frame_that_steps_the_schedule_closes_once_in_the_next_cycle"
+    assert cycles[1] == [
+        ("_steps_inside", me, False),
+        ("_steps_inside", "_steps_inside", False),
+        ("leaf", "_steps_inside", False),
+        ("_steps_inside", me, True),
+        ("_steps_inside", "_steps_inside", True),
+    ]
+    assert cycles[2] == cycles[1]
+
+
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
 def test_forked_child_keeps_none_of_the_parents_calls(impl: ModuleType) -> None:
     # RELIABILITY LC-01 with the tracer: the child stops its copy and records nothing of the parent.
