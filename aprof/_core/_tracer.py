@@ -4,8 +4,8 @@ The recording half is ``aprof._ctracer`` (C) or, when it could not be built,
 its pure-Python twin ``aprof._core._tracer_py``; both follow the contract in
 ``aprof/_ctracer.pyi``. This module picks one, installs it (on 3.12+ through
 ``sys.monitoring``, on 3.11 the implementation installs its own profile
-function), and at stop hands the packed events to
-``aprof._post._replay``.
+function, or without C calls the C one a PEP 523 frame evaluator), and at
+stop hands the packed events to ``aprof._post._replay``.
 
 How the tracer knows which logical thread runs: a task publishes itself in
 :data:`TRACER_LT`, a context variable set in the task's own context when its
