@@ -1201,12 +1201,20 @@ eval_frame(PyThreadState *tstate, struct _PyInterpreterFrame *f, int throwflag)
     return r;
 }
 
+/* Another tool's frame evaluator, if one is installed, else NULL. */
+static _PyFrameEvalFunction
+foreign_evaluator(PyInterpreterState *interp)
+{
+    _PyFrameEvalFunction cur = _PyInterpreterState_GetEvalFrameFunc(interp);
+    return cur != _PyEval_EvalFrameDefault && cur != eval_frame ? cur : NULL;
+}
+
 static int
 install_eval(Tracer *t)
 {
     PyInterpreterState *interp = PyInterpreterState_Get();
-    _PyFrameEvalFunction cur = _PyInterpreterState_GetEvalFrameFunc(interp);
-    if (cur != _PyEval_EvalFrameDefault && cur != eval_frame) {
+    _PyFrameEvalFunction cur = foreign_evaluator(interp);
+    if (cur != NULL) {
         PyErr_Format(PyExc_RuntimeError,
                      "aprof: python_tracer cannot start: another tool has replaced the interpreter's frame "
                      "evaluator (PEP 523; a debugger or torch.compile do) with the function at %p; stop it "
@@ -1828,8 +1836,8 @@ static PyObject *
 ctracer_foreign_frame_evaluator(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
 #if !APROF_MONITORING
-    _PyFrameEvalFunction cur = _PyInterpreterState_GetEvalFrameFunc(PyInterpreterState_Get());
-    if (cur != _PyEval_EvalFrameDefault && cur != eval_frame)
+    _PyFrameEvalFunction cur = foreign_evaluator(PyInterpreterState_Get());
+    if (cur != NULL)
         return PyUnicode_FromFormat("the function at %p", (void *)cur);
 #endif
     Py_RETURN_NONE;

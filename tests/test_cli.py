@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -259,6 +260,16 @@ else:
 """
 
 
+def _trace_of_prog(tmp_path: Path, runtime: str, *options: str) -> dict[str, Any]:
+    """Run SPAWNS_AND_BLOCKS on ``runtime`` under ``aprof run *options``; its valid Chrome trace."""
+    script = tmp_path / "prog.py"
+    script.write_text(SPAWNS_AND_BLOCKS)
+    out = tmp_path / "t.json"
+    proc = run_aprof("run", *options, "-o", str(out), str(script), runtime, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    return validate_trace(out)
+
+
 def _tracks_by_tid(events: list[dict]) -> dict[tuple[int, int], str]:
     return {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "thread_name"}
 
@@ -269,12 +280,7 @@ def test_run_hooks_the_programs_own_loop_or_trio_run(tmp_path: Path, runtime: st
     # program's loop (or trio run) exists, and still gets each task on its
     # own track (and no track for the runtime's own machinery), and the
     # stretch in which `hog` held the loop, with hog's line on top of the stack.
-    script = tmp_path / "prog.py"
-    script.write_text(SPAWNS_AND_BLOCKS)
-    out = tmp_path / "t.json"
-    proc = run_aprof("run", "--loop-block-threshold", "0.05", "-o", str(out), str(script), runtime, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    events = validate_trace(out)["traceEvents"]
+    events = _trace_of_prog(tmp_path, runtime, "--loop-block-threshold", "0.05")["traceEvents"]
     tracks = _tracks_by_tid(events)
     tasks = sorted(tracks[e["pid"], e["tid"]] for e in events if e.get("ph") == "X" and e.get("cat") == "task")
     assert len(tasks) == 3, tasks  # main, worker, hog
@@ -293,12 +299,7 @@ def test_run_hooks_the_programs_own_loop_or_trio_run(tmp_path: Path, runtime: st
 def test_run_python_tracer_puts_calls_on_the_calling_tasks_track(tmp_path: Path, runtime: str) -> None:
     # SPEC 10.1, 8.1: --python-tracer records the program's Python calls; the
     # worker's crunch() is on the worker task's track.
-    script = tmp_path / "prog.py"
-    script.write_text(SPAWNS_AND_BLOCKS)
-    out = tmp_path / "t.json"
-    proc = run_aprof("run", "--python-tracer", "--no-summary", "-o", str(out), str(script), runtime, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    events = validate_trace(out)["traceEvents"]
+    events = _trace_of_prog(tmp_path, runtime, "--python-tracer", "--no-summary")["traceEvents"]
     tracks = _tracks_by_tid(events)
     crunch = [e for e in events if e.get("ph") == "X" and e["name"].endswith(": crunch")]
     assert len(crunch) == 1, crunch
@@ -309,12 +310,7 @@ def test_run_python_tracer_puts_calls_on_the_calling_tasks_track(tmp_path: Path,
 def test_run_no_c_calls_records_the_python_frames_only(tmp_path: Path) -> None:
     # SPEC 10.1, 8.1: --no-c-calls keeps the Python calls (crunch() on the
     # worker's track) and records no C call.
-    script = tmp_path / "prog.py"
-    script.write_text(SPAWNS_AND_BLOCKS)
-    out = tmp_path / "t.json"
-    proc = run_aprof("run", "--python-tracer", "--no-c-calls", "--no-summary", "-o", str(out), str(script), "asyncio", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    events = validate_trace(out)["traceEvents"]
+    events = _trace_of_prog(tmp_path, "asyncio", "--python-tracer", "--no-c-calls", "--no-summary")["traceEvents"]
     tracks = _tracks_by_tid(events)
     calls = [e for e in events if e.get("ph") == "X" and e.get("cat") == "python_function"]
     (crunch,) = [e for e in calls if e["name"].endswith(": crunch")]
@@ -324,12 +320,7 @@ def test_run_no_c_calls_records_the_python_frames_only(tmp_path: Path) -> None:
 
 def test_run_max_events_keeps_the_first_events_and_counts_the_rest(tmp_path: Path) -> None:
     # SPEC 10.1, 8.1, RELIABILITY LD-02: the cap is reported, the trace loads.
-    script = tmp_path / "prog.py"
-    script.write_text(SPAWNS_AND_BLOCKS)
-    out = tmp_path / "t.json"
-    proc = run_aprof("run", "--python-tracer", "--max-events", "200", "-o", str(out), str(script), "asyncio", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    doc = validate_trace(out)
+    doc = _trace_of_prog(tmp_path, "asyncio", "--python-tracer", "--max-events", "200")
     assert doc["otherData"]["dropped"] > 0
     assert sum(1 for e in doc["traceEvents"] if e.get("cat") == "python_function") <= 200
 
