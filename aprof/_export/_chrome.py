@@ -114,7 +114,11 @@ def chrome_trace_chunks(session: Session, batch: int = 4096) -> Iterator[str]:
     base = session.metadata["start_ns"]
     pids = {int(k): v for k, v in session.metadata.get("pids", {}).items()}
     yield '{"displayTimeUnit":"ms","otherData":'
-    yield _dumps({"producer": "aprof", "aprof_version": session.metadata.get("aprof_version"), "dropped": session.metadata.get("dropped", 0), "start_ns": base})
+    other = {"producer": "aprof", "aprof_version": session.metadata.get("aprof_version"), "dropped": session.metadata.get("dropped", 0), "start_ns": base}
+    for field in ("stop_ns", "unix_offset_ns"):  # for readers: the profile's end, the wall clock
+        if field in session.metadata:
+            other[field] = session.metadata[field]
+    yield _dumps(other)
     yield ',"traceEvents":[\n'
     # Trace events are gathered as lines and joined with ",\n" a batch at a
     # time: one generator step per batch, not per event.

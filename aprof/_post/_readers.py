@@ -201,11 +201,18 @@ def read_chrome_trace(doc: dict[str, Any] | list[Any]) -> Session:
     metadata: dict[str, Any] = {
         "aprof_version": other.get("aprof_version"),
         "start_ns": base,
-        "stop_ns": max((ev.end_ns for ev in events), default=base),
+        "stop_ns": _int_or(other.get("stop_ns"), max((ev.end_ns for ev in events), default=base)),
         "dropped": int(other.get("dropped", 0)),
         "source": "chrome trace",
     }
+    if _int_or(other.get("unix_offset_ns"), None) is not None:
+        metadata["unix_offset_ns"] = other["unix_offset_ns"]
     return Session(events, {t.id: t for t in tracks.values()}, metadata)
+
+
+def _int_or(value: Any, default: Any) -> Any:
+    """``value`` if it is an int (not a bool), else ``default``."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
 def _async_id(e: dict[str, Any]) -> Any:

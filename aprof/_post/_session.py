@@ -17,6 +17,7 @@ import gzip
 import json
 import os
 import sys
+import time
 import zlib
 from os import PathLike
 from pathlib import Path
@@ -78,6 +79,9 @@ class Session:
             "start_ns": state.start_ns,
             "stop_ns": stop_ns,
             "dropped": state.dropped,
+            # perf_counter_ns -> Unix epoch ns, for exports that need wall
+            # time (OpenTelemetry, SPEC 11.5).
+            "unix_offset_ns": time.time_ns() - time.perf_counter_ns(),
         }
         lt = state.start_lt
         if lt is not None:
