@@ -425,6 +425,15 @@ class profile:
         """Write a self-contained HTML report (``.html``) (SPEC 9.2)."""
         self.session.export_html(path)
 
+    def export_opentelemetry(
+        self, tracer_provider: object = None, *, parent: object = None, python_frames: bool = False
+    ) -> int:
+        """Emit the events as OpenTelemetry spans; return how many (SPEC 11.5).
+
+        See :meth:`aprof.Session.export_opentelemetry`.
+        """
+        return self.session.export_opentelemetry(tracer_provider, parent=parent, python_frames=python_frames)
+
     def save(self, path: str | PathLike[str]) -> None:
         """Write the whole session, for :func:`aprof.load` (SPEC 6.5)."""
         self.session.save(path)

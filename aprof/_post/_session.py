@@ -137,6 +137,27 @@ class Session:
 
         export_html(self, path)
 
+    def export_opentelemetry(
+        self, tracer_provider: object = None, *, parent: object = None, python_frames: bool = False
+    ) -> int:
+        """Emit the events as OpenTelemetry spans; return how many (SPEC 11.5).
+
+        Needs ``opentelemetry-api`` (``pip install 'aprof[otel]'``). One
+        ``aprof profile`` span is the root, a child of ``parent`` (a Span or
+        Context; by default the current span); each range is a span under
+        the range it is nested in or was spawned from; instants are span
+        events. Python tracer frames are left out unless ``python_frames``.
+
+        Raises:
+            ImportError: the OpenTelemetry API is not installed.
+            TypeError: an argument has the wrong type; the message names it.
+            ValueError: the session has no wall-clock offset to place its
+                times (read from a file written without one).
+        """
+        from .._export._otel import export_opentelemetry
+
+        return export_opentelemetry(self, tracer_provider, parent=parent, python_frames=python_frames)
+
     def save(self, path: str | PathLike[str]) -> None:
         """Write the whole session to ``path`` (``.aprof``) for :func:`aprof.load`.
 
