@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +16,9 @@ from urllib.parse import parse_qs
 import aiohttp
 import pytest
 import uvicorn
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import aprof
 from aprof._post._readers import read_profile
@@ -47,10 +52,17 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     traces = tmp_path / "traces"
+    with serving(aprof.ProfilerMiddleware(app, directory=traces)) as base:
+        yield base, traces
+
+
+@contextlib.contextmanager
+def serving(asgi_app: Any) -> Iterator[str]:
+    """Run ``asgi_app`` under uvicorn in a thread; yield its base URL."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(aprof.ProfilerMiddleware(app, directory=traces), log_level="warning", lifespan="on")
+    config = uvicorn.Config(asgi_app, log_level="warning", lifespan="on")
     srv = uvicorn.Server(config)
     thread = threading.Thread(target=lambda: asyncio.run(srv.serve(sockets=[sock])), daemon=True)
     thread.start()
@@ -60,7 +72,7 @@ def server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
         threading.Event().wait(0.02)
     assert srv.started
     try:
-        yield f"http://127.0.0.1:{port}", traces
+        yield f"http://127.0.0.1:{port}"
     finally:
         srv.should_exit = True
         thread.join(10)
@@ -124,3 +136,83 @@ def test_bad_sample_rate() -> None:
     # SPEC 12: the error names the option.
     with pytest.raises(ValueError, match="sample_rate"):
         aprof.ProfilerMiddleware(app, sample_rate=1.5)
+
+
+def with_server_span(inner: Any, provider: TracerProvider) -> Any:
+    """What OpenTelemetry's ASGI instrumentation does: each request runs
+    under a server span of its own."""
+    tracer = provider.get_tracer("server")
+
+    async def instrumented(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await inner(scope, receive, send)
+            return
+        with tracer.start_as_current_span(f"server {scope['query_string'].decode()}"):
+            await inner(scope, receive, send)
+
+    return instrumented
+
+
+def test_profiled_requests_become_spans_under_their_server_span() -> None:
+    # SPEC 11.3, 11.5, 5.2: concurrent requests each get their profile as
+    # spans under their own server span, holding only that request's work.
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    profiled = aprof.ProfilerMiddleware(app, opentelemetry=True, tracer_provider=provider)
+    with serving(with_server_span(profiled, provider)) as base:
+        urls = [f"{base}/items?aprof=1&id={i}" for i in range(4)] + [f"{base}/items?id=plain"]
+        results = asyncio.run(fetch_all(urls))
+    assert [body for _, body in results] == [f"ok {i}".encode() for i in range(4)] + [b"ok plain"]
+    spans = exporter.get_finished_spans()
+    by_id = {s.context.span_id: s for s in spans}
+    servers = {s.name: s for s in spans if s.name.startswith("server ")}
+    assert len(servers) == 5
+    roots = [s for s in spans if s.name == "aprof profile"]
+    assert len(roots) == 4  # the unprofiled request sent none
+    for i in range(4):
+        server = servers[f"server aprof=1&id={i}"]
+        [root] = [r for r in roots if r.parent is not None and r.parent.span_id == server.context.span_id]
+        mine = [s for s in spans if s.context.trace_id == server.context.trace_id and s.name.startswith(("handler", "sub"))]
+        assert sorted(s.name for s in mine) == [f"handler {i}", f"sub {i}", f"sub {i}"]
+        for s in mine:  # every one of them hangs under this request's profile
+            up = s
+            while up.parent is not None and up is not root:
+                up = by_id[up.parent.span_id]
+            assert up is root
+    provider.shutdown()
+
+
+def test_a_failing_span_export_does_not_fail_the_request() -> None:
+    # SPEC 11.5, 12: the response is the app's; the failure is a warning.
+    class BrokenProvider:
+        def get_tracer(self, *args: Any) -> Any:
+            raise RuntimeError("collector down")
+
+    profiled = aprof.ProfilerMiddleware(app, opentelemetry=True, tracer_provider=BrokenProvider())
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b""}
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "GET", "path": "/x", "query_string": b"aprof=1&id=3", "headers": []}
+    with pytest.warns(aprof.AprofWarning, match="collector down"):
+        asyncio.run(profiled(scope, receive, send))
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+    assert sent[1]["body"] == b"ok 3"
+
+
+def test_bad_opentelemetry_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    # SPEC 12: the error names the option; without the OpenTelemetry API
+    # the middleware refuses at construction, not at the first request.
+    with pytest.raises(TypeError, match="opentelemetry"):
+        aprof.ProfilerMiddleware(app, opentelemetry="yes")  # type: ignore[arg-type]
+    for name in [m for m in sys.modules if m == "opentelemetry" or m.startswith("opentelemetry.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "opentelemetry", None)
+    with pytest.raises(ImportError, match=r"aprof\[otel\]"):
+        aprof.ProfilerMiddleware(app, opentelemetry=True)
+    aprof.ProfilerMiddleware(app)  # without it, nothing needs the API
