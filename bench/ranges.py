@@ -20,7 +20,9 @@ viztracer tracing, as it must be for log_event to record). Peers that are not
 installed are reported as missing.
 
 Then, in a fresh child process: record 1M ranges under one profile and time
-``stop()`` (consolidation) and ``export_chrome_trace()``, with memory.
+``stop()`` (consolidation) and ``export_chrome_trace()``, with memory. In
+this process, time ``export_opentelemetry()`` of 20,000 ranges into an SDK
+provider that drops the spans (per span; skipped without the SDK).
 Finally the figures are checked against the issue's targets.
 """
 
@@ -243,6 +245,36 @@ def otel_case(sizer: Sizer) -> Case:
             exporter.clear()
 
     return Case(OTEL, sizer.sized(run), note="SDK TracerProvider, SimpleSpanProcessor into an InMemorySpanExporter")
+
+
+def otel_export(n_ranges: int) -> dict[str, Any]:
+    """Record ``n_ranges`` ranges, then time ``export_opentelemetry`` into an
+    SDK provider whose exporter drops the spans: the cost of sending a
+    profile to a tracing backend afterwards, per span (mostly the SDK's)."""
+    try:
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+    except ImportError:
+        return {"error": "missing (pip install opentelemetry-sdk)"}
+    import aprof
+
+    class Dropped(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(Dropped()))
+    with aprof.profile() as prof:
+        for _ in range(n_ranges):
+            with aprof.record_function("r"):
+                pass
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        spans = prof.export_opentelemetry(provider)
+        times.append(time.perf_counter() - t0)
+    provider.shutdown()
+    return {"spans": spans, "seconds": times, "ns_per_span": min(times) * 1e9 / spans}
 
 
 def viztracer_case(sizer: Sizer) -> Case:
@@ -480,6 +512,17 @@ def main() -> None:
         else:
             cons = {"error": "aprof not importable"}
 
+    otel: dict[str, Any] | None = None
+    if not args.no_consolidation and aprof_info()["importable"]:
+        otel = otel_export(2_000 if args.quick else 20_000)
+        if "error" in otel:
+            print(f"\nexport_opentelemetry: {otel['error']}")
+        else:
+            print(
+                f"\nexport_opentelemetry of {otel['spans']:,} spans into an SDK provider (exporter drops them): "
+                f"{otel['ns_per_span']:,.0f} ns per span (best of 3)"
+            )
+
     if cases:
         print()
         every = {c.name: c for c in cases}
@@ -490,7 +533,7 @@ def main() -> None:
         f"\nload average at the end: {load_average()} "
         "(on 2 cores, well above 0.5 means other work disturbed the figures)"
     )
-    dump(args.json, cases, {"consolidation": cons, "rounds": rounds, "max_iterations": hi})
+    dump(args.json, cases, {"consolidation": cons, "otel_export": otel, "rounds": rounds, "max_iterations": hi})
 
 
 if __name__ == "__main__":
