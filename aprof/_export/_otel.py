@@ -136,8 +136,8 @@ def export_opentelemetry(
         ImportError: ``opentelemetry-api`` is not installed.
         TypeError: ``tracer_provider``, ``parent`` or ``python_frames`` has
             the wrong type; the message names it.
-        ValueError: the session has no wall-clock offset (read from a file
-            that an aprof older than 0.1.0's OpenTelemetry export wrote).
+        ValueError: the session has no wall-clock offset (it was read from
+            a file written before aprof kept one).
     """
     if not isinstance(python_frames, bool):
         raise TypeError(f"{_WHAT}: python_frames must be a bool, got {type(python_frames).__name__}")
