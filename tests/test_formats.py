@@ -104,3 +104,35 @@ def test_wrong_extension_is_refused(tmp_path: Path) -> None:
         prof.export_speedscope(tmp_path / "x.json")
     with pytest.raises(ValueError, match="folded"):
         prof.export_folded(tmp_path / "x.txt")
+
+
+@pytest.mark.parametrize("name", ["p.folded", "p.speedscope.json", "p.json", "p.json.gz", "p.html"])
+def test_names_with_lone_surrogates_are_written_as_valid_utf8(tmp_path: Path, name: str) -> None:
+    # SPEC 9.2, 12 (issue 15 item 24): a name from os.fsdecode of non-UTF-8
+    # bytes holds a lone surrogate; every export must stay valid UTF-8 (other
+    # tools reject the file otherwise) and still show where the odd byte was.
+    import gzip
+    import os
+
+    odd = "read " + os.fsdecode(b"caf\xe9.txt")  # 'read caf\udce9.txt'
+    with aprof.profile() as prof:
+        with aprof.record_function(odd):
+            sum(range(20000))
+    out = tmp_path / name
+    {
+        "folded": prof.export_folded,
+        "speedscope.json": prof.export_speedscope,
+        "json": prof.export_chrome_trace,
+        "json.gz": prof.export_chrome_trace,
+        "html": prof.export_html,
+    }[name.split(".", 1)[1]](out)
+    raw = out.read_bytes()
+    if name.endswith(".gz"):
+        raw = gzip.decompress(raw)
+    text = raw.decode("utf-8")  # strict: raises on a lone surrogate's bytes
+    if name.endswith(".folded"):
+        # The odd byte is written as Python writes it, \udce9, in valid UTF-8.
+        [line] = [line for line in text.splitlines() if "caf" in line]
+        assert "read\u00a0caf\\udce9.txt" in line
+    else:
+        assert "\\udce9" in text  # JSON's escape; json.loads gives the name back

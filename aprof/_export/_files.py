@@ -53,6 +53,9 @@ def atomic_write_text(path: Path, chunks: Iterable[str], *, compress: bool, what
         OSError: writing failed; the message names ``path``. The target is
             untouched and no temporary file is left behind.
     """
+    # Every format escapes what UTF-8 cannot hold (JSON's \udcXX, the folded
+    # format's Python escape); "backslashreplace" is the safety net that keeps
+    # any file valid UTF-8 should a lone surrogate still get here.
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as raw:
@@ -61,10 +64,10 @@ def atomic_write_text(path: Path, chunks: Iterable[str], *, compress: bool, what
             if compress:
                 with gzip.GzipFile(filename=path.name[:-3], mode="wb", fileobj=raw, compresslevel=6, mtime=0) as gz:
                     for chunk in chunks:
-                        gz.write(chunk.encode("utf-8", "surrogatepass"))
+                        gz.write(chunk.encode("utf-8", "backslashreplace"))
             else:
                 for chunk in chunks:
-                    raw.write(chunk.encode("utf-8", "surrogatepass"))
+                    raw.write(chunk.encode("utf-8", "backslashreplace"))
             raw.flush()
         os.replace(tmp, path)
     except OSError as exc:

@@ -3,6 +3,11 @@
 One line per distinct stack: ``track;outer;inner <self time in us>``, as
 Brendan Gregg's flamegraph.pl, speedscope and inferno read them. Only ranges
 nested on their track are stacked; the value is each frame's self time.
+
+The file is UTF-8. A name holding a lone surrogate (``os.fsdecode`` of bytes
+that are not UTF-8, such as a file name) is written with Python's escape for
+it, ``\\udce9``: the surrogate itself has no UTF-8 encoding, and writing its
+bytes anyway makes a file that other tools refuse.
 """
 
 from __future__ import annotations
@@ -24,7 +29,13 @@ SUFFIXES = (".folded", ".folded.txt")
 
 def _frame(name: str) -> str:
     # ';' separates frames and the last space the value: keep both out of names.
-    return name.replace(";", ":").replace("\n", " ").replace(" ", "\u00a0") or "<empty>"
+    name = name.replace(";", ":").replace("\n", " ").replace(" ", "\u00a0") or "<empty>"
+    if not name.isascii():
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: write it as \udcXX
+            name = name.encode("utf-8", "backslashreplace").decode("utf-8")
+    return name
 
 
 def folded_lines(session: Session) -> Iterator[str]:
