@@ -558,3 +558,147 @@ def test_ten_thousand_tasks_export_and_validate(tmp_path: Path) -> None:
     assert all(task_of[x["tid"]].name in names[(x["pid"], x["tid"])] for x in work_x)  # each track named for its task
     assert len(of_phase(doc, "s")) == n  # one spawn arrow per task
     assert load_trace(tmp_path / "big.json.gz") == doc
+
+
+# ---------------------------------------------------------------------------
+# Perfetto's importer rules (tracecheck.py lists them)
+# ---------------------------------------------------------------------------
+
+
+def test_every_row_has_a_32bit_tid_and_its_own_name(backend, tmp_path: Path) -> None:
+    # SPEC 9.1, 7.3 (issue 16 item 5): Perfetto reads a tid above 32 bits as
+    # 0, so every task's "running" row landed on the process's main thread
+    # and took its name. Each row needs a 32-bit tid and keeps its name.
+    async def child(i: int) -> None:
+        with aprof.record_function(f"child-{i}"):
+            await backend.sleep(0.001)
+
+    async def main() -> aprof.profile:
+        async with aprof.profile() as prof:
+            async with backend.group() as g:
+                for i in range(3):
+                    g.start_soon(child, i)
+        return prof
+
+    prof = backend.run(main)
+    prof.export_chrome_trace(tmp_path / "t.json")
+    doc = validate_trace(tmp_path / "t.json")
+    names = thread_names(doc)
+    rows = {key for key in names}
+    assert all(0 <= tid < 2**32 for _, tid in rows)
+    tasks = {t.id: t for t in prof.session.tracks() if t.steps}
+    assert len(tasks) == 3
+    running = [e for e in of_phase(doc, "X") if e["cat"] == "step"]
+    running_rows = {(e["pid"], e["tid"]) for e in running}
+    assert len(running_rows) == 3  # one row per task, not one shared row
+    base = doc["otherData"]["running_tid_base"]
+    for pid, tid in running_rows:
+        task = tasks[tid - base]
+        assert names[(pid, tid)] == names[(pid, task.id)] + " running"
+        assert names[(pid, task.id)].startswith(task.name)  # the task's row kept its name
+
+
+def test_every_arrow_starts_on_a_slice_at_the_spawn_point(backend, tmp_path: Path) -> None:
+    # SPEC 7.2, 7.4, 9.1 (issue 16 item 5): Perfetto binds a flow start to the
+    # slice on top of the spawner's stack, and drops it when there is none.
+    # Spawns outside any range, and right after an inner range ended, left
+    # arrows with no slice or starting on a slice that was over.
+    def blocking() -> None:
+        with aprof.record_function("in-thread"):
+            pass
+
+    async def child() -> None:
+        await backend.sleep(0)
+
+    async def main() -> aprof.profile:
+        async with aprof.profile() as prof:
+            async with backend.group() as g:
+                g.start_soon(child)  # no range open in the spawner
+                with aprof.record_function("outer"):
+                    with aprof.record_function("inner"):
+                        await backend.sleep(0)
+                    g.start_soon(child)  # inner is over: the stack's top is stale
+            await backend.to_thread(blocking)
+        return prof
+
+    prof = backend.run(main)
+    prof.export_chrome_trace(tmp_path / "t.json")
+    doc = validate_trace(tmp_path / "t.json")  # replays Perfetto's binding for every s and f
+    starts = of_phase(doc, "s")
+    links = [e for e in of_phase(doc, "X") if e["cat"] == "spawn"]
+    linked = [e for e in prof.events() if e.forward_thread_id and e.sequence_nr > 0]
+    assert len(starts) == len(links) == len(linked) >= 2
+    for s in starts:
+        [link] = [x for x in links if (x["pid"], x["tid"], x["ts"]) == (s["pid"], s["tid"], s["ts"])]
+        assert link["dur"] == 0
+        assert link["name"].startswith(("spawn ", "submit "))
+    # The drawing aid is not a range: reading the trace back gives the same events.
+    from aprof._post._readers import read_profile
+
+    back = read_profile(tmp_path / "t.json")
+    assert sorted(e.name for e in back.events()) == sorted(e.name for e in prof.events())
+
+
+@pytest.mark.parametrize(
+    ("events", "message"),
+    [
+        ([{"ph": "X", "name": "a", "pid": 1, "tid": 2**40, "ts": 0, "dur": 1}], "tid Perfetto reads as 0"),
+        ([{"ph": "M", "name": "thread_name", "pid": 1, "tid": 2**40, "args": {"name": "a"}}], "tid Perfetto reads as 0"),
+        (
+            [
+                {"ph": "M", "name": "thread_name", "pid": 1, "tid": 2, "args": {"name": "a"}},
+                {"ph": "M", "name": "thread_name", "pid": 1, "tid": 2, "args": {"name": "b"}},
+            ],
+            "named twice",
+        ),
+        (
+            [{"ph": "X", "name": "a", "pid": 1, "tid": 2, "ts": 0, "dur": 1}, {"ph": "X", "name": "b", "pid": 3, "tid": 2, "ts": 5, "dur": 1}],
+            "in two processes",
+        ),
+        (
+            [{"ph": "X", "name": "a", "pid": 1, "tid": 2, "ts": 0, "dur": 2}, {"ph": "X", "name": "b", "pid": 1, "tid": 2, "ts": 1, "dur": 2}],
+            "overlaps",
+        ),
+        (
+            [
+                {"ph": "s", "name": "spawn", "cat": "task", "id": 1, "pid": 1, "tid": 2, "ts": 1},
+                {"ph": "X", "name": "t", "cat": "task", "pid": 1, "tid": 3, "ts": 1, "dur": 5},
+                {"ph": "f", "bp": "e", "name": "spawn", "cat": "task", "id": 1, "pid": 1, "tid": 3, "ts": 1},
+            ],
+            "with no slice there",
+        ),
+        (
+            [
+                {"ph": "X", "name": "outer", "pid": 1, "tid": 2, "ts": 0, "dur": 10},
+                {"ph": "X", "name": "inner", "pid": 1, "tid": 2, "ts": 1, "dur": 2},
+                {"ph": "s", "name": "spawn", "cat": "task", "id": 1, "pid": 1, "tid": 2, "ts": 5},
+                {"ph": "X", "name": "t", "cat": "task", "pid": 1, "tid": 3, "ts": 5, "dur": 5},
+                {"ph": "f", "bp": "e", "name": "spawn", "cat": "task", "id": 1, "pid": 1, "tid": 3, "ts": 5},
+            ],
+            "does not contain it",
+        ),
+        (
+            [
+                {"ph": "X", "name": "a", "pid": 1, "tid": 2, "ts": 0, "dur": 10},
+                {"ph": "s", "name": "spawn", "cat": "task", "id": 1, "pid": 1, "tid": 2, "ts": 5},
+            ],
+            "1 starts, 0 ends",
+        ),
+        ([{"ph": "X", "name": "a", "pid": 1, "tid": 2, "dur": 1}], "without ts"),
+        (
+            [
+                {"ph": "b", "name": "a", "cat": "c", "id2": {"local": "0x1"}, "pid": 1, "tid": 2, "ts": 0},
+                {"ph": "e", "name": "other", "cat": "c", "id2": {"local": "0x1"}, "pid": 1, "tid": 2, "ts": 1},
+            ],
+            "async end before begin",
+        ),
+    ],
+)
+def test_tracecheck_refuses_what_perfetto_would_lose(tmp_path: Path, events: list[dict[str, Any]], message: str) -> None:
+    # The validator every export test relies on must catch each rule it lists.
+    import json
+
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    with pytest.raises(AssertionError, match=re.escape(message)):
+        validate_trace(path)

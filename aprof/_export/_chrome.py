@@ -6,7 +6,18 @@
 * ``X`` complete events for ranges nested on their track, ``i`` for instants;
 * ``b``/``e`` nestable async slices for ``is_async`` ranges, on the track
   that started them, paired by ``id``;
-* ``s``/``f`` flow arrows from a spawn or submit point to the work it started.
+* ``s``/``f`` flow arrows from a spawn or submit point to the work it started,
+  each starting on a zero-length ``spawn`` slice at the spawn point;
+* a ``running`` row under each task, one slice per step.
+
+Perfetto's importer reads ``pid`` and ``tid`` as 32-bit unsigned integers
+(anything else becomes 0, the process's main thread, and a ``thread_name``
+for it renames that thread), and binds a flow start to the slice on top of
+the thread's slice stack, which can be a slice that already ended. So every
+row gets a 32-bit tid of its own (running rows: ``running_tid_base`` + the
+task's id, the base written in ``otherData``), and every arrow starts on a
+slice made for it: nothing else is guaranteed to be there at the spawn point
+(the spawner may have no range open, or only one that ended before).
 
 Timestamps are microseconds since the profile started, with nanosecond
 decimals. Lines are built with f-strings and a cache of JSON-escaped names:
@@ -54,8 +65,26 @@ if TYPE_CHECKING:
 __all__ = ["export_chrome_trace", "chrome_trace_chunks"]
 
 SUFFIXES = (".json", ".json.gz")
-# Rows showing when each task ran get tids above any logical thread id.
-_RUNNING_TID_BASE = 1 << 40
+UINT32_MAX = 2**32 - 1
+# The category of the zero-length slices flow arrows start on.
+LINK_CATEGORY = "spawn"
+
+
+def running_tid_base(tids: list[int]) -> int:
+    """The offset of the running rows' tids: a power of ten (so a user reads
+    task 7's row as 1000007) above every tid in the trace, at least 10**6.
+
+    Raises:
+        ValueError: the rows would not fit in 32 bits (a session whose
+            thread ids are near 2**31; aprof's own count up from 1).
+    """
+    top = max(tids, default=0)
+    base = 1_000_000
+    while base <= top:
+        base *= 10
+    if base + top > UINT32_MAX:
+        raise ValueError(f"export_chrome_trace: thread ids up to {top} leave no 32-bit room for the tasks' running rows")
+    return base
 
 
 def _json_default(value: object) -> str:
@@ -114,10 +143,18 @@ def chrome_trace_chunks(session: Session, batch: int = 4096) -> Iterator[str]:
     base = session.metadata["start_ns"]
     pids = {int(k): v for k, v in session.metadata.get("pids", {}).items()}
     yield '{"displayTimeUnit":"ms","otherData":'
+    tracks = session.tracks()  # sorted by first activity: a walk over every event, so once
+    events = session.events()
+    spawners = {(ev._t.node_id, ev._r[R_FWD]) for ev in events if ev._r[R_FWD] and ev._r[R_SEQ] > 0}
+    run_base = 0
+    if any(t.steps for t in tracks):
+        run_base = running_tid_base([t.id for t in tracks] + [tid for _, tid in spawners])
     other = {"producer": "aprof", "aprof_version": session.metadata.get("aprof_version"), "dropped": session.metadata.get("dropped", 0), "start_ns": base}
     for field in ("stop_ns", "unix_offset_ns"):  # for readers: the profile's end, the wall clock
         if field in session.metadata:
             other[field] = session.metadata[field]
+    if run_base:
+        other["running_tid_base"] = run_base  # for readers: which rows are task steps
     yield _dumps(other)
     yield ',"traceEvents":[\n'
     # Trace events are gathered as lines and joined with ",\n" a batch at a
@@ -126,7 +163,6 @@ def chrome_trace_chunks(session: Session, batch: int = 4096) -> Iterator[str]:
     emit = lines.append
     joined = ""  # "" before the first batch, then ",\n"
 
-    tracks = session.tracks()  # sorted by first activity: a walk over every event, so once
     nodes = sorted({t.node_id for t in tracks})
     for node in nodes:
         pid = pids.get(node, node)
@@ -139,16 +175,15 @@ def chrome_trace_chunks(session: Session, batch: int = 4096) -> Iterator[str]:
         if track.steps:  # a task's steps, set by consolidation and by load()
             # A task's steps overlap its ranges without nesting in them, so
             # they get a row of their own, right under the task's.
-            rid = _RUNNING_TID_BASE + track.id
+            rid = run_base + track.id
             emit(f'{{"ph":"M","name":"thread_name","pid":{pid},"tid":{rid},"args":{{"name":{_dumps(label + " running")}}}}}')
             emit(f'{{"ph":"M","name":"thread_sort_index","pid":{pid},"tid":{rid},"args":{{"sort_index":{2 * order + 1}}}}}')
 
     # Spawners that recorded nothing have no track; name their row for the
     # flow arrows that start there (the profile's starting task, mostly).
-    events = session.events()
     track_pids = {t.id: pids.get(t.node_id, t.node_id) for t in tracks}
+    track_names = {t.id: t.name for t in tracks}
     start = session.metadata.get("start_thread") or {}
-    spawners = {(ev._t.node_id, ev._r[R_FWD]) for ev in events if ev._r[R_FWD] and ev._r[R_SEQ] > 0}
     for node, tid in sorted(spawners):
         if tid not in track_pids:
             pid = pids.get(node, node)
@@ -249,11 +284,17 @@ def chrome_trace_chunks(session: Session, batch: int = 4096) -> Iterator[str]:
             if extra:
                 link_ns = int(extra.get("spawn_ns", extra.get("submit_ns", link_ns)))
             ts0 = (link_ns - base) / 1000.0
-            emit(f'{{"ph":"s","name":"spawn","cat":"{cat}","id":{flow_id},"pid":{track_pids.get(fwd, pid)},"tid":{fwd},"ts":{ts0:.3f}}}')
+            fwhere = f'"pid":{track_pids.get(fwd, pid)},"tid":{fwd}'
+            # The slice the arrow starts on (see the module's docstring); it
+            # comes first in the file, which orders it first at equal times.
+            what = "spawn" if scope is task_scope else "submit"
+            label = _dumps(f"{what} {track_names.get(tid, r[R_NAME]) if scope is task_scope else r[R_NAME]}")
+            emit(f'{{"ph":"X","name":{label},"cat":"{LINK_CATEGORY}",{fwhere},"ts":{ts0:.3f},"dur":0.000}}')
+            emit(f'{{"ph":"s","name":"spawn","cat":"{cat}","id":{flow_id},{fwhere},"ts":{ts0:.3f}}}')
             emit(f'{{"ph":"f","bp":"e","name":"spawn","cat":"{cat}","id":{flow_id},{where},"ts":{ts:.3f}}}')
-        if scope is task_scope and extra:
+        if scope is task_scope and extra and run_base:
             task_steps = extra.get("steps") or ()
-            rwhere = f'"pid":{pid},"tid":{_RUNNING_TID_BASE + tid}'
+            rwhere = f'"pid":{pid},"tid":{run_base + tid}'
             for k in range(0, len(task_steps) - 1, 2):
                 s0 = (task_steps[k] - base) / 1000.0
                 d = (task_steps[k + 1] - task_steps[k]) / 1000.0

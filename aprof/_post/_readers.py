@@ -33,7 +33,8 @@ from ._session import Session, load
 
 __all__ = ["read_chrome_trace", "read_profile"]
 
-_RUNNING_TID_BASE = 1 << 40  # as in aprof._export._chrome
+_OLD_RUNNING_TID_BASE = 1 << 40  # running rows' tids before aprof wrote otherData.running_tid_base
+_LINK_CATEGORY = "spawn"  # as in aprof._export._chrome: the slices flow arrows start on
 _KINDS = ("asyncio", "trio", "thread")
 _SCOPES = {s.value: s for s in RecordScope}
 _FRAME = re.compile(r"^(.*):(\d+) (.*)$")
@@ -95,6 +96,8 @@ def read_chrome_trace(doc: dict[str, Any] | list[Any]) -> Session:
         if isinstance(doc.get("otherData"), dict):
             other = doc["otherData"]
     base = int(other.get("start_ns", 0))
+    run_base = _int_or(other.get("running_tid_base"), _OLD_RUNNING_TID_BASE)
+    own = other.get("producer") == "aprof"
 
     def ns(ts: Any) -> int:
         return base + round(float(ts) * 1000)
@@ -141,9 +144,11 @@ def read_chrome_trace(doc: dict[str, Any] | list[Any]) -> Session:
             continue
         pid, tid = e.get("pid"), e.get("tid")
         start = ns(e.get("ts", 0))
-        if ph == "X" and isinstance(tid, int) and tid >= _RUNNING_TID_BASE and e.get("cat") == "step":
-            steps_of.setdefault((pid, tid - _RUNNING_TID_BASE), []).append((start, start + round(float(e.get("dur", 0)) * 1000)))
+        if ph == "X" and isinstance(tid, int) and tid >= run_base and e.get("cat") == "step":
+            steps_of.setdefault((pid, tid - run_base), []).append((start, start + round(float(e.get("dur", 0)) * 1000)))
             continue
+        if ph == "X" and own and e.get("cat") == _LINK_CATEGORY:
+            continue  # where a flow arrow starts: a drawing aid, not a range
         args: dict[str, Any] = e["args"] if isinstance(e.get("args"), dict) else {}
         if ph == "X":
             end = start + round(float(e.get("dur", 0)) * 1000)
