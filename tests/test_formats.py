@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import aprof
+
+from .speedscopecheck import validate_speedscope
 
 
 def nested_profile(backend) -> aprof.profile:
@@ -37,7 +41,7 @@ def test_speedscope_follows_the_schema(backend, tmp_path: Path) -> None:
     prof = nested_profile(backend)
     out = tmp_path / "p.speedscope.json"
     prof.export_speedscope(out)
-    doc = json.loads(out.read_text())
+    doc = validate_speedscope(out)  # the published schema and the importer's rules
     assert doc["$schema"] == "https://www.speedscope.app/file-format-schema.json"
     frames = [f["name"] for f in doc["shared"]["frames"]]
     assert {"outer", "inner", "leaf"} <= set(frames)
@@ -136,3 +140,73 @@ def test_names_with_lone_surrogates_are_written_as_valid_utf8(tmp_path: Path, na
         assert "read\u00a0caf\\udce9.txt" in line
     else:
         assert "\\udce9" in text  # JSON's escape; json.loads gives the name back
+
+
+def test_speedscope_of_an_empty_profile_still_opens(tmp_path: Path) -> None:
+    # SPEC 9.2: speedscope opens the file on a profile; an empty list leaves
+    # it nothing to show.
+    with aprof.profile() as prof:
+        pass
+    out = tmp_path / "p.speedscope.json"
+    prof.export_speedscope(out)
+    doc = validate_speedscope(out)
+    assert len(doc["profiles"]) == 1
+    assert doc["profiles"][0]["events"] == []
+
+
+def _speedscope(**changes: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "$schema": "https://www.speedscope.app/file-format-schema.json",
+        "shared": {"frames": [{"name": "a"}, {"name": "b"}]},
+        "profiles": [
+            {
+                "type": "evented",
+                "name": "p",
+                "unit": "nanoseconds",
+                "startValue": 0,
+                "endValue": 10,
+                "events": [
+                    {"type": "O", "frame": 0, "at": 0},
+                    {"type": "O", "frame": 1, "at": 2},
+                    {"type": "C", "frame": 1, "at": 3},
+                    {"type": "C", "frame": 0, "at": 10},
+                ],
+            }
+        ],
+    }
+    profile = doc["profiles"][0]
+    for key, value in changes.items():
+        if key in profile:
+            profile[key] = value
+        else:
+            doc[key] = value
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"$schema": "https://example.com/schema.json"}, "is not"),
+        ({"unit": "parsecs"}, "not one of"),
+        ({"type": "timed"}, "matches none of anyOf"),
+        ({"events": [{"type": "O", "frame": 0}]}, "matches none of anyOf"),
+        ({"shared": {}}, "missing ['frames']"),
+        ({"events": [{"type": "O", "frame": 5, "at": 0}, {"type": "C", "frame": 5, "at": 1}]}, "out of range"),
+        ({"events": [{"type": "O", "frame": 0, "at": 5}, {"type": "C", "frame": 0, "at": 4}]}, "before"),
+        ({"events": [{"type": "O", "frame": 0, "at": -1}, {"type": "C", "frame": 0, "at": 4}]}, "before"),
+        ({"events": [{"type": "O", "frame": 0, "at": 1}, {"type": "O", "frame": 1, "at": 2}, {"type": "C", "frame": 0, "at": 3}]}, "on top"),
+        ({"events": [{"type": "O", "frame": 0, "at": 1}]}, "never closed"),
+        ({"endValue": -1}, "endValue before startValue"),
+        ({"activeProfileIndex": 1}, "names no profile"),
+        ({"profiles": []}, "no profiles"),
+    ],
+)
+def test_speedscopecheck_refuses_what_speedscope_would(tmp_path: Path, changes: dict[str, Any], message: str) -> None:
+    # The validator the speedscope tests rely on catches each rule it lists.
+    good = tmp_path / "good.speedscope.json"
+    good.write_text(json.dumps(_speedscope()))
+    validate_speedscope(good)
+    bad = tmp_path / "bad.speedscope.json"
+    bad.write_text(json.dumps(_speedscope(**changes)))
+    with pytest.raises(AssertionError, match=re.escape(message)):
+        validate_speedscope(bad)

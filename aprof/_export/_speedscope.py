@@ -63,6 +63,9 @@ def speedscope_document(session: Session) -> dict[str, Any]:
                 "events": events,
             }
         )
+    if not profiles:  # speedscope opens on a profile: give it an empty one
+        stop = int(session.metadata.get("stop_ns", session.metadata.get("start_ns", 0)))
+        profiles.append({"type": "evented", "name": "aprof (no ranges)", "unit": "nanoseconds", "startValue": stop, "endValue": stop, "events": []})
     return {
         "$schema": SCHEMA,
         "shared": {"frames": [{"name": name} for name in frame_of]},
