@@ -210,3 +210,116 @@ def test_speedscopecheck_refuses_what_speedscope_would(tmp_path: Path, changes: 
     bad.write_text(json.dumps(_speedscope(**changes)))
     with pytest.raises(AssertionError, match=re.escape(message)):
         validate_speedscope(bad)
+
+
+# ---------------------------------------------------------------------------
+# SPEC 10.1: `aprof report` reads aprof's own speedscope and folded files
+# ---------------------------------------------------------------------------
+
+
+def _rows(session: Any) -> dict[str, tuple[int, int, int]]:
+    return {r.key: (r.count, r.total_ns, r.self_ns) for r in session.key_averages()}
+
+
+def test_speedscope_reads_back_as_the_same_call_trees(backend, tmp_path: Path) -> None:
+    # SPEC 10.1, 9.2: every range nested on its track comes back, with its
+    # track, its nesting and its time to the nanosecond; tasks stay tasks.
+    from aprof._post._readers import read_profile
+
+    prof = nested_profile(backend)
+    out = tmp_path / "p.speedscope.json"
+    prof.export_speedscope(out)
+    back = read_profile(out)
+    nested = [e for e in prof.events() if not e.is_async and not e.is_instant]
+    assert not any(e.is_async for e in prof.events())  # all of them have a place in a call tree
+    assert _rows(back) == _rows(prof)
+    assert {(t.id, t.name) for t in back.tracks()} == {(e.thread_id, e.track) for e in nested}
+    inner = next(e for e in back.events() if e.name == "inner")
+    assert inner.parent is not None
+    assert inner.parent.name == "outer"
+    leaf = next(e for e in back.events() if e.name == "leaf")
+    assert leaf.parent is not None
+    assert leaf.parent.scope is aprof.RecordScope.TASK
+
+
+def test_folded_reads_back_with_self_times(backend, tmp_path: Path) -> None:
+    # SPEC 10.1, 9.2: folded stacks keep each call path's self time (in whole
+    # microseconds) under its track; tasks stay tasks.
+    from aprof._post._readers import read_profile
+
+    prof = nested_profile(backend)
+    out = tmp_path / "p.folded"
+    prof.export_folded(out)
+    back = read_profile(out)
+    original = {r.key: r for r in prof.key_averages()}
+    again = {r.key: r for r in back.key_averages()}
+    assert set(again) == set(original)
+    for key, row in original.items():
+        assert again[key].count == row.count, key
+        assert 0 <= row.self_ns - again[key].self_ns < 1000 * row.count, key  # floored to the microsecond
+    assert {t.name for t in back.tracks()} == {e.track for e in prof.events() if not e.is_async and not e.is_instant}
+    assert all(e.scope is aprof.RecordScope.TASK for e in back.events() if e.name.startswith("task "))
+
+
+@pytest.mark.parametrize("name", ["t.speedscope.json", "t.folded"])
+def test_cli_reports_speedscope_and_folded_files(tmp_path: Path, name: str) -> None:
+    # SPEC 10.1: `aprof report FILE` on what `aprof run -o FILE` wrote.
+    script = tmp_path / "s.py"
+    script.write_text("import aprof\nwith aprof.record_function('work'):\n    sum(range(300000))\n")
+    run = [sys.executable, "-m", "aprof"]
+    proc = subprocess.run([*run, "run", "--no-summary", "-o", name, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    proc = subprocess.run([*run, "report", name], cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    [row] = [line for line in proc.stdout.splitlines() if line.startswith("work ")]
+    assert row.split()[1] == "1"  # count
+
+
+def test_foreign_speedscope_and_folded_files_are_read(tmp_path: Path) -> None:
+    # SPEC 10.1: another tool's files: a sampled speedscope profile in
+    # milliseconds, and folded stacks from a sampling profiler.
+    from aprof._post._readers import read_profile
+
+    sampled = {
+        "$schema": "https://www.speedscope.app/file-format-schema.json",
+        "shared": {"frames": [{"name": "main"}, {"name": "work"}, {"name": "io"}]},
+        "profiles": [
+            {"type": "sampled", "name": "py-spy", "unit": "milliseconds", "startValue": 0, "endValue": 6,
+             "samples": [[0, 1], [0, 1], [0, 2]], "weights": [1, 2, 3]},
+        ],
+    }  # fmt: skip
+    (tmp_path / "s.speedscope.json").write_text(json.dumps(sampled))
+    s = read_profile(tmp_path / "s.speedscope.json")
+    assert _rows(s) == {"main": (1, 6_000_000, 0), "work": (1, 3_000_000, 3_000_000), "io": (1, 3_000_000, 3_000_000)}
+    assert [t.name for t in s.tracks()] == ["py-spy"]
+
+    (tmp_path / "perf.txt").write_text("python;main;work 30\npython;main;io 12\npython;main 3\n")
+    f = read_profile(tmp_path / "perf.txt")  # sniffed: no .folded suffix
+    assert _rows(f) == {"main": (1, 45_000, 3_000), "work": (1, 30_000, 30_000), "io": (1, 12_000, 12_000)}
+    assert [t.name for t in f.tracks()] == ["python"]
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("x.folded", "a;b notanumber\n", "line 1 is not"),
+        ("x.folded", "a;b 10\n\xff\n", "not valid folded stacks"),
+        (
+            "x.speedscope.json",
+            json.dumps({"$schema": "https://www.speedscope.app/file-format-schema.json", "shared": {"frames": [{"name": "a"}]},
+                        "profiles": [{"type": "evented", "name": "p", "unit": "nanoseconds", "startValue": 0, "endValue": 1,
+                                      "events": [{"type": "O", "frame": 0, "at": 0}]}]}),
+            "leaves 1 frame(s) open",
+        ),
+        ("x.speedscope.json", json.dumps({"$schema": "https://www.speedscope.app/file-format-schema.json", "shared": {}, "profiles": []}), "is damaged"),
+    ],
+)  # fmt: skip
+def test_damaged_speedscope_and_folded_files_name_themselves(tmp_path: Path, name: str, content: str, message: str) -> None:
+    # SPEC 12: a clear error naming the file and what is wrong.
+    from aprof._post._readers import read_profile
+
+    bad = tmp_path / name
+    bad.write_bytes(content.encode("utf-8", "surrogateescape") if "\xff" not in content else content.encode("latin-1"))
+    with pytest.raises(ValueError, match=re.escape(message)) as info:
+        read_profile(bad)
+    assert str(bad) in str(info.value)

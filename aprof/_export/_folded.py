@@ -3,6 +3,8 @@
 One line per distinct stack: ``track;outer;inner <self time in us>``, as
 Brendan Gregg's flamegraph.pl, speedscope and inferno read them. Only ranges
 nested on their track are stacked; the value is each frame's self time.
+Frames are named as the summary names its rows: a task's range is
+``task <coroutine>``, an executor job's ``executor <function>``.
 
 The file is UTF-8. A name holding a lone surrogate (``os.fsdecode`` of bytes
 that are not UTF-8, such as a file name) is written with Python's escape for
@@ -17,6 +19,7 @@ from os import PathLike
 from typing import TYPE_CHECKING
 
 from ._files import atomic_write_text, check_output_path
+from ._labels import frame_label
 
 if TYPE_CHECKING:
     from .._post._events import FunctionEvent
@@ -44,7 +47,7 @@ def folded_lines(session: Session) -> Iterator[str]:
     names = {t.id: _frame(t.name) for t in session.tracks()}
 
     def walk(ev: FunctionEvent, prefix: str) -> None:
-        stack = f"{prefix};{_frame(ev.name)}"
+        stack = f"{prefix};{_frame(frame_label(ev))}"
         totals[stack] = totals.get(stack, 0) + ev.self_duration_ns
         for child in ev.children:
             if not child.is_instant:

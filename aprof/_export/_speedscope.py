@@ -2,9 +2,11 @@
 
 Follows speedscope's published file format
 (https://www.speedscope.app/file-format-schema.json): shared frames, and per
-track an ``evented`` profile of open/close events in nanoseconds. Only ranges
-nested on their track are included; async slices and instants have no place
-in a call tree.
+track an ``evented`` profile of open/close events in nanoseconds, named
+``track (id)``. Only ranges nested on their track are included; async slices
+and instants have no place in a call tree. Frames are named as the summary
+names its rows: a task's range is ``task <coroutine>``, an executor job's
+``executor <function>``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _version
 from ._files import atomic_write_text, check_output_path
+from ._labels import frame_label
 
 if TYPE_CHECKING:
     from .._post._events import FunctionEvent
@@ -28,7 +31,7 @@ SCHEMA = "https://www.speedscope.app/file-format-schema.json"
 
 
 def _walk(ev: FunctionEvent, frame_of: dict[str, int], out: list[dict[str, Any]]) -> None:
-    frame = frame_of.setdefault(ev.name, len(frame_of))
+    frame = frame_of.setdefault(frame_label(ev), len(frame_of))
     out.append({"type": "O", "frame": frame, "at": ev.start_ns})
     for child in ev.children:
         if not child.is_instant:

@@ -1,8 +1,8 @@
 """Reading any file aprof writes back into a :class:`Session` (SPEC 10.1).
 
 ``aprof report`` and ``aprof convert`` accept a session (``.aprof``), a
-Chrome trace (``.json`` / ``.json.gz``, aprof's or another tool's) and an
-HTML report. :func:`aprof.load` stays strict (SPEC 6.5: it reads sessions and
+Chrome trace (``.json`` / ``.json.gz``, aprof's or another tool's), an HTML
+report, a speedscope file and folded stacks. :func:`aprof.load` stays strict (SPEC 6.5: it reads sessions and
 refuses foreign files); :func:`read_profile` is the forgiving reader the
 command line uses.
 
@@ -10,7 +10,9 @@ A Chrome trace holds less than a session: ranges nested on a track become
 parent and children again, ``b``/``e`` pairs become async ranges, the rows of
 a task's running slices become its steps, and the fields aprof writes into
 ``args`` are read back. What a trace never had (a foreign tool's categories,
-links between tracks) is left empty.
+links between tracks) is left empty. Speedscope files and folded stacks
+hold less again: call trees of named frames per track (see
+:func:`read_speedscope` and :func:`read_folded`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from ._events import FunctionEvent, Track, add_child, make_event
 from ._session import FORMAT as SESSION_FORMAT
 from ._session import Session, load
 
-__all__ = ["read_chrome_trace", "read_profile"]
+__all__ = ["read_chrome_trace", "read_folded", "read_profile", "read_speedscope"]
 
 _OLD_RUNNING_TID_BASE = 1 << 40  # running rows' tids before aprof wrote otherData.running_tid_base
 _LINK_CATEGORY = "spawn"  # as in aprof._export._chrome: the slices flow arrows start on
@@ -45,7 +47,8 @@ _KNOWN_ARGS = frozenset(
 
 
 def read_profile(path: str | PathLike[str]) -> Session:
-    """Read a session, a Chrome trace or an HTML report.
+    """Read a session, a Chrome trace, an HTML report, a speedscope file or
+    folded stacks.
 
     Raises:
         FileNotFoundError: no such file.
@@ -63,6 +66,11 @@ def read_profile(path: str | PathLike[str]) -> Session:
         except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
             raise ValueError(f"{where} is a truncated or corrupt gzip file ({exc})") from None
     head = raw[:4096].lstrip().lower()
+    if p.name.lower().endswith(FOLDED_SUFFIXES) or _looks_folded(head):
+        try:
+            return read_folded(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise ValueError(f"{where} is not valid folded stacks ({exc})") from None
     if head.startswith((b"<!doctype html", b"<html")):
         m = _DATA_TAG.search(raw)
         if m is None:
@@ -81,6 +89,8 @@ def read_profile(path: str | PathLike[str]) -> Session:
             return session_from_compact(doc)
         if (isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list)) or isinstance(doc, list):
             return read_chrome_trace(doc)
+        if is_speedscope(doc):
+            return read_speedscope(doc)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
         raise ValueError(f"{where} is damaged ({type(exc).__name__}: {exc})") from None
     raise ValueError(f"{where} is not a session, a Chrome trace or an HTML report")
@@ -246,3 +256,213 @@ def _record(e: dict[str, Any], args: dict[str, Any], start: int, end: int, kind:
         tuple(str(x) for x in inputs) if isinstance(inputs, list) else None,
         stack, kind, extra or None,
     ]  # fmt: skip
+
+
+# ---------------------------------------------------------------------------
+# speedscope and folded stacks (what export_speedscope and export_folded write)
+# ---------------------------------------------------------------------------
+
+SPEEDSCOPE_SCHEMA = "https://www.speedscope.app/file-format-schema.json"
+# Profiles aprof adds to a speedscope file that are views of the others, not
+# tracks of their own (aprof._export._speedscope): skipped when reading back.
+STITCHED_SUFFIX = " [who awaits whom]"
+FOLDED_SUFFIXES = (".folded", ".folded.txt")
+_FOLDED_LINE = re.compile(rb"^[^\s{\[<][^\n]*;[^\n]* \d+(\.\d+)?\r?$", re.M)
+_UNIT_NS = {"nanoseconds": 1, "microseconds": 1_000, "milliseconds": 1_000_000, "seconds": 1_000_000_000}
+_TRACK_LABEL = re.compile(r"^(.*) \((\d+)\)$")
+
+
+def is_speedscope(doc: Any) -> bool:
+    """Whether a parsed JSON document is a speedscope file."""
+    return isinstance(doc, dict) and (
+        doc.get("$schema") == SPEEDSCOPE_SCHEMA or (isinstance(doc.get("shared"), dict) and isinstance(doc.get("profiles"), list))
+    )
+
+
+def _looks_folded(head: bytes) -> bool:
+    """Whether the start of a file (not named .folded) reads as folded stacks."""
+    first = head.split(b"\n", 1)[0]
+    return bool(_FOLDED_LINE.match(first))
+
+
+def _ranges_session(per_track: list[tuple[Track, list[list[Any]]]], metadata: dict[str, Any]) -> Session:
+    """A session from per-track lists of range records (no async ranges):
+    each track's ranges nest by start order, as consolidation nests them."""
+    events: list[FunctionEvent] = []
+    tracks: dict[int, Track] = {}
+    for track, recs in per_track:
+        tracks[track.id] = track
+        recs.sort(key=lambda r: (r[2], -r[3]))
+        open_stack: list[FunctionEvent] = []
+        for rec in recs:
+            ev = make_event(rec, track, False, False)
+            while open_stack and open_stack[-1].end_ns < ev.end_ns:
+                open_stack.pop()
+            if open_stack:
+                ev.parent = open_stack[-1]
+                add_child(open_stack[-1], ev)
+            open_stack.append(ev)
+            events.append(ev)
+    ends = [ev.end_ns for ev in events]
+    metadata.setdefault("stop_ns", max(ends, default=metadata["start_ns"]))
+    return Session(events, tracks, metadata)
+
+
+def _range(name: str, scope: RecordScope, start: int, end: int, extra: dict[str, Any] | None = None) -> list[Any]:
+    return [name, scope, start, end, None, None, None, -1, 0, None, None, KIND_RANGE, extra]
+
+
+def read_speedscope(doc: dict[str, Any]) -> Session:
+    """Rebuild a session from a parsed speedscope file (SPEC 10.1).
+
+    Each profile becomes a track (aprof names its profiles ``track (id)``,
+    and the id comes back); evented profiles give their frames back as
+    nested ranges, sampled profiles as ranges laid end to end, weights as
+    durations. A file aprof wrote gives back its tasks and executor jobs
+    (frames named ``task <coroutine>`` and ``executor <function>``); the
+    ``[who awaits whom]`` profiles are views of the others and are skipped.
+
+    Raises:
+        KeyError, TypeError, ValueError, IndexError: the file is damaged
+            (``read_profile`` turns these into a ``ValueError`` naming it).
+    """
+    frames = [str(f["name"]) for f in doc["shared"]["frames"]]
+    own = str(doc.get("exporter", "")).startswith("aprof")
+    per_track: list[tuple[Track, list[list[Any]]]] = []
+    used: set[int] = set()
+    start_ns: int | None = None
+    for p in doc["profiles"]:
+        name = str(p.get("name", ""))
+        if own and name.endswith(STITCHED_SUFFIX):
+            continue
+        scale = _UNIT_NS.get(str(p.get("unit")), 1)
+        m = _TRACK_LABEL.match(name) if own else None
+        tid = int(m.group(2)) if m else 0
+        if not tid or tid in used:
+            tid = max(used, default=0) + 1
+        used.add(tid)
+        track = Track(tid, m.group(1) if m else name, "thread", 0, 0)
+        recs: list[list[Any]] = []
+        if p["type"] == "evented":
+            stack: list[tuple[int, int]] = []
+            for ev in p["events"]:
+                at = round(float(ev["at"]) * scale)
+                if ev["type"] == "O":
+                    stack.append((int(ev["frame"]), at))
+                elif ev["type"] == "C":
+                    if not stack or stack[-1][0] != int(ev["frame"]):
+                        raise ValueError(f"profile {name!r} closes frame {ev['frame']} that is not the innermost open one")
+                    frame, opened = stack.pop()
+                    recs.append(_frame_range(frames[frame], opened, at, own, track))
+            if stack:
+                raise ValueError(f"profile {name!r} leaves {len(stack)} frame(s) open")
+        elif p["type"] == "sampled":
+            recs = _sampled_ranges(p, frames, scale)
+        else:
+            raise ValueError(f"profile {name!r} has unknown type {p['type']!r}")
+        begin = round(float(p.get("startValue", 0)) * scale)
+        start_ns = begin if start_ns is None else min(start_ns, begin)
+        per_track.append((track, recs))
+    metadata: dict[str, Any] = {"aprof_version": None, "start_ns": start_ns or 0, "dropped": 0, "source": "speedscope"}
+    return _ranges_session(per_track, metadata)
+
+
+def _frame_range(name: str, start: int, end: int, own: bool, track: Track) -> list[Any]:
+    if own and name.startswith("task "):  # aprof names a task's frame after its coroutine
+        if track.kind == "thread":
+            track.kind = "asyncio"  # a task's track; which runtime is not in the file
+        return _range(track.name, RecordScope.TASK, start, end, {"coro": name[5:]})
+    if own and name.startswith("executor "):
+        return _range(name[9:], RecordScope.EXECUTOR, start, end)
+    return _range(name, RecordScope.FUNCTION, start, end)
+
+
+def _sampled_ranges(p: dict[str, Any], frames: list[str], scale: int) -> list[list[Any]]:
+    """Samples laid end to end: a frame open across consecutive samples is one range."""
+    recs: list[list[Any]] = []
+    t = round(float(p.get("startValue", 0)) * scale)
+    open_: list[tuple[int, int]] = []  # (frame, start)
+    for stack, weight in zip(p["samples"], p["weights"], strict=True):
+        stack = [int(f) for f in stack]
+        keep = 0
+        while keep < len(open_) and keep < len(stack) and open_[keep][0] == stack[keep]:
+            keep += 1
+        while len(open_) > keep:
+            frame, opened = open_.pop()
+            recs.append(_range(frames[frame], RecordScope.FUNCTION, opened, t))
+        open_ += [(f, t) for f in stack[keep:]]
+        w = float(weight)
+        if w < 0:
+            raise ValueError(f"profile {p.get('name')!r} has a negative weight")
+        t += round(w * scale)
+    while open_:
+        frame, opened = open_.pop()
+        recs.append(_range(frames[frame], RecordScope.FUNCTION, opened, t))
+    return recs
+
+
+def read_folded(text: str) -> Session:
+    """Rebuild a session from folded stacks (``a;b;c 123`` lines) (SPEC 10.1).
+
+    The first frame of each line is its track (aprof writes the track's name
+    there; other tools write the process name); the rest nest under it, each
+    line's value (microseconds, as aprof writes it) is the self time of its
+    innermost frame. Frames named ``task <coroutine>`` and ``executor
+    <function>`` (as aprof names them) come back as tasks and executor jobs. Folded stacks keep no order in time, so each track's
+    call tree is laid out from time 0, children first, then the frame's own
+    time. aprof writes spaces in names as no-break spaces, which come back as
+    spaces.
+
+    Raises:
+        ValueError: a line is not ``stack value`` (the message names it).
+    """
+    trees: dict[str, dict[str, Any]] = {}
+    for lineno, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        stack, _, value = line.rpartition(" ")
+        try:
+            us = int(value) if value.isdigit() else float(value)
+        except ValueError:
+            stack = ""
+        if not stack or us < 0:
+            raise ValueError(f"line {lineno} is not 'frame;frame;... value': {line[:80]!r}")
+        names = [n.replace("\u00a0", " ") for n in stack.split(";")]
+        node = trees.setdefault(names[0], {"self": 0, "kids": {}})
+        for n in names[1:]:
+            node = node["kids"].setdefault(n, {"self": 0, "kids": {}})
+        node["self"] += round(us * 1000)
+    per_track: list[tuple[Track, list[list[Any]]]] = []
+    for i, (track_name, root) in enumerate(trees.items(), 1):
+        recs: list[list[Any]] = []
+        end = 0
+        for name, kid in root["kids"].items():
+            end = _lay_out(name, kid, end, recs)
+        if root["self"]:
+            recs.append(_range(track_name, RecordScope.FUNCTION, 0, end + root["self"]))  # time on the track itself
+        track = Track(i, track_name, "thread", 0, 0)
+        per_track.append((track, [_frame_range(r[0], r[2], r[3], True, track) for r in recs]))
+    return _ranges_session(per_track, {"aprof_version": None, "start_ns": 0, "dropped": 0, "source": "folded stacks"})
+
+
+def _lay_out(name: str, node: dict[str, Any], start: int, out: list[list[Any]]) -> int:
+    """Append ``node``'s range and its descendants' from ``start``: children
+    end to end, then the node's own time; returns the node's end. Iterative:
+    a folded line can be deeper than Python's recursion limit."""
+    order: list[dict[str, Any]] = []  # pre-order; totals are summed in reverse
+    todo = [node]
+    while todo:
+        nd = todo.pop()
+        order.append(nd)
+        todo.extend(nd["kids"].values())
+    for nd in reversed(order):
+        nd["total"] = nd["self"] + sum(k["total"] for k in nd["kids"].values())
+    place = [(name, node, start)]
+    while place:
+        n, nd, t = place.pop()
+        out.append(_range(n, RecordScope.FUNCTION, t, t + nd["total"]))
+        for kn, kid in nd["kids"].items():
+            place.append((kn, kid, t))
+            t += kid["total"]
+    return start + int(node["total"])
