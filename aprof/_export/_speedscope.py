@@ -7,6 +7,12 @@ track an ``evented`` profile of open/close events in nanoseconds, named
 and instants have no place in a call tree. Frames are named as the summary
 names its rows: a task's range is ``task <coroutine>``, an executor job's
 ``executor <function>``.
+
+After the tracks come the "who awaits whom" profiles (named
+``track (id) [who awaits whom]``, see ``aprof._post._stitch``): for each
+root task or range whose waits were charged to the work it waited on, one
+profile where a child task's or executor job's frames hang under the
+parent's wait. The file opens on the longest of them.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from os import PathLike
 from typing import TYPE_CHECKING, Any
 
 from .. import _version
+from .._post._stitch import STITCHED_SUFFIX, Segment, stitched_timelines
 from ._files import atomic_write_text, check_output_path
 from ._labels import frame_label
 
@@ -37,6 +44,30 @@ def _walk(ev: FunctionEvent, frame_of: dict[str, int], out: list[dict[str, Any]]
         if not child.is_instant:
             _walk(child, frame_of, out)
     out.append({"type": "C", "frame": frame, "at": ev.end_ns})
+
+
+def _segment_events(segs: list[Segment], frame_of: dict[str, int]) -> list[dict[str, Any]]:
+    """Open/close events for contiguous (start, end, frames) segments."""
+    out: list[dict[str, Any]] = []
+    stack: list[int] = []
+    last = segs[0][0]
+    for s0, s1, frames in segs:
+        if s0 > last:  # a gap: nothing open
+            while stack:
+                out.append({"type": "C", "frame": stack.pop(), "at": last})
+        ids = [frame_of.setdefault(f, len(frame_of)) for f in frames]
+        keep = 0
+        while keep < len(stack) and keep < len(ids) and stack[keep] == ids[keep]:
+            keep += 1
+        while len(stack) > keep:
+            out.append({"type": "C", "frame": stack.pop(), "at": s0})
+        for f in ids[keep:]:
+            out.append({"type": "O", "frame": f, "at": s0})
+            stack.append(f)
+        last = s1
+    while stack:
+        out.append({"type": "C", "frame": stack.pop(), "at": last})
+    return out
 
 
 def speedscope_document(session: Session) -> dict[str, Any]:
@@ -66,6 +97,20 @@ def speedscope_document(session: Session) -> dict[str, Any]:
                 "events": events,
             }
         )
+    active = 0
+    for track, segs in stitched_timelines(session, changed_only=True):
+        if not active:
+            active = len(profiles)  # open on the longest root's stitched view
+        profiles.append(
+            {
+                "type": "evented",
+                "name": f"{track.name} ({track.id}){STITCHED_SUFFIX}",
+                "unit": "nanoseconds",
+                "startValue": segs[0][0],
+                "endValue": segs[-1][1],
+                "events": _segment_events(segs, frame_of),
+            }
+        )
     if not profiles:  # speedscope opens on a profile: give it an empty one
         stop = int(session.metadata.get("stop_ns", session.metadata.get("start_ns", 0)))
         profiles.append({"type": "evented", "name": "aprof (no ranges)", "unit": "nanoseconds", "startValue": stop, "endValue": stop, "events": []})
@@ -74,7 +119,7 @@ def speedscope_document(session: Session) -> dict[str, Any]:
         "shared": {"frames": [{"name": name} for name in frame_of]},
         "profiles": profiles,
         "name": "aprof",
-        "activeProfileIndex": 0,
+        "activeProfileIndex": active,
         "exporter": f"aprof {_version.__version__}",
     }
 

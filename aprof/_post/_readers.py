@@ -32,6 +32,7 @@ from ._compact import session_from_compact
 from ._events import FunctionEvent, Track, add_child, make_event
 from ._session import FORMAT as SESSION_FORMAT
 from ._session import Session, load
+from ._stitch import STITCHED_SUFFIX  # profiles that are views of the others: skipped
 
 __all__ = ["read_chrome_trace", "read_folded", "read_profile", "read_speedscope"]
 
@@ -263,9 +264,6 @@ def _record(e: dict[str, Any], args: dict[str, Any], start: int, end: int, kind:
 # ---------------------------------------------------------------------------
 
 SPEEDSCOPE_SCHEMA = "https://www.speedscope.app/file-format-schema.json"
-# Profiles aprof adds to a speedscope file that are views of the others, not
-# tracks of their own (aprof._export._speedscope): skipped when reading back.
-STITCHED_SUFFIX = " [who awaits whom]"
 FOLDED_SUFFIXES = (".folded", ".folded.txt")
 _FOLDED_LINE = re.compile(rb"^[^\s{\[<][^\n]*;[^\n]* \d+(\.\d+)?\r?$", re.M)
 _UNIT_NS = {"nanoseconds": 1, "microseconds": 1_000, "milliseconds": 1_000_000, "seconds": 1_000_000_000}

@@ -1,0 +1,374 @@
+"""Who awaits whom: task timelines stitched along spawn links and waits.
+
+A flame graph by range shows each task on its own, so a parent that spent
+900 ms waiting for a child shows 900 ms of "waiting" and the child's ranges
+show elsewhere. This module charges a task's waiting time to what it waited
+on, as far as the recording tells:
+
+- A recorded task knows when it ran (its steps) and so when it waited (the
+  gaps). For each wait, the work it spawned or submitted that *ended inside
+  the wait*, the latest such, and *right before the task woke* is what woke
+  it: its own stitched timeline hangs under the parent's open ranges for the
+  part of the wait it covers. "Right before" means the task woke within
+  ``WAKE_SLACK_NS`` or a quarter of the child's time in the wait, whichever
+  is more (a thread's result reaches the loop through a wake-up of its own,
+  a millisecond or two on a busy machine), or the loop had no idle time in
+  between (the parent was ready, behind other work). A child that ended
+  long before its parent woke did not wake it (the parent was sleeping or
+  waiting on something else).
+- An executor job under a wait shows its queueing (``(queued)``, submit to
+  start) and then the worker thread's ranges.
+- What is left of a wait is ``(waiting)``: a sleep, I/O, a lock, or a child
+  that does not meet the rule above.
+- A logical thread with no recorded steps (an OS thread, or the task that
+  started an in-code profile) has no known waits; for each of its ranges,
+  work it spawned inside the range is chained back from the range's end:
+  the job that ended last, then the one that ended last before that job
+  was spawned, and so on (the critical path).
+
+Each child is charged to one wait of its spawner at most; children that did
+not hold their parent up do not appear (their own time is in the flame
+graph by range). Roots are the ranges and tasks with no recorded spawner.
+The result is a list of timelines, one per root track, of contiguous
+``(start, end, frames)`` segments: the HTML report merges them into a flame
+graph, and speedscope gets one evented profile per root.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Final
+
+from .._core._callbacks import RecordScope
+
+if TYPE_CHECKING:
+    from ._events import FunctionEvent, Track
+    from ._session import Session
+
+__all__ = ["QUEUED", "STITCHED_SUFFIX", "WAITING", "Segment", "merge_tree", "stitched_timelines"]
+
+WAITING: Final = "(waiting)"
+# What a speedscope profile of a stitched timeline is called after its track's
+# name (aprof._export._speedscope writes it; the reader skips such profiles).
+STITCHED_SUFFIX: Final = " [who awaits whom]"
+QUEUED: Final = "(queued)"
+WAKE_SLACK_NS: Final = 1_000_000
+MAX_DEPTH: Final = 100  # a chain of awaits deeper than this is not followed
+
+Segment = tuple[int, int, tuple[str, ...]]
+
+
+def _label(ev: FunctionEvent) -> str:
+    # The summary's names (aprof._export._labels.frame_label, kept here too so
+    # post-processing does not import the exporters).
+    if ev.scope is RecordScope.TASK:
+        coro = ev.extra.get("coro") if ev.extra else None
+        if coro:
+            return f"task {coro}"
+    elif ev.scope is RecordScope.EXECUTOR:
+        return f"executor {ev.name}"
+    return ev.name
+
+
+class _Link:
+    """Work a logical thread spawned or submitted: a TASK or EXECUTOR range."""
+
+    __slots__ = ("ev", "link_ns", "start", "end", "track")
+
+    def __init__(self, ev: FunctionEvent) -> None:
+        extra = ev.extra or {}
+        self.ev = ev
+        self.start = ev.start_ns
+        self.end = ev.end_ns
+        self.link_ns = int(extra.get("spawn_ns", extra.get("submit_ns", ev.start_ns)))
+        self.track = ev.thread_id
+
+
+class _Stitcher:
+    def __init__(self, session: Session) -> None:
+        self.tracks = {t.id: t for t in session.tracks()}
+        self.nested: dict[int, list[FunctionEvent]] = {}
+        self.links: dict[int, list[_Link]] = {}  # by spawner, sorted by end
+        self.roots: dict[int, list[FunctionEvent]] = {}
+        self.tops: dict[int, list[FunctionEvent]] = {}  # top-level ranges of each track, by start
+        for ev in session.events():
+            if ev.is_async or ev.is_instant:
+                continue
+            self.nested.setdefault(ev.thread_id, []).append(ev)
+            on_track = ev.parent is not None and ev.parent.thread_id == ev.thread_id and not ev.parent.is_async
+            if on_track:
+                continue
+            self.tops.setdefault(ev.thread_id, []).append(ev)
+            fwd = ev.forward_thread_id
+            if ev.scope in (RecordScope.TASK, RecordScope.EXECUTOR) and fwd and ev.sequence_nr > 0 and fwd in self.tracks:
+                self.links.setdefault(fwd, []).append(_Link(ev))
+            else:
+                self.roots.setdefault(ev.thread_id, []).append(ev)
+        for evs in (*self.nested.values(), *self.tops.values()):
+            evs.sort(key=lambda e: (e.start_ns, -e.end_ns))
+        self.top_ends = {k: [e.end_ns for e in v] for k, v in self.tops.items()}
+        self.top_starts = {k: [e.start_ns for e in v] for k, v in self.tops.items()}
+        for lst in self.links.values():
+            lst.sort(key=lambda lk: lk.end)
+        self.link_ends = {k: [lk.end for lk in v] for k, v in self.links.items()}
+        self.charged: set[int] = set()
+        self.spliced = 0  # timelines that got charges: a root's count changes when anything was stitched
+        self._busy: dict[int, tuple[list[int], list[int]]] = {}
+
+    # -- the loop's idle time, from the steps of every task on one OS thread
+
+    def _busy_of(self, os_tid: int) -> tuple[list[int], list[int]]:
+        got = self._busy.get(os_tid)
+        if got is None:
+            pairs = sorted(
+                (s[i], s[i + 1])
+                for t in self.tracks.values()
+                if t.os_thread_id == os_tid and t.steps
+                for s in (t.steps,)
+                for i in range(0, len(s) - 1, 2)
+            )
+            flat: list[int] = []
+            for a, b in pairs:  # merge into disjoint busy intervals
+                if flat and a <= flat[-1]:
+                    flat[-1] = max(flat[-1], b)
+                else:
+                    flat += (a, b)
+            cum = [0]
+            for i in range(0, len(flat), 2):
+                cum.append(cum[-1] + flat[i + 1] - flat[i])
+            got = self._busy[os_tid] = (flat, cum)
+        return got
+
+    def _idle(self, os_tid: int, a: int, b: int) -> int:
+        flat, cum = self._busy_of(os_tid)
+        return (b - a) - (_covered(flat, cum, b) - _covered(flat, cum, a))
+
+    def _woke(self, track: Track, child_from: int, child_end: int, woke_at: int) -> bool:
+        if woke_at - child_end <= max(WAKE_SLACK_NS, (child_end - child_from) // 4):
+            return True
+        return bool(track.os_thread_id) and self._idle(track.os_thread_id, child_end, woke_at) <= WAKE_SLACK_NS
+
+    # -- timelines
+
+    def timeline(self, tid: int, a: int, b: int, depth: int, only: list[FunctionEvent] | None = None) -> list[Segment]:
+        """Track ``tid``'s stitched segments within [a, b] (of the ranges in
+        ``only`` and their descendants, or of every range there)."""
+        if only is None:
+            # Top-level ranges do not overlap: their starts and ends are both sorted.
+            tops = self.tops.get(tid, [])
+            only = tops[bisect_right(self.top_ends.get(tid, []), a) : bisect_left(self.top_starts.get(tid, []), b)]
+        segs = _range_segments(_with_descendants(only), a, b)
+        track = self.tracks.get(tid)
+        if track is None or depth >= MAX_DEPTH:
+            return segs
+        charges = self._charges(track, only, a, b, depth)
+        if not charges:
+            return segs
+        self.spliced += 1
+        return _splice(segs, charges)
+
+    def _charges(self, track: Track, tops: list[FunctionEvent], a: int, b: int, depth: int) -> list[tuple[int, int, list[Segment]]]:
+        """Intervals of [a, b] charged to something the track waited on,
+        each with the segments (frames below the track's own) to show there."""
+        out: list[tuple[int, int, list[Segment]]] = []
+        links = self.links.get(track.id, [])
+        ends = self.link_ends.get(track.id, [])
+        steps = track.steps
+        if steps:
+            task = next((e for e in tops if e.scope is RecordScope.TASK), None)
+            lo, hi = (task.start_ns, task.end_ns) if task is not None else (steps[0], steps[-1])
+            for w0, w1 in _gaps(steps, max(a, lo), min(b, hi)):
+                i = bisect_right(ends, w1) - 1
+                lk = links[i] if i >= 0 else None
+                if lk is not None and lk.end > w0 and lk.link_ns <= w0 and id(lk) not in self.charged and self._woke(track, max(w0, lk.link_ns), lk.end, w1):
+                    self.charged.add(id(lk))
+                    out.append((w0, lk.end, self._link_segments(lk, w0, depth)))
+                    if lk.end < w1:
+                        out.append((lk.end, w1, [(lk.end, w1, (WAITING,))]))
+                else:
+                    out.append((w0, w1, [(w0, w1, (WAITING,))]))
+            return out
+        # No steps: chain back from the end of each top-level range.
+        for r in tops:
+            r0, r1 = max(a, r.start_ns), min(b, r.end_ns)
+            if r1 <= r0:
+                continue
+            t = r1
+            i = bisect_right(ends, t) - 1
+            chain: list[tuple[int, int, list[Segment]]] = []
+            while i >= 0:
+                lk = links[i]
+                if lk.end <= r0:
+                    break
+                if lk.end <= t and lk.link_ns >= r0 and id(lk) not in self.charged:
+                    self.charged.add(id(lk))
+                    c0 = max(lk.link_ns, r0)
+                    chain.append((c0, lk.end, self._link_segments(lk, c0, depth)))
+                    t = c0
+                    i = bisect_right(ends, t, 0, i) - 1
+                    continue
+                i -= 1
+            out += reversed(chain)
+        return out
+
+    def _link_segments(self, lk: _Link, c0: int, depth: int) -> list[Segment]:
+        ev = lk.ev
+        if ev.scope is RecordScope.EXECUTOR:
+            label = _label(ev)
+            segs: list[Segment] = []
+            q0 = max(c0, lk.link_ns)
+            if lk.start > q0:
+                segs.append((q0, lk.start, (label, QUEUED)))
+            return segs + self.timeline(lk.track, lk.start, lk.end, depth + 1, only=[ev])
+        return self.timeline(lk.track, max(c0, lk.start), lk.end, depth + 1)
+
+
+def _covered(flat: list[int], cum: list[int], t: int) -> int:
+    """Busy time before ``t``."""
+    i = bisect_right(flat, t)
+    k = i // 2
+    total = cum[k]
+    if i % 2:  # inside a busy interval
+        total += t - flat[i - 1]
+    return total
+
+
+def _gaps(steps: list[int], a: int, b: int) -> list[tuple[int, int]]:
+    """The parts of [a, b] outside the (start, end) pairs in ``steps``."""
+    out: list[tuple[int, int]] = []
+    t = a
+    i = max(0, bisect_left(steps, a) - 1)
+    i -= i % 2
+    while i + 1 < len(steps) and t < b:
+        s0, s1 = steps[i], steps[i + 1]
+        if s1 <= t:
+            i += 2
+            continue
+        if s0 >= b:
+            break
+        if s0 > t:
+            out.append((t, s0))
+        t = max(t, s1)
+        i += 2
+    if t < b:
+        out.append((t, b))
+    return out
+
+
+def _with_descendants(evs: Iterable[FunctionEvent]) -> list[FunctionEvent]:
+    out: list[FunctionEvent] = []
+    for ev in evs:
+        out.append(ev)
+        out.extend(ev.iter_descendants())
+    out.sort(key=lambda e: (e.start_ns, -e.end_ns))
+    return out
+
+
+def _range_segments(evs: list[FunctionEvent], a: int, b: int) -> list[Segment]:
+    """Segments of [a, b] by the innermost open range (nested ranges, sorted
+    by start then longest first); times with no range open are left out."""
+    out: list[Segment] = []
+    stack: list[tuple[int, tuple[str, ...]]] = []  # (end, frames)
+    t = a
+
+    def emit(t0: int, t1: int, frames: tuple[str, ...]) -> None:
+        t0, t1 = max(t0, a), min(t1, b)
+        if t1 > t0 and frames:
+            out.append((t0, t1, frames))
+
+    for ev in evs:
+        s, e = ev.start_ns, ev.end_ns
+        if e <= a or s >= b:
+            continue
+        while stack and stack[-1][0] <= s:
+            end, frames = stack.pop()
+            emit(t, end, frames)
+            t = max(t, end)
+        if stack:
+            emit(t, s, stack[-1][1])
+        t = max(t, s)
+        stack.append((e, (stack[-1][1] if stack else ()) + (_label(ev),)))
+    while stack:
+        end, frames = stack.pop()
+        emit(t, end, frames)
+        t = max(t, end)
+    return out
+
+
+def _splice(segs: list[Segment], charges: list[tuple[int, int, list[Segment]]]) -> list[Segment]:
+    """Replace the charged parts of ``segs`` with the charges' segments, under
+    the frames open there."""
+    out: list[Segment] = []
+    charges.sort(key=lambda c: c[0])
+    starts = [c[0] for c in charges]
+    for s0, s1, frames in segs:
+        t = s0
+        i = max(0, bisect_right(starts, s0) - 1)
+        while i < len(charges) and charges[i][0] < s1:
+            c0, c1, sub = charges[i]
+            i += 1
+            if c1 <= t:
+                continue
+            lo, hi = max(c0, t), min(c1, s1)
+            if lo > t:
+                out.append((t, lo, frames))
+            for x0, x1, f in sub:
+                x0, x1 = max(x0, lo), min(x1, hi)
+                if x1 > x0:
+                    out.append((x0, x1, frames + f))
+            t = hi
+        if t < s1:
+            out.append((t, s1, frames))
+    return out
+
+
+def stitched_timelines(session: Session, *, changed_only: bool = False) -> list[tuple[Track, list[Segment]]]:
+    """The who-awaits-whom timeline of every root track, longest first.
+
+    Args:
+        changed_only: Leave out roots where nothing was stitched in (no wait
+            was charged to anything), whose timeline is their ranges alone.
+
+    Returns:
+        ``(track, segments)`` pairs; segments are sorted, do not overlap, and
+        give the frames (outermost first) open at each time.
+    """
+    st = _Stitcher(session)
+    out: list[tuple[Track, list[Segment]]] = []
+    for tid, roots in st.roots.items():
+        track = st.tracks.get(tid)
+        if track is None:
+            continue
+        a = min(r.start_ns for r in roots)
+        b = max(r.end_ns for r in roots)
+        before = st.spliced
+        segs = st.timeline(tid, a, b, 0, only=roots)
+        if segs and not (changed_only and st.spliced == before):
+            out.append((track, segs))
+    out.sort(key=lambda ts: -sum(s[1] - s[0] for s in ts[1]))
+    return out
+
+
+def merge_tree(timelines: Iterable[tuple[Any, list[Segment]]]) -> dict[str, Any]:
+    """Segments merged by call path: ``{"name", "total", "children": [...]}``
+    nodes under a root named ``all``, children sorted by total, largest first."""
+    root: dict[str, Any] = {"name": "all", "total": 0, "kids": {}}
+    for _, segs in timelines:
+        for s0, s1, frames in segs:
+            d = s1 - s0
+            root["total"] += d
+            node = root
+            for f in frames:
+                kid = node["kids"].get(f)
+                if kid is None:
+                    kid = node["kids"][f] = {"name": f, "total": 0, "kids": {}}
+                kid["total"] += d
+                node = kid
+    todo = [root]
+    while todo:
+        node = todo.pop()
+        kids = sorted(node.pop("kids").values(), key=lambda k: -k["total"])
+        node["children"] = kids
+        todo += kids
+    return root
