@@ -4,22 +4,32 @@ One file, no network: the page carries its own styles and script, and the
 profile as a compact document (``aprof._post._compact``) in a
 ``<script type="application/json">`` tag. It draws a timeline of tracks on a
 canvas (nested ranges by depth, async ranges in lanes, each task's running
-slices, flow arrows from spawn and submit points), a flame graph of ranges
-merged by call path, and sortable summary and track tables. Drawing skips
-what is off screen and merges ranges narrower than a pixel, so 100k events
-stay interactive. ``aprof report`` and ``aprof convert`` read the embedded
-document back.
+slices, flow arrows from spawn and submit points), two flame graphs (who
+awaits whom, from ``aprof._post._stitch``, and ranges merged by call path),
+and sortable summary and track tables. Drawing skips what is off screen and
+merges ranges narrower than a pixel; tasks of one coroutine are grouped, and
+large groups start collapsed, so 100k events and 50k tasks stay interactive.
+``aprof report`` and ``aprof convert`` read the embedded document back.
+
+Besides the compact document, the page gets what only Python knows or what
+is cheaper to compute here: the summary rows (``key_averages``, with the
+CLI's columns), the stitched flame graph, and the directories of the
+standard library and installed packages, so stacks can be trimmed to the
+user's own code.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import sysconfig
 from collections.abc import Iterator
 from importlib import resources
 from os import PathLike
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .._post._compact import compact_document
+from .._post._stitch import merge_tree, stitched_timelines
 from ._files import atomic_write_text, check_output_path
 
 if TYPE_CHECKING:
@@ -30,16 +40,60 @@ __all__ = ["export_html", "html_chunks"]
 SUFFIXES = (".html", ".htm")
 _PLACEHOLDER = "{{APROF_DATA}}"
 _SUMMARY_ROWS = 500
+_FLAME_NODES = 20_000  # the stitched flame graph keeps its largest nodes
+_APROF_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def _template() -> str:
     return resources.files(__package__).joinpath("_report.html").read_text(encoding="utf-8")
 
 
+def _library_dirs() -> list[str]:
+    """Where the standard library and installed packages live: their frames
+    are not the user's code."""
+    out = {_APROF_DIR}
+    for key in ("stdlib", "platstdlib", "purelib", "platlib", "scripts"):  # scripts: console entry points
+        p = sysconfig.get_paths().get(key)
+        if p:
+            out.add(os.path.join(p, ""))
+    return sorted(out, key=len, reverse=True)
+
+
+def _stitched(session: Session) -> list[Any]:
+    """The who-awaits-whom flame graph as ``[name, total_ns, [children]]``,
+    its smallest nodes dropped beyond ``_FLAME_NODES``."""
+    tree = merge_tree(stitched_timelines(session))
+    nodes = [tree]
+    i = 0
+    while i < len(nodes) and len(nodes) < _FLAME_NODES:  # breadth first: the largest survive
+        nodes += nodes[i]["children"]
+        i += 1
+    keep = {id(n) for n in nodes[:_FLAME_NODES]}
+
+    # Iterative: a deep chain of awaits must not hit the recursion limit.
+    out: list[Any] = [tree["name"], tree["total"], []]
+    todo = [(tree, out)]
+    while todo:
+        node, packed = todo.pop()
+        for kid in node["children"]:
+            if id(kid) in keep:
+                child: list[Any] = [kid["name"], kid["total"], []]
+                packed[2].append(child)
+                todo.append((kid, child))
+    return out
+
+
 def _data_json(session: Session) -> str:
     doc = compact_document(session)
     rows = sorted(session.key_averages(), key=lambda r: r.total_ns, reverse=True)[:_SUMMARY_ROWS]
-    doc["summary"] = [[r.key, r.count, r.total_ns, r.self_ns, r.running_ns, r.waiting_ns] for r in rows]
+    # The CLI's columns; min and max come last so older readers' indexes hold.
+    doc["summary"] = [[r.key, r.count, r.total_ns, r.self_ns, r.running_ns, r.waiting_ns, r.min_ns, r.max_ns] for r in rows]
+    doc["stitched"] = _stitched(session)
+    doc["library_dirs"] = _library_dirs()
+    try:
+        doc["cwd"] = os.path.join(os.getcwd(), "")
+    except OSError:
+        doc["cwd"] = ""
     text = json.dumps(doc, separators=(",", ":"), allow_nan=False, default=repr)
     # '<' only occurs inside JSON strings; escaped, no '</script>' or '<!--'
     # in a name can end the data tag early.

@@ -41,6 +41,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Final
 
 from .._core._callbacks import RecordScope
+from .._core._recorder import FLAG_ASYNC, KIND_INSTANT, R_END, R_FWD, R_KIND, R_SCOPE, R_SEQ, R_START
 
 if TYPE_CHECKING:
     from ._events import FunctionEvent, Track
@@ -92,23 +93,31 @@ class _Stitcher:
         self.links: dict[int, list[_Link]] = {}  # by spawner, sorted by end
         self.roots: dict[int, list[FunctionEvent]] = {}
         self.tops: dict[int, list[FunctionEvent]] = {}  # top-level ranges of each track, by start
-        for ev in session.events():
-            if ev.is_async or ev.is_instant:
+        # One pass over the raw records (the fields the properties read):
+        # this runs over every event of the session.
+        nested, tops, roots, links = self.nested, self.tops, self.roots, self.links
+        tracks = self.tracks
+        skip = FLAG_ASYNC | KIND_INSTANT
+        linked = (RecordScope.TASK, RecordScope.EXECUTOR)
+        for ev in session.events():  # track by track, each in start order
+            r = ev._r
+            if r[R_KIND] & skip:
                 continue
-            self.nested.setdefault(ev.thread_id, []).append(ev)
-            on_track = ev.parent is not None and ev.parent.thread_id == ev.thread_id and not ev.parent.is_async
-            if on_track:
-                continue
-            self.tops.setdefault(ev.thread_id, []).append(ev)
-            fwd = ev.forward_thread_id
-            if ev.scope in (RecordScope.TASK, RecordScope.EXECUTOR) and fwd and ev.sequence_nr > 0 and fwd in self.tracks:
-                self.links.setdefault(fwd, []).append(_Link(ev))
+            tid = ev._t.id
+            lst = nested.get(tid)
+            if lst is None:
+                lst = nested[tid] = []
+            lst.append(ev)
+            parent = ev.parent
+            if parent is not None and parent._t.id == tid and not parent._r[R_KIND] & FLAG_ASYNC:
+                continue  # nested on its track
+            tops.setdefault(tid, []).append(ev)
+            fwd = r[R_FWD]
+            if fwd and r[R_SCOPE] in linked and r[R_SEQ] > 0 and fwd in tracks:
+                links.setdefault(fwd, []).append(_Link(ev))
             else:
-                self.roots.setdefault(ev.thread_id, []).append(ev)
-        for evs in (*self.nested.values(), *self.tops.values()):
-            evs.sort(key=lambda e: (e.start_ns, -e.end_ns))
-        self.top_ends = {k: [e.end_ns for e in v] for k, v in self.tops.items()}
-        self.top_starts = {k: [e.start_ns for e in v] for k, v in self.tops.items()}
+                roots.setdefault(tid, []).append(ev)
+        self._top_bounds: dict[int, tuple[list[int], list[int]]] = {}
         for lst in self.links.values():
             lst.sort(key=lambda lk: lk.end)
         self.link_ends = {k: [lk.end for lk in v] for k, v in self.links.items()}
@@ -154,11 +163,19 @@ class _Stitcher:
     def timeline(self, tid: int, a: int, b: int, depth: int, only: list[FunctionEvent] | None = None) -> list[Segment]:
         """Track ``tid``'s stitched segments within [a, b] (of the ranges in
         ``only`` and their descendants, or of every range there)."""
+        tops = self.tops.get(tid, [])
         if only is None:
-            # Top-level ranges do not overlap: their starts and ends are both sorted.
-            tops = self.tops.get(tid, [])
-            only = tops[bisect_right(self.top_ends.get(tid, []), a) : bisect_left(self.top_starts.get(tid, []), b)]
-        segs = _range_segments(_with_descendants(only), a, b)
+            only = tops
+            if len(tops) > 1:  # the top-level ranges in [a, b]
+                # They do not overlap: their starts and ends are both sorted.
+                bounds = self._top_bounds.get(tid)
+                if bounds is None:
+                    bounds = self._top_bounds[tid] = ([e.start_ns for e in tops], [e.end_ns for e in tops])
+                only = tops[bisect_right(bounds[1], a) : bisect_left(bounds[0], b)]
+        # Every top-level range of the track (a task's one range, mostly): its
+        # nested list is already sorted.
+        nested = self.nested.get(tid, []) if len(only) == len(tops) else _with_descendants(only)
+        segs = _range_segments(nested, a, b)
         track = self.tracks.get(tid)
         if track is None or depth >= MAX_DEPTH:
             return segs
@@ -271,28 +288,30 @@ def _range_segments(evs: list[FunctionEvent], a: int, b: int) -> list[Segment]:
     out: list[Segment] = []
     stack: list[tuple[int, tuple[str, ...]]] = []  # (end, frames)
     t = a
-
-    def emit(t0: int, t1: int, frames: tuple[str, ...]) -> None:
-        t0, t1 = max(t0, a), min(t1, b)
-        if t1 > t0 and frames:
-            out.append((t0, t1, frames))
-
     for ev in evs:
-        s, e = ev.start_ns, ev.end_ns
+        r = ev._r
+        s, e = r[R_START], r[R_END]
         if e <= a or s >= b:
             continue
         while stack and stack[-1][0] <= s:
             end, frames = stack.pop()
-            emit(t, end, frames)
-            t = max(t, end)
-        if stack:
-            emit(t, s, stack[-1][1])
-        t = max(t, s)
+            t1 = end if end < b else b
+            if t1 > t:
+                out.append((t, t1, frames))
+            if end > t:
+                t = end
+        if stack and s > t:
+            out.append((t, s if s < b else b, stack[-1][1]))
+        if s > t:
+            t = s
         stack.append((e, (stack[-1][1] if stack else ()) + (_label(ev),)))
     while stack:
         end, frames = stack.pop()
-        emit(t, end, frames)
-        t = max(t, end)
+        t1 = end if end < b else b
+        if t1 > t:
+            out.append((t, t1, frames))
+        if end > t:
+            t = end
     return out
 
 
