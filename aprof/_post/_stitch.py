@@ -118,8 +118,8 @@ class _Stitcher:
             else:
                 roots.setdefault(tid, []).append(ev)
         self._top_bounds: dict[int, tuple[list[int], list[int]]] = {}
-        for lst in self.links.values():
-            lst.sort(key=lambda lk: lk.end)
+        for spawned in self.links.values():
+            spawned.sort(key=lambda lk: lk.end)
         self.link_ends = {k: [lk.end for lk in v] for k, v in self.links.items()}
         self.charged: set[int] = set()
         self.spliced = 0  # timelines that got charges: a root's count changes when anything was stitched
