@@ -702,3 +702,33 @@ def test_tracecheck_refuses_what_perfetto_would_lose(tmp_path: Path, events: lis
     path.write_text(json.dumps({"traceEvents": events}))
     with pytest.raises(AssertionError, match=re.escape(message)):
         validate_trace(path)
+
+
+def test_task_tracks_say_what_the_summary_calls_them(backend, tmp_path: Path) -> None:
+    # SPEC 9.1 (issue 16 item 4): the summary groups tasks as "task <coro>";
+    # a task's track says it too when the task's own name does not, and
+    # reading the trace back gives the task's own name.
+    from aprof._post._readers import read_profile
+
+    async def child() -> None:
+        with aprof.record_function("child work"):
+            await backend.checkpoint()
+
+    async def main() -> aprof.profile:
+        async with aprof.profile() as prof:
+            async with backend.group() as g:
+                g.start_soon(child)
+        return prof
+
+    prof = backend.run(main)
+    prof.export_chrome_trace(tmp_path / "t.json")
+    doc = validate_trace(tmp_path / "t.json")
+    names = thread_names(doc)
+    [task] = [e for e in prof.events() if e.scope is TASK]
+    key = f"task {child.__qualname__}"
+    assert key in {r.key for r in prof.key_averages()}
+    label = names[(next(iter(process_names(doc))), task.thread_id)]
+    assert label.startswith(task.track)
+    assert key in label or child.__qualname__ in task.track  # trio names tasks after the function already
+    back = read_profile(tmp_path / "t.json")
+    assert {t.name for t in back.tracks()} == {t.name for t in prof.session.tracks()}

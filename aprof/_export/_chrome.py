@@ -2,7 +2,8 @@
 
 * one process per node (``pid``), named ``aprof node N``;
 * one thread per logical thread (``tid`` = its id), named after the task or
-  thread, ordered by first activity;
+  thread (and the task's coroutine, as the summary names it:
+  ``Task-7 (task fetch) [asyncio]``), ordered by first activity;
 * ``X`` complete events for ranges nested on their track, ``i`` for instants;
 * ``b``/``e`` nestable async slices for ``is_async`` ranges, on the track
   that started them, paired by ``id``;
@@ -55,6 +56,7 @@ from .._core._recorder import (
 )
 from .._post._events import overlap
 from ._files import atomic_write_text, check_output_path
+from ._labels import task_coroutines, track_label
 
 if TYPE_CHECKING:
     from os import PathLike
@@ -167,9 +169,10 @@ def chrome_trace_chunks(session: Session, batch: int = 4096) -> Iterator[str]:
     for node in nodes:
         pid = pids.get(node, node)
         emit(f'{{"ph":"M","name":"process_name","pid":{pid},"tid":0,"args":{{"name":{_dumps(f"aprof node {node}")}}}}}')
+    coros = task_coroutines(events)
     for order, track in enumerate(tracks):
         pid = pids.get(track.node_id, track.node_id)
-        label = track.name if track.kind == "thread" else f"{track.name} [{track.kind}]"
+        label = track_label(track, coros.get(track.id))
         emit(f'{{"ph":"M","name":"thread_name","pid":{pid},"tid":{track.id},"args":{{"name":{_dumps(label)}}}}}')
         emit(f'{{"ph":"M","name":"thread_sort_index","pid":{pid},"tid":{track.id},"args":{{"sort_index":{2 * order}}}}}')
         if track.steps:  # a task's steps, set by consolidation and by load()

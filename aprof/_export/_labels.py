@@ -3,19 +3,22 @@
 The summary (``key_averages``) groups tasks by coroutine (``task fetch``) and
 executor jobs by function (``executor render``). The flame graphs, speedscope
 profiles and folded stacks name those frames the same way, so a row of the
-summary can be found in every view; a track keeps the task's own name.
+summary can be found in every view. A track keeps the task's own name, and
+adds the summary's name for it when the task's name does not say it:
+``Task-7 (task fetch)`` (the HTML report's track labels do the same).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from .._core._callbacks import RecordScope
 
 if TYPE_CHECKING:
-    from .._post._events import FunctionEvent
+    from .._post._events import FunctionEvent, Track
 
-__all__ = ["frame_label"]
+__all__ = ["frame_label", "task_coroutines", "track_label"]
 
 
 def frame_label(ev: FunctionEvent) -> str:
@@ -29,3 +32,25 @@ def frame_label(ev: FunctionEvent) -> str:
     elif scope is RecordScope.EXECUTOR:
         return f"executor {ev.name}"
     return ev.name
+
+
+def task_coroutines(events: Iterable[FunctionEvent]) -> dict[int, str]:
+    """Each task track's coroutine, from its TASK range."""
+    out: dict[int, str] = {}
+    for ev in events:
+        if ev.scope is RecordScope.TASK and ev.extra:
+            parent = ev.parent
+            if parent is not None and parent.thread_id == ev.thread_id:
+                continue
+            coro = ev.extra.get("coro")
+            if coro:
+                out[ev.thread_id] = str(coro)
+    return out
+
+
+def track_label(track: Track, coro: str | None) -> str:
+    """A track's name in a viewer: ``Task-7 (task fetch) [asyncio]``."""
+    name = track.name
+    if coro and coro not in name:
+        name = f"{name} (task {coro})"
+    return name if track.kind == "thread" else f"{name} [{track.kind}]"

@@ -192,6 +192,11 @@ def read_chrome_trace(doc: dict[str, Any] | list[Any]) -> Session:
             pairs.sort()
             found.steps = [x for pair in pairs for x in pair]
 
+    if own:  # aprof adds a task's coroutine to its track's name: take it off
+        for track, rec, _, _ in ranges:
+            coro = rec[12].get("coro") if rec[1] is RecordScope.TASK and rec[12] else None
+            if coro and track.name.endswith(f" (task {coro})"):
+                track.name = track.name[: -len(f" (task {coro})")]
     by_track: dict[int, list[FunctionEvent]] = {}
     for track, rec, is_async, unfinished in ranges:
         if rec[1] is RecordScope.TASK and track.steps is not None:
