@@ -92,7 +92,10 @@ def test_an_awaited_executor_job_shows_its_queue_and_its_ranges(backend) -> None
     # A task awaiting work in a thread: the job's frames hang under the wait.
     def blocking() -> None:
         with aprof.record_function("in thread"):
-            time.sleep(0.01)
+            # Long enough that the thread's hand-back to the loop (a wake-up
+            # of its own, milliseconds on a loaded machine) stays within the
+            # rule's quarter of the job's time.
+            time.sleep(0.1)
 
     async def parent() -> None:
         with aprof.record_function("handler"):
@@ -160,3 +163,56 @@ def test_speedscope_opens_on_the_stitched_profile(backend, tmp_path: Path) -> No
     opened = [frames[e["frame"]] for e in active["events"] if e["type"] == "O"]
     order = [opened.index(f) for f in (task(parent), "fan out", task(slow_child), "slow work")]
     assert order == sorted(order)
+
+
+def _session(hog: bool) -> Any:
+    """A parent task (track 1) waiting on a child it spawned (track 2), built
+    from a compact document so the times are exact. Milliseconds:
+
+    parent runs [0, 1] and [30, 31]; the child (spawned at 0.5) runs [2, 3]
+    and [19, 20] and ends at 20; with ``hog``, another task keeps the loop
+    busy from 20 to 30."""
+    from aprof._post._compact import session_from_compact
+
+    ms = 1_000_000
+    tracks = [
+        {"id": 1, "name": "Task-1", "kind": "asyncio", "os_thread_id": 7, "node_id": 0, "steps": [0, 1 * ms, 30 * ms, 31 * ms]},
+        {"id": 2, "name": "Task-2", "kind": "asyncio", "os_thread_id": 7, "node_id": 0, "steps": [2 * ms, 3 * ms, 19 * ms, 20 * ms]},
+    ]
+    events = [0, 0, 31 * ms, -1, 0, 0, 0, 0, 1, ms // 2, 20 * ms - ms // 2, -1, 1, 0, 0, 1]
+    details: list[dict[str, Any]] = [
+        {"extra": {"coro": "parent", "spawn_ns": 0, "outcome": "returned"}},
+        {"forward_thread_id": 1, "sequence_nr": 1, "extra": {"coro": "child", "spawn_ns": ms // 2, "outcome": "returned"}},
+    ]
+    if hog:
+        tracks.append({"id": 3, "name": "Task-3", "kind": "asyncio", "os_thread_id": 7, "node_id": 0, "steps": [20 * ms, 30 * ms]})
+        events += [2, 20 * ms, 10 * ms, -1, 2, 0, 0, 2]
+        details.append({"extra": {"coro": "hog", "spawn_ns": 20 * ms, "outcome": "returned"}})
+    doc = {
+        "format": "aprof-compact", "version": 1, "metadata": {"start_ns": 0, "stop_ns": 31 * ms},
+        "names": ["Task-1", "Task-2", "Task-3"], "scopes": ["task"], "tracks": tracks, "events": events, "details": details,
+    }  # fmt: skip
+    return session_from_compact(doc)
+
+
+def test_a_task_ready_behind_a_busy_loop_is_not_waiting() -> None:
+    # The child woke its parent at 20 ms, but other work held the loop until
+    # 30: the parent was ready, not waiting (CPU starvation shows).
+    from aprof._post._stitch import READY
+
+    [(track, segs), *_] = stitched_timelines(_session(hog=True))
+    assert track.id == 1
+    ms = 1_000_000
+    charged = [(a, b) for a, b, f in segs if f[:2] == ("task parent", "task child")]
+    assert (charged[0][0], charged[-1][1]) == (1 * ms, 20 * ms)  # the child's part of the wait
+    assert (20 * ms, 30 * ms, ("task parent", READY)) in segs
+
+
+def test_a_child_ending_long_before_an_idle_parent_woke_is_not_charged() -> None:
+    # Without the hog the loop sat idle from 20 to 30 ms: the parent woke for
+    # some other reason (a sleep), so the wait stays its own.
+    [(track, segs), *_] = stitched_timelines(_session(hog=False))
+    assert track.id == 1
+    ms = 1_000_000
+    assert (1 * ms, 30 * ms, ("task parent", WAITING)) in segs
+    assert not any("task child" in f for _, _, f in segs)

@@ -19,7 +19,10 @@ on, as far as the recording tells:
 - An executor job under a wait shows its queueing (``(queued)``, submit to
   start) and then the worker thread's ranges.
 - What is left of a wait is ``(waiting)``: a sleep, I/O, a lock, or a child
-  that does not meet the rule above.
+  that does not meet the rule above. After the child that woke it, a task
+  that resumed more than ``WAKE_SLACK_NS`` later with the loop busy all the
+  while shows ``(ready, loop busy)``: it could run, other work held the
+  loop (CPU starvation).
 - A logical thread with no recorded steps (an OS thread, or the task that
   started an in-code profile) has no known waits; for each of its ranges,
   work it spawned inside the range is chained back from the range's end:
@@ -47,9 +50,10 @@ if TYPE_CHECKING:
     from ._events import FunctionEvent, Track
     from ._session import Session
 
-__all__ = ["QUEUED", "STITCHED_SUFFIX", "WAITING", "Segment", "merge_tree", "stitched_timelines"]
+__all__ = ["QUEUED", "READY", "STITCHED_SUFFIX", "WAITING", "Segment", "merge_tree", "stitched_timelines"]
 
 WAITING: Final = "(waiting)"
+READY: Final = "(ready, loop busy)"
 # What a speedscope profile of a stitched timeline is called after its track's
 # name (aprof._export._speedscope writes it; the reader skips such profiles).
 STITCHED_SUFFIX: Final = " [who awaits whom]"
@@ -158,6 +162,12 @@ class _Stitcher:
             return True
         return bool(track.os_thread_id) and self._idle(track.os_thread_id, child_end, woke_at) <= WAKE_SLACK_NS
 
+    def _after_wake(self, track: Track, child_end: int, woke_at: int) -> str:
+        """What a task did between its waker's end and its own next step."""
+        if woke_at - child_end > WAKE_SLACK_NS and track.os_thread_id and self._idle(track.os_thread_id, child_end, woke_at) <= WAKE_SLACK_NS:
+            return READY  # ready to run, behind other work on a busy loop
+        return WAITING
+
     # -- timelines
 
     def timeline(self, tid: int, a: int, b: int, depth: int, only: list[FunctionEvent] | None = None) -> list[Segment]:
@@ -202,7 +212,7 @@ class _Stitcher:
                     self.charged.add(id(lk))
                     out.append((w0, lk.end, self._link_segments(lk, w0, depth)))
                     if lk.end < w1:
-                        out.append((lk.end, w1, [(lk.end, w1, (WAITING,))]))
+                        out.append((lk.end, w1, [(lk.end, w1, (self._after_wake(track, lk.end, w1),))]))
                 else:
                     out.append((w0, w1, [(w0, w1, (WAITING,))]))
             return out
