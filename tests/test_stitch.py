@@ -216,3 +216,26 @@ def test_a_child_ending_long_before_an_idle_parent_woke_is_not_charged() -> None
     ms = 1_000_000
     assert (1 * ms, 30 * ms, ("task parent", WAITING)) in segs
     assert not any("task child" in f for _, _, f in segs)
+
+
+def test_work_spawned_outside_the_ranges_of_a_thread_without_steps_is_a_root(backend) -> None:
+    # The task that starts an in-code profile has no recorded steps; once it
+    # has a track (it recorded a range), what it spawns outside its ranges
+    # cannot be charged to a wait of its, and must still be in the view.
+    async def child() -> None:
+        with aprof.record_function("child work"):
+            await backend.sleep(0.005)
+
+    async def main() -> aprof.profile:
+        async with aprof.profile() as prof:
+            with aprof.record_function("setup"):
+                pass
+            async with backend.group() as g:  # no range open here
+                g.start_soon(child)
+                g.start_soon(child)
+        return prof
+
+    prof = backend.run(main)
+    p = paths(merge_tree(stitched_timelines(prof.session)))
+    assert ("setup",) in p
+    assert has(p, task(child), "child work"), sorted(p)

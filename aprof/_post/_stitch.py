@@ -30,8 +30,10 @@ on, as far as the recording tells:
   was spawned, and so on (the critical path).
 
 Each child is charged to one wait of its spawner at most; children that did
-not hold their parent up do not appear (their own time is in the flame
-graph by range). Roots are the ranges and tasks with no recorded spawner.
+not hold a task up do not appear (their own time is in the flame graph by
+range). Roots are the ranges and tasks with no recorded spawner, and the
+work a logical thread without steps spawned outside its ranges (where its
+waits are unknown).
 The result is a list of timelines, one per root track, of contiguous
 ``(start, end, frames)`` segments: the HTML report merges them into a flame
 graph, and speedscope gets one evented profile per root.
@@ -365,16 +367,37 @@ def stitched_timelines(session: Session, *, changed_only: bool = False) -> list[
     """
     st = _Stitcher(session)
     out: list[tuple[Track, list[Segment]]] = []
-    for tid, roots in st.roots.items():
+
+    def add(tid: int, roots: list[FunctionEvent]) -> None:
         track = st.tracks.get(tid)
         if track is None:
-            continue
+            return
         a = min(r.start_ns for r in roots)
         b = max(r.end_ns for r in roots)
         before = st.spliced
         segs = st.timeline(tid, a, b, 0, only=roots)
         if segs and not (changed_only and st.spliced == before):
             out.append((track, segs))
+
+    for tid, roots in st.roots.items():
+        add(tid, roots)
+    # Work spawned by a logical thread with no steps, outside any of its
+    # ranges, was charged nowhere (its spawner's waits are unknown): it is a
+    # root of its own. (Uncharged work of a task with steps did not hold the
+    # task up, and stays out.)
+    while True:
+        orphans = [
+            lk
+            for spawner, links in st.links.items()
+            if not st.tracks[spawner].steps
+            for lk in links
+            if id(lk) not in st.charged
+        ]
+        if not orphans:
+            break
+        for lk in orphans:
+            st.charged.add(id(lk))
+            add(lk.track, [lk.ev])
     out.sort(key=lambda ts: -sum(s[1] - s[0] for s in ts[1]))
     return out
 
@@ -383,17 +406,21 @@ def merge_tree(timelines: Iterable[tuple[Any, list[Segment]]]) -> dict[str, Any]
     """Segments merged by call path: ``{"name", "total", "children": [...]}``
     nodes under a root named ``all``, children sorted by total, largest first."""
     root: dict[str, Any] = {"name": "all", "total": 0, "kids": {}}
+    # Time per distinct call path first: far fewer paths than segments, and
+    # a tuple's hash is one C call.
+    per_path: dict[tuple[str, ...], int] = {}
     for _, segs in timelines:
         for s0, s1, frames in segs:
-            d = s1 - s0
-            root["total"] += d
-            node = root
-            for f in frames:
-                kid = node["kids"].get(f)
-                if kid is None:
-                    kid = node["kids"][f] = {"name": f, "total": 0, "kids": {}}
-                kid["total"] += d
-                node = kid
+            per_path[frames] = per_path.get(frames, 0) + s1 - s0
+    for frames, d in per_path.items():
+        root["total"] += d
+        node = root
+        for f in frames:
+            kid = node["kids"].get(f)
+            if kid is None:
+                kid = node["kids"][f] = {"name": f, "total": 0, "kids": {}}
+            kid["total"] += d
+            node = kid
     todo = [root]
     while todo:
         node = todo.pop()
