@@ -35,6 +35,12 @@ Perfetto's rules, read from its importer (google/perfetto,
 - flow ids: each has one ``s`` and one ``f``, with the same category and
   name (a v1 flow is identified by id, category and name);
 - ``thread_sort_index`` fits in 32 bits (signed).
+
+Why a replay of the rules and not the real importer: the PyPI ``perfetto``
+package (checked at 0.11.0) ships only the Python client; its
+``TraceProcessor`` downloads the ``trace_processor`` binary from
+get.perfetto.dev at first use, so tests cannot load a trace in Perfetto's
+own importer offline.
 """
 
 from __future__ import annotations
