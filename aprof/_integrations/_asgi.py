@@ -27,8 +27,6 @@ The threat model is in docs/guide.md ("Profiling requests in a server").
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import inspect
 import itertools
 import math
@@ -219,10 +217,10 @@ class ProfilerMiddleware:
         ImportError: ``opentelemetry=True`` without the OpenTelemetry API.
 
     Example:
-        >>> import os, aprof
+        >>> import aprof
         >>> async def app(scope, receive, send): ...
-        >>> app = aprof.ProfilerMiddleware(
-        ...     app, secret=os.environ.get("APROF_SECRET", "a" * 32), directory="traces", return_trace=True)
+        >>> secret = "9c1f0e4b7a52d8e3f6a1b0c9d8e7f6a5"   # in a server: os.environ["APROF_SECRET"]
+        >>> app = aprof.ProfilerMiddleware(app, secret=secret, return_trace=True)
 
     ``curl -H "x-aprof-token: $APROF_SECRET" https://host/path`` stores a
     trace; adding ``-H "x-aprof: html"`` returns the HTML report instead of
@@ -288,11 +286,15 @@ class ProfilerMiddleware:
             _prepare_directory(self.directory)
 
         self.app = app
-        self._secret_digest = (
-            hashlib.sha256(secret.encode("utf-8") if isinstance(secret, str) else secret).digest()
-            if secret is not None
-            else None
-        )
+        self._secret_digest: bytes | None = None
+        if secret is not None:
+            # Imported here: hashlib loads OpenSSL, a cost `import aprof` need not pay.
+            import hashlib
+            import hmac
+
+            self._sha256 = hashlib.sha256
+            self._compare_digest = hmac.compare_digest
+            self._secret_digest = self._sha256(secret.encode("utf-8") if isinstance(secret, str) else secret).digest()
         self._allow = allow
         self.sample_rate = float(sample_rate)
         self.max_per_minute = max_per_minute
@@ -329,11 +331,11 @@ class ProfilerMiddleware:
             if name.lower() == self.token_header:
                 # Hashing first makes the comparison's time independent of
                 # the length of what was sent, not only of its content.
-                ok |= hmac.compare_digest(hashlib.sha256(bytes(value)).digest(), digest)
+                ok |= self._compare_digest(self._sha256(bytes(value)).digest(), digest)
         if self.token_query is not None and not ok:
             query = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
             for value in query.get(self.token_query, ()):
-                ok |= hmac.compare_digest(hashlib.sha256(value.encode("utf-8", "surrogateescape")).digest(), digest)
+                ok |= self._compare_digest(self._sha256(value.encode("utf-8", "surrogateescape")).digest(), digest)
         return ok
 
     def _allowed(self, scope: Scope) -> bool:

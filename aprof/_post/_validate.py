@@ -162,9 +162,14 @@ def json_depth_exceeds(raw: bytes, depth: int = MAX_JSON_DEPTH) -> bool:
     """
     # In valid JSON a backslash only starts an escape inside a string:
     # dropping escaped backslashes first, then escaped quotes, leaves every
-    # remaining quote a string delimiter.
-    s = raw.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_STRUCTURE)
-    s = _STRING.sub(b"", s)
+    # remaining quote a string delimiter (most files have no backslash).
+    s = raw.replace(b"\\\\", b"").replace(b'\\"', b"") if b"\\" in raw else raw
+    s = s.translate(None, _NOT_STRUCTURE)
+    # Quotes alternate open/close, so removing two adjacent ones removes an
+    # empty string, or joins two strings with nothing between them: either
+    # way what is inside strings stays inside. The regex then has only the
+    # strings that hold brackets left to remove.
+    s = _STRING.sub(b"", s.replace(b'""', b""))
     for _ in range(depth):
         if not s:
             return False
@@ -287,6 +292,14 @@ def _check_steps(steps: object, what: str) -> None:
         raise ValueError(f"{what} steps are a {type(steps).__name__}, not a list")
     if len(steps) % 2:
         raise ValueError(f"{what} steps have an odd count ({len(steps)}), not (start, end) pairs")
+    # Whole-list checks in C (a sorted list sorts in one pass); the loop
+    # below only runs to say what is wrong.
+    if (
+        all(type(s) is int for s in steps)
+        and (not steps or _I64_MIN <= min(steps) <= max(steps) <= _I64_MAX)
+        and steps == sorted(steps)
+    ):
+        return
     prev = _I64_MIN
     for s in steps:
         if not _is_int(s):
