@@ -142,6 +142,15 @@ def test_other_compressions_read_and_are_bounded(kind: str, tmp_path: Path, monk
         aprof.load(cut)
 
 
+def test_a_compression_this_python_cannot_read_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # SPEC 12: bz2 and lzma are optional in a CPython build.
+    packed = tmp_path / "s.aprof"
+    packed.write_bytes(b"BZh91AY&SY" + b"\x00" * 40)  # a bzip2 header
+    monkeypatch.setitem(sys.modules, "bz2", None)
+    with pytest.raises(ValueError, match=f"{re.escape(str(packed))}' is bzip2 data, and this Python was built without"):
+        aprof.load(packed)
+
+
 @pytest.mark.parametrize("command", ["report", "convert"])
 def test_the_command_line_refuses_a_bomb_in_one_line(command: str, tmp_path: Path) -> None:
     # SPEC 10.1, 12: exit 2 and one line naming the file.
