@@ -32,6 +32,8 @@ from aprof._post import _validate
 from aprof._post._readers import read_profile
 from aprof._post._validate import MAX_JSON_DEPTH, check_count, json_depth_exceeds
 
+from .test_html import attr, render
+from .test_html import chromium as chromium  # the fixture, re-exported for this module
 from .tracecheck import validate_trace
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -278,6 +280,21 @@ def test_a_deep_call_tree_is_walked_without_recursion(tmp_path: Path) -> None:
     validate_trace(tmp_path / "deep.json")
     loaded.export_html(tmp_path / "deep.html")
     assert len(read_profile(tmp_path / "deep.html").events()) == depth
+
+
+def test_a_deep_call_tree_renders_in_the_browser(chromium: str, tmp_path: Path) -> None:
+    # SPEC 9.2: 20,000 nested levels (far deeper than Python's recursion
+    # limit) lay out and draw without a script error: the page computes
+    # depths in start order, parents first, so it never recurses deeply.
+    depth = 20_000
+    with aprof.profile() as prof, contextlib.ExitStack() as stack:
+        for i in range(depth):
+            stack.enter_context(aprof.record_function(f"level {i % 7}"))
+    out = tmp_path / "deep.html"
+    prof.export_html(out)
+    dom = render(chromium, out, tmp_path)
+    assert attr(dom, "errors", "data-error") is None, re.search(r'<div id="errors">(.*?)</div>', dom, re.S)
+    assert 'data-ready="1"' in dom
 
 
 # -- Crafted fields (issue 15 item 23) -------------------------------------
