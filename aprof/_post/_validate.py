@@ -34,6 +34,7 @@ import io
 import json
 import math
 import re
+import sys
 import zlib
 from collections.abc import Callable, Mapping
 from typing import IO, TYPE_CHECKING, Any, Final
@@ -211,7 +212,13 @@ def parse_json(raw: bytes, not_json: str = "is truncated or not JSON") -> Any:
         raise ValueError(f"is JSON nested too deeply to read here ({MAX_JSON_DEPTH} levels or fewer)") from None
     except ValueError as exc:  # our NaN hook, or an integer past sys.get_int_max_str_digits()
         msg = str(exc)
-        raise ValueError(msg if msg.startswith("holds") else f"holds a number aprof cannot read ({msg})") from None
+        if msg.startswith("holds"):
+            raise ValueError(msg) from None
+        if "digits" in msg:
+            raise ValueError(
+                f"holds an integer of more than {sys.get_int_max_str_digits()} digits, which no aprof file contains"
+            ) from None
+        raise ValueError(f"holds a number aprof cannot read ({msg})") from None
 
 
 # -- Counts a file declares ---------------------------------------------------
