@@ -281,7 +281,9 @@ class ProfilerMiddleware:
             from .._export._otel import _import_api
 
             _import_api()  # fail here, not at the first profiled request
-        self.directory = Path(directory) if directory is not None else None
+        # Absolute now: a server that changes its working directory later
+        # still writes where it was told.
+        self.directory = Path(directory).absolute() if directory is not None else None
         if self.directory is not None:
             _prepare_directory(self.directory)
 
