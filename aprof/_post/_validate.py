@@ -52,6 +52,7 @@ __all__ = [
     "check_count",
     "check_parent_indexes",
     "decompress",
+    "json_depth_exceeds",
     "parse_json",
     "validate_session",
 ]
