@@ -62,6 +62,16 @@ class AprofWarning(RuntimeWarning):
     """
 
 
+if _native.UNRECOGNISED_SWITCH is not None:
+    # Said here, once, at import: _native runs before this class exists.
+    warnings.warn(
+        f"APROF_PURE_PYTHON={_native.UNRECOGNISED_SWITCH!r} is not a value aprof knows "
+        "(1/true/yes/on or 0/false/no/off); using the C extension",
+        AprofWarning,
+        stacklevel=2,
+    )
+
+
 class RecordScope(enum.Enum):
     """The kinds of range (the seed's ``RecordScope``)."""
 

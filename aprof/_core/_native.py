@@ -6,6 +6,13 @@ of the same interface. Setting ``APROF_PURE_PYTHON=1`` in the environment
 before aprof is imported makes aprof use the twins even when the extension
 is built: the test suite runs the core tests that way too, so both paths
 keep the same meaning.
+
+The switch reads the way environment switches usually do (case and
+surrounding spaces ignored): ``1``, ``true``, ``yes`` or ``on`` select the
+twins; unset, empty, ``0``, ``false``, ``no`` or ``off`` leave the extension
+on. Any other value also leaves it on, and ``aprof._core._callbacks`` warns
+once, naming the value (it cannot warn from here: the warning class lives
+there, and that module imports this one).
 """
 
 from __future__ import annotations
@@ -14,10 +21,33 @@ import os
 from types import ModuleType
 from typing import Final
 
-__all__ = ["FORCED_PURE", "extension"]
+__all__ = ["FORCED_PURE", "UNRECOGNISED_SWITCH", "extension", "parse_switch"]
+
+_ON: Final = frozenset(("1", "true", "yes", "on"))
+_OFF: Final = frozenset(("", "0", "false", "no", "off"))
+
+
+def parse_switch(value: str | None) -> bool | None:
+    """What an ``APROF_PURE_PYTHON`` value asks for: True (the twins),
+    False (the extension), or None (not a value aprof knows)."""
+    if value is None:
+        return False
+    word = value.strip().lower()
+    if word in _ON:
+        return True
+    if word in _OFF:
+        return False
+    return None
+
+
+_asked = parse_switch(os.environ.get("APROF_PURE_PYTHON"))
 
 #: Whether the environment asked for the pure-Python twins.
-FORCED_PURE: Final = os.environ.get("APROF_PURE_PYTHON", "") not in ("", "0")
+FORCED_PURE: Final = _asked is True
+
+#: The ``APROF_PURE_PYTHON`` value when it was none of the known words
+#: (the extension stays on, and aprof warns once at import), else None.
+UNRECOGNISED_SWITCH: Final = os.environ.get("APROF_PURE_PYTHON") if _asked is None else None
 
 
 def _load() -> ModuleType | None:

@@ -46,12 +46,15 @@ def folded_lines(session: Session) -> Iterator[str]:
     totals: dict[str, int] = {}
     names = {t.id: _frame(t.name) for t in session.tracks()}
 
-    def walk(ev: FunctionEvent, prefix: str) -> None:
-        stack = f"{prefix};{_frame(frame_label(ev))}"
-        totals[stack] = totals.get(stack, 0) + ev.self_duration_ns
-        for child in ev.children:
-            if not child.is_instant:
-                walk(child, stack)
+    def walk(root: FunctionEvent, prefix: str) -> None:
+        # Depth first with an explicit stack (call trees can nest deeper
+        # than Python's recursion limit), in the order recursion would take.
+        todo = [(root, prefix)]
+        while todo:
+            ev, up = todo.pop()
+            stack = f"{up};{_frame(frame_label(ev))}"
+            totals[stack] = totals.get(stack, 0) + ev.self_duration_ns
+            todo.extend((c, stack) for c in reversed(ev.children) if not c.is_instant)
 
     for ev in session.events():
         if ev.is_async or ev.is_instant:

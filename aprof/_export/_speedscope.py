@@ -37,13 +37,27 @@ SUFFIXES = (".speedscope.json",)
 SCHEMA = "https://www.speedscope.app/file-format-schema.json"
 
 
-def _walk(ev: FunctionEvent, frame_of: dict[str, int], out: list[dict[str, Any]]) -> None:
-    frame = frame_of.setdefault(frame_label(ev), len(frame_of))
-    out.append({"type": "O", "frame": frame, "at": ev.start_ns})
-    for child in ev.children:
-        if not child.is_instant:
-            _walk(child, frame_of, out)
-    out.append({"type": "C", "frame": frame, "at": ev.end_ns})
+def _walk(root: FunctionEvent, frame_of: dict[str, int], out: list[dict[str, Any]]) -> None:
+    """Open and close events for ``root`` and its nested ranges, depth first.
+
+    An explicit stack, not recursion: call trees can nest deeper than
+    Python's recursion limit.
+    """
+    frame = frame_of.setdefault(frame_label(root), len(frame_of))
+    out.append({"type": "O", "frame": frame, "at": root.start_ns})
+    todo = [(root, frame, iter(root.children))]
+    while todo:
+        ev, frame, children = todo[-1]
+        for child in children:
+            if child.is_instant:
+                continue
+            f = frame_of.setdefault(frame_label(child), len(frame_of))
+            out.append({"type": "O", "frame": f, "at": child.start_ns})
+            todo.append((child, f, iter(child.children)))
+            break
+        else:
+            todo.pop()
+            out.append({"type": "C", "frame": frame, "at": ev.end_ns})
 
 
 def _segment_events(segs: list[Segment], frame_of: dict[str, int]) -> list[dict[str, Any]]:

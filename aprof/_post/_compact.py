@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Final
 from .._core._callbacks import RecordScope
 from .._core._recorder import KIND_INSTANT, KIND_RANGE
 from ._events import FunctionEvent, Track, link_parents, make_event
+from ._validate import check_parent_indexes
 
 if TYPE_CHECKING:
     from ._session import Session
@@ -98,6 +99,12 @@ def compact_document(session: Session) -> dict[str, Any]:
     }
 
 
+def _index(i: int, n: int, what: str) -> int:
+    if not 0 <= i < n:
+        raise ValueError(f"{what} index {i} is outside 0..{n - 1}")
+    return i
+
+
 def session_from_compact(doc: dict[str, Any]) -> Session:
     """Rebuild a session from :func:`compact_document`'s output.
 
@@ -126,14 +133,21 @@ def session_from_compact(doc: dict[str, Any]) -> Session:
     events: list[FunctionEvent] = []
     parents: list[int] = []
     for i in range(0, len(flat), STRIDE):
-        ti, start, dur, parent, name_i, scope_i, flags, detail_i = (int(v) for v in flat[i : i + STRIDE])
-        track = tracks[ti]
-        d: dict[str, Any] = details[detail_i] if detail_i >= 0 else {}
+        ti, start, dur, parent, name_i, scope_i, flags, detail_i = flat[i : i + STRIDE]
+        if any(type(v) is not int for v in flat[i : i + STRIDE]):
+            raise ValueError(f"event {i // STRIDE} has a field that is not an integer")
+        # Python's negative indexes would quietly pick another entry: check.
+        track = tracks[_index(ti, len(tracks), "track")]
+        name = names[_index(name_i, len(names), "name")]
+        scope = scopes[_index(scope_i, len(scopes), "scope")]
+        d: dict[str, Any] = details[_index(detail_i, len(details), "detail")] if detail_i != -1 else {}
+        if type(d) is not dict:
+            raise ValueError(f"detail {detail_i} is not an object")
         end_tid = d.get("end_thread_id")
         stack = d.get("stack")
         inputs = d.get("inputs")
         rec = [
-            names[name_i], scopes[scope_i], base + start, base + start + dur,
+            name, scope, base + start, base + start + dur,
             int(end_tid) if end_tid is not None else None, d.get("exception"), d.get("args"),
             int(d.get("sequence_nr", -1)), int(d.get("forward_thread_id", 0)),
             tuple(str(x) for x in inputs) if inputs is not None else None,
@@ -145,5 +159,6 @@ def session_from_compact(doc: dict[str, Any]) -> Session:
             rec[-1] = {**extra, "steps": track.steps}  # as consolidation leaves it
         events.append(make_event(rec, track, bool(flags & F_ASYNC), bool(flags & F_UNFINISHED)))
         parents.append(parent)
+    check_parent_indexes(parents, len(events))
     link_parents(events, parents)
     return Session(events, {t.id: t for t in tracks}, metadata)

@@ -238,9 +238,17 @@ class FunctionEvent(_EventCore):
 
     def iter_descendants(self) -> Iterator[FunctionEvent]:
         """Children, grandchildren and so on, depth first."""
-        for c in self.children:
-            yield c
-            yield from c.iter_descendants()
+        # An explicit stack, not recursion: traced call trees (and files
+        # read back) can nest deeper than Python's recursion limit.
+        todo = [iter(self.children)]
+        while todo:
+            for c in todo[-1]:
+                yield c
+                if c.children:
+                    todo.append(iter(c.children))
+                break
+            else:
+                todo.pop()
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of the event's own fields (no parent/children)."""

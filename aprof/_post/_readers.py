@@ -17,10 +17,7 @@ hold less again: call trees of named frames per track (see
 
 from __future__ import annotations
 
-import gzip
-import json
 import re
-import zlib
 from os import PathLike
 from pathlib import Path
 from typing import Any
@@ -31,8 +28,9 @@ from ._compact import FORMAT as COMPACT_FORMAT
 from ._compact import session_from_compact
 from ._events import FunctionEvent, Track, add_child, make_event
 from ._session import FORMAT as SESSION_FORMAT
-from ._session import Session, load
+from ._session import Session, load, session_from_document
 from ._stitch import STITCHED_SUFFIX  # profiles that are views of the others: skipped
+from ._validate import decompress, parse_json, validate_session
 
 __all__ = ["read_chrome_trace", "read_folded", "read_profile", "read_speedscope"]
 
@@ -61,11 +59,10 @@ def read_profile(path: str | PathLike[str]) -> Session:
         return load(p)  # its own, more precise errors
     raw = p.read_bytes()
     where = repr(str(p))
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
-            raise ValueError(f"{where} is a truncated or corrupt gzip file ({exc})") from None
+    try:
+        raw = decompress(raw)
+    except ValueError as exc:
+        raise ValueError(f"{where} {exc}") from None
     head = raw[:4096].lstrip().lower()
     if p.name.lower().endswith(FOLDED_SUFFIXES) or _looks_folded(head):
         try:
@@ -78,23 +75,31 @@ def read_profile(path: str | PathLike[str]) -> Session:
             raise ValueError(f"{where} is an HTML page but not an aprof report (no embedded profile data)")
         raw = m.group(1)
     try:
-        doc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{where} is not a session, a Chrome trace or an HTML report ({exc})") from None
-    except RecursionError:
-        raise ValueError(f"{where} is not a session, a Chrome trace or an HTML report (JSON nested too deeply)") from None
+        doc = parse_json(raw, not_json="is not a session, a Chrome trace or an HTML report")
+    except ValueError as exc:
+        raise ValueError(f"{where} {exc}") from None
     if isinstance(doc, dict) and doc.get("format") == SESSION_FORMAT:
-        return load(p)
+        return session_from_document(doc, where)
     try:
         if isinstance(doc, dict) and doc.get("format") == COMPACT_FORMAT:
-            return session_from_compact(doc)
-        if (isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list)) or isinstance(doc, list):
-            return read_chrome_trace(doc)
-        if is_speedscope(doc):
-            return read_speedscope(doc)
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+            session = session_from_compact(doc)
+        elif (isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list)) or isinstance(doc, list):
+            session = read_chrome_trace(doc)
+        elif is_speedscope(doc):
+            session = read_speedscope(doc)
+        else:
+            raise ValueError(f"{where} is not a session, a Chrome trace or an HTML report")
+    except (KeyError, TypeError, IndexError, AttributeError, OverflowError) as exc:
         raise ValueError(f"{where} is damaged ({type(exc).__name__}: {exc})") from None
-    raise ValueError(f"{where} is not a session, a Chrome trace or an HTML report")
+    except ValueError as exc:
+        if str(exc).startswith(where):
+            raise
+        raise ValueError(f"{where} is damaged (ValueError: {exc})") from None
+    try:
+        validate_session(session._events, session._tracks, session.metadata)
+    except ValueError as exc:
+        raise ValueError(f"{where} is damaged: {exc}") from None
+    return session
 
 
 def read_chrome_trace(doc: dict[str, Any] | list[Any]) -> Session:

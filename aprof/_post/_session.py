@@ -13,12 +13,10 @@ into the event list.
 from __future__ import annotations
 
 import gc
-import gzip
 import json
 import os
 import sys
 import time
-import zlib
 from os import PathLike
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -28,6 +26,7 @@ from .._core._callbacks import RecordScope
 from .._core._recorder import KIND_INSTANT, KIND_RANGE, R_START, ProfilerState
 from .._export._files import atomic_write_text, check_output_path
 from ._events import FunctionEvent, Track, consolidate, link_parents, make_event
+from ._validate import check_parent_indexes, decompress, parse_json, validate_session
 
 if TYPE_CHECKING:
     from ._analysis import EventAverages
@@ -213,6 +212,11 @@ def _first_start(events: list[FunctionEvent]) -> Any:
 def load(path: str | PathLike[str]) -> Session:
     """Read a session written by ``profile.save()`` / ``Session.save()``.
 
+    The file is read as untrusted input (docs/reference.md, ``aprof.load``):
+    compressed data is inflated only up to a bound, nesting is bounded
+    before parsing, and the session is validated completely before it is
+    returned, so every analysis and export can walk it.
+
     Args:
         path: The ``.aprof`` file.
 
@@ -220,65 +224,111 @@ def load(path: str | PathLike[str]) -> Session:
         A :class:`Session` with the same analysis and export methods.
 
     Raises:
+        TypeError: ``path`` is not a path.
         FileNotFoundError: no such file.
-        ValueError: the file is empty, truncated, not JSON, or not an aprof
-            session (the message names the file).
+        IsADirectoryError: the path is a directory.
+        ValueError: the file is empty, truncated, not JSON, not an aprof
+            session, a decompression bomb, or a session with a wrong field
+            (the message names the file and what is wrong).
     """
     if not isinstance(path, (str, PathLike)):
         raise TypeError(f"load: expected a file path, got {type(path).__name__}")
     p = Path(path)
+    where = repr(str(p))
     try:
         raw = p.read_bytes()
     except IsADirectoryError:
-        raise IsADirectoryError(f"load: {str(p)!r} is a directory, not a session file") from None
+        raise IsADirectoryError(f"load: {where} is a directory, not a session file") from None
     if not raw:
-        raise ValueError(f"load: {str(p)!r} is empty, not an aprof session")
+        raise ValueError(f"load: {where} is empty, not an aprof session")
     try:
-        if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
-        doc = json.loads(raw)
-    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
-        raise ValueError(f"load: {str(p)!r} is a truncated or corrupt gzip file ({exc})") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"load: {str(p)!r} is truncated or not JSON ({exc})") from None
-    except RecursionError:  # e.g. "[[[[...": deeper than any session file nests
-        raise ValueError(f"load: {str(p)!r} is not an aprof session (JSON nested too deeply)") from None
+        doc = parse_json(decompress(raw))
+    except ValueError as exc:
+        raise ValueError(f"load: {where} {exc}") from None
+    return session_from_document(doc, f"load: {where}")
+
+
+def session_from_document(doc: Any, where: str) -> Session:
+    """The session in a parsed session document, validated.
+
+    ``where`` starts every error message (``"load: '<file>'"``).
+
+    Raises:
+        ValueError: the document is not a session of this version, or is
+            damaged; the message says what is wrong.
+    """
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         if isinstance(doc, dict) and "traceEvents" in doc:
-            raise ValueError(f"load: {str(p)!r} is a Chrome trace, not an aprof session (write one with prof.save())")
-        raise ValueError(f"load: {str(p)!r} is not an aprof session (no 'format': {FORMAT!r})")
+            raise ValueError(f"{where} is a Chrome trace, not an aprof session (write one with prof.save())")
+        raise ValueError(f"{where} is not an aprof session (no 'format': {FORMAT!r})")
     if doc.get("version") != VERSION:
-        raise ValueError(f"load: {str(p)!r} is an aprof session of version {doc.get('version')!r}; this aprof reads version {VERSION}")
+        raise ValueError(f"{where} is an aprof session of version {doc.get('version')!r}; this aprof reads version {VERSION}")
     try:
-        return _from_json(doc)
-    except (KeyError, TypeError, ValueError, IndexError) as exc:
-        raise ValueError(f"load: {str(p)!r} is a damaged aprof session ({type(exc).__name__}: {exc})") from None
+        session = _from_json(doc)
+    except (KeyError, TypeError, ValueError, IndexError, OverflowError) as exc:
+        raise ValueError(f"{where} is a damaged aprof session ({type(exc).__name__}: {exc})") from None
+    try:
+        validate_session(session._events, session._tracks, session.metadata)
+    except ValueError as exc:
+        raise ValueError(f"{where} is not a valid aprof session: {exc}") from None
+    return session
+
+
+def _flag(d: dict[str, Any], key: str) -> bool:
+    v = d[key]
+    if type(v) is not bool:
+        raise ValueError(f"{key} is {v!r}, not true or false")
+    return v
+
+
+def _frames(stack: Any) -> Any:
+    """A stack read from JSON as a tuple of frame tuples; anything else is
+    left as it is for validate_session to name."""
+    if type(stack) is list and all(type(f) is list for f in stack):
+        return tuple(tuple(f) for f in stack)
+    return stack
 
 
 def _from_json(doc: dict[str, Any]) -> Session:
+    """Build the session as the document says, without coercing types:
+    validate_session checks them all afterwards."""
     fields = doc["fields"]
-    tracks = {int(t["id"]): Track(int(t["id"]), str(t["name"]), str(t["kind"]), int(t["os_thread_id"]), int(t["node_id"])) for t in doc["tracks"]}
+    if type(fields) is not list or sorted(map(str, fields)) != sorted(_FIELDS):
+        raise ValueError(f"fields are {fields!r}, not the {len(_FIELDS)} fields of version {VERSION}")
+    tracks: dict[int, Track] = {}
+    for t in doc["tracks"]:
+        tid = t["id"]
+        if type(tid) is not int or tid in tracks:
+            raise ValueError(f"track id {tid!r} is not an int, or is listed twice")
+        tracks[tid] = Track(tid, t["name"], t["kind"], t["os_thread_id"], t["node_id"])
+    rows = doc["events"]
+    if type(rows) is not list:
+        raise ValueError(f"events are a {type(rows).__name__}, not a list")
     events: list[FunctionEvent] = []
-    parents: list[int] = []
-    for row in doc["events"]:
+    parents: list[Any] = []
+    for row in rows:
         d = dict(zip(fields, row, strict=True))
-        tid = int(d["thread_id"])
+        tid = d["thread_id"]
+        if type(tid) is not int:
+            raise ValueError(f"thread_id {tid!r} is not an int")
         track = tracks.get(tid)
         if track is None:
-            track = tracks[tid] = Track(tid, str(d["track"]), "thread", int(d["os_thread_id"]), int(d["node_id"]))
-        end_tid = int(d["end_thread_id"])
-        stack = tuple((str(f), int(line), str(fn)) for f, line, fn in d["stack"]) if d["stack"] is not None else None
+            track = tracks[tid] = Track(tid, d["track"], "thread", d["os_thread_id"], d["node_id"])
+        end_tid = d["end_thread_id"]
+        inputs = d["inputs"]
         rec = [
-            str(d["name"]), RecordScope(d["scope"]), int(d["start_ns"]), int(d["end_ns"]),
-            None if end_tid == tid else end_tid, d["exception"], d["args"], int(d["sequence_nr"]),
-            int(d["forward_thread_id"]), tuple(d["inputs"]) if d["inputs"] is not None else None, stack,
-            KIND_INSTANT if d["is_instant"] else KIND_RANGE, d["extra"],
+            d["name"], RecordScope(d["scope"]), d["start_ns"], d["end_ns"],
+            None if end_tid == tid else end_tid, d["exception"], d["args"], d["sequence_nr"],
+            d["forward_thread_id"], tuple(inputs) if type(inputs) is list else inputs, _frames(d["stack"]),
+            KIND_INSTANT if _flag(d, "is_instant") else KIND_RANGE, d["extra"],
         ]  # fmt: skip
-        e = make_event(rec, track, bool(d["is_async"]), bool(d["unfinished"]))
-        if e.scope is RecordScope.TASK and isinstance(e.extra, dict) and e.extra.get("steps") is not None:
+        e = make_event(rec, track, _flag(d, "is_async"), _flag(d, "unfinished"))
+        if e.scope is RecordScope.TASK and type(e.extra) is dict and e.extra.get("steps") is not None:
             # running/waiting are derived from the task's steps, as at stop
-            track.steps = [int(t) for t in e.extra["steps"]]
+            track.steps = e.extra["steps"]
         events.append(e)
-        parents.append(int(d["parent"]))
+        parents.append(d["parent"])
+    check_parent_indexes(parents, len(events))
     link_parents(events, parents)
-    return Session(events, tracks, dict(doc["metadata"]))
+    metadata = doc["metadata"]
+    return Session(events, tracks, dict(metadata) if type(metadata) is dict else metadata)
