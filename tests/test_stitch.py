@@ -239,3 +239,23 @@ def test_work_spawned_outside_the_ranges_of_a_thread_without_steps_is_a_root(bac
     p = paths(merge_tree(stitched_timelines(prof.session)))
     assert ("setup",) in p
     assert has(p, task(child), "child work"), sorted(p)
+
+
+def test_a_deep_chain_keeps_its_outermost_frames_and_all_its_time() -> None:
+    # SPEC 9.2: 2,000 nested ranges (past Python's recursion limit) stitch
+    # to paths of at most MAX_FRAMES frames, outermost first; time below the
+    # cut counts in the deepest kept frame, so the root's total is whole.
+    import contextlib
+
+    from aprof._post._stitch import MAX_FRAMES
+
+    with aprof.profile() as prof, contextlib.ExitStack() as stack:
+        for i in range(2000):
+            stack.enter_context(aprof.record_function(f"level {i}"))
+    timelines = stitched_timelines(prof.session)
+    frames = [f for _, segs in timelines for _, _, f in segs]
+    assert max(len(f) for f in frames) == MAX_FRAMES
+    assert all(f[: min(len(f), 3)] == ("level 0", "level 1", "level 2")[: len(f)] for f in frames)
+    tree = merge_tree(timelines)
+    outer = next(e for e in prof.events() if e.name == "level 0")
+    assert tree["total"] == outer.end_ns - outer.start_ns

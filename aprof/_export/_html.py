@@ -60,26 +60,24 @@ def _library_dirs() -> list[str]:
 
 
 def _stitched(session: Session) -> list[Any]:
-    """The who-awaits-whom flame graph as ``[name, total_ns, [children]]``,
-    its smallest nodes dropped beyond ``_FLAME_NODES``."""
-    tree = merge_tree(stitched_timelines(session))
-    nodes = [tree]
-    i = 0
-    while i < len(nodes) and len(nodes) < _FLAME_NODES:  # breadth first: the largest survive
-        nodes += nodes[i]["children"]
-        i += 1
-    keep = {id(n) for n in nodes[:_FLAME_NODES]}
+    """The who-awaits-whom flame graph, flat: ``[name, total_ns, parent]``
+    per node, parents first (the root's parent is -1), the shallowest
+    ``_FLAME_NODES`` kept.
 
-    # Iterative: a deep chain of awaits must not hit the recursion limit.
-    out: list[Any] = [tree["name"], tree["total"], []]
-    todo = [(tree, out)]
-    while todo:
-        node, packed = todo.pop()
-        for kid in node["children"]:
-            if id(kid) in keep:
-                child: list[Any] = [kid["name"], kid["total"], []]
-                packed[2].append(child)
-                todo.append((kid, child))
+    Flat, not nested: a deep chain of awaits must neither hit the recursion
+    limit here nor nest the page's JSON deeper than a reader accepts.
+    """
+    tree = merge_tree(stitched_timelines(session))
+    out: list[Any] = [[tree["name"], tree["total"], -1]]
+    queue = [tree]
+    i = 0
+    while i < len(queue) and len(out) < _FLAME_NODES:  # breadth first
+        for kid in queue[i]["children"]:
+            if len(out) >= _FLAME_NODES:
+                break
+            out.append([kid["name"], kid["total"], i])
+            queue.append(kid)
+        i += 1
     return out
 
 

@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from ._events import FunctionEvent, Track
     from ._session import Session
 
-__all__ = ["QUEUED", "READY", "STITCHED_SUFFIX", "WAITING", "Segment", "merge_tree", "stitched_timelines"]
+__all__ = ["MAX_FRAMES", "QUEUED", "READY", "STITCHED_SUFFIX", "WAITING", "Segment", "merge_tree", "stitched_timelines"]
 
 WAITING: Final = "(waiting)"
 READY: Final = "(ready, loop busy)"
@@ -294,6 +294,9 @@ def _with_descendants(evs: Iterable[FunctionEvent]) -> list[FunctionEvent]:
     return out
 
 
+MAX_FRAMES: Final = 256  # frames kept per call path, outermost first
+
+
 def _range_segments(evs: list[FunctionEvent], a: int, b: int) -> list[Segment]:
     """Segments of [a, b] by the innermost open range (nested ranges, sorted
     by start then longest first); times with no range open are left out."""
@@ -316,7 +319,10 @@ def _range_segments(evs: list[FunctionEvent], a: int, b: int) -> list[Segment]:
             out.append((t, s if s < b else b, stack[-1][1]))
         if s > t:
             t = s
-        stack.append((e, (stack[-1][1] if stack else ()) + (_label(ev),)))
+        up = stack[-1][1] if stack else ()
+        # Past MAX_FRAMES frames, time counts in the deepest kept one: paths
+        # stay short, so a chain of 20,000 nested ranges is not quadratic.
+        stack.append((e, up + (_label(ev),) if len(up) < MAX_FRAMES else up))
     while stack:
         end, frames = stack.pop()
         t1 = end if end < b else b
@@ -347,7 +353,7 @@ def _splice(segs: list[Segment], charges: list[tuple[int, int, list[Segment]]]) 
             for x0, x1, f in sub:
                 x0, x1 = max(x0, lo), min(x1, hi)
                 if x1 > x0:
-                    out.append((x0, x1, frames + f))
+                    out.append((x0, x1, (frames + f)[:MAX_FRAMES]))
             t = hi
         if t < s1:
             out.append((t, s1, frames))
