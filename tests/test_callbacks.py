@@ -419,6 +419,37 @@ def test_a_context_callback_is_invisible_outside_its_context(registry: Registry)
     assert seen == ["inside"]
 
 
+def test_clear_context_callbacks_in_a_child_leaves_the_parent_intact(registry: Registry, backend: Backend) -> None:
+    # SPEC 2.2, 3.3 (issue 15 item 2): context callbacks are per context. A
+    # child that clears them sees none; its parent, and a sibling spawned
+    # before, keep theirs. remove_callback() is what removes one everywhere.
+    seen: list[str] = []
+
+    async def clearing_child(cleared: list[bool]) -> None:
+        aprof.clear_context_callbacks()
+        assert not aprof.has_context_callbacks()
+        ranged("child-after-clear")
+        cleared.append(True)
+
+    async def sibling(cleared: list[bool]) -> None:
+        await wait_until(backend, lambda: bool(cleared))
+        ranged("sibling")
+
+    async def main() -> None:
+        handle = registry.add_context(Callback(lambda rf: seen.append(rf.name)))
+        cleared: list[bool] = []
+        async with backend.group() as g:
+            g.start_soon(sibling, cleared)
+            g.start_soon(clearing_child, cleared)
+        assert aprof.has_context_callbacks()
+        ranged("parent-after")
+        aprof.remove_callback(handle)
+        ranged("parent-after-remove")
+
+    backend.run(main)
+    assert sorted(seen) == ["parent-after", "sibling"]
+
+
 def test_clear_context_callbacks_keeps_a_running_profile() -> None:
     # SPEC 3.3, 5.2: a profile's recorder is not a user callback.
     with aprof.profile() as prof:

@@ -409,16 +409,18 @@ def clear_global_callbacks() -> None:
 
 
 def clear_context_callbacks() -> None:
-    """Remove every callback registered in the current context.
+    """Remove every context callback from the current context.
 
+    Context callbacks are per context, like any context variable: the
+    context that registered them (a parent task) and tasks spawned before
+    the clear keep theirs. :func:`remove_callback` removes one everywhere.
     A running profile's recorder is not a user callback: it stays until the
     profile stops.
     """
     st = RF_STATE.get()
-    for e in st.callbacks:
-        e.removed = True
-        _registry.pop(e.handle, None)
     if st.callbacks:
+        # Only this context's view changes: the entries are shared with the
+        # contexts that inherited them, so they are not marked removed.
         RF_STATE.set(st.replace(callbacks=()))
 
 
