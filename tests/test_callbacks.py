@@ -807,6 +807,45 @@ def test_record_function_low_level_fields(registry: Registry) -> None:
     assert at_end[-1]["is_async"] is True
 
 
+@pytest.mark.parametrize("bad", ["no", "", 0, 1, None, 1.0])
+def test_recording_switches_take_only_bools(bad: Any) -> None:
+    # SPEC 3.4, 12 (issue 22 item 3): "no" would switch recording on by its
+    # truth value; anything but a bool is a TypeError naming the argument,
+    # and the switch is unchanged.
+    def run() -> None:
+        with pytest.raises(TypeError, match="enable_record_function: enabled"):
+            aprof.enable_record_function(bad)
+        assert aprof.is_record_function_enabled()
+        aprof.enable_record_function(False)
+        with pytest.raises(TypeError, match="enable_record_function: enabled"):
+            aprof.enable_record_function(bad)
+        assert not aprof.is_record_function_enabled()
+        with pytest.raises(TypeError, match="RecordFunctionGuard: enabled"):
+            aprof.RecordFunctionGuard(bad)
+
+    in_fresh_context(run)
+
+
+def test_a_guard_cannot_be_entered_twice_at_once() -> None:
+    # SPEC 2.1, 3.4, 12: one guard object is one open block at a time; it
+    # can be used again once it has exited.
+    def run() -> None:
+        for guard in (
+            aprof.RecordFunctionGuard(False),
+            aprof.DebugInfoGuard(aprof.DebugInfoKind.TEST_INFO, "x"),
+            aprof.ContextState.capture().applied(),
+        ):
+            with guard:
+                with pytest.raises(RuntimeError, match="already entered"):
+                    guard.__enter__()
+            with guard:
+                pass
+        assert aprof.is_record_function_enabled()
+        assert aprof.get_debug_info(aprof.DebugInfoKind.TEST_INFO) is None
+
+    in_fresh_context(run)
+
+
 def test_record_function_low_level_misuse() -> None:
     # SPEC 3.5, 12
     with pytest.raises(TypeError, match="scope"):

@@ -35,7 +35,7 @@ from ._callbacks import (
     report_failure,
     sampled,
 )
-from ._debug_info import restore_slot
+from ._debug_info import enter_guard, exit_guard
 from ._recorder import ASYNC_SAME_THREAD, ProfilerState, Recorder
 from ._threads import LogicalThread, current_logical_thread, stepping
 
@@ -695,14 +695,28 @@ def mark(name: str, args: str | None = None) -> None:
         st.recorder.instant(name, RecordScope.USER_SCOPE, current_logical_thread(), args)
 
 
+def _check_enabled(value: object, where: str) -> bool:
+    # bool only: "no" or 0.0 would otherwise switch recording on or off by
+    # their truth value (issue 22).
+    if not isinstance(value, bool):
+        raise TypeError(f"{where}: enabled must be True or False, got {value!r}")
+    return value
+
+
 def enable_record_function(enabled: bool = True) -> None:
     """Switch recording on or off for the current context (SPEC 3.4).
 
     Tasks and propagated work spawned while it is off inherit "off".
+    Inside a :class:`RecordFunctionGuard`, the change lasts until the
+    guard exits, as in the seed.
+
+    Raises:
+        TypeError: ``enabled`` is not a bool.
     """
+    enabled = _check_enabled(enabled, "enable_record_function")
     st = RF_STATE.get()
-    if st.enabled != bool(enabled):
-        RF_STATE.set(st.replace(enabled=bool(enabled)))
+    if st.enabled != enabled:
+        RF_STATE.set(st.replace(enabled=enabled))
 
 
 def is_record_function_enabled() -> bool:
@@ -713,8 +727,16 @@ def is_record_function_enabled() -> bool:
 class RecordFunctionGuard:
     """Switch recording on (or off) for the body of a ``with`` block.
 
+    Guards may exit in any order: once every guard has exited, recording is
+    as it was before the first one entered (see :class:`DebugInfoGuard`).
+
     Args:
         enabled: The state inside the block.
+
+    Raises:
+        TypeError: ``enabled`` is not a bool.
+        RuntimeError: the guard is entered while already entered, or exited
+            in another context than the one it was entered in.
 
     Example:
         >>> import aprof
@@ -723,20 +745,16 @@ class RecordFunctionGuard:
         False
     """
 
-    __slots__ = ("_enabled", "_prev", "_set", "_token")
+    __slots__ = ("_enabled", "_token")
 
     def __init__(self, enabled: bool = True) -> None:
-        self._enabled = bool(enabled)
-        self._prev = True
+        self._enabled = _check_enabled(enabled, type(self).__name__)
         self._token: Token[Any] | None = None
-        self._set: object = None
 
     def __enter__(self) -> RecordFunctionGuard:
-        st = RF_STATE.get()
-        self._prev = st.enabled
-        new = st.replace(enabled=self._enabled)
-        self._token = RF_STATE.set(new)
-        self._set = new
+        if self._token is not None:
+            raise RuntimeError(f"{self!r} is already entered")
+        self._token = enter_guard(self, {"enabled": self._enabled})
         return self
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
@@ -744,8 +762,7 @@ class RecordFunctionGuard:
         if token is None:
             return
         self._token = None
-        prev = self._prev
-        restore_slot(RF_STATE, token, self._set, lambda cur: cur.replace(enabled=prev), self)
+        exit_guard(self, token, repr(self))
 
     async def __aenter__(self) -> RecordFunctionGuard:
         return self.__enter__()
