@@ -190,11 +190,46 @@ def test_sampling_prob_rejects_values_outside_0_1(p: Any, error: type[Exception]
     assert cb.prob == 1.0  # unchanged
 
 
-@pytest.mark.parametrize("bad", [{"function"}, {Scope.FUNCTION, "user_scope"}, {1}])
-def test_scopes_rejects_unknown_scopes(bad: set[Any]) -> None:
-    # SPEC 3.2, BI-09
+@pytest.mark.parametrize("bad", [{"function"}, {Scope.FUNCTION, "user_scope"}, {1}, 5, None, "function", Scope.FUNCTION])
+def test_scopes_rejects_unknown_scopes(bad: Any) -> None:
+    # SPEC 3.2, BI-09, issue 22 item 3: not a set of RecordScope members (a
+    # number, a str, a lone member) is a TypeError naming scopes.
+    cb = Callback(noop).scopes({USER})
     with pytest.raises(TypeError, match="scopes"):
-        Callback(noop).scopes(bad)
+        cb.scopes(bad)
+    assert cb._scopes == {USER}  # unchanged
+
+
+@pytest.mark.parametrize("setter", ["needs_inputs", "needs_outputs", "needs_ids"])
+@pytest.mark.parametrize("bad", ["no", 0, 1, None])
+def test_needs_setters_take_only_bools(setter: str, bad: Any) -> None:
+    # SPEC 3.2, 12 (issue 22 item 3): needs_inputs("no") asked for inputs.
+    cb = Callback(noop)
+    with pytest.raises(TypeError, match=setter):
+        getattr(cb, setter)(bad)
+    assert getattr(cb, f"_{setter}") is False
+
+
+def test_misused_handles_seeds_and_sequence_numbers(registry: Registry) -> None:
+    # SPEC 3.3, 3.5, 3.7, 12 (issue 22 item 3): True is not handle 1; a
+    # seed or a sequence number that is not an int is a TypeError naming it.
+    seen: list[str] = []
+    h = registry.add_global(Callback(lambda rf: seen.append(rf.name)))
+    other = registry.add_global(Callback(noop))
+    for fn in (aprof.disable_callback, aprof.remove_callback):
+        fn(True)  # type: ignore[arg-type]
+        fn(float(h))  # type: ignore[arg-type]
+    ranged("still-seen")
+    assert seen == ["still-seen"]
+    assert h != other
+    for bad in ("42", 1.5, True, None):
+        with pytest.raises(TypeError, match="seed"):
+            aprof.set_record_function_seed_for_testing(bad)  # type: ignore[arg-type]
+    for bad_seq in ("3", True, 1.0):
+        rf = RF()
+        with pytest.raises(TypeError, match="sequence_nr"):
+            rf.before("x", sequence_nr=bad_seq)  # type: ignore[arg-type]
+        rf.end()
 
 
 def test_start_return_value_is_passed_to_end(registry: Registry) -> None:

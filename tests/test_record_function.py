@@ -1075,6 +1075,34 @@ def test_eager_first_step_lands_on_the_child_track(run: Any, tmp_path: Path) -> 
 # ---------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("with_callback", [False, True])
+def test_mark_refuses_args_that_are_not_str(tmp_path: Path, with_callback: bool) -> None:
+    # SPEC 4.4, 12 (issue 15 item 22): args is a str as for record_function;
+    # an object would stay alive past stop() and break save(). The refused
+    # mark records nothing, and the profile saves.
+    class Payload:
+        pass
+
+    payload = Payload()
+    ref = weakref.ref(payload)
+    handle = aprof.add_context_callback(aprof.RecordFunctionCallback(lambda rf: None)) if with_callback else None
+    try:
+        with aprof.profile() as prof:
+            for bad in (payload, 5, b"k=v", ["k"]):
+                with pytest.raises(TypeError, match="mark: args"):
+                    aprof.mark("m", args=bad)  # type: ignore[arg-type]
+            aprof.mark("ok", args="k=v")
+    finally:
+        if handle is not None:
+            aprof.remove_callback(handle)
+    del payload
+    gc.collect()
+    assert ref() is None
+    assert [(e.name, e.args) for e in prof.events()] == [("ok", "k=v")]
+    prof.save(tmp_path / "run.aprof")
+    assert [e.name for e in aprof.load(tmp_path / "run.aprof").events()] == ["ok"]
+
+
 def test_mark_records_an_instant_in_the_enclosing_range(backend, tmp_path: Path) -> None:
     # SPEC 4.4: an instant event on the current track, inside its range.
     ids: dict[str, int] = {}

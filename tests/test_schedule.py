@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -109,6 +110,23 @@ def test_trace_handler_writes_one_trace_per_cycle(tmp_path: Path) -> None:
         assert f.name.endswith(".pt.trace.json.gz")
         doc = validate_trace(f)
         assert [e["name"] for e in doc["traceEvents"] if e.get("ph") == "X"] == ["work"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"dir_name": 5}, "dir_name"),
+        ({"dir_name": None}, "dir_name"),
+        ({"dir_name": "d", "worker_name": 5}, "worker_name"),
+        ({"dir_name": "d", "use_gzip": "no"}, "use_gzip"),
+        ({"dir_name": "d", "use_gzip": 1}, "use_gzip"),
+    ],
+)
+def test_trace_handler_misuse_names_the_argument(kwargs: dict[str, Any], named: str) -> None:
+    # SPEC 5.6, 12 (issue 22 item 3): refused when the handler is made, not
+    # when the first cycle ends.
+    with pytest.raises(TypeError, match=f"trace_handler: {named}"):
+        aprof.trace_handler(**kwargs)
 
 
 def test_step_and_options_misuse() -> None:

@@ -126,18 +126,30 @@ class RecordFunctionCallback:
         self._scopes: frozenset[RecordScope] = frozenset()
 
     def needs_inputs(self, value: bool = True) -> RecordFunctionCallback:
-        """Ask for ``rf.inputs`` to be filled. Returns self for chaining."""
-        self._needs_inputs = bool(value)
+        """Ask for ``rf.inputs`` to be filled. Returns self for chaining.
+
+        Raises:
+            TypeError: ``value`` is not a bool.
+        """
+        self._needs_inputs = _check_bool(value, "needs_inputs")
         return self
 
     def needs_outputs(self, value: bool = True) -> RecordFunctionCallback:
-        """Ask for ``rf.outputs`` to be filled. Returns self for chaining."""
-        self._needs_outputs = bool(value)
+        """Ask for ``rf.outputs`` to be filled. Returns self for chaining.
+
+        Raises:
+            TypeError: ``value`` is not a bool.
+        """
+        self._needs_outputs = _check_bool(value, "needs_outputs")
         return self
 
     def needs_ids(self, value: bool = True) -> RecordFunctionCallback:
-        """Ask for a unique ``rf.handle`` per range. Returns self for chaining."""
-        self._needs_ids = bool(value)
+        """Ask for a unique ``rf.handle`` per range. Returns self for chaining.
+
+        Raises:
+            TypeError: ``value`` is not a bool.
+        """
+        self._needs_ids = _check_bool(value, "needs_ids")
         return self
 
     def sampling_prob(self, p: float) -> RecordFunctionCallback:
@@ -160,9 +172,15 @@ class RecordFunctionCallback:
     def scopes(self, scopes: Iterable[RecordScope]) -> RecordFunctionCallback:
         """Restrict the callback to these scopes (an empty set means all).
 
+        Args:
+            scopes: A set (or any iterable) of :class:`RecordScope` members.
+
         Raises:
-            TypeError: an element is not a :class:`RecordScope`.
+            TypeError: ``scopes`` is not an iterable of :class:`RecordScope`
+                members (a lone member or a str included).
         """
+        if isinstance(scopes, (str, bytes, RecordScope)) or not isinstance(scopes, Iterable):
+            raise TypeError(f"scopes: expected a set of RecordScope members, got {scopes!r}")
         items = frozenset(scopes)
         for s in items:
             if not isinstance(s, RecordScope):
@@ -192,6 +210,19 @@ class RecordFunctionCallback:
             return f"<RecordFunctionCallback start={name}>"
         end = getattr(self._end, "__qualname__", repr(self._end))
         return f"<RecordFunctionCallback start={name} end={end}>"
+
+
+def _check_bool(value: object, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{where}: value must be True or False, got {value!r}")
+    return value
+
+
+def _entry_of(handle: object) -> Entry | None:
+    # A bool is an int to Python, but never a handle: True is not handle 1.
+    if type(handle) is not int:
+        return None
+    return _registry.get(handle)
 
 
 _handles = itertools.count(1)
@@ -346,9 +377,10 @@ def remove_callback(handle: CallbackHandle) -> None:
     A range whose start already ran for this callback still gets its end.
     """
     global _global_all
-    entry = _registry.pop(handle, None) if isinstance(handle, int) else None
+    entry = _entry_of(handle)
     if entry is None:
         return
+    _registry.pop(entry.handle, None)
     entry.removed = True
     if entry.is_global:
         with _global_lock:
@@ -361,7 +393,7 @@ def remove_callback(handle: CallbackHandle) -> None:
 
 
 def _set_enabled(handle: CallbackHandle, enabled: bool) -> None:
-    entry = _registry.get(handle) if isinstance(handle, int) else None
+    entry = _entry_of(handle)
     if entry is None:
         return
     entry.enabled = enabled
@@ -444,7 +476,12 @@ def set_record_function_seed_for_testing(seed: int) -> None:
     draws one ``random.Random.random()`` value from this generator, globals
     first, in registration order; it runs when the value is below its
     probability.
+
+    Raises:
+        TypeError: ``seed`` is not an int.
     """
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"set_record_function_seed_for_testing: seed must be an int, got {seed!r}")
     _rng.seed(seed)
 
 

@@ -253,11 +253,13 @@ class RecordFunction:
             sequence_nr: A sequence number linking this range to another.
 
         Raises:
-            TypeError: ``name`` is not a str.
+            TypeError: ``name`` is not a str, or ``sequence_nr`` not an int.
             RuntimeError: ``before()`` was already called.
         """
         if not isinstance(name, str):
             raise TypeError(f"RecordFunction.before: name must be a str, got {type(name).__name__}")
+        if isinstance(sequence_nr, bool) or not isinstance(sequence_nr, int):
+            raise TypeError(f"RecordFunction.before: sequence_nr must be an int, got {sequence_nr!r}")
         if self._started:
             raise RuntimeError(f"RecordFunction.before: range {self.name!r} was already started")
         self._started = True
@@ -675,11 +677,19 @@ def mark(name: str, args: str | None = None) -> None:
 
     Callbacks see it as a range that starts and ends at once.
 
+    Args:
+        name: The instant's name.
+        args: An optional string kept with the event, as for
+            :class:`record_function`.
+
     Raises:
-        TypeError: ``name`` is not a str.
+        TypeError: ``name`` is not a str, or ``args`` is neither a str nor
+            None (an object would be kept alive past stop and break save()).
     """
     if not isinstance(name, str):
         raise TypeError(f"mark: name must be a str, got {type(name).__name__}")
+    if args is not None and not isinstance(args, str):
+        raise TypeError(f"mark: args must be a str or None, got {type(args).__name__}")
     st = RF_STATE.get()
     mode = st.mode
     if mode == MODE_OFF:
