@@ -232,6 +232,59 @@ def test_misused_handles_seeds_and_sequence_numbers(registry: Registry) -> None:
         rf.end()
 
 
+@pytest.mark.parametrize("where", ["global", "context"])
+def test_should_run_decides_per_range_and_skips_the_pair(registry: Registry, where: str) -> None:
+    # SPEC 3.2 (issue 15 item 9, the seed's setShouldRun): the predicate is
+    # called before the callback's start, seeing the range's name, scope and
+    # inputs; False skips start and end; None removes the predicate.
+    pairs = Pairs()
+    asked: list[tuple[str, aprof.RecordScope, tuple[Any, ...]]] = []
+
+    def only_db(rf: aprof.RecordFunction) -> bool:
+        asked.append((rf.name, rf.scope, rf.inputs))
+        return rf.name.startswith("db.")
+
+    cb = pairs.callback().needs_inputs().should_run(only_db)
+    (registry.add_global if where == "global" else registry.add_context)(cb)
+    for name in ("db.query", "render", "db.commit"):
+        ranged(name)
+    rf = RF(Scope.FUNCTION)
+    rf.before("db.low", ("sql",))
+    rf.end()
+    aprof.mark("db.mark")
+    pairs.assert_paired()
+    assert pairs.starts == ["db.query", "db.commit", "db.low", "db.mark"]
+    assert asked == [
+        ("db.query", USER, ()),
+        ("render", USER, ()),
+        ("db.commit", USER, ()),
+        ("db.low", Scope.FUNCTION, ("sql",)),
+        ("db.mark", USER, ()),
+    ]
+    assert cb.should_run(None) is cb
+    ranged("render")
+    assert pairs.starts[-1] == "render"
+    pairs.assert_paired()
+
+
+def test_a_raising_should_run_is_reported_once_and_disabled(registry: Registry) -> None:
+    # SPEC 3.2, 12: a predicate that raises counts as a failing start: one
+    # warning naming it, the callback disabled, the user's code unaffected.
+    pairs = Pairs()
+
+    def broken(rf: aprof.RecordFunction) -> bool:
+        raise ZeroDivisionError("boom")
+
+    registry.add_global(pairs.callback().should_run(broken))
+    with pytest.warns(aprof.AprofWarning, match="should_run") as record:
+        ranged("a")
+    ranged("b")  # disabled: no second warning (filterwarnings = error)
+    assert len(record) == 1
+    assert pairs.starts == []
+    with pytest.raises(TypeError, match="should_run"):
+        Callback(noop).should_run(42)  # type: ignore[arg-type]
+
+
 def test_start_return_value_is_passed_to_end(registry: Registry) -> None:
     # SPEC 3.2: start's observer object reaches end, per range.
     pairs: list[tuple[str, object]] = []

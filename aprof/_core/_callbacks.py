@@ -84,6 +84,7 @@ CallbackHandle = int
 
 StartFn = Callable[["RecordFunction"], Any]
 EndFn = Callable[["RecordFunction", Any], Any]
+ShouldRunFn = Callable[["RecordFunction"], bool]
 
 
 class RecordFunctionCallback:
@@ -110,7 +111,7 @@ class RecordFunctionCallback:
         ['load']
     """
 
-    __slots__ = ("_end", "_needs_ids", "_needs_inputs", "_needs_outputs", "_prob", "_scopes", "_start")
+    __slots__ = ("_end", "_needs_ids", "_needs_inputs", "_needs_outputs", "_prob", "_scopes", "_should_run", "_start")
 
     def __init__(self, start: StartFn, end: EndFn | None = None) -> None:
         if not callable(start):
@@ -124,6 +125,7 @@ class RecordFunctionCallback:
         self._needs_ids = False
         self._prob = 1.0
         self._scopes: frozenset[RecordScope] = frozenset()
+        self._should_run: ShouldRunFn | None = None
 
     def needs_inputs(self, value: bool = True) -> RecordFunctionCallback:
         """Ask for ``rf.inputs`` to be filled. Returns self for chaining.
@@ -186,6 +188,36 @@ class RecordFunctionCallback:
             if not isinstance(s, RecordScope):
                 raise TypeError(f"scopes: expected RecordScope members, got {s!r}")
         self._scopes = items
+        return self
+
+    def should_run(self, predicate: ShouldRunFn | None) -> RecordFunctionCallback:
+        """Decide per range whether the callback runs (the seed's ``setShouldRun``).
+
+        ``predicate(rf)`` is called just before the callback's start, once
+        the range has its name, scope and inputs; when it returns False the
+        callback's start and end are both skipped for that range. A
+        predicate that raises is treated as a start that raised (the
+        callback is reported once and disabled). ``None`` removes it.
+        Returns self for chaining.
+
+        Raises:
+            TypeError: ``predicate`` is neither callable nor None.
+
+        Example:
+            >>> import aprof
+            >>> seen = []
+            >>> cb = aprof.RecordFunctionCallback(lambda rf: seen.append(rf.name))
+            >>> h = aprof.add_global_callback(cb.should_run(lambda rf: rf.name.startswith("db.")))
+            >>> for name in ("db.query", "render"):
+            ...     with aprof.record_function(name):
+            ...         pass
+            >>> aprof.remove_callback(h)
+            >>> seen
+            ['db.query']
+        """
+        if predicate is not None and not callable(predicate):
+            raise TypeError(f"should_run: predicate must be callable or None, got {predicate!r}")
+        self._should_run = predicate
         return self
 
     @property

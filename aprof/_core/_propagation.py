@@ -314,6 +314,7 @@ def propagating(executor: Executor) -> Executor:
 
 _ORIGINAL_SUBMIT = concurrent.futures.ThreadPoolExecutor.submit
 _ORIGINAL_START = threading.Thread.start
+_ORIGINAL_TIMER_RUN = threading.Timer.run
 _install_lock = threading.Lock()
 _installed = False
 
@@ -336,16 +337,37 @@ def _start(self: threading.Thread) -> None:
         and not isinstance(target, _Wrapped)
     ):
         self._target = _Wrapped(target)  # type: ignore[attr-defined]
+    elif isinstance(self, threading.Timer) and type(self).run is _timer_run:
+        # A Timer calls self.function from run(), not a target. Its function
+        # is left as the program set it (SPEC 15.6): the starter's context
+        # and the links ride in a private attribute that _timer_run reads.
+        self.__dict__["_aprof_call"] = _Wrapped(self.function)
     _ORIGINAL_START(self)
+
+
+def _timer_run(self: threading.Timer) -> None:
+    """``threading.Timer.run`` while propagation is installed: the same steps
+    (they are the same on 3.11-3.13), with the function called as an
+    EXECUTOR range in a copy of the context that started the timer."""
+    call = self.__dict__.pop("_aprof_call", None)
+    if call is None:  # started before install_propagation()
+        _ORIGINAL_TIMER_RUN(self)
+        return
+    self.finished.wait(self.interval)
+    if not self.finished.is_set():
+        # self.function as it is now: the program may have replaced it.
+        call._ctx.copy().run(_run_executor_range, self.function, self.args, self.kwargs, call._fwd, call._seq, call._submit_ns)
+    self.finished.set()
 
 
 def install_propagation() -> None:
     """Make ``ThreadPoolExecutor.submit`` (so ``loop.run_in_executor`` too,
-    uvloop included) and ``threading.Thread`` carry the caller's context,
-    process-wide, until :func:`uninstall_propagation`. Idempotent.
+    uvloop included), ``threading.Thread`` and ``threading.Timer`` carry the
+    caller's context, process-wide, until :func:`uninstall_propagation`.
+    Idempotent.
 
     ``Thread`` subclasses that override ``run()`` instead of passing
-    ``target=`` are not wrapped.
+    ``target=`` are not wrapped, nor are ``Timer`` subclasses that do.
     """
     global _installed
     with _install_lock:
@@ -353,6 +375,7 @@ def install_propagation() -> None:
             return
         concurrent.futures.ThreadPoolExecutor.submit = _submit  # type: ignore[method-assign,assignment]
         threading.Thread.start = _start  # type: ignore[method-assign]
+        threading.Timer.run = _timer_run  # type: ignore[method-assign,assignment]
         _installed = True
 
 
@@ -364,6 +387,7 @@ def uninstall_propagation() -> None:
             return
         concurrent.futures.ThreadPoolExecutor.submit = _ORIGINAL_SUBMIT  # type: ignore[method-assign]
         threading.Thread.start = _ORIGINAL_START  # type: ignore[method-assign]
+        threading.Timer.run = _ORIGINAL_TIMER_RUN  # type: ignore[method-assign]
         _installed = False
 
 

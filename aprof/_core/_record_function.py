@@ -282,8 +282,16 @@ class RecordFunction:
         active = self._active
         try:
             for e in todo:
+                cb = e.callback
+                if cb._should_run is not None:
+                    try:
+                        if not cb._should_run(self):
+                            continue  # skipped for this range: no start, no end
+                    except Exception as exc:
+                        report_failure(e, "should_run predicate", name, exc)
+                        continue
                 try:
-                    ctx = e.callback._start(self)
+                    ctx = cb._start(self)
                 except Exception as exc:
                     report_failure(e, "start", name, exc)
                     continue
