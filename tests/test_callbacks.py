@@ -9,9 +9,12 @@ and bad-input (BI-01, BI-09) cases of RELIABILITY.md that concern callbacks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import random
+import sys
 import threading
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -1509,6 +1512,73 @@ def test_end_callback_raising_during_cancellation(registry: Registry, backend: B
 
 @pytest.mark.parametrize("exc_type", [KeyboardInterrupt, SystemExit])
 @pytest.mark.parametrize("phase", ["start", "end"])
+def _at_depth(n: int, fn: Callable[[], Any]) -> Any:
+    """Call ``fn`` ``n`` frames deeper than here."""
+    if n > 0:
+        return _at_depth(n - 1, fn)
+    return fn()
+
+
+@pytest.mark.parametrize("phase", ["start", "end", "should_run"])
+def test_a_callback_recursing_at_any_depth_is_warned_about_once(phase: str) -> None:
+    # SPEC 12 (issue 15 item 25): a callback that recurses until
+    # RecursionError is disabled with its warning at every stack depth,
+    # including right at the limit, where emitting the warning used to hit
+    # the limit again; the user's code never sees a RecursionError, and the
+    # recursion limit is the program's again afterwards.
+    def recurse(*args: Any) -> Any:
+        return recurse(*args)
+
+    def plain() -> None:
+        with contextlib.nullcontext():
+            pass
+
+    # The deepest depth at which the user's own code (a no-op `with`) runs.
+    deepest = 0
+    while True:
+        try:
+            _at_depth(deepest + 1, plain)
+        except RecursionError:
+            break
+        deepest += 1
+
+    limit = sys.getrecursionlimit()
+    ran_at: list[int] = []
+    for n in range(deepest - 60, deepest + 1):
+        calls = [0]
+
+        def counted(*args: Any, calls: list[int] = calls) -> Any:
+            calls[0] += 1
+            return recurse(*args)
+
+        if phase == "start":
+            cb = Callback(counted)
+        elif phase == "end":
+            cb = Callback(noop, counted)
+        else:
+            cb = Callback(noop).should_run(counted)
+        handle = aprof.add_global_callback(cb)
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    _at_depth(n, lambda: ranged("deep"))
+                    escaped = None
+                except RecursionError as exc:
+                    escaped = exc
+        finally:
+            aprof.remove_callback(handle)
+        if calls[0]:
+            ran_at.append(n)
+            assert escaped is None, f"depth {n}: the callback's failure reached the user's code"
+            assert [str(w.message) for w in caught if w.category is aprof.AprofWarning] != [], f"no warning at depth {n}"
+            assert len(caught) == 1, [str(w.message) for w in caught]
+            assert "RecursionError" in str(caught[0].message)
+        assert sys.getrecursionlimit() == limit, f"depth {n}"
+    # The callback ran right up to the limit (the depths that used to fail).
+    assert len(ran_at) >= 50
+
+
 def test_base_exceptions_from_callbacks_propagate_with_pairs_intact(
     registry: Registry, phase: str, exc_type: type[BaseException]
 ) -> None:

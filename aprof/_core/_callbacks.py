@@ -21,6 +21,7 @@ import enum
 import itertools
 import os
 import random
+import sys
 import threading
 import warnings
 import weakref
@@ -531,18 +532,61 @@ def sampled(prob: float) -> bool:
 # ---------------------------------------------------------------------------
 
 
-def report_failure(entry: Entry, phase: str, range_name: str, exc: BaseException) -> None:
-    """Disable a callback that raised and warn once (trio's Instruments rule)."""
-    entry.enabled = False
-    if entry.is_global:
-        with _global_lock:
-            _publish_globals()
-    if entry.reported:
+#: Frames of headroom report_failure takes over the recursion limit.
+REPORT_HEADROOM: Final = 100
+#: The program's recursion limit while report_failure's headroom is in place
+#: and could not be taken back yet (see report_failure), else None.
+limit_to_restore: int | None = None
+
+
+def restore_recursion_limit() -> None:
+    """Take back report_failure's headroom, if it is still in place and the
+    stack is shallow enough to do so (else a later range tries again)."""
+    global limit_to_restore
+    limit = limit_to_restore
+    if limit is None:
         return
-    entry.reported = True
-    warnings.warn(
-        f"aprof: callback {entry.callback!r} raised {type(exc).__name__}: {exc} in its {phase} "
-        f"for range {range_name!r}; the callback is disabled",
-        AprofWarning,
-        stacklevel=4,
-    )
+    if sys.getrecursionlimit() != limit + REPORT_HEADROOM:
+        limit_to_restore = None  # the program set its own limit since: it stays
+        return
+    try:
+        sys.setrecursionlimit(limit)
+    except RecursionError:
+        return  # deeper than the old limit right here
+    limit_to_restore = None
+
+
+def report_failure(entry: Entry, phase: str, range_name: str, exc: BaseException) -> None:
+    """Disable a callback that raised and warn once (trio's Instruments rule).
+
+    A callback that recursed until ``RecursionError`` leaves the stack a
+    frame or two short of the limit: publishing the change and formatting
+    the warning would hit the limit again, leaving the warning unsaid and a
+    new RecursionError in the user's code. So this runs with the recursion
+    limit raised by a little headroom (its callers in _record_function take
+    it before calling, since at the limit this very call would not fit).
+    Lowering it back can fail that close to the limit
+    (``sys.setrecursionlimit`` refuses a limit below the current depth);
+    then the range's ``before()`` or ``end()``, two frames up, takes it back.
+    """
+    global limit_to_restore
+    entry.enabled = False
+    if limit_to_restore is None:
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(limit + REPORT_HEADROOM)
+        limit_to_restore = limit
+    try:
+        if entry.is_global:
+            with _global_lock:
+                _publish_globals()
+        if entry.reported:
+            return
+        entry.reported = True
+        warnings.warn(
+            f"aprof: callback {entry.callback!r} raised {type(exc).__name__}: {exc} in its {phase} "
+            f"for range {range_name!r}; the callback is disabled",
+            AprofWarning,
+            stacklevel=4,
+        )
+    finally:
+        restore_recursion_limit()

@@ -20,6 +20,7 @@ import inspect
 import itertools
 from collections.abc import AsyncGenerator, Callable, Generator, Iterable
 from contextvars import Token
+from sys import getrecursionlimit, setrecursionlimit
 from time import perf_counter_ns
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Self, TypeVar, cast
@@ -279,34 +280,56 @@ class RecordFunction:
         if needs_inputs:
             self._inputs = tuple(args)
         lt = self._lt = current_logical_thread()
-        active = self._active
-        try:
-            for e in todo:
-                cb = e.callback
-                if cb._should_run is not None:
-                    try:
-                        if not cb._should_run(self):
-                            continue  # skipped for this range: no start, no end
-                    except Exception as exc:
-                        report_failure(e, "should_run predicate", name, exc)
-                        continue
+        if todo:
+            try:
+                self._run_starts(todo, name)
+            except BaseException:
+                # KeyboardInterrupt and friends propagate, but the callbacks that
+                # did start still get their end, so their stacks stay balanced.
+                self._exception = "start interrupted"
+                self._run_ends(None)
+                self._ended = True
+                raise
+            limit = _callbacks.limit_to_restore
+            if limit is not None:
+                # A callback failed at the recursion limit and _run_starts
+                # took headroom. Give it back here, inline: two frames above
+                # report_failure, this frame's C call fits under the old
+                # limit (a helper's frame might not).
                 try:
-                    ctx = cb._start(self)
-                except Exception as exc:
-                    report_failure(e, "start", name, exc)
-                    continue
-                active.append((e, ctx))
-        except BaseException:
-            # KeyboardInterrupt and friends propagate, but the callbacks that
-            # did start still get their end, so their stacks stay balanced.
-            self._exception = "start interrupted"
-            self._run_ends(None)
-            self._ended = True
-            raise
+                    if getrecursionlimit() == limit + _callbacks.REPORT_HEADROOM:
+                        setrecursionlimit(limit)
+                    _callbacks.limit_to_restore = None  # or the program set its own limit since
+                except RecursionError:
+                    pass  # still too deep: a later range gives it back
         if recorder is not None:
             # The recorder starts last and ends first, so the recorded span
             # measures the user's code, not the other callbacks.
             self._rec = recorder.start(self, lt, 1)
+
+    def _run_starts(self, todo: list[Entry], name: str) -> None:
+        active = self._active
+        for e in todo:
+            cb = e.callback
+            phase = "start"
+            try:
+                if cb._should_run is not None:
+                    phase = "should_run predicate"
+                    if not cb._should_run(self):
+                        continue  # skipped for this range: no start, no end
+                    phase = "start"
+                ctx = cb._start(self)
+            except Exception as exc:
+                # A callback that recursed until RecursionError leaves this
+                # frame right at the recursion limit, where one C call still
+                # fits and a Python call does not: take report_failure's
+                # headroom here, with C calls alone (it gives it back).
+                if _callbacks.limit_to_restore is None:
+                    _callbacks.limit_to_restore = limit = getrecursionlimit()
+                    setrecursionlimit(limit + _callbacks.REPORT_HEADROOM)
+                report_failure(e, phase, name, exc)
+                continue
+            active.append((e, ctx))
 
     def end(self) -> None:
         """End the range: run the end callbacks of the starts that ran.
@@ -322,7 +345,17 @@ class RecordFunction:
             self._rec = None
             Recorder.end(rec, self._end_thread_id_for_record(), self._exception)
         if self._active:
-            self._run_ends(end_lt)
+            try:
+                self._run_ends(end_lt)
+            finally:
+                limit = _callbacks.limit_to_restore
+                if limit is not None:  # as in before()
+                    try:
+                        if getrecursionlimit() == limit + _callbacks.REPORT_HEADROOM:
+                            setrecursionlimit(limit)
+                        _callbacks.limit_to_restore = None
+                    except RecursionError:
+                        pass
 
     def _end_thread_id_for_record(self) -> int:
         end_lt = self._end_lt
@@ -340,6 +373,9 @@ class RecordFunction:
             try:
                 end(self, ctx)
             except Exception as exc:
+                if _callbacks.limit_to_restore is None:  # as in _run_starts
+                    _callbacks.limit_to_restore = limit = getrecursionlimit()
+                    setrecursionlimit(limit + _callbacks.REPORT_HEADROOM)
                 report_failure(e, "end", self.name, exc)
             except BaseException as exc:
                 if pending is None:
