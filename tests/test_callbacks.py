@@ -1510,8 +1510,6 @@ def test_end_callback_raising_during_cancellation(registry: Registry, backend: B
     other.assert_paired()
 
 
-@pytest.mark.parametrize("exc_type", [KeyboardInterrupt, SystemExit])
-@pytest.mark.parametrize("phase", ["start", "end"])
 def _at_depth(n: int, fn: Callable[[], Any]) -> Any:
     """Call ``fn`` ``n`` frames deeper than here."""
     if n > 0:
@@ -1579,6 +1577,8 @@ def test_a_callback_recursing_at_any_depth_is_warned_about_once(phase: str) -> N
     assert len(ran_at) >= 50
 
 
+@pytest.mark.parametrize("exc_type", [KeyboardInterrupt, SystemExit])
+@pytest.mark.parametrize("phase", ["start", "end"])
 def test_base_exceptions_from_callbacks_propagate_with_pairs_intact(
     registry: Registry, phase: str, exc_type: type[BaseException]
 ) -> None:
