@@ -11,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import gc
 import random
 import sys
 import threading
 import warnings
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -1023,6 +1025,89 @@ def test_low_level_ranges_are_recorded_by_a_profile() -> None:
     assert not events["op"].is_async
     assert events["async-op"].is_async
     assert events["op"].thread_id == aprof.current_thread_id()
+
+
+def test_record_function_is_a_context_manager(registry: Registry) -> None:
+    # SPEC 3.5, 4.2 (issue 15 item 6): `with RecordFunction(scope) as rf:
+    # rf.before(...)` ends the range at the block's end, recording the
+    # exception that left it; RecordFunction.range opens a named range of
+    # any scope (FUNCTION for libraries) in one step.
+    pairs = Pairs()
+    inputs: list[tuple[Any, ...]] = []
+    registry.add_global(pairs.callback().scopes({Scope.FUNCTION}))
+    registry.add_global(Callback(lambda rf: inputs.append(rf.inputs)).needs_inputs().scopes({Scope.FUNCTION}))
+    with aprof.profile(record_inputs=True) as prof:
+        with RF(Scope.FUNCTION) as rf:
+            assert rf.is_active
+            rf.before("low", (1, "a"))
+        assert rf.exception is None
+        failing = RF(Scope.FUNCTION)
+
+        def fail_inside() -> None:
+            with failing:
+                failing.before("failing")
+                raise KeyError("x")
+
+        with pytest.raises(KeyError):
+            fail_inside()
+        assert failing.exception == "KeyError"
+        with RF.range("conv2d", ([3, 3],)) as opened:
+            assert isinstance(opened, RF)
+            assert (opened.name, opened.scope) == ("conv2d", Scope.FUNCTION)
+        with RF.range("user-kind", scope=USER, sequence_nr=4) as user_kind:
+            assert user_kind.seq_nr == 4
+        with RF(Scope.FUNCTION):
+            pass  # never started: nothing to end
+    pairs.assert_paired()
+    assert pairs.starts == ["low", "failing", "conv2d"]
+    assert inputs == [(1, "a"), (), ([3, 3],)]
+    events = {e.name: e for e in prof.events()}
+    assert sorted(events) == ["conv2d", "failing", "low", "user-kind"]
+    assert events["failing"].exception == "KeyError"
+    assert events["conv2d"].scope is Scope.FUNCTION
+    assert events["conv2d"].inputs == ("[3, 3]",)
+    assert events["user-kind"].scope is USER
+    assert not any(e.unfinished for e in events.values())
+    with pytest.raises(TypeError, match="scope"):
+        RF.range("x", scope="function")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="name"):
+        RF.range(5)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("how", ["RecordFunction", "record_function"])
+def test_a_range_dropped_open_is_ended_with_its_end_callbacks(registry: Registry, how: str) -> None:
+    # SPEC 3.2, 5.5, RELIABILITY LC-03 (issue 15 item 6): a started range
+    # whose object is collected without end() gets its end callbacks (with
+    # rf.unfinished true), is closed at stop flagged unfinished, and keeps
+    # neither the profile nor the callback's objects alive.
+    pairs = Pairs()
+    unfinished: list[bool] = []
+    registry.add_global(pairs.callback())
+    registry.add_global(Callback(noop, lambda rf, ctx: unfinished.append(rf.unfinished)))
+    with aprof.profile() as prof:
+        if how == "RecordFunction":
+            rf = RF(Scope.FUNCTION)
+            rf.before("dropped")
+        else:
+            rf = aprof.record_function("dropped").start()  # type: ignore[assignment]
+        state = weakref.ref(aprof.get_debug_info(aprof.DebugInfoKind.PROFILER_STATE))
+        assert pairs.open
+        del rf
+        gc.collect()
+        pairs.assert_paired()
+        assert unfinished == [True]
+        with RF.range("after"):
+            pass
+    (ev,) = [e for e in prof.events() if e.name == "dropped"]
+    assert ev.unfinished
+    assert ev.end_ns == prof.session.metadata["stop_ns"]
+    assert unfinished == [True, False]
+    gc.collect()
+    assert state() is None
+    ended = RF(Scope.FUNCTION)
+    ended.before("ended")
+    ended.end()
+    assert not ended.unfinished
 
 
 def test_nothing_listening_builds_no_record_function(monkeypatch: pytest.MonkeyPatch, registry: Registry) -> None:

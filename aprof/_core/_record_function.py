@@ -21,6 +21,7 @@ import itertools
 from collections.abc import AsyncGenerator, Callable, Generator, Iterable
 from contextvars import Token
 from sys import getrecursionlimit, setrecursionlimit
+from sys import is_finalizing as _is_finalizing
 from time import perf_counter_ns
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Self, TypeVar, cast
@@ -110,12 +111,21 @@ class RecordFunction:
     Raises:
         TypeError: ``scope`` is not a :class:`RecordScope`.
 
+    It is also a context manager: ``with`` ends the range at the block's
+    end, recording the exception that left it, if any. ``RecordFunction.range``
+    opens a named range of any scope in one step. A range that is never
+    ended is ended when the object is garbage-collected: its end callbacks
+    run, with ``unfinished`` true, and a profile closes it at stop, flagged
+    ``unfinished``.
+
     Example:
         >>> import aprof
         >>> rf = aprof.RecordFunction(aprof.RecordScope.FUNCTION)
         >>> if rf.is_active:
         ...     rf.before("matmul", (3, 4))
         >>> rf.end()
+        >>> with aprof.RecordFunction.range("conv2d", ("3x3",)):
+        ...     pass
     """
 
     __slots__ = (
@@ -135,6 +145,7 @@ class RecordFunction:
         "_recorder",
         "_started",
         "_todo",
+        "_unfinished",
         "forward_thread_id",
         "handle",
         "name",
@@ -143,6 +154,7 @@ class RecordFunction:
     )
 
     def __init__(self, scope: RecordScope = RecordScope.FUNCTION) -> None:
+        self._started = False  # first: __del__ reads it even if the scope is refused
         self.scope = _check_scope(scope)
         self.name = ""
         self.seq_nr = -1
@@ -162,7 +174,71 @@ class RecordFunction:
         self._ended = False
         self._forced_async = False
         self._instant = False
+        self._unfinished = False
         self._todo, self._recorder = self._select(scope)
+
+    @classmethod
+    def range(
+        cls,
+        name: str,
+        args: Iterable[Any] = (),
+        *,
+        scope: RecordScope = RecordScope.FUNCTION,
+        sequence_nr: int = -1,
+    ) -> RecordFunction:
+        """Open a named range of any scope, for ``with``: the seed's ``RECORD_FUNCTION``.
+
+        ``with aprof.RecordFunction.range("conv2d", inputs):`` is
+        ``RecordFunction(scope)`` followed by ``before(name, args,
+        sequence_nr)`` when it is active; the block's end ends it. Libraries
+        use it for ``FUNCTION``-scope ranges (``record_function`` is
+        ``USER_SCOPE``).
+
+        Args:
+            name: The range's name.
+            args: The inputs, kept only if a callback needs them.
+            scope: The kind of range (``FUNCTION`` by default).
+            sequence_nr: A sequence number linking this range to another.
+
+        Raises:
+            TypeError: as :class:`RecordFunction` and :meth:`before`.
+        """
+        rf = cls(scope)
+        if rf.is_active:
+            rf.before(name, args, sequence_nr)
+        else:
+            rf.before(name, (), sequence_nr)  # checks the arguments; runs nothing
+        return rf
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        if et is not None and self._exception is None and not self._ended:
+            self._exception = et.__name__
+        self.end()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.__exit__(et, ev, tb)
+
+    def __del__(self) -> None:
+        # Started and never ended (RELIABILITY LC-03): the callbacks that
+        # started get their end now, so their own bookkeeping balances. The
+        # profile's record stays open: consolidation closes it at the stop
+        # time, flagged unfinished. Nothing is run while the interpreter
+        # shuts down.
+        if not self._started or self._ended or _is_finalizing():
+            return
+        self._ended = True
+        self._unfinished = True
+        self._rec = None
+        if self._active:
+            self._run_ends(None)
 
     @staticmethod
     def _select(scope: RecordScope) -> tuple[list[Entry], Recorder | None]:
@@ -233,6 +309,11 @@ class RecordFunction:
     def exception(self) -> str | None:
         """The type name of the exception that ended the range, if any."""
         return self._exception
+
+    @property
+    def unfinished(self) -> bool:
+        """Whether the range was never ended: it was garbage-collected open."""
+        return self._unfinished
 
     def _set_async(self) -> None:
         """Mark the range async: it may end in another logical thread."""
