@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import json
 import math
@@ -153,6 +154,157 @@ def test_async_with_and_decorators_cover_the_whole_call(backend) -> None:
     assert coro.duration_ns >= 1_000_000
     assert compute.__name__ == "compute"
     assert fetch.__name__ == "fetch"
+
+
+class CountingRepr:
+    """An argument that counts how often it is repr()'d, and can be watched by weakref."""
+
+    reprs = 0
+
+    def __repr__(self) -> str:
+        CountingRepr.reprs += 1
+        return "<counted>"
+
+
+def decorated_kinds(backend: Any) -> dict[str, Any]:
+    """One decorated callable of each kind, each taking (a, b, *, c), and how to call it."""
+
+    @aprof.record_function("fn")
+    def fn(a: Any, b: Any, *, c: Any = None) -> str:
+        return "fn"
+
+    @aprof.record_function("coro")
+    async def coro(a: Any, b: Any, *, c: Any = None) -> str:
+        await backend.checkpoint()
+        return "coro"
+
+    @aprof.record_function("gen")
+    def gen(a: Any, b: Any, *, c: Any = None) -> Iterator[int]:
+        yield 1
+
+    @aprof.record_function("agen")
+    async def agen(a: Any, b: Any, *, c: Any = None) -> AsyncIterator[int]:
+        await backend.checkpoint()
+        yield 1
+
+    async def call_all(*a: Any, **k: Any) -> None:
+        assert fn(*a, **k) == "fn"
+        assert await coro(*a, **k) == "coro"
+        assert list(gen(*a, **k)) == [1]
+        assert [x async for x in agen(*a, **k)] == [1]
+
+    return {"call_all": call_all}
+
+
+def test_decorated_calls_record_their_arguments_with_record_inputs(backend) -> None:
+    # SPEC 4.1, 5.1, 12 (issue 15 item 5): under profile(record_inputs=True)
+    # a decorated call of any kind records its arguments, keywords included,
+    # as bounded reprs (never the objects: nothing is kept alive).
+    call_all = decorated_kinds(backend)["call_all"]
+    held = [CountingRepr()]
+    ref = weakref.ref(held[0])
+
+    async def main() -> aprof.profile:
+        async with aprof.profile(record_inputs=True) as prof:
+            await call_all(1, "x" * 500, c=held[0])
+        return prof
+
+    prof = backend.run(main)
+    held.clear()
+    gc.collect()
+    assert ref() is None
+    events = {e.name: e for e in user_events(prof)}
+    assert sorted(events) == ["agen", "coro", "fn", "gen"]
+    for ev in events.values():
+        assert ev.inputs is not None
+        one_, long_, c = ev.inputs
+        assert one_ == "1"
+        assert long_.startswith("'xxx")
+        assert long_.endswith("...")
+        assert len(long_) <= 200
+        assert c == "c=<counted>"
+
+
+def test_needs_inputs_callbacks_see_decorated_arguments(backend) -> None:
+    # SPEC 3.2, 3.5 (issue 15 item 5): a needs_inputs() callback sees the
+    # call's arguments in rf.inputs and its keywords in rf.kwinputs; one that
+    # does not ask sees neither, and nothing is repr()'d for it.
+    call_all = decorated_kinds(backend)["call_all"]
+    seen: list[tuple[str, tuple[Any, ...], dict[str, Any], bool]] = []
+    plain: list[tuple[tuple[Any, ...], dict[str, Any], bool]] = []
+    marker = object()
+    handles = [
+        aprof.add_global_callback(
+            aprof.RecordFunctionCallback(lambda rf: seen.append((rf.name, rf.inputs, rf.kwinputs, rf.needs_inputs)))
+            .needs_inputs()
+            .scopes({USER})
+        )
+    ]
+    try:
+        backend.run(functools.partial(call_all, 1, marker, c="kw"))
+    finally:
+        aprof.remove_callback(handles.pop())
+    assert [(n, i, k, needs) for n, i, k, needs in seen] == [
+        (name, (1, marker), {"c": "kw"}, True) for name in ("fn", "coro", "gen", "agen")
+    ]
+
+    CountingRepr.reprs = 0
+    handles.append(
+        aprof.add_global_callback(
+            aprof.RecordFunctionCallback(lambda rf: plain.append((rf.inputs, rf.kwinputs, rf.needs_inputs))).scopes({USER})
+        )
+    )
+    try:
+        backend.run(functools.partial(call_all, CountingRepr(), 2, c=CountingRepr()))
+    finally:
+        aprof.remove_callback(handles.pop())
+    assert plain == [((), {}, False)] * 4
+    assert CountingRepr.reprs == 0
+
+
+def test_nothing_needing_inputs_builds_no_reprs(backend) -> None:
+    # SPEC 3.6, 12 (issue 15 item 5): a decorated call under a profile
+    # without record_inputs (or with nothing listening) repr()s nothing.
+    call_all = decorated_kinds(backend)["call_all"]
+    CountingRepr.reprs = 0
+
+    async def main() -> aprof.profile:
+        await call_all(CountingRepr(), 1, c=CountingRepr())
+        async with aprof.profile() as prof:
+            await call_all(CountingRepr(), 1, c=CountingRepr())
+        return prof
+
+    prof = backend.run(main)
+    assert CountingRepr.reprs == 0
+    assert sorted(e.name for e in user_events(prof)) == ["agen", "coro", "fn", "gen"]
+    assert all(e.inputs is None for e in user_events(prof))
+
+
+def test_record_function_needs_inputs_says_whether_to_build_them(backend) -> None:
+    # SPEC 3.5 (issue 15 item 5): rf.needs_inputs is the cheap test a
+    # library makes before building inputs (the seed's needsInputs()).
+    F = aprof.RecordScope.FUNCTION
+
+    def needs() -> bool:
+        rf = aprof.RecordFunction(F)
+        try:
+            return rf.needs_inputs
+        finally:
+            rf.end()
+
+    assert needs() is False
+    h = aprof.add_global_callback(aprof.RecordFunctionCallback(lambda rf: None))
+    assert needs() is False
+    aprof.remove_callback(h)
+    h = aprof.add_global_callback(aprof.RecordFunctionCallback(lambda rf: None).needs_inputs().scopes({USER}))
+    assert needs() is False  # that callback does not see FUNCTION ranges
+    aprof.remove_callback(h)
+    with aprof.profile():
+        assert needs() is False
+    with aprof.profile(record_inputs=True):
+        assert needs() is True
+    with aprof.DisableRecordFunctionGuard(), aprof.profile(record_inputs=True):
+        assert needs() is False
 
 
 def test_decorated_generators_range_from_first_step_to_the_end(backend) -> None:

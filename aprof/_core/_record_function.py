@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import inspect
 import itertools
-from collections.abc import AsyncGenerator, Callable, Generator, Iterable
+from collections.abc import AsyncGenerator, Callable, Generator, Iterable, Mapping
 from contextvars import Token
 from sys import getrecursionlimit, setrecursionlimit
 from sys import is_finalizing as _is_finalizing
@@ -88,6 +88,10 @@ def get_default_node_id() -> int:
     return _default_node_id
 
 
+#: A shared empty mapping: most ranges have no keyword inputs (never mutated).
+_NO_KWINPUTS: Final[dict[str, Any]] = {}
+
+
 def _check_scope(scope: object) -> RecordScope:
     if not isinstance(scope, RecordScope):
         raise TypeError(f"RecordFunction: scope must be a RecordScope, got {scope!r}")
@@ -138,6 +142,7 @@ class RecordFunction:
         "_forced_async",
         "_inputs",
         "_instant",
+        "_kwinputs",
         "_lt",
         "_needs_outputs",
         "_outputs",
@@ -162,6 +167,7 @@ class RecordFunction:
         self.forward_thread_id = 0
         self._args: str | None = None
         self._inputs: tuple[Any, ...] = ()
+        self._kwinputs: dict[str, Any] = _NO_KWINPUTS
         self._outputs: tuple[Any, ...] = ()
         self._needs_outputs = False
         self._lt: LogicalThread | None = None
@@ -270,8 +276,33 @@ class RecordFunction:
 
     @property
     def inputs(self) -> tuple[Any, ...]:
-        """The range's inputs, filled only when a callback needs them."""
+        """The range's positional inputs, filled only when :attr:`needs_inputs`."""
         return self._inputs
+
+    @property
+    def kwinputs(self) -> dict[str, Any]:
+        """The range's keyword inputs (the seed's ``kwinputs``), filled only
+        when :attr:`needs_inputs`; empty otherwise."""
+        return self._kwinputs
+
+    @property
+    def needs_inputs(self) -> bool:
+        """Whether a selected callback (or the profile, with ``record_inputs``)
+        will read the inputs: build them for :meth:`before` only then.
+
+        The seed's ``RecordFunction::needsInputs``; it is decided with the
+        callbacks, when the object is constructed::
+
+            rf = aprof.RecordFunction(aprof.RecordScope.FUNCTION)
+            if rf.is_active:
+                rf.before("op", expensive_inputs() if rf.needs_inputs else ())
+        """
+        rec = self._recorder
+        if rec is not None:
+            st = rec.state
+            if st is not None and st.record_inputs:
+                return True
+        return any(e.callback._needs_inputs for e in self._todo)
 
     @property
     def outputs(self) -> tuple[Any, ...]:
@@ -326,13 +357,17 @@ class RecordFunction:
 
     # -- lifecycle --------------------------------------------------------
 
-    def before(self, name: str, args: Iterable[Any] = (), sequence_nr: int = -1) -> None:
+    def before(
+        self, name: str, args: Iterable[Any] = (), sequence_nr: int = -1, kwargs: Mapping[str, Any] | None = None
+    ) -> None:
         """Start the range: run the active start callbacks.
 
         Args:
             name: The range's name.
-            args: The inputs, kept only if a callback needs them.
+            args: The positional inputs, kept only if a callback needs them
+                (``rf.inputs``).
             sequence_nr: A sequence number linking this range to another.
+            kwargs: The keyword inputs, kept the same way (``rf.kwinputs``).
 
         Raises:
             TypeError: ``name`` is not a str, or ``sequence_nr`` not an int.
@@ -351,15 +386,15 @@ class RecordFunction:
         recorder = self._recorder
         if not todo and recorder is None:
             return
-        needs_inputs = recorder is not None and recorder.state is not None and recorder.state.record_inputs
         for e in todo:
             cb = e.callback
-            needs_inputs = needs_inputs or cb._needs_inputs
             self._needs_outputs = self._needs_outputs or cb._needs_outputs
             if cb._needs_ids and not self.handle:
                 self.handle = next(_range_handles)
-        if needs_inputs:
+        if self.needs_inputs:
             self._inputs = tuple(args)
+            if kwargs:
+                self._kwinputs = dict(kwargs)
         lt = self._lt = current_logical_thread()
         if todo:
             try:
@@ -669,6 +704,17 @@ class record_function(_RangeCore):
             rf.before(self.name, () if self.args is None else (self.args,))
             self._rec = rf
 
+    def _start_call(self, a: tuple[Any, ...], k: dict[str, Any]) -> None:
+        """Open the range of one call of a decorated function, the call's
+        arguments as its inputs (kept only if something needs them)."""
+        if self._rec is not None:
+            self._spill()
+        rf = RecordFunction(RecordScope.USER_SCOPE)
+        if rf.is_active:
+            rf._args = self.args
+            rf.before(self.name, a, kwargs=k)
+            self._rec = rf
+
     def start(self) -> record_function:
         """Open the range now; :meth:`end` may be called from another task."""
         return self.__enter__()
@@ -718,17 +764,57 @@ def _kind_probe(fn: Callable[..., Any]) -> Any:
     return type(fn).__call__  # callable(fn) was checked: its class has __call__
 
 
+class _CallRange:
+    """The range of one decorated call when a callback or the profile may
+    want its inputs: started with the call's arguments, ended as
+    ``record_function`` ends."""
+
+    __slots__ = ("_a", "_k", "r")
+
+    def __init__(self, r: record_function, a: tuple[Any, ...], k: dict[str, Any]) -> None:
+        self.r = r
+        self._a: tuple[Any, ...] | None = a
+        self._k: dict[str, Any] | None = k
+
+    def __enter__(self) -> record_function:
+        a, k = self._a, self._k
+        self._a = self._k = None  # held no longer than the start needs them
+        assert a is not None
+        assert k is not None
+        self.r._start_call(a, k)
+        return self.r
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        self.r.__exit__(et, ev, tb)
+
+
+def _wants_call_inputs() -> bool:
+    """Whether a decorated call must take the general path, with its
+    arguments: some context callback, a profile with ``record_inputs`` or
+    ``with_stack``, or a global callback may listen. Otherwise (nothing, or
+    only a plain profile, listening) the call is a plain range: no inputs
+    and no outputs are needed, and none are built."""
+    return _get_rf_state().mode == MODE_SLOW or bool(_callbacks.global_entries)
+
+
 def _decorate(fn: Callable[..., Any], name: str, args: str | None) -> Callable[..., Any]:
     probe = _kind_probe(fn)
     if inspect.isasyncgenfunction(probe):
         return _async_gen_wrapper(fn, name, args)
 
+    # Each wrapper tests, when the range would start, whether anything may
+    # want the call's inputs or result (_wants_call_inputs, inlined: a
+    # context-variable read and a module attribute). If not, the call is a
+    # plain `with record_function(...)`, as cheap as one.
     if inspect.iscoroutinefunction(probe):
 
         @functools.wraps(fn)
         async def coro_wrapper(*a: Any, **k: Any) -> Any:
+            if _get_rf_state().mode != MODE_SLOW and not _callbacks.global_entries:
+                with record_function(name, args):
+                    return await fn(*a, **k)
             r = record_function(name, args)
-            with r:
+            with _CallRange(r, a, k):
                 result = await fn(*a, **k)
                 r._set_outputs(result)
             return result
@@ -739,8 +825,11 @@ def _decorate(fn: Callable[..., Any], name: str, args: str | None) -> Callable[.
 
         @functools.wraps(fn)
         def gen_wrapper(*a: Any, **k: Any) -> Generator[Any, Any, Any]:
+            if _get_rf_state().mode != MODE_SLOW and not _callbacks.global_entries:
+                with record_function(name, args):
+                    return (yield from fn(*a, **k))
             r = record_function(name, args)
-            with r:
+            with _CallRange(r, a, k):
                 result = yield from fn(*a, **k)
                 r._set_outputs(result)
             return result
@@ -749,8 +838,11 @@ def _decorate(fn: Callable[..., Any], name: str, args: str | None) -> Callable[.
 
     @functools.wraps(fn)
     def wrapper(*a: Any, **k: Any) -> Any:
+        if _get_rf_state().mode != MODE_SLOW and not _callbacks.global_entries:
+            with record_function(name, args):
+                return fn(*a, **k)
         r = record_function(name, args)
-        with r:
+        with _CallRange(r, a, k):
             result = fn(*a, **k)
             r._set_outputs(result)
         return result
@@ -766,7 +858,8 @@ def _async_gen_wrapper(fn: Callable[..., Any], name: str, args: str | None) -> C
     # task or by GC cannot trip contextvars (RELIABILITY CP-12).
     @functools.wraps(fn)
     async def agen_wrapper(*a: Any, **k: Any) -> AsyncGenerator[Any, Any]:
-        with record_function(name, args):
+        r = record_function(name, args)
+        with _CallRange(r, a, k) if _wants_call_inputs() else r:
             agen = fn(*a, **k)
             try:
                 item = await agen.__anext__()

@@ -160,8 +160,11 @@ class Recorder:
         if st is None or not st.running:
             return None
         inputs = None
-        if st.record_inputs and rf._inputs:
+        if st.record_inputs and (rf._inputs or rf._kwinputs):
+            # Reprs, bounded in length, never the objects (SPEC 12).
             inputs = tuple(safe_repr(v) for v in rf._inputs)
+            if rf._kwinputs:
+                inputs += tuple(f"{k}={safe_repr(v)}" for k, v in rf._kwinputs.items())
         stack = capture_stack(skip + 1) if st.with_stack else None
         kind = KIND_INSTANT if rf._instant else KIND_RANGE
         lst = st.list_for(lt)
