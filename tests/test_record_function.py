@@ -21,6 +21,7 @@ import threading
 import time
 import traceback
 import weakref
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -305,6 +306,74 @@ def test_record_function_needs_inputs_says_whether_to_build_them(backend) -> Non
         assert needs() is True
     with aprof.DisableRecordFunctionGuard(), aprof.profile(record_inputs=True):
         assert needs() is False
+
+
+APROF_DIR = str(Path(aprof.__file__).resolve().parent)
+
+
+@pytest.mark.parametrize("listening", ["profile", "context-callback", "record_inputs", "global-profile"])
+def test_ranges_opened_from_a_signal_handler_at_any_point(listening: str) -> None:
+    # SPEC 6.2, 12 (issue 15 item 21): a signal handler may run between any
+    # two bytecodes of aprof's own code and open ranges of its own on the
+    # same track. Here it runs at *every* bytecode of every aprof frame (a
+    # superset of where CPython runs signal handlers), through an opcode
+    # trace. Every range, the main thread's nested ones and the handler's,
+    # still ends, nests under the right parent and is not flagged async, on
+    # the C path and on the pure-Python one (test_native runs this file
+    # with APROF_PURE_PYTHON=1).
+    injected = [0]
+
+    def handler() -> None:
+        with aprof.record_function("handler"):
+            aprof.mark("handler-mark")
+            with aprof.record_function("handler-inner"):
+                pass
+
+    def trace(frame: Any, event: str, arg: Any) -> Any:
+        if not frame.f_code.co_filename.startswith(APROF_DIR):
+            return None
+        frame.f_trace_opcodes = True
+
+        def at_each_opcode(frame: Any, event: str, arg: Any) -> Any:
+            if event == "opcode":
+                injected[0] += 1
+                handler()
+            return at_each_opcode
+
+        return at_each_opcode
+
+    handle = None
+    if listening == "context-callback":
+        handle = aprof.add_context_callback(aprof.RecordFunctionCallback(lambda rf: None))
+    try:
+        with aprof.profile(record_inputs=listening == "record_inputs", scope="global" if listening == "global-profile" else "context") as prof:
+            sys.settrace(trace)
+            try:
+                for _ in range(4):
+                    with aprof.record_function("outer"):
+                        with aprof.record_function("mid", args="k=v"):
+                            aprof.mark("mark")
+                            with aprof.record_function("inner"):
+                                pass
+            finally:
+                sys.settrace(None)
+    finally:
+        if handle is not None:
+            aprof.remove_callback(handle)
+    events = prof.events()
+    assert [(e.name, e.unfinished, e.is_async) for e in events if e.unfinished or e.is_async] == []
+    counts = Counter(e.name for e in events)
+    assert counts["outer"] == counts["mid"] == counts["inner"] == counts["mark"] == 4
+    assert counts["handler"] == counts["handler-inner"] == counts["handler-mark"] == injected[0]
+    expected_parent = {"mid": "outer", "inner": "mid", "mark": "mid", "handler-inner": "handler", "handler-mark": "handler"}
+    for ev in events:
+        if ev.name in expected_parent:
+            assert ev.parent is not None
+            assert ev.parent.name == expected_parent[ev.name]
+        if ev.parent is not None:
+            assert ev.parent.start_ns <= ev.start_ns
+            assert ev.end_ns <= ev.parent.end_ns
+            assert ev in ev.parent.children
 
 
 def test_decorated_generators_range_from_first_step_to_the_end(backend) -> None:

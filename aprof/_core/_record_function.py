@@ -38,7 +38,7 @@ from ._callbacks import (
     sampled,
 )
 from ._debug_info import enter_guard, exit_guard
-from ._recorder import ASYNC_SAME_THREAD, ProfilerState, Recorder
+from ._recorder import ASYNC_SAME_THREAD, ProfilerState, Recorder, index_of
 from ._threads import LogicalThread, current_logical_thread, stepping
 
 __all__ = [
@@ -559,8 +559,17 @@ class _PyRangeCore:
                 lst = ps.lists.get(lt)
                 if lst is None:
                     lst = ps.list_for(lt)
-                self._idx = len(lst)
-                lst.append((self.name, "user_scope", perf_counter_ns(), self.args))
+                # Append, then find the index: a signal handler may open
+                # ranges of its own on this list between any two bytecodes
+                # (list.append itself is atomic), so len() taken before the
+                # append could name the handler's record (the C core has no
+                # such gap).
+                t = (self.name, "user_scope", perf_counter_ns(), self.args)
+                lst.append(t)
+                idx = len(lst) - 1
+                if lst[idx] is not t:
+                    idx = index_of(lst, t, idx)
+                self._idx = idx
                 self._rec = lst
                 self._lt = lt
         elif mode == 3:  # MODE_SLOW

@@ -93,6 +93,18 @@ def capture_stack(skip: int) -> tuple[tuple[str, int, str], ...]:
     return tuple(frames)
 
 
+def index_of(lst: list[Any], record: tuple[Any, ...], hint: int) -> int:
+    """The index of ``record`` in ``lst``, searched from ``hint`` down.
+
+    A start tuple's index is read after it is appended; if a signal handler
+    opened ranges on the same list in between, the record is below the end.
+    """
+    for i in range(min(hint, len(lst) - 1), -1, -1):
+        if lst[i] is record:
+            return i
+    raise AssertionError("aprof: a start record vanished from its list")  # pragma: no cover
+
+
 class ProfilerState:
     """A running profile's recorded data: one raw event list per logical thread."""
 
@@ -132,8 +144,9 @@ class ProfilerState:
         lst = self.lists.get(lt)
         if lst is None:
             # Only lt's own OS thread appends to lt's list, so no lock is
-            # needed for the append; creating the entry is a dict store.
-            lst = self.lists[lt] = []
+            # needed for the append. setdefault, not a get-then-store: a
+            # signal handler recording in between must not lose its list.
+            lst = self.lists.setdefault(lt, [])
         return lst
 
 
@@ -168,11 +181,14 @@ class Recorder:
         stack = capture_stack(skip + 1) if st.with_stack else None
         kind = KIND_INSTANT if rf._instant else KIND_RANGE
         lst = st.list_for(lt)
-        idx = len(lst)
-        lst.append(
-            (rf.name, rf.scope.value, perf_counter_ns(), rf._args, rf.seq_nr, rf.forward_thread_id, inputs, stack, kind, rf._extra)
-        )
-        return (lst, idx) if kind == KIND_RANGE else None
+        t = (rf.name, rf.scope.value, perf_counter_ns(), rf._args, rf.seq_nr, rf.forward_thread_id, inputs, stack, kind, rf._extra)
+        lst.append(t)
+        if kind != KIND_RANGE:
+            return None
+        idx = len(lst) - 1  # after the append: see index_of
+        if lst[idx] is not t:
+            idx = index_of(lst, t, idx)
+        return lst, idx
 
     @staticmethod
     def end(where: tuple[list[Any], int], end_thread_id: int, exc: str | None) -> None:
