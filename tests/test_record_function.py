@@ -376,6 +376,73 @@ def test_ranges_opened_from_a_signal_handler_at_any_point(listening: str) -> Non
             assert ev in ev.parent.children
 
 
+STACK_SOURCE = """\
+import aprof
+def leaf():
+    with aprof.record_function("leaf"):
+        pass
+    aprof.mark("mark")
+def caller():
+    leaf()
+@aprof.record_function("decorated")
+def decorated():
+    pass
+def calls_decorated():
+    decorated()
+"""
+
+
+@pytest.mark.parametrize("listening", ["profile", "callback", "record_inputs"])
+def test_with_stack_names_frames_at_stop_and_lets_code_go(listening: str) -> None:
+    # SPEC 8.3, 12 (issue 15 item 7): each range's stack at its start,
+    # (file, line, qualified name) innermost first from the user's code, on
+    # the fast path, the general path and for instants and hand-offs; the
+    # frames are kept raw while recording and named at stop, after which
+    # no code object is held by aprof (reference counts are back).
+    ns: dict[str, Any] = {}
+    exec(compile(STACK_SOURCE, "<stacks>", "exec"), ns)
+    codes = [ns[f].__code__ for f in ("leaf", "caller", "calls_decorated")] + [ns["decorated"].__wrapped__.__code__]
+    before = [sys.getrefcount(c) for c in codes]
+    me = "test_with_stack_names_frames_at_stop_and_lets_code_go"
+    handle = None
+    if listening == "callback":
+        handle = aprof.add_context_callback(aprof.RecordFunctionCallback(lambda rf: None))
+    try:
+        with aprof.profile(with_stack=True, record_inputs=listening == "record_inputs") as prof:
+            ns["caller"]()
+            ns["calls_decorated"]()
+            aprof.wrap(ns["caller"])()
+    finally:
+        if handle is not None:
+            aprof.remove_callback(handle)
+    events = prof.events()
+    by_name: dict[str, list[aprof.FunctionEvent]] = {}
+    for e in events:
+        by_name.setdefault(e.name, []).append(e)
+    direct_leaf, wrapped_leaf = by_name["leaf"]
+    assert direct_leaf.stack is not None
+    assert direct_leaf.stack[:2] == (("<stacks>", 3, "leaf"), ("<stacks>", 7, "caller"))
+    assert direct_leaf.stack[2][0] == __file__
+    assert direct_leaf.stack[2][2] == me
+    assert by_name["mark"][0].stack[:2] == (("<stacks>", 5, "leaf"), ("<stacks>", 7, "caller"))
+    # A decorated call's range starts at its caller, not in aprof's wrapper.
+    (deco,) = by_name["decorated"]
+    assert deco.stack is not None
+    assert deco.stack[0] == ("<stacks>", 12, "calls_decorated")
+    # The hand-off: the EXECUTOR range and the ranges inside it.
+    (executor,) = [e for e in events if e.scope is aprof.RecordScope.EXECUTOR]
+    assert executor.stack is not None
+    assert executor.stack[0][2] == me
+    assert wrapped_leaf.stack is not None
+    assert wrapped_leaf.stack[:2] == direct_leaf.stack[:2]
+    for e in events:
+        assert e.stack is not None
+        assert all(type(f) is str and type(n) is int and type(q) is str for f, n, q in e.stack), e
+    del events, by_name, direct_leaf, wrapped_leaf, deco, executor, e
+    gc.collect()
+    assert [sys.getrefcount(c) for c in codes] == before
+
+
 def test_decorated_generators_range_from_first_step_to_the_end(backend) -> None:
     # SPEC 4.1, BI-08: for a generator and an async generator the range covers
     # the iteration, from the first step to exhaustion, not the creation.

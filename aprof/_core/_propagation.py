@@ -30,7 +30,7 @@ from typing import Any, Final, ParamSpec, TypeVar
 from . import _callbacks
 from ._callbacks import MODE_FAST, MODE_IDLE, MODE_OFF, RF_STATE, RecordScope
 from ._record_function import RecordFunction, next_sequence_nr
-from ._recorder import KIND_RANGE, index_of
+from ._recorder import KIND_RANGE, capture_stack, index_of
 from ._threads import current_logical_thread, stepping
 
 _get_rf_state = RF_STATE.get
@@ -64,7 +64,8 @@ def _run_executor_range(fn: Callable[..., R], args: Any, kwargs: Any, fwd: int, 
         lst = ps.lists.get(lt)
         if lst is None:
             lst = ps.list_for(lt)
-        t = (_name_of(fn), "executor", perf_counter_ns(), None, seq, fwd, None, None, KIND_RANGE, submit_ns)
+        stack = capture_stack(0) if ps.with_stack else None
+        t = (_name_of(fn), "executor", perf_counter_ns(), None, seq, fwd, None, stack, KIND_RANGE, submit_ns)
         lst.append(t)
         idx = len(lst) - 1  # after the append: a signal handler may record in between (index_of)
         if lst[idx] is not t:

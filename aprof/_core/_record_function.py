@@ -38,7 +38,7 @@ from ._callbacks import (
     sampled,
 )
 from ._debug_info import enter_guard, exit_guard
-from ._recorder import ASYNC_SAME_THREAD, ProfilerState, Recorder, index_of
+from ._recorder import ASYNC_SAME_THREAD, ProfilerState, Recorder, capture_stack, index_of
 from ._threads import LogicalThread, current_logical_thread, stepping
 
 __all__ = [
@@ -564,7 +564,12 @@ class _PyRangeCore:
                 # (list.append itself is atomic), so len() taken before the
                 # append could name the handler's record (the C core has no
                 # such gap).
-                t = (self.name, "user_scope", perf_counter_ns(), self.args)
+                t: tuple[Any, ...]
+                if ps.with_stack:  # the raw stack, named at stop (taken before the clock read)
+                    stack = capture_stack(0)
+                    t = (self.name, "user_scope", perf_counter_ns(), self.args, stack)
+                else:
+                    t = (self.name, "user_scope", perf_counter_ns(), self.args)
                 lst.append(t)
                 idx = len(lst) - 1
                 if lst[idx] is not t:
