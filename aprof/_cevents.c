@@ -181,10 +181,13 @@ records_of(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             set_slot(rec, R_SCOPE, Py_NewRef(scope));
             set_slot(rec, R_START, Py_NewRef(PyTuple_GET_ITEM(t, 2)));
             set_slot(rec, R_ARGS, Py_NewRef(PyTuple_GET_ITEM(t, 3)));
-            if (PyTuple_GET_SIZE(t) == 4) { /* the fast path's user range */
+            if (PyTuple_GET_SIZE(t) == 4 || PyTuple_GET_SIZE(t) == 5) {
+                /* the fast path's user range; 5: with its raw stack (with_stack) */
                 set_slot(rec, R_SEQ, Py_NewRef(minus_one));
                 set_slot(rec, R_FWD, Py_NewRef(zero));
                 set_slot(rec, R_KIND, Py_NewRef(zero));
+                if (PyTuple_GET_SIZE(t) == 5)
+                    set_slot(rec, R_STACK, Py_NewRef(PyTuple_GET_ITEM(t, 4)));
             }
             else if (PyTuple_GET_SIZE(t) == 10) {
                 /* (name, scope, start, args, seq, fwd, inputs, stack, kind, extra) */

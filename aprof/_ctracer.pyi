@@ -162,6 +162,16 @@ def _range_slots() -> list[str]:
 def _forget_logical_threads() -> None:
     """Drop every OS thread's cached logical thread (the fork handler calls it)."""
 
+def stack_here(skip: int, prefix: str, /) -> tuple[tuple[CodeType, ...], bytes]:
+    """``with_stack``'s raw stack of the caller: its frames' code objects,
+    innermost first, and their last instruction offsets as native uint32s
+    (0xFFFFFFFF: not started); ``skip`` frames and then aprof's own leading
+    frames (files under ``prefix``) left out. ``_recorder._stack_here_py``
+    is the twin; ``_events.name_stacks`` names it at stop."""
+
+def _set_stack_prefix(prefix: str, /) -> None:
+    """The prefix of aprof's own files, for the range fast path's stacks."""
+
 # Consolidation and Chrome export (aprof/_cevents.c); the contract is the
 # pure-Python twins in aprof/_post/_events.py and aprof/_export/_chrome.py.
 

@@ -66,6 +66,17 @@ APROF_ON = {
     "profiling task": "aprof, profile running (profiling task)",
     "spawned task": "aprof, profile running (spawned task)",
 }
+#: Stack depth of the with_stack cases (the issue's figure: ~16 us a range at depth 23).
+STACK_DEPTH = 23
+APROF_STACK = {
+    "off": f"aprof, profile running, depth {STACK_DEPTH} (plain thread)",
+    "on": f"aprof, profile with_stack, depth {STACK_DEPTH} (plain thread)",
+}
+APROF_DECORATED = {
+    "plain": "plain function call (no decorator)",
+    "idle": "aprof @record_function call, nothing registered",
+    "on": "aprof @record_function call, profile running",
+}
 TORCH = {
     "rf": "torch record_function",
     "fast": "torch _RecordFunctionFast",
@@ -78,6 +89,7 @@ VIZ = "viztracer log_event (tracing on)"
 #: The issue's targets (Python 3.11, a 2-core machine).
 TARGET_IDLE_RATIO = 1.3
 TARGET_ON_NS = 1000.0
+TARGET_STACK_NS = 2000.0  # issue 15 item 7: with_stack at depth 23
 TARGET_STOP_S_PER_M = 1.0
 
 
@@ -125,7 +137,10 @@ def aprof_cases(sizer: Sizer) -> list[Case]:
     info = aprof_info()
     if not info["importable"]:
         why = f"missing (import aprof failed: {info['error']})"
-        return [Case(APROF_IDLE, None, why), *(Case(name, None, why) for name in APROF_ON.values())]
+        return [
+        Case(APROF_IDLE, None, why),
+        *(Case(name, None, why) for name in (*APROF_ON.values(), *APROF_STACK.values(), *APROF_DECORATED.values()))
+    ]
     import aprof
 
     rf_loop = with_loop('record_function("x")', {"record_function": aprof.record_function})
@@ -176,12 +191,91 @@ def aprof_cases(sizer: Sizer) -> list[Case]:
 
         return run
 
+    def at_depth(fn: Callable[[int], float], n: int) -> float:
+        """``fn(n)`` called so that a range opened in ``fn``'s loop has STACK_DEPTH frames."""
+        below, f = 0, sys._getframe()
+        while f is not None:
+            below += 1
+            f = f.f_back  # type: ignore[assignment]
+
+        def deeper(k: int) -> float:
+            return deeper(k - 1) if k > 0 else fn(n)
+
+        # The compiled loop's frame and with_loop's wrapper, deeper(k)..deeper(0),
+        # then at_depth and what is below it.
+        return deeper(max(0, STACK_DEPTH - below - 3))
+
+    def stack_case(with_stack: bool) -> Callable[[int], float]:
+        name = APROF_STACK["on" if with_stack else "off"]
+
+        def run(n: int) -> float:
+            prof = aprof.profile(with_stack=with_stack)
+            prof.start()
+            try:
+                ns = at_depth(rf_loop, n)
+            finally:
+                prof.stop()
+            check(name, prof, n)
+            if with_stack:
+                depth = len(next(e for e in prof.events() if e.name == "x").stack or ())
+                if depth != STACK_DEPTH:
+                    raise RuntimeError(f"with_stack case at depth {depth}, not {STACK_DEPTH}")
+            return ns
+
+        return run
+
+    @aprof.record_function("x")
+    def decorated() -> None:
+        pass
+
+    def undecorated() -> None:
+        pass
+
+    call_decorated = call_loop(decorated)
+    call_plain = call_loop(undecorated)
+
+    def decorated_on(n: int) -> float:
+        prof = aprof.profile()
+        prof.start()
+        try:
+            ns = call_decorated(n)
+        finally:
+            prof.stop()
+        check(APROF_DECORATED["on"], prof, n)
+        return ns
+
     return [
         Case(APROF_IDLE, sizer.sized(idle)),
         Case(APROF_ON["thread"], sizer.sized(on_thread)),
         Case(APROF_ON["profiling task"], sizer.sized(on_task("profiling task"))),
         Case(APROF_ON["spawned task"], sizer.sized(on_task("spawned task"))),
+        Case(APROF_STACK["off"], sizer.sized(stack_case(False))),
+        Case(APROF_STACK["on"], sizer.sized(stack_case(True))),
+        Case(APROF_DECORATED["plain"], sizer.sized(call_plain)),
+        Case(APROF_DECORATED["idle"], sizer.sized(call_decorated)),
+        Case(APROF_DECORATED["on"], sizer.sized(decorated_on)),
     ]
+
+
+def call_loop(fn: Callable[[], Any]) -> Callable[[int], float]:
+    """``loop(n)``: ns per ``fn()`` call, the loop compiled inline as in ``with_loop``."""
+    src = (
+        "def _loop(_n, _clock):\n"
+        "    _it = range(_n)\n"
+        "    _t0 = _clock()\n"
+        "    for _ in _it:\n"
+        "        _fn()\n"
+        "    return (_clock() - _t0) / _n\n"
+    )
+    ns: dict[str, Any] = {"_fn": fn}
+    exec(compile(src, "<bench: call>", "exec"), ns)
+    loop = ns["_loop"]
+    clock = time.perf_counter_ns
+
+    def run(n: int) -> float:
+        return float(loop(n, clock))
+
+    return run
 
 
 # -- peers ---------------------------------------------------------------------
@@ -438,6 +532,12 @@ def targets(cases: dict[str, Case], cons: dict[str, Any] | None) -> list[str]:
                 out.append(f"      and < {label} ({pm:,.0f} ns): {m / pm:.2f}x of it  {verdict(m < pm)}")
             else:
                 out.append(f"      and < {label}: {label} not measured")
+    stack = cases.get(APROF_STACK["on"])
+    if stack is not None and stack.samples:
+        m = median(stack)
+        out.append(
+            f"  {APROF_STACK['on']} <= {TARGET_STACK_NS:,.0f} ns: {m:,.0f} ns  {verdict(m <= TARGET_STACK_NS)}"
+        )
     if cons is None:
         out.append("  stop+consolidation: not run")
     elif "error" in cons:

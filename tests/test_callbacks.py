@@ -9,9 +9,14 @@ and bad-input (BI-01, BI-09) cases of RELIABILITY.md that concern callbacks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
+import gc
 import random
+import sys
 import threading
+import warnings
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -190,11 +195,99 @@ def test_sampling_prob_rejects_values_outside_0_1(p: Any, error: type[Exception]
     assert cb.prob == 1.0  # unchanged
 
 
-@pytest.mark.parametrize("bad", [{"function"}, {Scope.FUNCTION, "user_scope"}, {1}])
-def test_scopes_rejects_unknown_scopes(bad: set[Any]) -> None:
-    # SPEC 3.2, BI-09
+@pytest.mark.parametrize("bad", [{"function"}, {Scope.FUNCTION, "user_scope"}, {1}, 5, None, "function", Scope.FUNCTION])
+def test_scopes_rejects_unknown_scopes(bad: Any) -> None:
+    # SPEC 3.2, BI-09, issue 22 item 3: not a set of RecordScope members (a
+    # number, a str, a lone member) is a TypeError naming scopes.
+    cb = Callback(noop).scopes({USER})
     with pytest.raises(TypeError, match="scopes"):
-        Callback(noop).scopes(bad)
+        cb.scopes(bad)
+    assert cb._scopes == {USER}  # unchanged
+
+
+@pytest.mark.parametrize("setter", ["needs_inputs", "needs_outputs", "needs_ids"])
+@pytest.mark.parametrize("bad", ["no", 0, 1, None])
+def test_needs_setters_take_only_bools(setter: str, bad: Any) -> None:
+    # SPEC 3.2, 12 (issue 22 item 3): needs_inputs("no") asked for inputs.
+    cb = Callback(noop)
+    with pytest.raises(TypeError, match=setter):
+        getattr(cb, setter)(bad)
+    assert getattr(cb, f"_{setter}") is False
+
+
+def test_misused_handles_seeds_and_sequence_numbers(registry: Registry) -> None:
+    # SPEC 3.3, 3.5, 3.7, 12 (issue 22 item 3): True is not handle 1; a
+    # seed or a sequence number that is not an int is a TypeError naming it.
+    seen: list[str] = []
+    h = registry.add_global(Callback(lambda rf: seen.append(rf.name)))
+    other = registry.add_global(Callback(noop))
+    for fn in (aprof.disable_callback, aprof.remove_callback):
+        fn(True)  # type: ignore[arg-type]
+        fn(float(h))  # type: ignore[arg-type]
+    ranged("still-seen")
+    assert seen == ["still-seen"]
+    assert h != other
+    for bad in ("42", 1.5, True, None):
+        with pytest.raises(TypeError, match="seed"):
+            aprof.set_record_function_seed_for_testing(bad)  # type: ignore[arg-type]
+    for bad_seq in ("3", True, 1.0):
+        rf = RF()
+        with pytest.raises(TypeError, match="sequence_nr"):
+            rf.before("x", sequence_nr=bad_seq)  # type: ignore[arg-type]
+        rf.end()
+
+
+@pytest.mark.parametrize("where", ["global", "context"])
+def test_should_run_decides_per_range_and_skips_the_pair(registry: Registry, where: str) -> None:
+    # SPEC 3.2 (issue 15 item 9, the seed's setShouldRun): the predicate is
+    # called before the callback's start, seeing the range's name, scope and
+    # inputs; False skips start and end; None removes the predicate.
+    pairs = Pairs()
+    asked: list[tuple[str, aprof.RecordScope, tuple[Any, ...]]] = []
+
+    def only_db(rf: aprof.RecordFunction) -> bool:
+        asked.append((rf.name, rf.scope, rf.inputs))
+        return rf.name.startswith("db.")
+
+    cb = pairs.callback().needs_inputs().should_run(only_db)
+    (registry.add_global if where == "global" else registry.add_context)(cb)
+    for name in ("db.query", "render", "db.commit"):
+        ranged(name)
+    rf = RF(Scope.FUNCTION)
+    rf.before("db.low", ("sql",))
+    rf.end()
+    aprof.mark("db.mark")
+    pairs.assert_paired()
+    assert pairs.starts == ["db.query", "db.commit", "db.low", "db.mark"]
+    assert asked == [
+        ("db.query", USER, ()),
+        ("render", USER, ()),
+        ("db.commit", USER, ()),
+        ("db.low", Scope.FUNCTION, ("sql",)),
+        ("db.mark", USER, ()),
+    ]
+    assert cb.should_run(None) is cb
+    ranged("render")
+    assert pairs.starts[-1] == "render"
+    pairs.assert_paired()
+
+
+def test_a_raising_should_run_is_reported_once_and_disabled(registry: Registry) -> None:
+    # SPEC 3.2, 12: a predicate that raises counts as a failing start: one
+    # warning naming it, the callback disabled, the user's code unaffected.
+    pairs = Pairs()
+
+    def broken(rf: aprof.RecordFunction) -> bool:
+        raise ZeroDivisionError("boom")
+
+    registry.add_global(pairs.callback().should_run(broken))
+    with pytest.warns(aprof.AprofWarning, match="should_run") as record:
+        ranged("a")
+    ranged("b")  # disabled: no second warning (filterwarnings = error)
+    assert len(record) == 1
+    assert pairs.starts == []
+    with pytest.raises(TypeError, match="should_run"):
+        Callback(noop).should_run(42)  # type: ignore[arg-type]
 
 
 def test_start_return_value_is_passed_to_end(registry: Registry) -> None:
@@ -417,6 +510,37 @@ def test_a_context_callback_is_invisible_outside_its_context(registry: Registry)
     assert not aprof.has_context_callbacks()
     ranged("outside")
     assert seen == ["inside"]
+
+
+def test_clear_context_callbacks_in_a_child_leaves_the_parent_intact(registry: Registry, backend: Backend) -> None:
+    # SPEC 2.2, 3.3 (issue 15 item 2): context callbacks are per context. A
+    # child that clears them sees none; its parent, and a sibling spawned
+    # before, keep theirs. remove_callback() is what removes one everywhere.
+    seen: list[str] = []
+
+    async def clearing_child(cleared: list[bool]) -> None:
+        aprof.clear_context_callbacks()
+        assert not aprof.has_context_callbacks()
+        ranged("child-after-clear")
+        cleared.append(True)
+
+    async def sibling(cleared: list[bool]) -> None:
+        await wait_until(backend, lambda: bool(cleared))
+        ranged("sibling")
+
+    async def main() -> None:
+        handle = registry.add_context(Callback(lambda rf: seen.append(rf.name)))
+        cleared: list[bool] = []
+        async with backend.group() as g:
+            g.start_soon(sibling, cleared)
+            g.start_soon(clearing_child, cleared)
+        assert aprof.has_context_callbacks()
+        ranged("parent-after")
+        aprof.remove_callback(handle)
+        ranged("parent-after-remove")
+
+    backend.run(main)
+    assert sorted(seen) == ["parent-after", "sibling"]
 
 
 def test_clear_context_callbacks_keeps_a_running_profile() -> None:
@@ -776,6 +900,45 @@ def test_record_function_low_level_fields(registry: Registry) -> None:
     assert at_end[-1]["is_async"] is True
 
 
+@pytest.mark.parametrize("bad", ["no", "", 0, 1, None, 1.0])
+def test_recording_switches_take_only_bools(bad: Any) -> None:
+    # SPEC 3.4, 12 (issue 22 item 3): "no" would switch recording on by its
+    # truth value; anything but a bool is a TypeError naming the argument,
+    # and the switch is unchanged.
+    def run() -> None:
+        with pytest.raises(TypeError, match="enable_record_function: enabled"):
+            aprof.enable_record_function(bad)
+        assert aprof.is_record_function_enabled()
+        aprof.enable_record_function(False)
+        with pytest.raises(TypeError, match="enable_record_function: enabled"):
+            aprof.enable_record_function(bad)
+        assert not aprof.is_record_function_enabled()
+        with pytest.raises(TypeError, match="RecordFunctionGuard: enabled"):
+            aprof.RecordFunctionGuard(bad)
+
+    in_fresh_context(run)
+
+
+def test_a_guard_cannot_be_entered_twice_at_once() -> None:
+    # SPEC 2.1, 3.4, 12: one guard object is one open block at a time; it
+    # can be used again once it has exited.
+    def run() -> None:
+        for guard in (
+            aprof.RecordFunctionGuard(False),
+            aprof.DebugInfoGuard(aprof.DebugInfoKind.TEST_INFO, "x"),
+            aprof.ContextState.capture().applied(),
+        ):
+            with guard:
+                with pytest.raises(RuntimeError, match="already entered"):
+                    guard.__enter__()
+            with guard:
+                pass
+        assert aprof.is_record_function_enabled()
+        assert aprof.get_debug_info(aprof.DebugInfoKind.TEST_INFO) is None
+
+    in_fresh_context(run)
+
+
 def test_record_function_low_level_misuse() -> None:
     # SPEC 3.5, 12
     with pytest.raises(TypeError, match="scope"):
@@ -862,6 +1025,89 @@ def test_low_level_ranges_are_recorded_by_a_profile() -> None:
     assert not events["op"].is_async
     assert events["async-op"].is_async
     assert events["op"].thread_id == aprof.current_thread_id()
+
+
+def test_record_function_is_a_context_manager(registry: Registry) -> None:
+    # SPEC 3.5, 4.2 (issue 15 item 6): `with RecordFunction(scope) as rf:
+    # rf.before(...)` ends the range at the block's end, recording the
+    # exception that left it; RecordFunction.range opens a named range of
+    # any scope (FUNCTION for libraries) in one step.
+    pairs = Pairs()
+    inputs: list[tuple[Any, ...]] = []
+    registry.add_global(pairs.callback().scopes({Scope.FUNCTION}))
+    registry.add_global(Callback(lambda rf: inputs.append(rf.inputs)).needs_inputs().scopes({Scope.FUNCTION}))
+    with aprof.profile(record_inputs=True) as prof:
+        with RF(Scope.FUNCTION) as rf:
+            assert rf.is_active
+            rf.before("low", (1, "a"))
+        assert rf.exception is None
+        failing = RF(Scope.FUNCTION)
+
+        def fail_inside() -> None:
+            with failing:
+                failing.before("failing")
+                raise KeyError("x")
+
+        with pytest.raises(KeyError):
+            fail_inside()
+        assert failing.exception == "KeyError"
+        with RF.range("conv2d", ([3, 3],)) as opened:
+            assert isinstance(opened, RF)
+            assert (opened.name, opened.scope) == ("conv2d", Scope.FUNCTION)
+        with RF.range("user-kind", scope=USER, sequence_nr=4) as user_kind:
+            assert user_kind.seq_nr == 4
+        with RF(Scope.FUNCTION):
+            pass  # never started: nothing to end
+    pairs.assert_paired()
+    assert pairs.starts == ["low", "failing", "conv2d"]
+    assert inputs == [(1, "a"), (), ([3, 3],)]
+    events = {e.name: e for e in prof.events()}
+    assert sorted(events) == ["conv2d", "failing", "low", "user-kind"]
+    assert events["failing"].exception == "KeyError"
+    assert events["conv2d"].scope is Scope.FUNCTION
+    assert events["conv2d"].inputs == ("[3, 3]",)
+    assert events["user-kind"].scope is USER
+    assert not any(e.unfinished for e in events.values())
+    with pytest.raises(TypeError, match="scope"):
+        RF.range("x", scope="function")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="name"):
+        RF.range(5)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("how", ["RecordFunction", "record_function"])
+def test_a_range_dropped_open_is_ended_with_its_end_callbacks(registry: Registry, how: str) -> None:
+    # SPEC 3.2, 5.5, RELIABILITY LC-03 (issue 15 item 6): a started range
+    # whose object is collected without end() gets its end callbacks (with
+    # rf.unfinished true), is closed at stop flagged unfinished, and keeps
+    # neither the profile nor the callback's objects alive.
+    pairs = Pairs()
+    unfinished: list[bool] = []
+    registry.add_global(pairs.callback())
+    registry.add_global(Callback(noop, lambda rf, ctx: unfinished.append(rf.unfinished)))
+    with aprof.profile() as prof:
+        if how == "RecordFunction":
+            rf = RF(Scope.FUNCTION)
+            rf.before("dropped")
+        else:
+            rf = aprof.record_function("dropped").start()  # type: ignore[assignment]
+        state = weakref.ref(aprof.get_debug_info(aprof.DebugInfoKind.PROFILER_STATE))
+        assert pairs.open
+        del rf
+        gc.collect()
+        pairs.assert_paired()
+        assert unfinished == [True]
+        with RF.range("after"):
+            pass
+    (ev,) = [e for e in prof.events() if e.name == "dropped"]
+    assert ev.unfinished
+    assert ev.end_ns == prof.session.metadata["stop_ns"]
+    assert unfinished == [True, False]
+    gc.collect()
+    assert state() is None
+    ended = RF(Scope.FUNCTION)
+    ended.before("ended")
+    ended.end()
+    assert not ended.unfinished
 
 
 def test_nothing_listening_builds_no_record_function(monkeypatch: pytest.MonkeyPatch, registry: Registry) -> None:
@@ -1347,6 +1593,73 @@ def test_end_callback_raising_during_cancellation(registry: Registry, backend: B
     assert state["end saw"] == cancelled.__name__
     assert other.starts == ["cancelled-range"]
     other.assert_paired()
+
+
+def _at_depth(n: int, fn: Callable[[], Any]) -> Any:
+    """Call ``fn`` ``n`` frames deeper than here."""
+    if n > 0:
+        return _at_depth(n - 1, fn)
+    return fn()
+
+
+@pytest.mark.parametrize("phase", ["start", "end", "should_run"])
+def test_a_callback_recursing_at_any_depth_is_warned_about_once(phase: str) -> None:
+    # SPEC 12 (issue 15 item 25): a callback that recurses until
+    # RecursionError is disabled with its warning at every stack depth,
+    # including right at the limit, where emitting the warning used to hit
+    # the limit again; the user's code never sees a RecursionError, and the
+    # recursion limit is the program's again afterwards.
+    def recurse(*args: Any) -> Any:
+        return recurse(*args)
+
+    def plain() -> None:
+        with contextlib.nullcontext():
+            pass
+
+    # The deepest depth at which the user's own code (a no-op `with`) runs.
+    deepest = 0
+    while True:
+        try:
+            _at_depth(deepest + 1, plain)
+        except RecursionError:
+            break
+        deepest += 1
+
+    limit = sys.getrecursionlimit()
+    ran_at: list[int] = []
+    for n in range(deepest - 60, deepest + 1):
+        calls = [0]
+
+        def counted(*args: Any, calls: list[int] = calls) -> Any:
+            calls[0] += 1
+            return recurse(*args)
+
+        if phase == "start":
+            cb = Callback(counted)
+        elif phase == "end":
+            cb = Callback(noop, counted)
+        else:
+            cb = Callback(noop).should_run(counted)
+        handle = aprof.add_global_callback(cb)
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    _at_depth(n, lambda: ranged("deep"))
+                    escaped = None
+                except RecursionError as exc:
+                    escaped = exc
+        finally:
+            aprof.remove_callback(handle)
+        if calls[0]:
+            ran_at.append(n)
+            assert escaped is None, f"depth {n}: the callback's failure reached the user's code"
+            assert [str(w.message) for w in caught if w.category is aprof.AprofWarning] != [], f"no warning at depth {n}"
+            assert len(caught) == 1, [str(w.message) for w in caught]
+            assert "RecursionError" in str(caught[0].message)
+        assert sys.getrecursionlimit() == limit, f"depth {n}"
+    # The callback ran right up to the limit (the depths that used to fail).
+    assert len(ran_at) >= 50
 
 
 @pytest.mark.parametrize("exc_type", [KeyboardInterrupt, SystemExit])

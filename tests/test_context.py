@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextvars
 import gc
+import itertools
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -290,6 +291,124 @@ def test_propagated_submission_inherits_but_is_isolated(how: str) -> None:
                     result = fut.result()
         assert aprof.get_debug_info(TEST2) is None
     assert result == ("before", "worker's")
+
+
+# ---------------------------------------------------------------------------
+# Guards exited out of order (issue 15 item 3)
+# ---------------------------------------------------------------------------
+
+
+def applied_state(info: str, enabled: bool) -> Any:
+    """``ContextState.applied()`` of a snapshot with TEST = info and recording switched as asked."""
+
+    def capture() -> aprof.ContextState:
+        aprof.enable_record_function(enabled)
+        with aprof.DebugInfoGuard(TEST, info):
+            return aprof.ContextState.capture()
+
+    return contextvars.copy_context().run(capture).applied()
+
+
+# For each guard type: make the i-th guard, and read the value it sets.
+GUARD_KINDS: dict[str, tuple[Callable[[int], Any], Callable[[], Any]]] = {
+    "RecordFunctionGuard": (lambda i: aprof.RecordFunctionGuard(enabled=i % 2 == 1), aprof.is_record_function_enabled),
+    "DisableRecordFunctionGuard": (
+        lambda i: aprof.DisableRecordFunctionGuard() if i % 2 == 0 else aprof.RecordFunctionGuard(),
+        aprof.is_record_function_enabled,
+    ),
+    "DebugInfoGuard": (lambda i: aprof.DebugInfoGuard(TEST, f"g{i}"), lambda: aprof.get_debug_info(TEST)),
+    "ContextState.applied": (
+        lambda i: applied_state(f"s{i}", enabled=i % 2 == 1),
+        lambda: (aprof.get_debug_info(TEST), aprof.is_record_function_enabled()),
+    ),
+}
+
+
+@pytest.mark.parametrize("exits", list(itertools.permutations(range(3))), ids=lambda p: "".join(map(str, p)))
+@pytest.mark.parametrize("kind", sorted(GUARD_KINDS))
+def test_guards_exited_in_any_order_never_leave_state_stuck(kind: str, exits: tuple[int, ...]) -> None:
+    # SPEC 2.1, 2.4, 3.4 (issue 15 item 3, RELIABILITY CP-11 for guards):
+    # three guards entered in order and exited in any order. While some are
+    # open, the value is that of the innermost one still open; once all have
+    # exited, it is what it was before the first entered.
+    make, value = GUARD_KINDS[kind]
+
+    def run() -> None:
+        base = value()
+        guards = [make(i) for i in range(3)]
+        seen = []
+        for g in guards:
+            g.__enter__()
+            seen.append(value())
+        assert len(set(map(repr, seen[:2]))) == 2  # consecutive guards set different values
+        open_ = [0, 1, 2]
+        for i in exits:
+            guards[i].__exit__(None, None, None)
+            open_.remove(i)
+            assert value() == (seen[open_[-1]] if open_ else base), (i, open_)
+        assert value() == base
+
+    contextvars.copy_context().run(run)
+
+
+def test_guards_of_different_kinds_exited_out_of_order() -> None:
+    # SPEC 2.4, 3.4: applied() covers every field, RecordFunctionGuard and
+    # DebugInfoGuard one each; exits crossing each other still end where
+    # things started.
+    def run() -> None:
+        g1 = aprof.DisableRecordFunctionGuard()
+        g2 = applied_state("applied", enabled=True)
+        g3 = aprof.DebugInfoGuard(TEST, "inner")
+        g1.__enter__()
+        g2.__enter__()
+        g3.__enter__()
+        assert (aprof.get_debug_info(TEST), aprof.is_record_function_enabled()) == ("inner", True)
+        g1.__exit__(None, None, None)
+        assert (aprof.get_debug_info(TEST), aprof.is_record_function_enabled()) == ("inner", True)
+        g2.__exit__(None, None, None)
+        # applied()'s other fields go back; the slot stays with the inner guard.
+        assert (aprof.get_debug_info(TEST), aprof.is_record_function_enabled()) == ("inner", True)
+        g3.__exit__(None, None, None)
+        assert (aprof.get_debug_info(TEST), aprof.is_record_function_enabled()) == (None, True)
+
+    contextvars.copy_context().run(run)
+
+
+@pytest.mark.parametrize("kind", sorted(GUARD_KINDS))
+def test_interleaved_async_generators_each_holding_a_guard(backend: Backend, kind: str) -> None:
+    # SPEC 2.1, 3.4 (issue 15 item 3): two async generators, iterated by one
+    # task, each hold a guard across their yields; the first finishes
+    # first. Afterwards the task's state is what it was, and ranges are
+    # recorded again.
+    make, value = GUARD_KINDS[kind]
+
+    async def holding(i: int) -> Any:
+        with make(i):
+            yield value()
+            yield value()
+
+    async def main() -> tuple[Any, Any, Any]:
+        base = value()
+        a, b = holding(0), holding(1)
+        await a.__anext__()
+        inside = await b.__anext__()
+        await a.__anext__()
+        with pytest.raises(StopAsyncIteration):
+            await a.__anext__()
+        middle = value()
+        await b.__anext__()
+        with pytest.raises(StopAsyncIteration):
+            await b.__anext__()
+        assert middle == inside
+        with aprof.record_function("after-the-generators"):
+            pass
+        return base, value(), aprof.is_record_function_enabled()
+
+    with aprof.profile() as prof:
+        base, after, enabled = backend.run(main)
+    assert after == base
+    assert enabled
+    assert [e.name for e in user_events(prof)] == ["after-the-generators"]
 
 
 # ---------------------------------------------------------------------------

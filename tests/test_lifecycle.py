@@ -2,19 +2,31 @@
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from .tracecheck import validate_trace
 
 
-def run_script(tmp_path: Path, code: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+def run_script(
+    tmp_path: Path, code: str, timeout: float = 30, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     script = tmp_path / "script.py"
     script.write_text(textwrap.dedent(code))
     return subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=timeout, check=False
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=env,
     )
 
 
@@ -112,3 +124,68 @@ def test_exit_with_a_profile_running_and_daemon_threads_in_ranges(tmp_path: Path
     # The running profile is collected at exit: at most aprof's one warning.
     assert proc.stderr.count("AprofWarning") <= 1
     assert "Traceback" not in proc.stderr
+
+
+EXIT_SCENARIOS = {
+    # asyncio.run under a global profile patches asyncio's Runner and adds
+    # trio's import hook to sys.meta_path: both are undone at exit.
+    "global": """
+        import asyncio, aprof
+        prof = aprof.profile(scope="global").start()
+        async def main():
+            with aprof.record_function("x"):
+                await asyncio.sleep(0)
+        asyncio.run(main())
+    """,
+    "global-tracer": """
+        import asyncio, aprof
+        prof = aprof.profile(scope="global", python_tracer=True).start()
+        def f():
+            return 1
+        async def main():
+            f()
+            await asyncio.sleep(0)
+        asyncio.run(main())
+    """,
+    "context-tracer-threads": """
+        import threading, time, aprof
+        prof = aprof.profile(python_tracer=True).start()
+        def spin():
+            while True:
+                with aprof.record_function("daemon"):
+                    time.sleep(0.001)
+        for _ in range(2):
+            threading.Thread(target=aprof.wrap(spin), daemon=True).start()
+        time.sleep(0.05)
+    """,
+    "tracer-no-c-calls": """
+        import aprof
+        prof = aprof.profile(python_tracer=True, c_calls=False).start()
+        def f():
+            return 1
+        f()
+    """,
+}
+
+EXIT_WARNING = (
+    "AprofWarning: aprof: the interpreter exited while a profile was running (stop() was never called); "
+    "it was stopped and its events discarded"
+)
+
+
+@pytest.mark.parametrize("pure", [False, True], ids=["c", "pure"])
+@pytest.mark.parametrize("scenario", sorted(EXIT_SCENARIOS))
+def test_exit_with_a_profile_running_prints_one_warning_only(tmp_path: Path, scenario: str, pure: bool) -> None:
+    # SPEC 12, LC-02 (issue 15 item 20): a profile (and its tracer) still
+    # running at interpreter exit is stopped before modules are torn down:
+    # stderr holds the documented warning and nothing else, with the C
+    # extension and with the pure-Python twins.
+    env = dict(os.environ, APROF_PURE_PYTHON="1" if pure else "0")
+    proc = run_script(tmp_path, textwrap.dedent(EXIT_SCENARIOS[scenario]) + 'print("bye")\n', env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "bye\n"
+    lines = proc.stderr.splitlines()
+    # The warning, and the line of aprof that issued it.
+    assert len(lines) == 2, proc.stderr
+    assert re.fullmatch(r".*_profiler\.py:\d+: " + re.escape(EXIT_WARNING), lines[0]), proc.stderr
+    assert lines[1].startswith("  "), proc.stderr

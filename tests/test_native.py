@@ -113,6 +113,42 @@ def test_pure_python_switch_is_honoured_in_a_child() -> None:
 # ---------------------------------------------------------------------------
 
 
+def _stack_site(fn: Any) -> Any:
+    return fn()
+
+
+def test_with_stack_keeps_stacks_raw_until_stop() -> None:
+    # SPEC 8.3, 6.1 (issue 15 item 7): while recording, a range's stack is
+    # its frames' code objects and instruction offsets, out of the GC's
+    # lists (naming every frame at each start cost ~16 us at depth 23), and
+    # the extension's frame walker and its pure-Python twin agree.
+    from aprof._core import _recorder
+
+    _require_extension()
+    seen: list[Any] = []
+
+    def at_site() -> None:
+        with aprof.record_function("r"):
+            starts = [t for lst in raw_lists().values() for t in lst if len(t) == 5 and t[0] == "r"]
+            seen.append(starts[-1][4])
+            seen.append(_native.extension.stack_here(0, _recorder._APROF_DIR))  # type: ignore[union-attr]
+            seen.append(_recorder._stack_here_py(0, _recorder._APROF_DIR))
+
+    with aprof.profile(with_stack=True) as prof:
+        _stack_site(at_site)
+        (codes, lastis), c_walk, py_walk = seen
+        assert type(codes) is tuple
+        assert type(lastis) is bytes
+        assert codes[:2] == (at_site.__code__, _stack_site.__code__)
+        assert len(lastis) == 4 * len(codes)
+        assert not gc.is_tracked(seen[0])
+        assert c_walk[0] == py_walk[0]
+        assert c_walk[1][4:] == py_walk[1][4:]  # same frames, same offsets (but the innermost line)
+    (r,) = [e for e in prof.events() if e.name == "r"]
+    assert r.stack is not None
+    assert [f[2] for f in r.stack[:2]] == [at_site.__qualname__, "_stack_site"]
+
+
 def test_c_records_have_the_python_paths_shape_and_leave_the_gc_alone() -> None:
     # SPEC 3: a range is a start tuple and an end tuple naming it. The C path
     # takes its records (strs, ints, None only) out of the collector's lists.
@@ -310,7 +346,7 @@ def test_c_ranges_read_aprofs_slots_directly() -> None:
     # Issue #4 item 4: the C path reads these __slots__ without getattr.
     _require_extension()
     assert sorted(_native.extension._range_slots()) == sorted(  # type: ignore[union-attr]
-        ["mode", "recorder", "state", "lists", "id", "os_thread_id", "_task_ref", "loop"]
+        ["mode", "recorder", "state", "lists", "id", "os_thread_id", "_task_ref", "loop", "with_stack"]
     )
 
 
@@ -485,7 +521,7 @@ def test_c_events_are_collected_with_their_cycles() -> None:
     [
         ([42], TypeError, "raw record 0 is not a start or end tuple"),
         ([("a", "no_such_scope", 1, None)], ValueError, "unknown scope 'no_such_scope'"),
-        ([("a", "user_scope", 1, None, 0)], TypeError, "raw start record 0 has 5 fields"),
+        ([("a", "user_scope", 1, None, 0, 0)], TypeError, "raw start record 0 has 6 fields"),
     ],
 )
 def test_c_consolidation_names_a_bad_raw_record(raw: list[Any], error: type[Exception], words: str) -> None:

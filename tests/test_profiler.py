@@ -457,6 +457,79 @@ def test_a_stopped_profile_can_start_again() -> None:
         assert names(prof) == [name]
 
 
+class Interrupt:
+    """Replace ``attr`` of ``module`` with a function that raises
+    KeyboardInterrupt on its first call (Ctrl-C landing there: before the
+    original runs, or ``after`` it did its work) and then behaves as the
+    original."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, module: Any, attr: str, after: bool = False) -> None:
+        self.original = getattr(module, attr)
+        self.after = after
+        self.calls = 0
+        monkeypatch.setattr(module, attr, self)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        if self.calls == 1:
+            if self.after:
+                self.original(*args, **kwargs)
+            raise KeyboardInterrupt
+        return self.original(*args, **kwargs)
+
+
+@pytest.mark.parametrize("where", ["consolidate", "replay", "after-replay"])
+@pytest.mark.parametrize("retry", ["stop", "events"])
+def test_ctrl_c_during_stop_loses_nothing(monkeypatch: pytest.MonkeyPatch, where: str, retry: str) -> None:
+    # SPEC 5.5, 12 (issue 15 item 18): a KeyboardInterrupt inside stop()
+    # propagates, and a second stop() (or reading the results) finishes the
+    # stop with every event, on_trace_ready called once, and no hook left.
+    from aprof._post import _replay, _session
+
+    ready: list[list[str]] = []
+
+    async def child() -> None:
+        with aprof.record_function("in-task"):
+            await asyncio.sleep(0)
+
+    def python_call() -> int:
+        return 1
+
+    async def main() -> aprof.profile:
+        prof = aprof.profile(python_tracer="replay" in where, on_trace_ready=lambda p: ready.append(names(p)))
+        prof.start()
+        with aprof.record_function("outer"):
+            python_call()
+            await asyncio.create_task(child())
+        if where == "consolidate":
+            hit = Interrupt(monkeypatch, _session, "consolidate")
+        else:  # the replay appends to the raw lists: a retry must not append twice
+            hit = Interrupt(monkeypatch, _replay, "replay", after=where == "after-replay")
+        with pytest.raises(KeyboardInterrupt):
+            prof.stop()
+        assert hit.calls == 1
+        assert prof.running is False
+        assert ready == []
+        if retry == "stop":
+            assert prof.stop() is prof
+        evs = prof.events()
+        # Finished once: a third stop() has nothing left to do.
+        with pytest.raises(RuntimeError, match="not running"):
+            prof.stop()
+        assert sorted(e.name for e in evs if e.scope is USER) == ["in-task", "outer"]
+        assert len([e for e in evs if e.scope is TASK]) == 1
+        if "replay" in where:
+            calls = [e for e in evs if e.scope is aprof.RecordScope.PYTHON_FUNCTION and "python_call" in e.name]
+            assert len(calls) == 1
+        assert not any(e.unfinished for e in evs if e.scope is USER)
+        assert ready == [names(prof)]
+        assert asyncio.get_running_loop().get_task_factory() is None
+        return prof
+
+    asyncio.run(main())
+    assert aprof.get_debug_info(STATE) is None
+
+
 STOPPERS = ["sibling-task", "to_thread", "plain-thread"]
 
 

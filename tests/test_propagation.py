@@ -679,3 +679,75 @@ def test_long_lived_pool_keeps_no_profile_or_user_value_alive() -> None:
         assert isinstance(pool, concurrent.futures.Executor)
     finally:
         pool.shutdown()
+
+
+# ---------------------------------------------------------------------------
+# install_propagation and threading.Timer (issue 15 item 9)
+# ---------------------------------------------------------------------------
+
+ORIGINAL_TIMER_RUN = threading.Timer.run
+
+
+def test_install_propagation_covers_threading_timer() -> None:
+    # SPEC 2.5, 7.4, 15.6 (issue 15 item 9): while installed, a Timer's
+    # function runs in a copy of the context that started the timer, as an
+    # EXECUTOR range on the timer's thread linked to the start; the timer's
+    # function attribute is the program's own. A cancelled timer records
+    # nothing; after uninstalling, a timer propagates nothing.
+    results: list[tuple[str, int, int]] = []
+
+    def fire(tag: str) -> None:
+        results.append(work(tag))
+
+    token = request_id.set("req-timer")
+    try:
+        aprof.install_propagation()
+        try:
+            with aprof.profile() as prof:
+                me = aprof.current_thread_id()
+                timer = threading.Timer(0.0, fire, args=("-timer",))
+                timer.start()
+                timer.join()
+                assert timer.function is fire
+                cancelled = threading.Timer(60.0, fire, args=("-cancelled",))
+                cancelled.start()
+                cancelled.cancel()
+                cancelled.join()
+        finally:
+            aprof.uninstall_propagation()
+        assert threading.Timer.run is ORIGINAL_TIMER_RUN
+        with aprof.profile() as after:
+            late = threading.Timer(0.0, fire, args=("-after",))
+            late.start()
+            late.join()
+    finally:
+        request_id.reset(token)
+    assert [r[0] for r in results] == ["req-timer", "unset"]
+    (ex,) = by_scope(prof, EXECUTOR)
+    assert ex.name == "test_install_propagation_covers_threading_timer.<locals>.fire"
+    assert ex.forward_thread_id == me
+    assert ex.thread_id == results[0][1] != me
+    assert [c.name for c in ex.children] == ["inside-timer"]
+    assert after.events() == []
+
+
+def test_timer_subclass_overriding_run_is_left_alone() -> None:
+    # SPEC 2.5, 15.6: as with Thread subclasses, a Timer subclass with its
+    # own run() is not wrapped, and runs as it would without aprof.
+    ran: list[str] = []
+
+    class MyTimer(threading.Timer):
+        def run(self) -> None:
+            ran.append(request_id.get())
+
+    token = request_id.set("req-sub")
+    aprof.install_propagation()
+    try:
+        t = MyTimer(0.0, print)
+        t.start()
+        t.join()
+    finally:
+        aprof.uninstall_propagation()
+        request_id.reset(token)
+    assert ran == ["unset"]
+    assert "_aprof_call" not in vars(t)

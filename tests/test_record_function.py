@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import json
 import math
@@ -20,6 +21,7 @@ import threading
 import time
 import traceback
 import weakref
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -153,6 +155,292 @@ def test_async_with_and_decorators_cover_the_whole_call(backend) -> None:
     assert coro.duration_ns >= 1_000_000
     assert compute.__name__ == "compute"
     assert fetch.__name__ == "fetch"
+
+
+class CountingRepr:
+    """An argument that counts how often it is repr()'d, and can be watched by weakref."""
+
+    reprs = 0
+
+    def __repr__(self) -> str:
+        CountingRepr.reprs += 1
+        return "<counted>"
+
+
+def decorated_kinds(backend: Any) -> dict[str, Any]:
+    """One decorated callable of each kind, each taking (a, b, *, c), and how to call it."""
+
+    @aprof.record_function("fn")
+    def fn(a: Any, b: Any, *, c: Any = None) -> str:
+        return "fn"
+
+    @aprof.record_function("coro")
+    async def coro(a: Any, b: Any, *, c: Any = None) -> str:
+        await backend.checkpoint()
+        return "coro"
+
+    @aprof.record_function("gen")
+    def gen(a: Any, b: Any, *, c: Any = None) -> Iterator[int]:
+        yield 1
+
+    @aprof.record_function("agen")
+    async def agen(a: Any, b: Any, *, c: Any = None) -> AsyncIterator[int]:
+        await backend.checkpoint()
+        yield 1
+
+    async def call_all(*a: Any, **k: Any) -> None:
+        assert fn(*a, **k) == "fn"
+        assert await coro(*a, **k) == "coro"
+        assert list(gen(*a, **k)) == [1]
+        assert [x async for x in agen(*a, **k)] == [1]
+
+    return {"call_all": call_all}
+
+
+def test_decorated_calls_record_their_arguments_with_record_inputs(backend) -> None:
+    # SPEC 4.1, 5.1, 12 (issue 15 item 5): under profile(record_inputs=True)
+    # a decorated call of any kind records its arguments, keywords included,
+    # as bounded reprs (never the objects: nothing is kept alive).
+    call_all = decorated_kinds(backend)["call_all"]
+    held = [CountingRepr()]
+    ref = weakref.ref(held[0])
+
+    async def main() -> aprof.profile:
+        async with aprof.profile(record_inputs=True) as prof:
+            await call_all(1, "x" * 500, c=held[0])
+        return prof
+
+    prof = backend.run(main)
+    held.clear()
+    gc.collect()
+    assert ref() is None
+    events = {e.name: e for e in user_events(prof)}
+    assert sorted(events) == ["agen", "coro", "fn", "gen"]
+    for ev in events.values():
+        assert ev.inputs is not None
+        one_, long_, c = ev.inputs
+        assert one_ == "1"
+        assert long_.startswith("'xxx")
+        assert long_.endswith("...")
+        assert len(long_) <= 200
+        assert c == "c=<counted>"
+
+
+def test_needs_inputs_callbacks_see_decorated_arguments(backend) -> None:
+    # SPEC 3.2, 3.5 (issue 15 item 5): a needs_inputs() callback sees the
+    # call's arguments in rf.inputs and its keywords in rf.kwinputs; one that
+    # does not ask sees neither, and nothing is repr()'d for it.
+    call_all = decorated_kinds(backend)["call_all"]
+    seen: list[tuple[str, tuple[Any, ...], dict[str, Any], bool]] = []
+    plain: list[tuple[tuple[Any, ...], dict[str, Any], bool]] = []
+    marker = object()
+    handles = [
+        aprof.add_global_callback(
+            aprof.RecordFunctionCallback(lambda rf: seen.append((rf.name, rf.inputs, rf.kwinputs, rf.needs_inputs)))
+            .needs_inputs()
+            .scopes({USER})
+        )
+    ]
+    try:
+        backend.run(functools.partial(call_all, 1, marker, c="kw"))
+    finally:
+        aprof.remove_callback(handles.pop())
+    assert [(n, i, k, needs) for n, i, k, needs in seen] == [
+        (name, (1, marker), {"c": "kw"}, True) for name in ("fn", "coro", "gen", "agen")
+    ]
+
+    CountingRepr.reprs = 0
+    handles.append(
+        aprof.add_global_callback(
+            aprof.RecordFunctionCallback(lambda rf: plain.append((rf.inputs, rf.kwinputs, rf.needs_inputs))).scopes({USER})
+        )
+    )
+    try:
+        backend.run(functools.partial(call_all, CountingRepr(), 2, c=CountingRepr()))
+    finally:
+        aprof.remove_callback(handles.pop())
+    assert plain == [((), {}, False)] * 4
+    assert CountingRepr.reprs == 0
+
+
+def test_nothing_needing_inputs_builds_no_reprs(backend) -> None:
+    # SPEC 3.6, 12 (issue 15 item 5): a decorated call under a profile
+    # without record_inputs (or with nothing listening) repr()s nothing.
+    call_all = decorated_kinds(backend)["call_all"]
+    CountingRepr.reprs = 0
+
+    async def main() -> aprof.profile:
+        await call_all(CountingRepr(), 1, c=CountingRepr())
+        async with aprof.profile() as prof:
+            await call_all(CountingRepr(), 1, c=CountingRepr())
+        return prof
+
+    prof = backend.run(main)
+    assert CountingRepr.reprs == 0
+    assert sorted(e.name for e in user_events(prof)) == ["agen", "coro", "fn", "gen"]
+    assert all(e.inputs is None for e in user_events(prof))
+
+
+def test_record_function_needs_inputs_says_whether_to_build_them(backend) -> None:
+    # SPEC 3.5 (issue 15 item 5): rf.needs_inputs is the cheap test a
+    # library makes before building inputs (the seed's needsInputs()).
+    F = aprof.RecordScope.FUNCTION
+
+    def needs() -> bool:
+        rf = aprof.RecordFunction(F)
+        try:
+            return rf.needs_inputs
+        finally:
+            rf.end()
+
+    assert needs() is False
+    h = aprof.add_global_callback(aprof.RecordFunctionCallback(lambda rf: None))
+    assert needs() is False
+    aprof.remove_callback(h)
+    h = aprof.add_global_callback(aprof.RecordFunctionCallback(lambda rf: None).needs_inputs().scopes({USER}))
+    assert needs() is False  # that callback does not see FUNCTION ranges
+    aprof.remove_callback(h)
+    with aprof.profile():
+        assert needs() is False
+    with aprof.profile(record_inputs=True):
+        assert needs() is True
+    with aprof.DisableRecordFunctionGuard(), aprof.profile(record_inputs=True):
+        assert needs() is False
+
+
+APROF_DIR = str(Path(aprof.__file__).resolve().parent)
+
+
+@pytest.mark.parametrize("listening", ["profile", "context-callback", "record_inputs", "global-profile"])
+def test_ranges_opened_from_a_signal_handler_at_any_point(listening: str) -> None:
+    # SPEC 6.2, 12 (issue 15 item 21): a signal handler may run between any
+    # two bytecodes of aprof's own code and open ranges of its own on the
+    # same track. Here it runs at *every* bytecode of every aprof frame (a
+    # superset of where CPython runs signal handlers), through an opcode
+    # trace. Every range, the main thread's nested ones and the handler's,
+    # still ends, nests under the right parent and is not flagged async, on
+    # the C path and on the pure-Python one (test_native runs this file
+    # with APROF_PURE_PYTHON=1).
+    injected = [0]
+
+    def handler() -> None:
+        with aprof.record_function("handler"):
+            aprof.mark("handler-mark")
+            with aprof.record_function("handler-inner"):
+                pass
+
+    def trace(frame: Any, event: str, arg: Any) -> Any:
+        if not frame.f_code.co_filename.startswith(APROF_DIR):
+            return None
+        frame.f_trace_opcodes = True
+
+        def at_each_opcode(frame: Any, event: str, arg: Any) -> Any:
+            if event == "opcode":
+                injected[0] += 1
+                handler()
+            return at_each_opcode
+
+        return at_each_opcode
+
+    handle = None
+    if listening == "context-callback":
+        handle = aprof.add_context_callback(aprof.RecordFunctionCallback(lambda rf: None))
+    try:
+        with aprof.profile(record_inputs=listening == "record_inputs", scope="global" if listening == "global-profile" else "context") as prof:
+            sys.settrace(trace)
+            try:
+                for _ in range(4):
+                    with aprof.record_function("outer"):
+                        with aprof.record_function("mid", args="k=v"):
+                            aprof.mark("mark")
+                            with aprof.record_function("inner"):
+                                pass
+            finally:
+                sys.settrace(None)
+    finally:
+        if handle is not None:
+            aprof.remove_callback(handle)
+    events = prof.events()
+    assert [(e.name, e.unfinished, e.is_async) for e in events if e.unfinished or e.is_async] == []
+    counts = Counter(e.name for e in events)
+    assert counts["outer"] == counts["mid"] == counts["inner"] == counts["mark"] == 4
+    assert counts["handler"] == counts["handler-inner"] == counts["handler-mark"] == injected[0]
+    expected_parent = {"mid": "outer", "inner": "mid", "mark": "mid", "handler-inner": "handler", "handler-mark": "handler"}
+    for ev in events:
+        if ev.name in expected_parent:
+            assert ev.parent is not None
+            assert ev.parent.name == expected_parent[ev.name]
+        if ev.parent is not None:
+            assert ev.parent.start_ns <= ev.start_ns
+            assert ev.end_ns <= ev.parent.end_ns
+            assert ev in ev.parent.children
+
+
+STACK_SOURCE = """\
+import aprof
+def leaf():
+    with aprof.record_function("leaf"):
+        pass
+    aprof.mark("mark")
+def caller():
+    leaf()
+@aprof.record_function("decorated")
+def decorated():
+    pass
+def calls_decorated():
+    decorated()
+"""
+
+
+@pytest.mark.parametrize("listening", ["profile", "callback", "record_inputs"])
+def test_with_stack_names_frames_at_stop_and_lets_code_go(listening: str) -> None:
+    # SPEC 8.3, 12 (issue 15 item 7): each range's stack at its start,
+    # (file, line, qualified name) innermost first from the user's code, on
+    # the fast path, the general path and for instants and hand-offs; the
+    # frames are kept raw while recording and named at stop, after which
+    # no code object is held by aprof (reference counts are back).
+    ns: dict[str, Any] = {}
+    exec(compile(STACK_SOURCE, "<stacks>", "exec"), ns)
+    codes = [ns[f].__code__ for f in ("leaf", "caller", "calls_decorated")] + [ns["decorated"].__wrapped__.__code__]
+    before = [sys.getrefcount(c) for c in codes]
+    me = "test_with_stack_names_frames_at_stop_and_lets_code_go"
+    handle = None
+    if listening == "callback":
+        handle = aprof.add_context_callback(aprof.RecordFunctionCallback(lambda rf: None))
+    try:
+        with aprof.profile(with_stack=True, record_inputs=listening == "record_inputs") as prof:
+            ns["caller"]()
+            ns["calls_decorated"]()
+            aprof.wrap(ns["caller"])()
+    finally:
+        if handle is not None:
+            aprof.remove_callback(handle)
+    events = prof.events()
+    by_name: dict[str, list[aprof.FunctionEvent]] = {}
+    for e in events:
+        by_name.setdefault(e.name, []).append(e)
+    direct_leaf, wrapped_leaf = by_name["leaf"]
+    assert direct_leaf.stack is not None
+    assert direct_leaf.stack[:2] == (("<stacks>", 3, "leaf"), ("<stacks>", 7, "caller"))
+    assert direct_leaf.stack[2][0] == __file__
+    assert direct_leaf.stack[2][2] == me
+    assert by_name["mark"][0].stack[:2] == (("<stacks>", 5, "leaf"), ("<stacks>", 7, "caller"))
+    # A decorated call's range starts at its caller, not in aprof's wrapper.
+    (deco,) = by_name["decorated"]
+    assert deco.stack is not None
+    assert deco.stack[0] == ("<stacks>", 12, "calls_decorated")
+    # The hand-off: the EXECUTOR range and the ranges inside it.
+    (executor,) = [e for e in events if e.scope is aprof.RecordScope.EXECUTOR]
+    assert executor.stack is not None
+    assert executor.stack[0][2] == me
+    assert wrapped_leaf.stack is not None
+    assert wrapped_leaf.stack[:2] == direct_leaf.stack[:2]
+    for e in events:
+        assert e.stack is not None
+        assert all(type(f) is str and type(n) is int and type(q) is str for f, n, q in e.stack), e
+    del events, by_name, direct_leaf, wrapped_leaf, deco, executor, e
+    gc.collect()
+    assert [sys.getrefcount(c) for c in codes] == before
 
 
 def test_decorated_generators_range_from_first_step_to_the_end(backend) -> None:
@@ -1073,6 +1361,34 @@ def test_eager_first_step_lands_on_the_child_track(run: Any, tmp_path: Path) -> 
 # ---------------------------------------------------------------------------
 # 4.4: mark
 # ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("with_callback", [False, True])
+def test_mark_refuses_args_that_are_not_str(tmp_path: Path, with_callback: bool) -> None:
+    # SPEC 4.4, 12 (issue 15 item 22): args is a str as for record_function;
+    # an object would stay alive past stop() and break save(). The refused
+    # mark records nothing, and the profile saves.
+    class Payload:
+        pass
+
+    payload = Payload()
+    ref = weakref.ref(payload)
+    handle = aprof.add_context_callback(aprof.RecordFunctionCallback(lambda rf: None)) if with_callback else None
+    try:
+        with aprof.profile() as prof:
+            for bad in (payload, 5, b"k=v", ["k"]):
+                with pytest.raises(TypeError, match="mark: args"):
+                    aprof.mark("m", args=bad)  # type: ignore[arg-type]
+            aprof.mark("ok", args="k=v")
+    finally:
+        if handle is not None:
+            aprof.remove_callback(handle)
+    del payload
+    gc.collect()
+    assert ref() is None
+    assert [(e.name, e.args) for e in prof.events()] == [("ok", "k=v")]
+    prof.save(tmp_path / "run.aprof")
+    assert [e.name for e in aprof.load(tmp_path / "run.aprof").events()] == ["ok"]
 
 
 def test_mark_records_an_instant_in_the_enclosing_range(backend, tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -111,6 +112,23 @@ def test_trace_handler_writes_one_trace_per_cycle(tmp_path: Path) -> None:
         assert [e["name"] for e in doc["traceEvents"] if e.get("ph") == "X"] == ["work"]
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"dir_name": 5}, "dir_name"),
+        ({"dir_name": None}, "dir_name"),
+        ({"dir_name": "d", "worker_name": 5}, "worker_name"),
+        ({"dir_name": "d", "use_gzip": "no"}, "use_gzip"),
+        ({"dir_name": "d", "use_gzip": 1}, "use_gzip"),
+    ],
+)
+def test_trace_handler_misuse_names_the_argument(kwargs: dict[str, Any], named: str) -> None:
+    # SPEC 5.6, 12 (issue 22 item 3): refused when the handler is made, not
+    # when the first cycle ends.
+    with pytest.raises(TypeError, match=f"trace_handler: {named}"):
+        aprof.trace_handler(**kwargs)
+
+
 def test_step_and_options_misuse() -> None:
     # SPEC 5.4, 12
     prof = aprof.profile()
@@ -120,3 +138,72 @@ def test_step_and_options_misuse() -> None:
         aprof.profile(schedule=3)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="on_trace_ready"):
         aprof.profile(on_trace_ready="x")  # type: ignore[arg-type]
+
+
+def test_on_trace_ready_without_a_schedule_runs_once_at_stop(tmp_path: Path) -> None:
+    # SPEC 5.6 (issue 15 item 1): torch.profiler calls on_trace_ready once,
+    # at stop, when there is no schedule; steps alone do not call it.
+    seen: list[list[str]] = []
+    with aprof.profile(on_trace_ready=lambda p: seen.append([e.name for e in p.events()])) as prof:
+        with aprof.record_function("work"):
+            pass
+        prof.step()
+        assert seen == []
+    assert seen == [["work"]]
+
+    out = tmp_path / "traces"
+    with aprof.profile(on_trace_ready=aprof.trace_handler(out, worker_name="w")):
+        with aprof.record_function("written"):
+            pass
+    (written,) = out.iterdir()
+    doc = validate_trace(written)
+    assert [e["name"] for e in doc["traceEvents"] if e.get("ph") == "X"] == ["written"]
+
+
+@pytest.mark.parametrize("wait", [0, 1])
+def test_a_failing_on_trace_ready_propagates_once_and_the_schedule_goes_on(wait: int) -> None:
+    # SPEC 5.6, 12 (issue 15 item 19): a handler that fails once (a full
+    # disk) raises from that step() only; later cycles are recorded and
+    # handed to it as if nothing had happened, with no internal error.
+    cycles: list[list[str]] = []
+
+    def handler(prof: aprof.profile) -> None:
+        cycles.append([e.name for e in prof.events()])
+        if len(cycles) == 1:
+            raise OSError(28, "No space left on device")
+
+    prof = aprof.profile(schedule=aprof.schedule(wait=wait, warmup=0, active=1), on_trace_ready=handler).start()
+    failed_at = 1 if wait else 0  # the step that ends the first cycle
+    for step in range(6):
+        with aprof.record_function(f"s{step}"):
+            pass
+        if step == failed_at:
+            with pytest.raises(OSError, match="No space"):
+                prof.step()
+        else:
+            prof.step()
+    with aprof.record_function("last"):
+        pass
+    prof.stop()
+    if wait:
+        assert cycles == [["s1"], ["s3"], ["s5"]]
+    else:
+        assert cycles == [["s0"], ["s1"], ["s2"], ["s3"], ["s4"], ["s5"], ["last"]]
+    assert prof.running is False
+
+
+def test_a_failing_on_trace_ready_at_stop_still_stops() -> None:
+    # SPEC 5.4, 12: the error propagates from stop(); the profile is stopped
+    # and its results are there.
+    def handler(prof: aprof.profile) -> None:
+        raise OSError(28, "No space left on device")
+
+    prof = aprof.profile(on_trace_ready=handler).start()
+    with aprof.record_function("kept"):
+        pass
+    with pytest.raises(OSError, match="No space"):
+        prof.stop()
+    assert prof.running is False
+    assert [e.name for e in prof.events()] == ["kept"]
+    with pytest.raises(RuntimeError, match="not running"):
+        prof.stop()

@@ -21,6 +21,7 @@ import enum
 import itertools
 import os
 import random
+import sys
 import threading
 import warnings
 import weakref
@@ -94,6 +95,7 @@ CallbackHandle = int
 
 StartFn = Callable[["RecordFunction"], Any]
 EndFn = Callable[["RecordFunction", Any], Any]
+ShouldRunFn = Callable[["RecordFunction"], bool]
 
 
 class RecordFunctionCallback:
@@ -120,7 +122,7 @@ class RecordFunctionCallback:
         ['load']
     """
 
-    __slots__ = ("_end", "_needs_ids", "_needs_inputs", "_needs_outputs", "_prob", "_scopes", "_start")
+    __slots__ = ("_end", "_needs_ids", "_needs_inputs", "_needs_outputs", "_prob", "_scopes", "_should_run", "_start")
 
     def __init__(self, start: StartFn, end: EndFn | None = None) -> None:
         if not callable(start):
@@ -134,20 +136,33 @@ class RecordFunctionCallback:
         self._needs_ids = False
         self._prob = 1.0
         self._scopes: frozenset[RecordScope] = frozenset()
+        self._should_run: ShouldRunFn | None = None
 
     def needs_inputs(self, value: bool = True) -> RecordFunctionCallback:
-        """Ask for ``rf.inputs`` to be filled. Returns self for chaining."""
-        self._needs_inputs = bool(value)
+        """Ask for ``rf.inputs`` to be filled. Returns self for chaining.
+
+        Raises:
+            TypeError: ``value`` is not a bool.
+        """
+        self._needs_inputs = _check_bool(value, "needs_inputs")
         return self
 
     def needs_outputs(self, value: bool = True) -> RecordFunctionCallback:
-        """Ask for ``rf.outputs`` to be filled. Returns self for chaining."""
-        self._needs_outputs = bool(value)
+        """Ask for ``rf.outputs`` to be filled. Returns self for chaining.
+
+        Raises:
+            TypeError: ``value`` is not a bool.
+        """
+        self._needs_outputs = _check_bool(value, "needs_outputs")
         return self
 
     def needs_ids(self, value: bool = True) -> RecordFunctionCallback:
-        """Ask for a unique ``rf.handle`` per range. Returns self for chaining."""
-        self._needs_ids = bool(value)
+        """Ask for a unique ``rf.handle`` per range. Returns self for chaining.
+
+        Raises:
+            TypeError: ``value`` is not a bool.
+        """
+        self._needs_ids = _check_bool(value, "needs_ids")
         return self
 
     def sampling_prob(self, p: float) -> RecordFunctionCallback:
@@ -170,14 +185,50 @@ class RecordFunctionCallback:
     def scopes(self, scopes: Iterable[RecordScope]) -> RecordFunctionCallback:
         """Restrict the callback to these scopes (an empty set means all).
 
+        Args:
+            scopes: A set (or any iterable) of :class:`RecordScope` members.
+
         Raises:
-            TypeError: an element is not a :class:`RecordScope`.
+            TypeError: ``scopes`` is not an iterable of :class:`RecordScope`
+                members (a lone member or a str included).
         """
+        if isinstance(scopes, (str, bytes, RecordScope)) or not isinstance(scopes, Iterable):
+            raise TypeError(f"scopes: expected a set of RecordScope members, got {scopes!r}")
         items = frozenset(scopes)
         for s in items:
             if not isinstance(s, RecordScope):
                 raise TypeError(f"scopes: expected RecordScope members, got {s!r}")
         self._scopes = items
+        return self
+
+    def should_run(self, predicate: ShouldRunFn | None) -> RecordFunctionCallback:
+        """Decide per range whether the callback runs (the seed's ``setShouldRun``).
+
+        ``predicate(rf)`` is called just before the callback's start, once
+        the range has its name, scope and inputs; when it returns False the
+        callback's start and end are both skipped for that range. A
+        predicate that raises is treated as a start that raised (the
+        callback is reported once and disabled). ``None`` removes it.
+        Returns self for chaining.
+
+        Raises:
+            TypeError: ``predicate`` is neither callable nor None.
+
+        Example:
+            >>> import aprof
+            >>> seen = []
+            >>> cb = aprof.RecordFunctionCallback(lambda rf: seen.append(rf.name))
+            >>> h = aprof.add_global_callback(cb.should_run(lambda rf: rf.name.startswith("db.")))
+            >>> for name in ("db.query", "render"):
+            ...     with aprof.record_function(name):
+            ...         pass
+            >>> aprof.remove_callback(h)
+            >>> seen
+            ['db.query']
+        """
+        if predicate is not None and not callable(predicate):
+            raise TypeError(f"should_run: predicate must be callable or None, got {predicate!r}")
+        self._should_run = predicate
         return self
 
     @property
@@ -202,6 +253,19 @@ class RecordFunctionCallback:
             return f"<RecordFunctionCallback start={name}>"
         end = getattr(self._end, "__qualname__", repr(self._end))
         return f"<RecordFunctionCallback start={name} end={end}>"
+
+
+def _check_bool(value: object, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{where}: value must be True or False, got {value!r}")
+    return value
+
+
+def _entry_of(handle: object) -> Entry | None:
+    # A bool is an int to Python, but never a handle: True is not handle 1.
+    if type(handle) is not int:
+        return None
+    return _registry.get(handle)
 
 
 _handles = itertools.count(1)
@@ -356,9 +420,10 @@ def remove_callback(handle: CallbackHandle) -> None:
     A range whose start already ran for this callback still gets its end.
     """
     global _global_all
-    entry = _registry.pop(handle, None) if isinstance(handle, int) else None
+    entry = _entry_of(handle)
     if entry is None:
         return
+    _registry.pop(entry.handle, None)
     entry.removed = True
     if entry.is_global:
         with _global_lock:
@@ -371,7 +436,7 @@ def remove_callback(handle: CallbackHandle) -> None:
 
 
 def _set_enabled(handle: CallbackHandle, enabled: bool) -> None:
-    entry = _registry.get(handle) if isinstance(handle, int) else None
+    entry = _entry_of(handle)
     if entry is None:
         return
     entry.enabled = enabled
@@ -419,16 +484,18 @@ def clear_global_callbacks() -> None:
 
 
 def clear_context_callbacks() -> None:
-    """Remove every callback registered in the current context.
+    """Remove every context callback from the current context.
 
+    Context callbacks are per context, like any context variable: the
+    context that registered them (a parent task) and tasks spawned before
+    the clear keep theirs. :func:`remove_callback` removes one everywhere.
     A running profile's recorder is not a user callback: it stays until the
     profile stops.
     """
     st = RF_STATE.get()
-    for e in st.callbacks:
-        e.removed = True
-        _registry.pop(e.handle, None)
     if st.callbacks:
+        # Only this context's view changes: the entries are shared with the
+        # contexts that inherited them, so they are not marked removed.
         RF_STATE.set(st.replace(callbacks=()))
 
 
@@ -452,7 +519,12 @@ def set_record_function_seed_for_testing(seed: int) -> None:
     draws one ``random.Random.random()`` value from this generator, globals
     first, in registration order; it runs when the value is below its
     probability.
+
+    Raises:
+        TypeError: ``seed`` is not an int.
     """
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"set_record_function_seed_for_testing: seed must be an int, got {seed!r}")
     _rng.seed(seed)
 
 
@@ -470,18 +542,61 @@ def sampled(prob: float) -> bool:
 # ---------------------------------------------------------------------------
 
 
-def report_failure(entry: Entry, phase: str, range_name: str, exc: BaseException) -> None:
-    """Disable a callback that raised and warn once (trio's Instruments rule)."""
-    entry.enabled = False
-    if entry.is_global:
-        with _global_lock:
-            _publish_globals()
-    if entry.reported:
+#: Frames of headroom report_failure takes over the recursion limit.
+REPORT_HEADROOM: Final = 100
+#: The program's recursion limit while report_failure's headroom is in place
+#: and could not be taken back yet (see report_failure), else None.
+limit_to_restore: int | None = None
+
+
+def restore_recursion_limit() -> None:
+    """Take back report_failure's headroom, if it is still in place and the
+    stack is shallow enough to do so (else a later range tries again)."""
+    global limit_to_restore
+    limit = limit_to_restore
+    if limit is None:
         return
-    entry.reported = True
-    warnings.warn(
-        f"aprof: callback {entry.callback!r} raised {type(exc).__name__}: {exc} in its {phase} "
-        f"for range {range_name!r}; the callback is disabled",
-        AprofWarning,
-        stacklevel=4,
-    )
+    if sys.getrecursionlimit() != limit + REPORT_HEADROOM:
+        limit_to_restore = None  # the program set its own limit since: it stays
+        return
+    try:
+        sys.setrecursionlimit(limit)
+    except RecursionError:
+        return  # deeper than the old limit right here
+    limit_to_restore = None
+
+
+def report_failure(entry: Entry, phase: str, range_name: str, exc: BaseException) -> None:
+    """Disable a callback that raised and warn once (trio's Instruments rule).
+
+    A callback that recursed until ``RecursionError`` leaves the stack a
+    frame or two short of the limit: publishing the change and formatting
+    the warning would hit the limit again, leaving the warning unsaid and a
+    new RecursionError in the user's code. So this runs with the recursion
+    limit raised by a little headroom (its callers in _record_function take
+    it before calling, since at the limit this very call would not fit).
+    Lowering it back can fail that close to the limit
+    (``sys.setrecursionlimit`` refuses a limit below the current depth);
+    then the range's ``before()`` or ``end()``, two frames up, takes it back.
+    """
+    global limit_to_restore
+    entry.enabled = False
+    if limit_to_restore is None:
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(limit + REPORT_HEADROOM)
+        limit_to_restore = limit
+    try:
+        if entry.is_global:
+            with _global_lock:
+                _publish_globals()
+        if entry.reported:
+            return
+        entry.reported = True
+        warnings.warn(
+            f"aprof: callback {entry.callback!r} raised {type(exc).__name__}: {exc} in its {phase} "
+            f"for range {range_name!r}; the callback is disabled",
+            AprofWarning,
+            stacklevel=4,
+        )
+    finally:
+        restore_recursion_limit()

@@ -10,8 +10,7 @@ they spawn for free.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from contextvars import ContextVar, Token
 from types import TracebackType
 from typing import Any, Final
@@ -78,12 +77,129 @@ def set_slot(kind: DebugInfoKind, value: object) -> tuple[Any, ...]:
     return new
 
 
+# ---------------------------------------------------------------------------
+# Guards: a stack of open guards per context, so any exit order restores well
+# ---------------------------------------------------------------------------
+#
+# A guard changes some *fields* of aprof's context state: the recording
+# switch ("enabled"), the context callbacks ("callbacks"), the profile's
+# recorder ("recorder"), all in RF_STATE, or a debug-info slot (its int
+# index in DEBUG_INFO). RecordFunctionGuard changes "enabled";
+# DebugInfoGuard(kind) changes slot ``kind``; ContextState.applied()
+# changes them all.
+#
+# Restoring with ContextVar.reset is right only for exits in reverse order:
+# enter A, enter B, exit A, exit B would leave A's value in place for good
+# (reset(B) puts back what was there when B entered, A's value). Instead,
+# each context keeps the stack of its open guards, each with the values its
+# fields had when it entered. Exiting the innermost guard of a field puts
+# that field's value back. Exiting a guard that has a later guard open on
+# the same field changes nothing visible now; the later guard inherits its
+# "value before", so when it exits, the field goes back to what it was
+# before both. Whatever the order, once every guard has exited, each field
+# holds what it held before the first one entered, and while some are
+# open, a field holds the value of its innermost open guard (or of a direct
+# change made since, such as ``enable_record_function``, as in the seed).
+
+_RF_FIELDS: Final = ("callbacks", "enabled", "recorder")
+ALL_FIELDS: Final[tuple[str | int, ...]] = (*_RF_FIELDS, *range(_N_KINDS))
+
+
+class _Open:
+    """One open guard in a context's stack: the guard, and its fields' values before it.
+
+    Never changed once built: a spawned task's context shares its parent's stack.
+    """
+
+    __slots__ = ("guard", "prev")
+
+    def __init__(self, guard: object, prev: dict[str | int, Any]) -> None:
+        self.guard = guard
+        self.prev = prev
+
+
+_OPEN_GUARDS: ContextVar[tuple[_Open, ...]] = ContextVar("aprof.open_guards", default=())
+
+
+def _read(fields: Iterable[str | int]) -> dict[str | int, Any]:
+    rf, debug = RF_STATE.get(), DEBUG_INFO.get()
+    return {f: debug[f] if isinstance(f, int) else getattr(rf, f) for f in fields}
+
+
+def _write(values: dict[str | int, Any]) -> None:
+    rf_changes = {f: v for f, v in values.items() if isinstance(f, str)}
+    if rf_changes:
+        RF_STATE.set(RF_STATE.get().replace(**rf_changes))
+    if len(rf_changes) < len(values):
+        debug = list(DEBUG_INFO.get())
+        for f, v in values.items():
+            if isinstance(f, int):
+                debug[f] = v
+        DEBUG_INFO.set(tuple(debug))
+
+
+def enter_guard(guard: object, values: dict[str | int, Any]) -> Token[tuple[_Open, ...]]:
+    """Push ``guard`` on this context's stack and set its fields to ``values``.
+
+    Returns:
+        The token that :func:`exit_guard` needs.
+    """
+    token = _OPEN_GUARDS.set((*_OPEN_GUARDS.get(), _Open(guard, _read(values))))
+    _write(values)
+    return token
+
+
+def exit_guard(guard: object, token: Token[tuple[_Open, ...]], what: str) -> None:
+    """Take ``guard`` off the stack and restore its fields (see above).
+
+    Raises:
+        RuntimeError: the guard is exited in another context than the one it
+            was entered in (SPEC 2.3). If this context inherited the guard
+            (a task spawned inside it), the guard's fields are undone here
+            too; the entering context keeps the values the guard set.
+    """
+    stack = _OPEN_GUARDS.get()
+    try:
+        # Succeeds only in the context the guard was entered in: the
+        # context check that SPEC 2.3 needs. The stack is set just below.
+        _OPEN_GUARDS.reset(token)
+        here = True
+    except ValueError:
+        here = False
+    at = next((i for i in range(len(stack) - 1, -1, -1) if stack[i].guard is guard), None)
+    if at is None:
+        if here:
+            _OPEN_GUARDS.set(stack)
+    else:
+        rec = stack[at]
+        above = list(stack[at + 1 :])
+        restore: dict[str | int, Any] = {}
+        for field, before in rec.prev.items():
+            for j, upper in enumerate(above):
+                if field in upper.prev:
+                    # A later guard on this field is still open: it keeps the
+                    # field's value now, and puts back this one's at its exit.
+                    above[j] = _Open(upper.guard, {**upper.prev, field: before})
+                    break
+            else:
+                restore[field] = before
+        _OPEN_GUARDS.set((*stack[:at], *above))
+        if restore:
+            _write(restore)
+    if not here:
+        raise RuntimeError(
+            f"{what} was exited in a different context from the one it was entered in; "
+            "the entering context keeps the value it set"
+        )
+
+
 class DebugInfoGuard:
     """Push ``info`` into ``kind``'s slot for the body of a ``with`` block.
 
     Works in sync code and across ``await``: the slot lives in a context
     variable, so tasks spawned inside see it, and nothing the body's tasks push
-    leaks back.
+    leaks back. Guards may exit in any order: once all have exited, the slot
+    holds what it held before them.
 
     Args:
         kind: The slot.
@@ -91,8 +207,9 @@ class DebugInfoGuard:
 
     Raises:
         TypeError: ``kind`` is not a :class:`DebugInfoKind`.
-        RuntimeError: on exit, if the guard is exited in another context than
-            the one it was entered in (the slot there stays as it was set).
+        RuntimeError: the guard is entered while already entered; or, on
+            exit, it is exited in another context than the one it was
+            entered in (the slot there stays as it was set).
 
     Example:
         >>> import aprof
@@ -101,68 +218,30 @@ class DebugInfoGuard:
         'req-42'
     """
 
-    __slots__ = ("_info", "_kind", "_prev", "_set", "_token")
+    __slots__ = ("_info", "_kind", "_token")
 
     def __init__(self, kind: DebugInfoKind, info: object) -> None:
         self._kind = _check_kind(kind, "DebugInfoGuard")
         self._info = info
-        self._token: Token[tuple[Any, ...]] | None = None
-        self._set: tuple[Any, ...] | None = None
-        self._prev: object = None
+        self._token: Token[tuple[_Open, ...]] | None = None
 
     def __enter__(self) -> DebugInfoGuard:
         if self._token is not None:
             raise RuntimeError(f"{self!r} is already entered")
-        cur = DEBUG_INFO.get()
-        self._prev = cur[self._kind]
-        new = (*cur[: self._kind], self._info, *cur[self._kind + 1 :])
-        self._token = DEBUG_INFO.set(new)
-        self._set = new
+        self._token = enter_guard(self, {int(self._kind): self._info})
         return self
 
     def __exit__(
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:
-        token, mine = self._token, self._set
+        token = self._token
         if token is None:
             return
-        self._token = self._set = None
-        restore_slot(DEBUG_INFO, token, mine, lambda cur: _with_slot(cur, self._kind, self._prev), self)
+        self._token = None
+        exit_guard(self, token, repr(self))
 
     def __repr__(self) -> str:
         return f"DebugInfoGuard({self._kind.name}, {self._info!r})"
-
-
-def _with_slot(cur: tuple[Any, ...], kind: int, value: object) -> tuple[Any, ...]:
-    return (*cur[:kind], value, *cur[kind + 1 :])
-
-
-def restore_slot(var: ContextVar[Any], token: Token[Any], mine: object, fieldwise: Any, guard: object) -> None:
-    """Undo a guard's change to ``var``.
-
-    If nothing else changed the variable since, the token restores it exactly.
-    If something did (an inner guard still open, a callback registered in the
-    body), only the guard's own field is put back. A token from another
-    context cannot be used: that is a guard handed between tasks, which we
-    report clearly instead of letting contextvars raise its ValueError.
-    """
-    cur = var.get()
-    try:
-        # Succeeds only in the context the guard was entered in, whatever
-        # changed the variable since; a sibling context must not pass
-        # silently (SPEC 2.3), so the token is tried even when cur is not mine.
-        var.reset(token)
-    except ValueError:
-        # Entered in one context, exited in another. Undo the guard's field
-        # here only if this context inherited the guard's value.
-        if cur is mine:
-            var.set(fieldwise(cur))
-        raise RuntimeError(
-            f"{guard!r} was exited in a different context from the one it was entered in; "
-            "the entering context keeps the value it set"
-        ) from None
-    if cur is not mine:
-        var.set(fieldwise(cur))
 
 
 class ContextState:
@@ -192,23 +271,49 @@ class ContextState:
         """Snapshot the current context's aprof state."""
         return cls(DEBUG_INFO.get(), RF_STATE.get())
 
-    @contextmanager
-    def applied(self) -> Iterator[ContextState]:
-        """Install this snapshot for the body; restore what was there after."""
-        t1 = DEBUG_INFO.set(self._debug)
-        t2 = RF_STATE.set(self._rf)
-        try:
-            yield self
-        finally:
-            try:
-                RF_STATE.reset(t2)
-                DEBUG_INFO.reset(t1)
-            except ValueError:
-                # Exited in another context than it was entered in (e.g. a
-                # generator closed elsewhere): say so clearly (SPEC 2.3).
-                raise RuntimeError(
-                    f"{self!r}.applied() was exited in a different context from the one it was entered in"
-                ) from None
+    def applied(self) -> _Applied:
+        """Install this snapshot for the body; restore what was there after.
+
+        A guard like the others: guards and ``applied()`` blocks may exit in
+        any order (see :class:`DebugInfoGuard`).
+
+        Raises:
+            RuntimeError: (on exit) it is exited in another context than the
+                one it was entered in; or it is entered while already entered.
+        """
+        return _Applied(self)
 
     def __repr__(self) -> str:
         return f"<ContextState recording={'on' if self._rf.enabled else 'off'} callbacks={len(self._rf.callbacks)}>"
+
+
+class _Applied:
+    """The context manager returned by :meth:`ContextState.applied`."""
+
+    __slots__ = ("_state", "_token")
+
+    def __init__(self, state: ContextState) -> None:
+        self._state = state
+        self._token: Token[tuple[_Open, ...]] | None = None
+
+    def __enter__(self) -> ContextState:
+        if self._token is not None:
+            raise RuntimeError(f"{self!r} is already entered")
+        state = self._state
+        rf, debug = state._rf, state._debug
+        values: dict[str | int, Any] = {f: getattr(rf, f) for f in _RF_FIELDS}
+        values.update(enumerate(debug))
+        self._token = enter_guard(self, values)
+        return state
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        token = self._token
+        if token is None:
+            return
+        self._token = None
+        exit_guard(self, token, f"{self._state!r}.applied()")
+
+    def __repr__(self) -> str:
+        return f"{self._state!r}.applied()"

@@ -13,6 +13,8 @@ thread in the process is recorded while it runs.
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
 import sys
 import warnings
@@ -162,6 +164,9 @@ class profile:
         self._task_hooks: list[Callable[[], None]] = []
         self._session: Session | None = None
         self._tracer: TracerRun | None = None
+        # Stops not finished yet (a KeyboardInterrupt landed in one): the
+        # next stop(), step(), start() or read of the results finishes them.
+        self._stopping: list[_Stopping] = []
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -179,6 +184,7 @@ class profile:
         """
         if self._active:
             raise RuntimeError("profile.start: this profile is already running")
+        self._finish_stops()  # an interrupted stop's hooks must be gone first
         self.step_num = 0
         self._session = None
         if self.schedule is None:
@@ -201,19 +207,23 @@ class profile:
         """
         if not self._active:
             raise RuntimeError("profile.step: this profile is not running")
+        self._finish_stops()
         self.step_num += 1
         if self.schedule is None:
             return
         prev, new = self._action, self.schedule(self.step_num)
         self._action = new
         A = ProfilerAction
-        if prev is A.RECORD_AND_SAVE or (prev is A.RECORD and new in (A.NONE, A.WARMUP)):
-            self._finish()
-            self._trace_ready()
-        elif prev is A.WARMUP and new is not A.WARMUP:
-            self._discard()
-        if new is not A.NONE and self._state is None:
-            self._begin()
+        try:
+            if prev is A.RECORD_AND_SAVE or (prev is A.RECORD and new in (A.NONE, A.WARMUP)):
+                self._finish(notify=True)
+            elif prev is A.WARMUP and new is not A.WARMUP:
+                self._discard()
+        finally:
+            # A failing on_trace_ready (a full disk) propagates once, and the
+            # schedule goes on: the next cycle records as it would have.
+            if new is not A.NONE and self._state is None and self._active and not self._stopping:
+                self._begin()
 
     def _trace_ready(self) -> None:
         handler = self.on_trace_ready
@@ -223,9 +233,7 @@ class profile:
     def _discard(self) -> None:
         # Warmup events are recorded (so the first recorded step pays no
         # start-up cost) and thrown away, as torch.profiler does.
-        session = self._session
-        self._finish()
-        self._session = session
+        self._finish(consolidate=False)
 
     def _begin(self) -> None:
         lt = current_logical_thread()
@@ -262,6 +270,7 @@ class profile:
         self._state = state
         self._recorder = recorder
         _running.add(recorder)
+        _live.add(self)
         if self.tasks:
             self._task_hooks = _install_task_hooks(recorder, global_scope=self.scope == "global")
         if self.loop_block_threshold is not None:
@@ -290,57 +299,77 @@ class profile:
             RuntimeError: the profile is not running.
         """
         if not self._active:
+            if self._stopping:
+                # The last stop() was interrupted (Ctrl-C): finish it.
+                self._finish_stops()
+                return self
             raise RuntimeError("profile.stop: this profile is not running")
         self._active = False
-        if self._state is None:
-            return self
-        if self.schedule is None:
-            self._finish()
-        elif self._action is ProfilerAction.WARMUP:
-            self._discard()
-        else:
-            self._finish()
-            self._trace_ready()
+        try:
+            self._finish_stops()
+        finally:
+            if self._state is not None:
+                if self.schedule is not None and self._action is ProfilerAction.WARMUP:
+                    self._discard()
+                else:
+                    # Without a schedule too: torch.profiler calls
+                    # on_trace_ready once, at stop.
+                    self._finish(notify=True)
         return self
 
-    def _finish(self) -> None:
+    def _finish(self, *, consolidate: bool = True, notify: bool = False) -> None:
+        """End the current recording: detach it, then consolidate it into the session.
+
+        The work is queued in ``_stopping`` first and done from there, so a
+        KeyboardInterrupt raised anywhere in it loses nothing: the next
+        ``stop()``, ``step()``, ``start()`` or read of the results finishes
+        it (SPEC 12).
+        """
+        self._queue_stop(consolidate, notify)
+        self._finish_stops()
+
+    def _queue_stop(self, consolidate: bool, notify: bool) -> None:
+        """Move the current recording's state and hooks into a queued :class:`_Stopping`."""
         state, recorder = self._state, self._recorder
         assert state is not None
         assert recorder is not None
-        tracer, self._tracer = self._tracer, None
-        if tracer is not None:
-            tracer.stop()
-        stop_ns = perf_counter_ns()
-        state.running = False
-        state.stop_ns = stop_ns
-        recorder.state = None
-        _running.discard(recorder)
-        self._state = self._recorder = None
-        hooks, self._task_hooks = self._task_hooks, []
-        for undo in hooks:
-            undo()
-        if self._global_handle is not None:
-            _callbacks.remove_callback(self._global_handle)
-            self._global_handle = None
+        undo = list(self._task_hooks)
+        handle = self._global_handle
+        if handle is not None:
+            undo.append(functools.partial(_callbacks.remove_callback, handle))
         else:
-            self._restore_context(recorder)
-        from .._post._session import Session  # post-processing reads, never writes back
+            undo.append(functools.partial(self._restore_context, recorder, self._slot, self._prev_recorder, self._prev_slot))
+        self._stopping.append(_Stopping(state, recorder, self._tracer, undo, consolidate, notify))
+        self._state = self._recorder = self._tracer = None
+        self._task_hooks = []
+        self._global_handle = None
+        self._slot = self._prev_recorder = self._prev_slot = None
+        _live.discard(self)
 
-        if tracer is not None:
-            tracer.replay_into(state)
-        self._session = Session.from_state(state)
+    def _finish_stops(self) -> None:
+        """Do what is left of the queued stops, oldest first (see :meth:`_finish`)."""
+        while self._stopping:
+            stop = self._stopping[0]
+            stop.detach()
+            if stop.consolidate:
+                stop.replay()
+                from .._post._session import Session  # post-processing reads, never writes back
 
-    def _restore_context(self, recorder: Recorder) -> None:
+                # Re-runnable: it reads the raw lists and empties them last.
+                self._session = Session.from_state(stop.state)
+            del self._stopping[0]
+            if stop.notify:
+                self._trace_ready()
+
+    @staticmethod
+    def _restore_context(recorder: Recorder, slot: SlotRef | None, prev: Recorder | None, prev_slot: object) -> None:
         # Undo start() field by field in the current context, if it is the
         # starting one (or a copy of it): other changes made since (callbacks
         # registered, guards still open) are kept. From any other context
         # there is nothing to undo: the starting context keeps only the
         # emptied recorder and slot, which record nothing and hold no data.
-        slot, self._slot = self._slot, None
         if slot is not None:
             slot.value = None
-        prev, self._prev_recorder = self._prev_recorder, None
-        prev_slot, self._prev_slot = self._prev_slot, None
         st = RF_STATE.get()
         if st.recorder is recorder:
             RF_STATE.set(st.replace(recorder=prev))
@@ -366,25 +395,27 @@ class profile:
     def __del__(self) -> None:
         # A profile dropped while running: stop recording, quietly keep
         # nothing alive, and say so once (RELIABILITY LC-04).
-        recorder = getattr(self, "_recorder", None)
-        if recorder is None:
-            return
-        state = recorder.state
-        recorder.state = None
-        if state is not None:
-            state.running = False
-        slot = getattr(self, "_slot", None)
-        if slot is not None:
-            slot.value = None
-        tracer = getattr(self, "_tracer", None)
-        if tracer is not None:
-            tracer.stop()
-        for undo in getattr(self, "_task_hooks", ()):
-            undo()
-        handle = getattr(self, "_global_handle", None)
-        if handle is not None:
-            _callbacks.remove_callback(handle)
-        warnings.warn("aprof: a running profile was garbage-collected without stop(); it was stopped", AprofWarning, stacklevel=1)
+        self._abandon(_DROPPED_WARNING)
+
+    def _abandon(self, why: str) -> None:
+        """Detach a profile nobody will stop, without consolidating, and warn once."""
+        stops: list[_Stopping] = getattr(self, "_stopping", [])
+        warn = getattr(self, "_recorder", None) is not None
+        if warn:
+            self._active = False
+            self._queue_stop(consolidate=False, notify=False)
+        # Finishing the detach only: nobody will read the results. At
+        # interpreter exit a module this needs may already be torn down;
+        # nothing may print a traceback then (issue 15 item 20).
+        while stops:
+            stop = stops.pop(0)
+            try:
+                stop.detach()
+            except Exception:  # noqa: BLE001 - shutting down: nothing left to tell
+                if not sys.is_finalizing():
+                    raise
+        if warn:
+            warnings.warn(why, AprofWarning, stacklevel=2)
 
     # -- results ------------------------------------------------------------
 
@@ -395,6 +426,8 @@ class profile:
         Raises:
             RuntimeError: the profile is running or was never started.
         """
+        if self._stopping:
+            self._finish_stops()  # a stop() interrupted by Ctrl-C: finish it now
         if self._session is None:
             if self._active:
                 raise RuntimeError("profile: results are available after stop(); the profile is still running")
@@ -443,8 +476,94 @@ class profile:
         return f"<aprof.profile scope={self.scope} {status}>"
 
 
+class _Stopping:
+    """What is left to do of one stop: detach the recording, then consolidate it.
+
+    Each step can be interrupted (Ctrl-C during a long consolidation) and run
+    again: a detach action runs at most once (it is taken off the list before
+    it runs), the tracer's events are taken once and replayed into the lists
+    from the marks taken before the first attempt, and consolidation reads
+    the raw lists without changing them.
+    """
+
+    __slots__ = ("consolidate", "marks", "notify", "recorder", "state", "taken", "tracer", "undo")
+
+    def __init__(
+        self,
+        state: ProfilerState,
+        recorder: Recorder,
+        tracer: TracerRun | None,
+        undo: list[Callable[[], None]],
+        consolidate: bool,
+        notify: bool,
+    ) -> None:
+        self.state = state
+        self.recorder = recorder
+        self.tracer = tracer
+        self.undo = undo
+        self.consolidate = consolidate
+        self.notify = notify
+        self.marks: dict[Any, int] | None = None
+        self.taken: Any = None
+
+    def detach(self) -> None:
+        """Stop recording and remove the hooks (the cheap half of a stop)."""
+        state, tracer = self.state, self.tracer
+        if tracer is not None:
+            tracer.stop()  # idempotent
+        if state.running:
+            state.stop_ns = perf_counter_ns()
+            state.running = False
+        self.recorder.state = None
+        _running.discard(self.recorder)
+        undo = self.undo
+        while undo:
+            undo.pop(0)()  # at most once: an undo action is not always idempotent
+
+    def replay(self) -> None:
+        """Put the tracer's events into the raw lists (re-runnable)."""
+        tracer, state = self.tracer, self.state
+        if tracer is None:
+            return
+        if self.marks is None:
+            self.marks = {lt: len(lst) for lt, lst in state.lists.items()}
+        else:  # an earlier attempt was interrupted: drop what it appended
+            for lt in list(state.lists):
+                n = self.marks.get(lt)
+                if n is None:
+                    del state.lists[lt]
+                else:
+                    del state.lists[lt][n:]
+        if self.taken is None:
+            self.taken = tracer.take(state)
+        tracer.replay_taken(self.taken, state)
+        self.tracer = self.taken = None
+
+
 # Running profiles' recorders, so a forked child can switch them off.
 _running: weakref.WeakSet[Recorder] = weakref.WeakSet()
+# Running profiles, so interpreter exit can detach them while the modules
+# their hooks need still exist.
+_live: weakref.WeakSet[profile] = weakref.WeakSet()
+
+
+_DROPPED_WARNING: Final = "aprof: a running profile was garbage-collected without stop(); it was stopped"
+_EXIT_WARNING: Final = (
+    "aprof: the interpreter exited while a profile was running (stop() was never called); "
+    "it was stopped and its events discarded"
+)
+
+
+@atexit.register
+def _stop_at_exit() -> None:
+    """Detach profiles still running at interpreter exit, with one warning each.
+
+    atexit runs before modules are torn down; a profile's ``__del__`` at
+    teardown would find ``sys.meta_path`` and module globals gone and print
+    "Exception ignored" tracebacks (issue 15 item 20).
+    """
+    for prof in list(_live):
+        prof._abandon(_EXIT_WARNING)
 
 
 def _after_fork_in_child() -> None:

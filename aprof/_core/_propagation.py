@@ -30,7 +30,7 @@ from typing import Any, Final, ParamSpec, TypeVar
 from . import _callbacks
 from ._callbacks import MODE_FAST, MODE_IDLE, MODE_OFF, RF_STATE, RecordScope
 from ._record_function import RecordFunction, next_sequence_nr
-from ._recorder import KIND_RANGE
+from ._recorder import KIND_RANGE, capture_stack, index_of
 from ._threads import current_logical_thread, stepping
 
 _get_rf_state = RF_STATE.get
@@ -64,8 +64,12 @@ def _run_executor_range(fn: Callable[..., R], args: Any, kwargs: Any, fwd: int, 
         lst = ps.lists.get(lt)
         if lst is None:
             lst = ps.list_for(lt)
-        idx = len(lst)
-        lst.append((_name_of(fn), "executor", perf_counter_ns(), None, seq, fwd, None, None, KIND_RANGE, submit_ns))
+        stack = capture_stack(0) if ps.with_stack else None
+        t = (_name_of(fn), "executor", perf_counter_ns(), None, seq, fwd, None, stack, KIND_RANGE, submit_ns)
+        lst.append(t)
+        idx = len(lst) - 1  # after the append: a signal handler may record in between (index_of)
+        if lst[idx] is not t:
+            idx = index_of(lst, t, idx)
         try:
             result = fn(*args, **kwargs)
         except BaseException as exc:
@@ -314,6 +318,7 @@ def propagating(executor: Executor) -> Executor:
 
 _ORIGINAL_SUBMIT = concurrent.futures.ThreadPoolExecutor.submit
 _ORIGINAL_START = threading.Thread.start
+_ORIGINAL_TIMER_RUN = threading.Timer.run
 _install_lock = threading.Lock()
 _installed = False
 
@@ -336,16 +341,37 @@ def _start(self: threading.Thread) -> None:
         and not isinstance(target, _Wrapped)
     ):
         self._target = _Wrapped(target)  # type: ignore[attr-defined]
+    elif isinstance(self, threading.Timer) and type(self).run is _timer_run:
+        # A Timer calls self.function from run(), not a target. Its function
+        # is left as the program set it (SPEC 15.6): the starter's context
+        # and the links ride in a private attribute that _timer_run reads.
+        self.__dict__["_aprof_call"] = _Wrapped(self.function)
     _ORIGINAL_START(self)
+
+
+def _timer_run(self: threading.Timer) -> None:
+    """``threading.Timer.run`` while propagation is installed: the same steps
+    (they are the same on 3.11-3.13), with the function called as an
+    EXECUTOR range in a copy of the context that started the timer."""
+    call = self.__dict__.pop("_aprof_call", None)
+    if call is None:  # started before install_propagation()
+        _ORIGINAL_TIMER_RUN(self)
+        return
+    self.finished.wait(self.interval)
+    if not self.finished.is_set():
+        # self.function as it is now: the program may have replaced it.
+        call._ctx.copy().run(_run_executor_range, self.function, self.args, self.kwargs, call._fwd, call._seq, call._submit_ns)
+    self.finished.set()
 
 
 def install_propagation() -> None:
     """Make ``ThreadPoolExecutor.submit`` (so ``loop.run_in_executor`` too,
-    uvloop included) and ``threading.Thread`` carry the caller's context,
-    process-wide, until :func:`uninstall_propagation`. Idempotent.
+    uvloop included), ``threading.Thread`` and ``threading.Timer`` carry the
+    caller's context, process-wide, until :func:`uninstall_propagation`.
+    Idempotent.
 
     ``Thread`` subclasses that override ``run()`` instead of passing
-    ``target=`` are not wrapped.
+    ``target=`` are not wrapped, nor are ``Timer`` subclasses that do.
     """
     global _installed
     with _install_lock:
@@ -353,6 +379,7 @@ def install_propagation() -> None:
             return
         concurrent.futures.ThreadPoolExecutor.submit = _submit  # type: ignore[method-assign,assignment]
         threading.Thread.start = _start  # type: ignore[method-assign]
+        threading.Timer.run = _timer_run  # type: ignore[method-assign,assignment]
         _installed = True
 
 
@@ -364,6 +391,7 @@ def uninstall_propagation() -> None:
             return
         concurrent.futures.ThreadPoolExecutor.submit = _ORIGINAL_SUBMIT  # type: ignore[method-assign]
         threading.Thread.start = _ORIGINAL_START  # type: ignore[method-assign]
+        threading.Timer.run = _ORIGINAL_TIMER_RUN  # type: ignore[method-assign]
         _installed = False
 
 

@@ -18,8 +18,10 @@ from __future__ import annotations
 import functools
 import inspect
 import itertools
-from collections.abc import AsyncGenerator, Callable, Generator, Iterable
+from collections.abc import AsyncGenerator, Callable, Generator, Iterable, Mapping
 from contextvars import Token
+from sys import getrecursionlimit, setrecursionlimit
+from sys import is_finalizing as _is_finalizing
 from time import perf_counter_ns
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Self, TypeVar, cast
@@ -35,8 +37,8 @@ from ._callbacks import (
     report_failure,
     sampled,
 )
-from ._debug_info import restore_slot
-from ._recorder import ASYNC_SAME_THREAD, ProfilerState, Recorder
+from ._debug_info import enter_guard, exit_guard
+from ._recorder import ASYNC_SAME_THREAD, ProfilerState, Recorder, capture_stack, index_of
 from ._threads import LogicalThread, current_logical_thread, stepping
 
 __all__ = [
@@ -86,6 +88,10 @@ def get_default_node_id() -> int:
     return _default_node_id
 
 
+#: A shared empty mapping: most ranges have no keyword inputs (never mutated).
+_NO_KWINPUTS: Final[dict[str, Any]] = {}
+
+
 def _check_scope(scope: object) -> RecordScope:
     if not isinstance(scope, RecordScope):
         raise TypeError(f"RecordFunction: scope must be a RecordScope, got {scope!r}")
@@ -109,12 +115,21 @@ class RecordFunction:
     Raises:
         TypeError: ``scope`` is not a :class:`RecordScope`.
 
+    It is also a context manager: ``with`` ends the range at the block's
+    end, recording the exception that left it, if any. ``RecordFunction.range``
+    opens a named range of any scope in one step. A range that is never
+    ended is ended when the object is garbage-collected: its end callbacks
+    run, with ``unfinished`` true, and a profile closes it at stop, flagged
+    ``unfinished``.
+
     Example:
         >>> import aprof
         >>> rf = aprof.RecordFunction(aprof.RecordScope.FUNCTION)
         >>> if rf.is_active:
         ...     rf.before("matmul", (3, 4))
         >>> rf.end()
+        >>> with aprof.RecordFunction.range("conv2d", ("3x3",)):
+        ...     pass
     """
 
     __slots__ = (
@@ -127,6 +142,7 @@ class RecordFunction:
         "_forced_async",
         "_inputs",
         "_instant",
+        "_kwinputs",
         "_lt",
         "_needs_outputs",
         "_outputs",
@@ -134,6 +150,7 @@ class RecordFunction:
         "_recorder",
         "_started",
         "_todo",
+        "_unfinished",
         "forward_thread_id",
         "handle",
         "name",
@@ -142,6 +159,7 @@ class RecordFunction:
     )
 
     def __init__(self, scope: RecordScope = RecordScope.FUNCTION) -> None:
+        self._started = False  # first: __del__ reads it even if the scope is refused
         self.scope = _check_scope(scope)
         self.name = ""
         self.seq_nr = -1
@@ -149,6 +167,7 @@ class RecordFunction:
         self.forward_thread_id = 0
         self._args: str | None = None
         self._inputs: tuple[Any, ...] = ()
+        self._kwinputs: dict[str, Any] = _NO_KWINPUTS
         self._outputs: tuple[Any, ...] = ()
         self._needs_outputs = False
         self._lt: LogicalThread | None = None
@@ -161,7 +180,71 @@ class RecordFunction:
         self._ended = False
         self._forced_async = False
         self._instant = False
+        self._unfinished = False
         self._todo, self._recorder = self._select(scope)
+
+    @classmethod
+    def range(
+        cls,
+        name: str,
+        args: Iterable[Any] = (),
+        *,
+        scope: RecordScope = RecordScope.FUNCTION,
+        sequence_nr: int = -1,
+    ) -> RecordFunction:
+        """Open a named range of any scope, for ``with``: the seed's ``RECORD_FUNCTION``.
+
+        ``with aprof.RecordFunction.range("conv2d", inputs):`` is
+        ``RecordFunction(scope)`` followed by ``before(name, args,
+        sequence_nr)`` when it is active; the block's end ends it. Libraries
+        use it for ``FUNCTION``-scope ranges (``record_function`` is
+        ``USER_SCOPE``).
+
+        Args:
+            name: The range's name.
+            args: The inputs, kept only if a callback needs them.
+            scope: The kind of range (``FUNCTION`` by default).
+            sequence_nr: A sequence number linking this range to another.
+
+        Raises:
+            TypeError: as :class:`RecordFunction` and :meth:`before`.
+        """
+        rf = cls(scope)
+        if rf.is_active:
+            rf.before(name, args, sequence_nr)
+        else:
+            rf.before(name, (), sequence_nr)  # checks the arguments; runs nothing
+        return rf
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        if et is not None and self._exception is None and not self._ended:
+            self._exception = et.__name__
+        self.end()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.__exit__(et, ev, tb)
+
+    def __del__(self) -> None:
+        # Started and never ended (RELIABILITY LC-03): the callbacks that
+        # started get their end now, so their own bookkeeping balances. The
+        # profile's record stays open: consolidation closes it at the stop
+        # time, flagged unfinished. Nothing is run while the interpreter
+        # shuts down.
+        if not self._started or self._ended or _is_finalizing():
+            return
+        self._ended = True
+        self._unfinished = True
+        self._rec = None
+        if self._active:
+            self._run_ends(None)
 
     @staticmethod
     def _select(scope: RecordScope) -> tuple[list[Entry], Recorder | None]:
@@ -193,8 +276,33 @@ class RecordFunction:
 
     @property
     def inputs(self) -> tuple[Any, ...]:
-        """The range's inputs, filled only when a callback needs them."""
+        """The range's positional inputs, filled only when :attr:`needs_inputs`."""
         return self._inputs
+
+    @property
+    def kwinputs(self) -> dict[str, Any]:
+        """The range's keyword inputs (the seed's ``kwinputs``), filled only
+        when :attr:`needs_inputs`; empty otherwise."""
+        return self._kwinputs
+
+    @property
+    def needs_inputs(self) -> bool:
+        """Whether a selected callback (or the profile, with ``record_inputs``)
+        will read the inputs: build them for :meth:`before` only then.
+
+        The seed's ``RecordFunction::needsInputs``; it is decided with the
+        callbacks, when the object is constructed::
+
+            rf = aprof.RecordFunction(aprof.RecordScope.FUNCTION)
+            if rf.is_active:
+                rf.before("op", expensive_inputs() if rf.needs_inputs else ())
+        """
+        rec = self._recorder
+        if rec is not None:
+            st = rec.state
+            if st is not None and st.record_inputs:
+                return True
+        return any(e.callback._needs_inputs for e in self._todo)
 
     @property
     def outputs(self) -> tuple[Any, ...]:
@@ -233,6 +341,11 @@ class RecordFunction:
         """The type name of the exception that ended the range, if any."""
         return self._exception
 
+    @property
+    def unfinished(self) -> bool:
+        """Whether the range was never ended: it was garbage-collected open."""
+        return self._unfinished
+
     def _set_async(self) -> None:
         """Mark the range async: it may end in another logical thread."""
         self._forced_async = True
@@ -244,20 +357,26 @@ class RecordFunction:
 
     # -- lifecycle --------------------------------------------------------
 
-    def before(self, name: str, args: Iterable[Any] = (), sequence_nr: int = -1) -> None:
+    def before(
+        self, name: str, args: Iterable[Any] = (), sequence_nr: int = -1, kwargs: Mapping[str, Any] | None = None
+    ) -> None:
         """Start the range: run the active start callbacks.
 
         Args:
             name: The range's name.
-            args: The inputs, kept only if a callback needs them.
+            args: The positional inputs, kept only if a callback needs them
+                (``rf.inputs``).
             sequence_nr: A sequence number linking this range to another.
+            kwargs: The keyword inputs, kept the same way (``rf.kwinputs``).
 
         Raises:
-            TypeError: ``name`` is not a str.
+            TypeError: ``name`` is not a str, or ``sequence_nr`` not an int.
             RuntimeError: ``before()`` was already called.
         """
         if not isinstance(name, str):
             raise TypeError(f"RecordFunction.before: name must be a str, got {type(name).__name__}")
+        if isinstance(sequence_nr, bool) or not isinstance(sequence_nr, int):
+            raise TypeError(f"RecordFunction.before: sequence_nr must be an int, got {sequence_nr!r}")
         if self._started:
             raise RuntimeError(f"RecordFunction.before: range {self.name!r} was already started")
         self._started = True
@@ -267,36 +386,66 @@ class RecordFunction:
         recorder = self._recorder
         if not todo and recorder is None:
             return
-        needs_inputs = recorder is not None and recorder.state is not None and recorder.state.record_inputs
         for e in todo:
             cb = e.callback
-            needs_inputs = needs_inputs or cb._needs_inputs
             self._needs_outputs = self._needs_outputs or cb._needs_outputs
             if cb._needs_ids and not self.handle:
                 self.handle = next(_range_handles)
-        if needs_inputs:
+        if self.needs_inputs:
             self._inputs = tuple(args)
+            if kwargs:
+                self._kwinputs = dict(kwargs)
         lt = self._lt = current_logical_thread()
-        active = self._active
-        try:
-            for e in todo:
+        if todo:
+            try:
+                self._run_starts(todo, name)
+            except BaseException:
+                # KeyboardInterrupt and friends propagate, but the callbacks that
+                # did start still get their end, so their stacks stay balanced.
+                self._exception = "start interrupted"
+                self._run_ends(None)
+                self._ended = True
+                raise
+            limit = _callbacks.limit_to_restore
+            if limit is not None:
+                # A callback failed at the recursion limit and _run_starts
+                # took headroom. Give it back here, inline: two frames above
+                # report_failure, this frame's C call fits under the old
+                # limit (a helper's frame might not).
                 try:
-                    ctx = e.callback._start(self)
-                except Exception as exc:
-                    report_failure(e, "start", name, exc)
-                    continue
-                active.append((e, ctx))
-        except BaseException:
-            # KeyboardInterrupt and friends propagate, but the callbacks that
-            # did start still get their end, so their stacks stay balanced.
-            self._exception = "start interrupted"
-            self._run_ends(None)
-            self._ended = True
-            raise
+                    if getrecursionlimit() == limit + _callbacks.REPORT_HEADROOM:
+                        setrecursionlimit(limit)
+                    _callbacks.limit_to_restore = None  # or the program set its own limit since
+                except RecursionError:
+                    pass  # still too deep: a later range gives it back
         if recorder is not None:
             # The recorder starts last and ends first, so the recorded span
             # measures the user's code, not the other callbacks.
             self._rec = recorder.start(self, lt, 1)
+
+    def _run_starts(self, todo: list[Entry], name: str) -> None:
+        active = self._active
+        for e in todo:
+            cb = e.callback
+            phase = "start"
+            try:
+                if cb._should_run is not None:
+                    phase = "should_run predicate"
+                    if not cb._should_run(self):
+                        continue  # skipped for this range: no start, no end
+                    phase = "start"
+                ctx = cb._start(self)
+            except Exception as exc:
+                # A callback that recursed until RecursionError leaves this
+                # frame right at the recursion limit, where one C call still
+                # fits and a Python call does not: take report_failure's
+                # headroom here, with C calls alone (it gives it back).
+                if _callbacks.limit_to_restore is None:
+                    _callbacks.limit_to_restore = limit = getrecursionlimit()
+                    setrecursionlimit(limit + _callbacks.REPORT_HEADROOM)
+                report_failure(e, phase, name, exc)
+                continue
+            active.append((e, ctx))
 
     def end(self) -> None:
         """End the range: run the end callbacks of the starts that ran.
@@ -312,7 +461,17 @@ class RecordFunction:
             self._rec = None
             Recorder.end(rec, self._end_thread_id_for_record(), self._exception)
         if self._active:
-            self._run_ends(end_lt)
+            try:
+                self._run_ends(end_lt)
+            finally:
+                limit = _callbacks.limit_to_restore
+                if limit is not None:  # as in before()
+                    try:
+                        if getrecursionlimit() == limit + _callbacks.REPORT_HEADROOM:
+                            setrecursionlimit(limit)
+                        _callbacks.limit_to_restore = None
+                    except RecursionError:
+                        pass
 
     def _end_thread_id_for_record(self) -> int:
         end_lt = self._end_lt
@@ -330,6 +489,9 @@ class RecordFunction:
             try:
                 end(self, ctx)
             except Exception as exc:
+                if _callbacks.limit_to_restore is None:  # as in _run_starts
+                    _callbacks.limit_to_restore = limit = getrecursionlimit()
+                    setrecursionlimit(limit + _callbacks.REPORT_HEADROOM)
                 report_failure(e, "end", self.name, exc)
             except BaseException as exc:
                 if pending is None:
@@ -397,8 +559,22 @@ class _PyRangeCore:
                 lst = ps.lists.get(lt)
                 if lst is None:
                     lst = ps.list_for(lt)
-                self._idx = len(lst)
-                lst.append((self.name, "user_scope", perf_counter_ns(), self.args))
+                # Append, then find the index: a signal handler may open
+                # ranges of its own on this list between any two bytecodes
+                # (list.append itself is atomic), so len() taken before the
+                # append could name the handler's record (the C core has no
+                # such gap).
+                t: tuple[Any, ...]
+                if ps.with_stack:  # the raw stack, named at stop (taken before the clock read)
+                    stack = capture_stack(0)
+                    t = (self.name, "user_scope", perf_counter_ns(), self.args, stack)
+                else:
+                    t = (self.name, "user_scope", perf_counter_ns(), self.args)
+                lst.append(t)
+                idx = len(lst) - 1
+                if lst[idx] is not t:
+                    idx = index_of(lst, t, idx)
+                self._idx = idx
                 self._rec = lst
                 self._lt = lt
         elif mode == 3:  # MODE_SLOW
@@ -542,6 +718,17 @@ class record_function(_RangeCore):
             rf.before(self.name, () if self.args is None else (self.args,))
             self._rec = rf
 
+    def _start_call(self, a: tuple[Any, ...], k: dict[str, Any]) -> None:
+        """Open the range of one call of a decorated function, the call's
+        arguments as its inputs (kept only if something needs them)."""
+        if self._rec is not None:
+            self._spill()
+        rf = RecordFunction(RecordScope.USER_SCOPE)
+        if rf.is_active:
+            rf._args = self.args
+            rf.before(self.name, a, kwargs=k)
+            self._rec = rf
+
     def start(self) -> record_function:
         """Open the range now; :meth:`end` may be called from another task."""
         return self.__enter__()
@@ -591,17 +778,57 @@ def _kind_probe(fn: Callable[..., Any]) -> Any:
     return type(fn).__call__  # callable(fn) was checked: its class has __call__
 
 
+class _CallRange:
+    """The range of one decorated call when a callback or the profile may
+    want its inputs: started with the call's arguments, ended as
+    ``record_function`` ends."""
+
+    __slots__ = ("_a", "_k", "r")
+
+    def __init__(self, r: record_function, a: tuple[Any, ...], k: dict[str, Any]) -> None:
+        self.r = r
+        self._a: tuple[Any, ...] | None = a
+        self._k: dict[str, Any] | None = k
+
+    def __enter__(self) -> record_function:
+        a, k = self._a, self._k
+        self._a = self._k = None  # held no longer than the start needs them
+        assert a is not None
+        assert k is not None
+        self.r._start_call(a, k)
+        return self.r
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        self.r.__exit__(et, ev, tb)
+
+
+def _wants_call_inputs() -> bool:
+    """Whether a decorated call must take the general path, with its
+    arguments: some context callback, a profile with ``record_inputs`` or
+    ``with_stack``, or a global callback may listen. Otherwise (nothing, or
+    only a plain profile, listening) the call is a plain range: no inputs
+    and no outputs are needed, and none are built."""
+    return _get_rf_state().mode == MODE_SLOW or bool(_callbacks.global_entries)
+
+
 def _decorate(fn: Callable[..., Any], name: str, args: str | None) -> Callable[..., Any]:
     probe = _kind_probe(fn)
     if inspect.isasyncgenfunction(probe):
         return _async_gen_wrapper(fn, name, args)
 
+    # Each wrapper tests, when the range would start, whether anything may
+    # want the call's inputs or result (_wants_call_inputs, inlined: a
+    # context-variable read and a module attribute). If not, the call is a
+    # plain `with record_function(...)`, as cheap as one.
     if inspect.iscoroutinefunction(probe):
 
         @functools.wraps(fn)
         async def coro_wrapper(*a: Any, **k: Any) -> Any:
+            if _get_rf_state().mode != MODE_SLOW and not _callbacks.global_entries:
+                with record_function(name, args):
+                    return await fn(*a, **k)
             r = record_function(name, args)
-            with r:
+            with _CallRange(r, a, k):
                 result = await fn(*a, **k)
                 r._set_outputs(result)
             return result
@@ -612,8 +839,11 @@ def _decorate(fn: Callable[..., Any], name: str, args: str | None) -> Callable[.
 
         @functools.wraps(fn)
         def gen_wrapper(*a: Any, **k: Any) -> Generator[Any, Any, Any]:
+            if _get_rf_state().mode != MODE_SLOW and not _callbacks.global_entries:
+                with record_function(name, args):
+                    return (yield from fn(*a, **k))
             r = record_function(name, args)
-            with r:
+            with _CallRange(r, a, k):
                 result = yield from fn(*a, **k)
                 r._set_outputs(result)
             return result
@@ -622,8 +852,11 @@ def _decorate(fn: Callable[..., Any], name: str, args: str | None) -> Callable[.
 
     @functools.wraps(fn)
     def wrapper(*a: Any, **k: Any) -> Any:
+        if _get_rf_state().mode != MODE_SLOW and not _callbacks.global_entries:
+            with record_function(name, args):
+                return fn(*a, **k)
         r = record_function(name, args)
-        with r:
+        with _CallRange(r, a, k):
             result = fn(*a, **k)
             r._set_outputs(result)
         return result
@@ -639,7 +872,8 @@ def _async_gen_wrapper(fn: Callable[..., Any], name: str, args: str | None) -> C
     # task or by GC cannot trip contextvars (RELIABILITY CP-12).
     @functools.wraps(fn)
     async def agen_wrapper(*a: Any, **k: Any) -> AsyncGenerator[Any, Any]:
-        with record_function(name, args):
+        r = record_function(name, args)
+        with _CallRange(r, a, k) if _wants_call_inputs() else r:
             agen = fn(*a, **k)
             try:
                 item = await agen.__anext__()
@@ -675,11 +909,19 @@ def mark(name: str, args: str | None = None) -> None:
 
     Callbacks see it as a range that starts and ends at once.
 
+    Args:
+        name: The instant's name.
+        args: An optional string kept with the event, as for
+            :class:`record_function`.
+
     Raises:
-        TypeError: ``name`` is not a str.
+        TypeError: ``name`` is not a str, or ``args`` is neither a str nor
+            None (an object would be kept alive past stop and break save()).
     """
     if not isinstance(name, str):
         raise TypeError(f"mark: name must be a str, got {type(name).__name__}")
+    if args is not None and not isinstance(args, str):
+        raise TypeError(f"mark: args must be a str or None, got {type(args).__name__}")
     st = RF_STATE.get()
     mode = st.mode
     if mode == MODE_OFF:
@@ -695,14 +937,28 @@ def mark(name: str, args: str | None = None) -> None:
         st.recorder.instant(name, RecordScope.USER_SCOPE, current_logical_thread(), args)
 
 
+def _check_enabled(value: object, where: str) -> bool:
+    # bool only: "no" or 0.0 would otherwise switch recording on or off by
+    # their truth value (issue 22).
+    if not isinstance(value, bool):
+        raise TypeError(f"{where}: enabled must be True or False, got {value!r}")
+    return value
+
+
 def enable_record_function(enabled: bool = True) -> None:
     """Switch recording on or off for the current context (SPEC 3.4).
 
     Tasks and propagated work spawned while it is off inherit "off".
+    Inside a :class:`RecordFunctionGuard`, the change lasts until the
+    guard exits, as in the seed.
+
+    Raises:
+        TypeError: ``enabled`` is not a bool.
     """
+    enabled = _check_enabled(enabled, "enable_record_function")
     st = RF_STATE.get()
-    if st.enabled != bool(enabled):
-        RF_STATE.set(st.replace(enabled=bool(enabled)))
+    if st.enabled != enabled:
+        RF_STATE.set(st.replace(enabled=enabled))
 
 
 def is_record_function_enabled() -> bool:
@@ -713,8 +969,16 @@ def is_record_function_enabled() -> bool:
 class RecordFunctionGuard:
     """Switch recording on (or off) for the body of a ``with`` block.
 
+    Guards may exit in any order: once every guard has exited, recording is
+    as it was before the first one entered (see :class:`DebugInfoGuard`).
+
     Args:
         enabled: The state inside the block.
+
+    Raises:
+        TypeError: ``enabled`` is not a bool.
+        RuntimeError: the guard is entered while already entered, or exited
+            in another context than the one it was entered in.
 
     Example:
         >>> import aprof
@@ -723,20 +987,16 @@ class RecordFunctionGuard:
         False
     """
 
-    __slots__ = ("_enabled", "_prev", "_set", "_token")
+    __slots__ = ("_enabled", "_token")
 
     def __init__(self, enabled: bool = True) -> None:
-        self._enabled = bool(enabled)
-        self._prev = True
+        self._enabled = _check_enabled(enabled, type(self).__name__)
         self._token: Token[Any] | None = None
-        self._set: object = None
 
     def __enter__(self) -> RecordFunctionGuard:
-        st = RF_STATE.get()
-        self._prev = st.enabled
-        new = st.replace(enabled=self._enabled)
-        self._token = RF_STATE.set(new)
-        self._set = new
+        if self._token is not None:
+            raise RuntimeError(f"{self!r} is already entered")
+        self._token = enter_guard(self, {"enabled": self._enabled})
         return self
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
@@ -744,8 +1004,7 @@ class RecordFunctionGuard:
         if token is None:
             return
         self._token = None
-        prev = self._prev
-        restore_slot(RF_STATE, token, self._set, lambda cur: cur.replace(enabled=prev), self)
+        exit_guard(self, token, repr(self))
 
     async def __aenter__(self) -> RecordFunctionGuard:
         return self.__enter__()

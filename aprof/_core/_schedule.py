@@ -99,7 +99,17 @@ def trace_handler(
     ``dir_name`` (created if missing), ``worker_name`` defaulting to
     ``{hostname}_{pid}`` (``-N`` is added to the stamp when two cycles end
     within one millisecond).
+
+    Raises:
+        TypeError: ``dir_name`` is not a path, ``worker_name`` neither a
+            str nor None, or ``use_gzip`` not a bool.
     """
+    if not isinstance(dir_name, (str, os.PathLike)):
+        raise TypeError(f"trace_handler: dir_name must be a directory path (str or os.PathLike), got {dir_name!r}")
+    if worker_name is not None and not isinstance(worker_name, str):
+        raise TypeError(f"trace_handler: worker_name must be a str or None, got {worker_name!r}")
+    if not isinstance(use_gzip, bool):
+        raise TypeError(f"trace_handler: use_gzip must be True or False, got {use_gzip!r}")
     directory = Path(dir_name)
 
     def handler(prof: profile) -> None:

@@ -269,12 +269,24 @@ class TracerRun:
 
     def replay_into(self, state: ProfilerState) -> None:
         """Turn the recorded events into records in ``state``'s lists."""
+        self.replay_taken(self.take(state), state)
+
+    def take(self, state: ProfilerState) -> tuple[bytes, list[Any], int]:
+        """Hand over the recorded events (once: the tracer keeps none) and
+        count the dropped ones in ``state``."""
+        taken: tuple[bytes, list[Any], int] = self.tracer.take()
+        if not self._forked:
+            state.dropped += self.tracer.dropped
+        return taken
+
+    def replay_taken(self, taken: tuple[bytes, list[Any], int], state: ProfilerState) -> None:
+        """Replay events from :meth:`take` into ``state``'s lists (a stop
+        interrupted here replays them again from the same data)."""
         from .._post._replay import replay  # post-processing reads, never writes back
 
-        data, objs, start_ns = self.tracer.take()
         if self._forked:
             return  # a forked child's copy: the events are the parent's (LC-01)
-        state.dropped += self.tracer.dropped
+        data, objs, start_ns = taken
         replay(data, objs, start_ns, state, getattr(self.impl, "replay", None))
 
 

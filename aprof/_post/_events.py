@@ -14,9 +14,11 @@ closed at the stop time and flagged ``unfinished``.
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator
 from operator import itemgetter
+from types import CodeType
 from typing import TYPE_CHECKING, Any, Final
 
 from .._core import _native
@@ -27,6 +29,7 @@ from .._core._recorder import (
     FLAG_UNFINISHED,
     KIND_INSTANT,
     KIND_RANGE,
+    NO_LASTI,
     R_ARGS,
     R_END,
     R_END_LT,
@@ -323,14 +326,17 @@ def consolidate(
     stop_ns: int,
     node_id: int,
     task_records: list[Any] | None = None,
+    with_stack: bool = False,
 ) -> tuple[list[FunctionEvent], dict[int, Track]]:
     """Build events and tracks from a stopped profile's raw lists.
 
     The raw records become the events' storage: open ones get the stop time
     as their end, and the ending logical thread is reduced to its id. Each
     task in ``task_records`` (``ProfilerState.task_records``) becomes the
-    TASK event heading its own track.
+    TASK event heading its own track. With ``with_stack``, the raw stacks
+    recorded at range starts are named here (:func:`name_stacks`).
     """
+    stack_names: dict[Any, Any] | None = {} if with_stack else None
     tasks = _task_events(task_records or (), stop_ns)
     # (first start, order, track, records) for every track, task tracks first
     # in spawn order, then the lists in the order they were made.
@@ -340,6 +346,8 @@ def consolidate(
             continue
         tid = lt.id
         records = records_of(raw, tid)  # reads a snapshot: later appends are dropped
+        if stack_names is not None:
+            name_stacks(records, stack_names)
         task = tasks.pop(tid, None)
         if task is not None:
             track, rec = task
@@ -371,6 +379,47 @@ def consolidate(
         spans[tid] = (first, len(events))
     _link_across_tracks(events, spans, linked)
     return events, tracks
+
+
+def name_stacks(records: list[list[Any]], cache: dict[Any, Any]) -> None:
+    """Name the raw stacks of ``records`` in place (with_stack, SPEC 8.3).
+
+    A raw stack is ``(codes, lastis)`` (aprof._core._recorder.RawStack): it
+    becomes ``((file, line, qualified name), ...)``, innermost first, and
+    the code objects are let go. Stacks already named (loop blocks) are
+    left as they are. ``cache`` (one per consolidation, while the code
+    objects are alive) shares the tuples of frames and of whole stacks seen
+    before: a loop of ranges at one place names its stack once.
+    """
+    for rec in records:
+        raw = rec[R_STACK]
+        if raw is None or len(raw) != 2 or type(raw[1]) is not bytes:
+            continue
+        codes, lastis = raw
+        key = (lastis, *map(id, codes))
+        named = cache.get(key)
+        if named is None:
+            named = cache[key] = tuple(
+                _frame_name(code, lasti, cache) for code, lasti in zip(codes, array("I", lastis), strict=True)
+            )
+        rec[R_STACK] = named
+
+
+def _frame_name(code: CodeType, lasti: int, cache: dict[Any, Any]) -> tuple[str, int, str]:
+    key = (id(code), lasti)
+    frame: tuple[str, int, str] | None = cache.get(key)
+    if frame is None:
+        line: int | None = code.co_firstlineno
+        if lasti != NO_LASTI:
+            # frame.f_lineno's rule: the line of the byte range holding the
+            # last instruction (None for an artificial one: 0 here).
+            line = 0
+            for start, end, ln in code.co_lines():
+                if start <= lasti < end:
+                    line = ln
+                    break
+        frame = cache[key] = (code.co_filename, line or 0, code.co_qualname)
+    return frame
 
 
 def _nest(
@@ -508,6 +557,8 @@ def _records_of(raw: list[tuple[Any, ...]], tid: int) -> list[list[Any]]:
         if type(t[0]) is not int:  # an end names its start by index; a start, by name (str or a subclass)
             if len(t) == 4:  # the fast path's user range
                 rec = [t[0], scopes[t[1]], t[2], None, None, None, t[3], -1, 0, None, None, 0, None]
+            elif len(t) == 5:  # the same, with its raw stack (with_stack)
+                rec = [t[0], scopes[t[1]], t[2], None, None, None, t[3], -1, 0, None, t[4], 0, None]
             else:
                 name, scope, start, args, seq, fwd, inputs, stack, kind, extra = t
                 if type(extra) is int:

@@ -64,7 +64,7 @@ class Session:
         gc_was_enabled = gc.isenabled()
         gc.disable()
         try:
-            events, tracks = consolidate(state.lists, stop_ns, state.node_id, state.task_records)
+            events, tracks = consolidate(state.lists, stop_ns, state.node_id, state.task_records, state.with_stack)
         finally:
             if gc_was_enabled:
                 gc.enable()
