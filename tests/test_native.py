@@ -310,7 +310,7 @@ def test_c_ranges_read_aprofs_slots_directly() -> None:
     # Issue #4 item 4: the C path reads these __slots__ without getattr.
     _require_extension()
     assert sorted(_native.extension._range_slots()) == sorted(  # type: ignore[union-attr]
-        ["mode", "recorder", "state", "lists", "id", "os_thread_id", "_task_ref", "loop"]
+        ["mode", "recorder", "state", "lists", "id", "os_thread_id", "_task_ref"]
     )
 
 
