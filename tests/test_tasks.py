@@ -219,6 +219,36 @@ def test_create_task_taskgroup_and_gather_children(runner: str, eager: bool) -> 
     assert tasks[0].sequence_nr < tasks[1].sequence_nr < tasks[2].sequence_nr
 
 
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_tasks_made_by_the_task_constructor_are_recorded(runner: str) -> None:
+    # SPEC 7.1, 7.2, issue 15 item 11: a task made with the bare constructor,
+    # asyncio.Task(coro, loop=loop) (aiohttp's server makes its handlers'
+    # tasks so on 3.12+), is a TASK range linked to its spawner like any
+    # other; on 3.12+ one started eagerly (eager_start=True) too.
+    async def child(tag: str) -> None:
+        with aprof.record_function(tag):
+            await asyncio.sleep(0)
+
+    tags = ["by-constructor", *(["by-eager-constructor"] if sys.version_info >= (3, 12) else [])]
+
+    async def main() -> aprof.profile:
+        loop = asyncio.get_running_loop()
+        async with aprof.profile() as prof:
+            with aprof.record_function("parent"):
+                await asyncio.Task(child(tags[0]), loop=loop)
+                if len(tags) > 1:
+                    await asyncio.Task(child(tags[1]), loop=loop, eager_start=True)  # type: ignore[call-arg]
+        return prof
+
+    events = run_on(runner, main).events()
+    check_spawned(events, one(events, "parent"), [one(events, t) for t in tags])
+    for t in tags:
+        task = task_of(events, one(events, t))
+        assert task.extra["coro"] == child.__qualname__
+        assert task.extra["outcome"] == "returned"
+        assert task.running_ns > 0  # type: ignore[operator]
+
+
 # ---------------------------------------------------------------------------
 # CP-06: the eager task factory runs the first step inside create_task
 # ---------------------------------------------------------------------------

@@ -212,7 +212,8 @@ class LogicalThread:
             weakref.finalize(task, _side_table.pop, id(task), None)
 
     def current_name(self) -> str:
-        """The task's name now (tasks can be renamed), else the name it had."""
+        """The task's (or the thread's) name now (both can be renamed), else
+        the name it had."""
         ref = self._task_ref
         task = ref() if ref is not None else None
         if task is not None:
@@ -267,7 +268,11 @@ def _thread_lt() -> LogicalThread:
     try:
         return _tls.lt  # type: ignore[no-any-return]
     except AttributeError:
-        lt = _tls.lt = LogicalThread("thread", threading.current_thread().name)
+        # Named after the thread, as it is named when the profile stops (a
+        # pool that names its worker after each job, as trio's thread cache
+        # does, then shows the worker's own name, not its first job's).
+        thread = threading.current_thread()
+        lt = _tls.lt = LogicalThread("thread", thread.name, thread)
         return lt
 
 
