@@ -237,7 +237,9 @@ def test_to_thread_workers_see_the_context_their_runtime_prepared(backend_name: 
     assert profiled == plain
     if backend.is_anyio:
         assert plain is None
-    assert [e.name for e in prof.events() if e.scope is aprof.RecordScope.EXECUTOR] == ["test_to_thread_workers_see_the_context_their_runtime_prepared.<locals>.in_worker"]
+    assert [e.name for e in prof.events() if e.scope is aprof.RecordScope.EXECUTOR] == [
+        "test_to_thread_workers_see_the_context_their_runtime_prepared.<locals>.in_worker"
+    ]
 
 
 # ---------------------------------------------------------------------------
