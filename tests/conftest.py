@@ -28,6 +28,10 @@ import pytest
 import aprof
 from aprof._core import _propagation
 
+#: Not part of the test run: third-party suites run with and without aprof
+#: (slow; see tests/wild/run_suites.py).
+collect_ignore = ["wild"]
+
 # The eager task factory exists from 3.12 on; on 3.11 it is not a backend.
 BACKENDS = ["asyncio", *(["asyncio-eager"] if sys.version_info >= (3, 12) else []), "uvloop", "trio", "anyio-asyncio", "anyio-trio"]
 
