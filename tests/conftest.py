@@ -145,6 +145,13 @@ def _runtime_patches() -> list[str]:
             found.append("trio.lowlevel.start_guest_run")
     if _propagation._to_thread_users:
         found.append("the to_thread wrappers")
+    import asyncio.tasks
+
+    from aprof._integrations import _asyncio
+
+    registry = asyncio.tasks._scheduled_tasks if sys.version_info >= (3, 12) else asyncio.tasks._all_tasks  # type: ignore[attr-defined]
+    if _asyncio._users or registry.add != type(registry).add.__get__(registry, type(registry)):
+        found.append("the asyncio task hooks")
     return found
 
 

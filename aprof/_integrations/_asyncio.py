@@ -335,24 +335,31 @@ class _PyStepCall:
 
     def __call__(self, *args: Any) -> Any:
         tt = self._tt
+        task = self._task
         steps = tt.steps
         if _tracer.running() and not steps:
             _first_step(tt)
         prev_lt, prev_task = stepping._lt, stepping._task
-        stepping.publish(tt, self._task)
+        stepping.publish(tt, task)
         steps.append(perf_counter_ns())
         try:
             return self._cb(*args)
         finally:
             steps.append(perf_counter_ns())
             stepping._lt, stepping._task = prev_lt, prev_task
+            # Ran: hold neither the callback nor the task, nor let this
+            # frame hold them, as asyncio's Handle._run does (a frame of the
+            # step may live on in a traceback: it must not close a cycle).
+            self._cb = self._task = None
+            args = ()
             try:
                 if _open_eager.steps:
                     _close_eager_steps()
-                if self._task.done():
-                    _task_done(tt, self._task)
+                if task.done():
+                    _task_done(tt, task)
             except Exception as exc:
                 _report("task end", exc)
+            task = prev_task = None
 
     # Everything but calling it reads as the wrapped callback.
     def __getattr__(self, name: str) -> Any:
