@@ -116,6 +116,39 @@ def test_get_coro_and_tracebacks_are_the_programs(runner: str) -> None:
     assert not any(f.startswith(APROF_DIR) for f in profiled[2] + profiled[3])
 
 
+def test_scheduled_steps_read_as_asyncios_own() -> None:
+    # SPEC 15.6, issue 15 item 13: in debug mode (which checks and formats
+    # every callback), a recorded task's scheduled step reads as asyncio's
+    # own: the handle's repr, its callback's repr, __self__ and class; and
+    # loop.call_soon reads as the loop's method.
+    async def child() -> None:
+        await asyncio.sleep(0)
+
+    def normalise(text: str) -> str:
+        return re.sub(r"0x[0-9a-f]+", "0x", text)
+
+    async def main() -> list[object]:
+        loop = asyncio.get_running_loop()
+        loop.set_debug(True)
+        task = asyncio.create_task(child())
+        (handle,) = [h for h in loop._ready if getattr(h._callback, "__self__", None) is task]  # type: ignore[attr-defined]
+        cb = handle._callback
+        seen = [
+            normalise(repr(handle)),
+            normalise(repr(cb)),
+            cb.__self__ is task,
+            cb.__class__.__name__,
+            normalise(repr(loop.call_soon)),
+            loop.call_soon.__name__,
+        ]
+        await task
+        return seen
+
+    plain, profiled, prof = both_ways(lambda: asyncio.run(main()))
+    assert profiled == plain
+    assert len([e for e in prof.events() if e.scope is TASK]) >= 2
+
+
 @pytest.mark.parametrize("runner", RUNNERS)
 def test_the_task_factory_is_the_programs(runner: str) -> None:
     # SPEC 15.6, issue 15 item 15d: loop.get_task_factory() returns what the

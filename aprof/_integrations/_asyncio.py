@@ -389,7 +389,12 @@ class _PyCallSoonHook:
                 lt = _first_scheduled(task, context)
             if type(lt) is TaskThread and lt._state is not None:
                 callback = _PyStepCall(callback, task, lt)
-        return self._aprof_call_soon(callback, *args, context=context)
+        handle = self._aprof_call_soon(callback, *args, context=context)
+        # In debug mode the handle remembers where it was created: not here.
+        tb = getattr(handle, "_source_traceback", None)
+        if tb and isinstance(tb, list) and getattr(tb[-1], "filename", None) == __file__:
+            del tb[-1]
+        return handle
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._aprof_call_soon, name)

@@ -137,13 +137,13 @@ def run_cpython(py: str, out: Path, timeout: float) -> dict[str, dict[str, str]]
         code, dt = run(cmd, Path.cwd(), out / f"cpython-{mode.replace(' ', '-')}.log", timeout)
         data = out / ("cpython-unittest.json" if mode == "unittest" else "cpython-aprof-run.json")
         runs[mode] = json.loads(data.read_text()) if data.exists() else {}
-        print(f"  cpython {mode}: exit {code}, {len(runs[mode])} tests, {dt:.0f} s", flush=True)
+        print(f"  cpython {mode}: exit {code}, {len(runs[mode])} tests, {dt:.0f} s", flush=True)  # noqa: T201 - a command-line script
     for mode, extra in {"pytest": [], "pytest --aprof": [f"--aprof={out / 'cpython-traces'}"]}.items():
         junit = out / f"cpython-{mode.replace(' ', '-')}.xml"
         cmd = [py, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--pyargs", *mods, f"--junitxml={junit}", *extra]
         code, dt = run(cmd, Path.cwd(), out / f"cpython-{mode.replace(' ', '-')}.log", timeout)
         runs[mode] = junit_outcomes(junit)
-        print(f"  cpython {mode}: exit {code}, {len(runs[mode])} tests, {dt:.0f} s", flush=True)
+        print(f"  cpython {mode}: exit {code}, {len(runs[mode])} tests, {dt:.0f} s", flush=True)  # noqa: T201 - a command-line script
     return runs
 
 
@@ -159,7 +159,7 @@ def run_pytest_suite(name: str, py: str, src: Path, args: list[str], out: Path, 
         cmd = [*head, "-p", "no:cacheprovider", "-q", *args, f"--junitxml={junit}"]
         code, dt = run(cmd, src, out / f"{name}-{mode.replace(' ', '-')}.log", timeout)
         runs[mode] = junit_outcomes(junit)
-        print(f"  {name} {mode}: exit {code}, {len(runs[mode])} tests, {dt:.0f} s", flush=True)
+        print(f"  {name} {mode}: exit {code}, {len(runs[mode])} tests, {dt:.0f} s", flush=True)  # noqa: T201 - a command-line script
     return runs
 
 
@@ -220,7 +220,7 @@ def main() -> None:
         summary += diff("anyio", runs, "pytest", ["aprof run -m pytest", "pytest --aprof"])
     text = "\n".join(summary) + "\n"
     (out / "summary.txt").write_text(text)
-    print(text)
+    print(text)  # noqa: T201
 
 
 if __name__ == "__main__":
