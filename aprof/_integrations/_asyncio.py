@@ -156,7 +156,7 @@ def _record(task: Any, ctx: Any, new_only: bool, lt: Any = None) -> TaskThread |
             setattr(task, _TASK_ATTR, None)  # seen: not asked again at each step
         return None
     tt = TaskThread("asyncio", _name_of(task), coro_qualname(coro), states)
-    if lt is not _UNSEEN:
+    if isinstance(lt, LogicalThread):
         tt.adopt(lt)
     tt.bind(task, "asyncio")
     return tt
