@@ -35,7 +35,7 @@
 
 /* Set by _tasks_setup(). */
 static PyTypeObject *task_thread_type; /* aprof._integrations._tasks.TaskThread (exact type) */
-static Py_ssize_t off_steps = -1, off_state = -1, off_call = -1; /* its `steps`, `_state` and `_call` slots */
+static Py_ssize_t off_steps = -1, off_state = -1; /* its `steps` and `_state` slots */
 static PyObject *str_task_attr;        /* "_aprof_logical_thread" */
 static PyObject *c_task_type;          /* asyncio.Task (the C one) */
 static PyObject *py_task_type;         /* asyncio.tasks._PyTask, or None */
@@ -389,10 +389,6 @@ static PyObject *
 StepCall_vectorcall(StepCall *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     PyObject *tt = self->tt;
-    if (self->cb == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "aprof: this task step has run already");
-        return NULL;
-    }
     PyObject *steps = slot_at(tt, off_steps);
     if (steps == NULL)
         return PyObject_Vectorcall(self->cb, args, nargsf, kwnames);
@@ -423,45 +419,37 @@ StepCall_vectorcall(StepCall *self, PyObject *const *args, size_t nargsf, PyObje
     Py_XDECREF(mine);
     if (after_step(self) < 0)
         report_unraisable("task end");
-    /* Run: let go of the callback and the task, so that the wrapper, kept
-     * on the TaskThread for the task's step after next, holds neither. (The
-     * next step is scheduled during this one, while this wrapper is still
-     * in use: two wrappers take turns.) */
-    Py_CLEAR(self->cb);
-    Py_CLEAR(self->task);
-    PyObject **cache = (PyObject **)((char *)tt + off_call);
-    if (*cache != (PyObject *)self && slot_at(tt, off_state) != NULL && slot_at(tt, off_state) != Py_None)
-        Py_XSETREF(*cache, Py_NewRef((PyObject *)self));
     RESTORE_EXC(exc);
     return result;
 }
 
-/* A wrapper of `cb` (new reference). The TaskThread keeps the last one
- * made for its task (its `_call` slot); a task has one step or wakeup
- * scheduled at a time, so that one is normally free again (referenced by
- * the TaskThread alone) when the next is scheduled, and is reused: no
- * allocation, and no collector pressure, per step. */
+/* Freed wrappers, kept for the next step (as CPython keeps freed frames
+ * and asyncio its future iterators): a step then costs no allocation and
+ * adds nothing to the collector's count. The wrapper's fields are released
+ * when the loop's handle lets go of it, after the step, exactly when the
+ * callback it wraps would have been released (SPEC 15.6: a task that dies
+ * then dies at the same moment, outside its context). Under the GIL. */
+#define STEPCALL_FREELIST 256
+static StepCall *stepcall_freelist[STEPCALL_FREELIST];
+static int stepcall_numfree = 0;
+
+/* A wrapper of `cb`, the step or wakeup of `task` (new reference). */
 static PyObject *
 StepCall_new_for(PyObject *cb, PyObject *task, PyObject *tt)
 {
-    PyObject **cache = (PyObject **)((char *)tt + off_call);
-    StepCall *self = (StepCall *)*cache;
-    if (self != NULL && Py_IS_TYPE(self, &StepCallType) && Py_REFCNT(self) == 1 && self->cb == NULL &&
-        self->tt == tt) {
-        self->cb = Py_NewRef(cb);
-        self->task = Py_NewRef(task);
-        return Py_NewRef((PyObject *)self);
+    StepCall *self;
+    if (stepcall_numfree > 0) {
+        self = stepcall_freelist[--stepcall_numfree];
+        _Py_NewReference((PyObject *)self);
     }
-    self = PyObject_GC_New(StepCall, &StepCallType);
-    if (self == NULL)
+    else if ((self = PyObject_GC_New(StepCall, &StepCallType)) == NULL) {
         return NULL;
+    }
     self->cb = Py_NewRef(cb);
     self->task = Py_NewRef(task);
     self->tt = Py_NewRef(tt);
     self->vectorcall = (vectorcallfunc)StepCall_vectorcall;
     PyObject_GC_Track(self);
-    if (*cache == NULL || *cache == Py_None)
-        Py_XSETREF(*cache, Py_NewRef((PyObject *)self));
     return (PyObject *)self;
 }
 
@@ -470,7 +458,7 @@ StepCall_new_for(PyObject *cb, PyObject *task, PyObject *tt)
 static PyObject *
 StepCall_getattro(StepCall *self, PyObject *name)
 {
-    if (self->cb == NULL)
+    if (self->cb == NULL) /* cleared by the collector */
         return PyObject_GenericGetAttr((PyObject *)self, name);
     return PyObject_GetAttr(self->cb, name);
 }
@@ -479,7 +467,7 @@ static PyObject *
 StepCall_repr(StepCall *self)
 {
     if (self->cb == NULL)
-        return PyUnicode_FromString("<aprof task step, run>");
+        return PyUnicode_FromString("<aprof task step>");
     return PyObject_Repr(self->cb);
 }
 
@@ -506,7 +494,10 @@ StepCall_dealloc(StepCall *self)
 {
     PyObject_GC_UnTrack(self);
     StepCall_clear(self);
-    PyObject_GC_Del(self);
+    if (Py_IS_TYPE(self, &StepCallType) && stepcall_numfree < STEPCALL_FREELIST)
+        stepcall_freelist[stepcall_numfree++] = self;
+    else
+        PyObject_GC_Del(self);
 }
 
 static PyTypeObject StepCallType = {
@@ -978,13 +969,11 @@ tasks_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                         "task_done, eager_started, tracer_running)");
         return NULL;
     }
-    Py_ssize_t steps = member_offset(args[0], "steps"), state = member_offset(args[0], "_state"),
-               call = member_offset(args[0], "_call");
-    if (steps < 0 || state < 0 || call < 0)
+    Py_ssize_t steps = member_offset(args[0], "steps"), state = member_offset(args[0], "_state");
+    if (steps < 0 || state < 0)
         return NULL;
     off_steps = steps;
     off_state = state;
-    off_call = call;
     Py_XSETREF(task_thread_type, (PyTypeObject *)Py_NewRef(args[0]));
     Py_XSETREF(str_task_attr, Py_NewRef(args[1]));
     Py_XSETREF(c_task_type, Py_NewRef(args[2]));

@@ -203,8 +203,8 @@ def _tasks_setup(
     first_scheduled: Callable[[Any, Any], Any], first_step: Callable[[Any], None],
     task_done: Callable[[Any, Any], None], eager_started: Callable[[Any, Any], Any], tracer_running: list[Any], /,
 ) -> None:
-    """Give the task hooks ``TaskThread`` (whose ``steps``, ``_state`` and
-    ``_call`` slots they read), the task attribute name, the C and Python
+    """Give the task hooks ``TaskThread`` (whose ``steps`` and ``_state``
+    slots they read), the task attribute name, the C and Python
     Task classes, the Python Task's step and wakeup functions, the Python
     callbacks and the tracer's list of running tracers (called once, at
     import)."""

@@ -318,6 +318,38 @@ def test_a_failed_anyio_task_is_freed_without_the_cyclic_gc(backend_name: str) -
 
 
 @pytest.mark.parametrize("runner", RUNNERS)
+def test_a_dropped_task_dies_when_it_would_without_aprof(runner: str) -> None:
+    # SPEC 15.6, 12: a failed task nobody awaits is freed when the loop lets
+    # go of its last step, outside its context, and the loop's exception
+    # handler runs where the loop runs it: asyncio's in the task's own
+    # context on 3.12+ (CPython's test_task_exc_handler_correct_context), in
+    # the loop's on 3.11 and on uvloop. aprof broke both: the task died
+    # inside its step, its context still entered.
+    import contextvars
+
+    name: contextvars.ContextVar[str] = contextvars.ContextVar("name", default="outside")
+
+    async def fails() -> None:
+        name.set("inside")
+        raise ZeroDivisionError
+
+    async def main() -> list[str]:
+        seen: list[str] = []
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda loop, context: seen.append(name.get()))
+        asyncio.create_task(fails())  # dropped at once: nobody awaits it
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        gc.collect()
+        loop.set_exception_handler(None)
+        return seen
+
+    plain, profiled, _ = both_ways(lambda: run_on(runner, main))
+    inside = runner == "asyncio" and sys.version_info >= (3, 12)
+    assert plain == profiled == (["inside"] if inside else ["outside"])
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
 def test_finished_loops_are_not_kept_alive_by_a_global_profile(runner: str) -> None:
     # SPEC 15.6, 12, issue 15 item 14: a program that runs asyncio.run() many
     # times under a global profile (aprof run, pytest --aprof) gets its

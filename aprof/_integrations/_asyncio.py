@@ -334,8 +334,7 @@ class _PyStepCall:
         self._tt = tt
 
     def __call__(self, *args: Any) -> Any:
-        tt = self._tt
-        task = self._task
+        tt, task, cb = self._tt, self._task, self._cb
         steps = tt.steps
         if _tracer.running() and not steps:
             _first_step(tt)
@@ -343,15 +342,10 @@ class _PyStepCall:
         stepping.publish(tt, task)
         steps.append(perf_counter_ns())
         try:
-            return self._cb(*args)
+            return cb(*args)
         finally:
             steps.append(perf_counter_ns())
             stepping._lt, stepping._task = prev_lt, prev_task
-            # Ran: hold neither the callback nor the task, nor let this
-            # frame hold them, as asyncio's Handle._run does (a frame of the
-            # step may live on in a traceback: it must not close a cycle).
-            self._cb = self._task = None
-            args = ()
             try:
                 if _open_eager.steps:
                     _close_eager_steps()
@@ -359,7 +353,12 @@ class _PyStepCall:
                     _task_done(tt, task)
             except Exception as exc:
                 _report("task end", exc)
-            task = prev_task = None
+            # As asyncio's Handle._run does: a frame of the step may live on
+            # in a traceback, and must not hold the task (a cycle). The
+            # wrapper itself holds it until the loop lets go of the handle,
+            # as it would hold the callback without aprof.
+            self = task = cb = prev_task = None  # type: ignore[assignment]
+            args = ()
 
     # Everything but calling it reads as the wrapped callback.
     def __getattr__(self, name: str) -> Any:

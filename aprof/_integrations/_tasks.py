@@ -107,7 +107,7 @@ class TaskThread(LogicalThread):
     :meth:`finished` once; after that the object holds no profile.
     """
 
-    __slots__ = ("_call", "_idx", "_more", "_state", "coro_name", "fwd", "seq", "spawn_ns", "steps")
+    __slots__ = ("_idx", "_more", "_state", "coro_name", "fwd", "seq", "spawn_ns", "steps")
 
     coro_name: str
     fwd: int
@@ -135,7 +135,6 @@ class TaskThread(LogicalThread):
         self.fwd = spawner.id
         self.seq = next(_sequence_numbers)
         self.steps = new_steps()
-        self._call: Any = None  # the C step wrapper, kept for the task's next step
         self._more: list[tuple[ProfilerState, int]] | None = None
         self._state: ProfilerState | None = None
         self._idx = 0
@@ -184,7 +183,6 @@ class TaskThread(LogicalThread):
             self._more = None
         self._state = None
         self.steps = DISCARD_STEPS  # the record has them now
-        self._call = None
 
     def stopped(self) -> None:
         """A profile recording the task stopped while it runs: stop keeping
@@ -192,7 +190,7 @@ class TaskThread(LogicalThread):
         profiles = [self._state] + [ps for ps, _ in self._more or ()]
         if not any(ps is not None and ps.running for ps in profiles):
             self.steps = DISCARD_STEPS
-            self._state = self._more = self._call = None
+            self._state = self._more = None
 
     def adopt(self, lt: LogicalThread) -> None:
         """Become ``lt``, the logical thread a lookup made for this task
