@@ -156,7 +156,9 @@ def run_pytest_suite(name: str, py: str, src: Path, args: list[str], out: Path, 
     }
     for mode, head in modes.items():
         junit = out / f"{name}-{mode.replace(' ', '-')}.xml"
-        cmd = [*head, "-p", "no:cacheprovider", "-q", *args, f"--junitxml={junit}"]
+        # The test paths first: `aprof run -m pytest -q ...` is refused by
+        # aprof's command line (an option right after the module name).
+        cmd = [*head, *args, "-p", "no:cacheprovider", "-q", f"--junitxml={junit}"]
         code, dt = run(cmd, src, out / f"{name}-{mode.replace(' ', '-')}.log", timeout)
         runs[mode] = junit_outcomes(junit)
         print(f"  {name} {mode}: exit {code}, {len(runs[mode])} tests, {dt:.0f} s", flush=True)  # noqa: T201 - a command-line script
@@ -213,7 +215,7 @@ def main() -> None:
         summary += diff("cpython", runs, "unittest", ["unittest under aprof run"])
         summary += diff("cpython", runs, "pytest", ["pytest --aprof"])
     if "trio" in suites and args.trio_src:
-        runs = run_pytest_suite("trio", args.python, args.trio_src.resolve(), ["--pyargs", "trio"], out, args.timeout)
+        runs = run_pytest_suite("trio", args.python, args.trio_src.resolve(), ["trio", "--pyargs"], out, args.timeout)
         summary += diff("trio", runs, "pytest", ["aprof run -m pytest", "pytest --aprof"])
     if "anyio" in suites and args.anyio_src:
         runs = run_pytest_suite("anyio", args.python, args.anyio_src.resolve(), ["tests"], out, args.timeout)
