@@ -518,25 +518,103 @@ static PyTypeObject StepCallType = {
 /* CallSoonHook                                                               */
 /* ------------------------------------------------------------------------ */
 
+/* The loop holds its hook (an instance attribute), so a hook holding the
+ * loop's bound call_soon would make a cycle: a loop that dies by refcount
+ * without aprof would then wait for the cyclic GC (SPEC 15.6; anyio's
+ * test_asyncio_run_does_not_leak_event_loop). So, when the loop can be
+ * weakly referenced (asyncio's loops), the hook holds call_soon's function
+ * and a weak reference to the loop, and calls the function with the loop
+ * prepended. Otherwise (uvloop's loops) it holds the bound call_soon. */
 typedef struct {
     PyObject_HEAD
-    PyObject *call_soon; /* the loop's own bound call_soon */
+    PyObject *call_soon; /* the loop's own bound call_soon, or NULL */
+    PyObject *func;      /* or: its function, */
+    PyObject *loopref;   /* and a weak reference to the loop */
     vectorcallfunc vectorcall;
     PyObject *weakreflist;
 } CallSoonHook;
 
 #define SMALL_ARGS 8
 
+/* The loop (new reference), or NULL with an exception set. */
+static PyObject *
+hook_loop_of(CallSoonHook *self)
+{
+    PyObject *loop;
+#if PY_VERSION_HEX >= 0x030D0000
+    if (PyWeakref_GetRef(self->loopref, &loop) < 0)
+        return NULL;
+#else
+    loop = PyWeakref_GetObject(self->loopref);
+    if (loop == NULL)
+        return NULL;
+    loop = loop == Py_None ? NULL : Py_NewRef(loop);
+#endif
+    if (loop == NULL)
+        PyErr_SetString(PyExc_RuntimeError, "call_soon of an event loop that no longer exists");
+    return loop;
+}
+
+/* The loop's own call_soon (bound; new reference). */
+static PyObject *
+hook_bound(CallSoonHook *self)
+{
+    if (self->call_soon != NULL)
+        return Py_NewRef(self->call_soon);
+    PyObject *loop = hook_loop_of(self);
+    if (loop == NULL)
+        return NULL;
+    PyObject *bound = PyMethod_New(self->func, loop);
+    Py_DECREF(loop);
+    return bound;
+}
+
+/* Call the loop's own call_soon with `args` (which may have the
+ * PY_VECTORCALL_ARGUMENTS_OFFSET slot before them). */
+static PyObject *
+hook_call_own(CallSoonHook *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    if (self->call_soon != NULL)
+        return PyObject_Vectorcall(self->call_soon, args, nargsf, kwnames);
+    PyObject *loop = hook_loop_of(self);
+    if (loop == NULL)
+        return NULL;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject *result;
+    if (nargsf & PY_VECTORCALL_ARGUMENTS_OFFSET) {
+        PyObject **with = (PyObject **)args - 1, *saved = with[0];
+        with[0] = loop;
+        result = PyObject_Vectorcall(self->func, with, (size_t)(nargs + 1), kwnames);
+        with[0] = saved;
+    }
+    else {
+        Py_ssize_t total = nargs + (kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0);
+        PyObject *small[SMALL_ARGS + 1], **with = small;
+        if (total + 1 > SMALL_ARGS + 1 && (with = PyMem_Malloc((size_t)(total + 1) * sizeof(PyObject *))) == NULL) {
+            Py_DECREF(loop);
+            return PyErr_NoMemory();
+        }
+        with[0] = loop;
+        for (Py_ssize_t i = 0; i < total; i++)
+            with[i + 1] = args[i];
+        result = PyObject_Vectorcall(self->func, with, (size_t)(nargs + 1), kwnames);
+        if (with != small)
+            PyMem_Free(with);
+    }
+    Py_DECREF(loop);
+    return result;
+}
+
 static PyObject *
 CallSoonHook_vectorcall(CallSoonHook *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     if (nargs < 1)
-        return PyObject_Vectorcall(self->call_soon, args, nargsf, kwnames);
+        return hook_call_own(self, args, nargsf, kwnames);
     int is_step = 0;
     PyObject *task = task_of(args[0], &is_step);
     if (task == NULL)
-        return PyObject_Vectorcall(self->call_soon, args, nargsf, kwnames);
+        return hook_call_own(self, args, nargsf, kwnames);
     int has_lt;
     PyObject *tt = recorded(task, &has_lt);
     if (tt == NULL && !has_lt && is_step) {
@@ -558,21 +636,24 @@ CallSoonHook_vectorcall(CallSoonHook *self, PyObject *const *args, size_t nargsf
         }
     }
     if (tt == NULL)
-        return PyObject_Vectorcall(self->call_soon, args, nargsf, kwnames);
+        return hook_call_own(self, args, nargsf, kwnames);
     PyObject *wrapped = StepCall_new_for(args[0], task, tt);
     Py_DECREF(tt);
     if (wrapped == NULL)
         return NULL;
+    /* A copy of the arguments with the callback wrapped, and a free slot
+     * before them for the loop (PY_VECTORCALL_ARGUMENTS_OFFSET). */
     Py_ssize_t total = nargs + (kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0);
-    PyObject *small[SMALL_ARGS], **copy = small;
-    if (total > SMALL_ARGS && (copy = PyMem_Malloc((size_t)total * sizeof(PyObject *))) == NULL) {
+    PyObject *small[SMALL_ARGS + 1], **copy = small;
+    if (total > SMALL_ARGS && (copy = PyMem_Malloc((size_t)(total + 1) * sizeof(PyObject *))) == NULL) {
         Py_DECREF(wrapped);
         return PyErr_NoMemory();
     }
-    copy[0] = wrapped;
+    copy[0] = NULL;
+    copy[1] = wrapped;
     for (Py_ssize_t i = 1; i < total; i++)
-        copy[i] = args[i];
-    PyObject *result = PyObject_Vectorcall(self->call_soon, copy, nargs, kwnames);
+        copy[i + 1] = args[i];
+    PyObject *result = hook_call_own(self, copy + 1, (size_t)nargs | PY_VECTORCALL_ARGUMENTS_OFFSET, kwnames);
     if (copy != small)
         PyMem_Free(copy);
     Py_DECREF(wrapped);
@@ -589,10 +670,27 @@ CallSoonHook_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         PyErr_Format(PyExc_TypeError, "CallSoonHook: expected the loop's call_soon, got %R", call_soon);
         return NULL;
     }
+    PyObject *loopref = NULL;
+    if (PyMethod_Check(call_soon)) {
+        loopref = PyWeakref_NewRef(PyMethod_GET_SELF(call_soon), NULL);
+        if (loopref == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_TypeError))
+                return NULL;
+            PyErr_Clear(); /* a loop without weak references: hold it */
+        }
+    }
     CallSoonHook *self = (CallSoonHook *)type->tp_alloc(type, 0);
-    if (self == NULL)
+    if (self == NULL) {
+        Py_XDECREF(loopref);
         return NULL;
-    self->call_soon = Py_NewRef(call_soon);
+    }
+    if (loopref != NULL) {
+        self->func = Py_NewRef(PyMethod_GET_FUNCTION(call_soon));
+        self->loopref = loopref;
+    }
+    else {
+        self->call_soon = Py_NewRef(call_soon);
+    }
     self->vectorcall = (vectorcallfunc)CallSoonHook_vectorcall;
     return (PyObject *)self;
 }
@@ -606,19 +704,43 @@ CallSoonHook_getattro(CallSoonHook *self, PyObject *name)
     if (v != NULL || !PyErr_ExceptionMatches(PyExc_AttributeError))
         return v;
     PyErr_Clear();
-    return PyObject_GetAttr(self->call_soon, name);
+    PyObject *bound = hook_bound(self);
+    if (bound == NULL)
+        return NULL;
+    v = PyObject_GetAttr(bound, name);
+    Py_DECREF(bound);
+    return v;
 }
 
 static PyObject *
 CallSoonHook_repr(CallSoonHook *self)
 {
-    return PyObject_Repr(self->call_soon);
+    PyObject *bound = hook_bound(self);
+    if (bound == NULL)
+        return NULL;
+    PyObject *r = PyObject_Repr(bound);
+    Py_DECREF(bound);
+    return r;
 }
+
+static PyObject *
+CallSoonHook_get_own(CallSoonHook *self, void *closure)
+{
+    (void)closure;
+    return hook_bound(self);
+}
+
+static PyGetSetDef CallSoonHook_getset[] = {
+    {"_aprof_call_soon", (getter)CallSoonHook_get_own, NULL, "The loop's own call_soon.", NULL},
+    {NULL},
+};
 
 static int
 CallSoonHook_traverse(CallSoonHook *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->call_soon);
+    Py_VISIT(self->func);
+    Py_VISIT(self->loopref);
     return 0;
 }
 
@@ -626,6 +748,8 @@ static int
 CallSoonHook_clear(CallSoonHook *self)
 {
     Py_CLEAR(self->call_soon);
+    Py_CLEAR(self->func);
+    Py_CLEAR(self->loopref);
     return 0;
 }
 
@@ -638,11 +762,6 @@ CallSoonHook_dealloc(CallSoonHook *self)
     CallSoonHook_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
-
-static PyMemberDef CallSoonHook_members[] = {
-    {"_aprof_call_soon", T_OBJECT, offsetof(CallSoonHook, call_soon), READONLY, "The loop's own call_soon."},
-    {NULL},
-};
 
 static PyTypeObject CallSoonHookType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "aprof._ctracer.CallSoonHook",
@@ -658,7 +777,7 @@ static PyTypeObject CallSoonHookType = {
     .tp_traverse = (traverseproc)CallSoonHook_traverse,
     .tp_clear = (inquiry)CallSoonHook_clear,
     .tp_weaklistoffset = offsetof(CallSoonHook, weakreflist),
-    .tp_members = CallSoonHook_members,
+    .tp_getset = CallSoonHook_getset,
 };
 
 /* ------------------------------------------------------------------------ */

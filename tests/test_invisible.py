@@ -370,6 +370,37 @@ def test_finished_loops_are_not_kept_alive_by_a_global_profile(runner: str) -> N
     assert len([e for e in prof.events() if e.scope is TASK]) >= 20
 
 
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_a_finished_loop_dies_without_the_cyclic_gc_as_it_would_without_aprof(runner: str) -> None:
+    # SPEC 15.6, issue 15 item 14: the loop holds aprof's call_soon hook, so
+    # a hook holding the loop would make a cycle, and a loop freed by its
+    # last reference without aprof would wait for the cyclic GC (anyio's
+    # test_asyncio_run_does_not_leak_event_loop: a worker thread drops the
+    # loop after the test's gc.collect()). The hook holds the loop weakly
+    # where it can (asyncio's loops; uvloop's cannot be weakly referenced).
+    async def main() -> tuple[weakref.ref[Any], str, bool]:
+        loop = asyncio.get_running_loop()
+        loop.call_soon(lambda: None)
+        await asyncio.create_task(asyncio.sleep(0))
+        return weakref.ref(loop), repr(loop.call_soon), loop.call_soon.__self__ is loop
+
+    def run() -> tuple[bool, str, bool]:
+        gc.collect()
+        gc.disable()
+        try:
+            ref, call_soon_repr, bound_to_loop = run_on(runner, main)
+            return ref() is None, call_soon_repr.split(" of ")[0], bound_to_loop
+        finally:
+            gc.enable()
+
+    plain, profiled, prof = both_ways(run)
+    if runner == "uvloop":  # held by its hook, as it was before
+        assert plain[1:] == profiled[1:]
+    else:
+        assert plain == profiled == (True, "<bound method BaseEventLoop.call_soon", True)
+    assert [e for e in prof.events() if e.scope is TASK]
+
+
 # ---------------------------------------------------------------------------
 # Item 15: exit status when a trio run fails before its first task
 # ---------------------------------------------------------------------------

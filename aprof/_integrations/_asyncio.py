@@ -42,6 +42,7 @@ import asyncio.tasks
 import os
 import sys
 import threading
+import types
 import warnings
 import weakref
 from collections.abc import Callable
@@ -375,10 +376,28 @@ class _PyStepCall:
 class _PyCallSoonHook:
     """A loop's ``call_soon`` that times recorded tasks' steps (twin of ``_ctasks.c`` CallSoonHook)."""
 
-    __slots__ = ("__weakref__", "_aprof_call_soon")
+    __slots__ = ("__weakref__", "_func", "_loop", "_own")
 
     def __init__(self, call_soon: Callable[..., Any]) -> None:
-        self._aprof_call_soon = call_soon
+        # The loop holds its hook: hold it weakly (see CallSoonHook in C).
+        self._own: Any = call_soon
+        self._func: Any = None
+        self._loop: Any = None
+        if isinstance(call_soon, types.MethodType):
+            try:
+                self._loop = weakref.ref(call_soon.__self__)
+            except TypeError:  # a loop without weak references: hold it
+                return
+            self._func, self._own = call_soon.__func__, None
+
+    @property
+    def _aprof_call_soon(self) -> Any:
+        if self._own is not None:
+            return self._own
+        loop = self._loop()
+        if loop is None:
+            raise RuntimeError("call_soon of an event loop that no longer exists")
+        return types.MethodType(self._func, loop)
 
     def __call__(self, callback: Any, *args: Any, context: Any = None) -> Any:
         task, is_step = _task_of(callback)
@@ -388,7 +407,13 @@ class _PyCallSoonHook:
                 lt = _first_scheduled(task, context)
             if type(lt) is TaskThread and lt._state is not None:
                 callback = _PyStepCall(callback, task, lt)
-        handle = self._aprof_call_soon(callback, *args, context=context)
+        if self._own is not None:
+            handle = self._own(callback, *args, context=context)
+        else:
+            loop = self._loop()
+            if loop is None:
+                raise RuntimeError("call_soon of an event loop that no longer exists")
+            handle = self._func(loop, callback, *args, context=context)
         # In debug mode the handle remembers where it was created: not here.
         tb = getattr(handle, "_source_traceback", None)
         if tb and isinstance(tb, list) and getattr(tb[-1], "filename", None) == __file__:
@@ -468,7 +493,10 @@ def _unhook_all() -> None:
     for hook in hooks:
         if hook is None:
             continue
-        loop = getattr(hook._aprof_call_soon, "__self__", None)
+        try:
+            loop = getattr(hook._aprof_call_soon, "__self__", None)
+        except RuntimeError:  # its loop is gone
+            continue
         if loop is not None and getattr(loop, "call_soon", None) is hook:
             try:
                 del loop.call_soon
