@@ -43,6 +43,7 @@ CORE_TESTS = [
     "tests/test_context.py",
     "tests/test_propagation.py",
     "tests/test_tasks.py",
+    "tests/test_invisible.py",
 ]
 
 
