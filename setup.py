@@ -41,7 +41,7 @@ setup(
     ext_modules=[
         Extension(
             "aprof._ctracer",
-            sources=["aprof/_ctracer.c", "aprof/_cranges.c", "aprof/_cevents.c"],
+            sources=["aprof/_ctracer.c", "aprof/_cranges.c", "aprof/_cevents.c", "aprof/_ctasks.c"],
             depends=["aprof/_cext.h"],
             extra_compile_args=["-O2", "-std=c11"] if sys.platform != "win32" else [],
             optional=True,

@@ -5,6 +5,7 @@
  *   _ctracer.c  the Python tracer (SPEC 8.1) and the module
  *   _cranges.c  the range fast path under aprof.record_function (SPEC 3)
  *   _cevents.c  consolidation at stop: raw records -> FunctionEvents (SPEC 6)
+ *   _ctasks.c   the asyncio task hooks' hot path (SPEC 7.1-7.3)
  */
 #ifndef APROF_CEXT_H
 #define APROF_CEXT_H
@@ -55,6 +56,16 @@ now_ns(void)
 /* _cranges.c: add RangeCore, the stepping object and _range_setup to the
  * module. Returns -1 with an exception set on failure. */
 int aprof_ranges_init(PyObject *module);
+
+/* _cranges.c: the logical thread stepping on this OS thread (a strong
+ * reference, or NULL) and the context it was published in (borrowed, only
+ * compared; NULL: any). _ctasks.c publishes asyncio steps here. */
+extern APROF_TLS PyObject *aprof_stepping_lt;
+extern APROF_TLS PyObject *aprof_stepping_ctx;
+
+/* _ctasks.c: add StepLog, StepCall, CallSoonHook and the task hooks' set-up
+ * functions to the module. Returns -1 with an exception set on failure. */
+int aprof_tasks_init(PyObject *module);
 
 /* _cevents.c: add EventCore, records_of, sort_by_start, nest and
  * _events_setup to the module. Returns -1 with an exception set on failure. */

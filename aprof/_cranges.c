@@ -63,8 +63,7 @@ typedef struct {
     unsigned int seen_version; /* its tp_version_tag then (never 0) */
 } slot_reader;
 
-static slot_reader rd_mode, rd_recorder, rd_state, rd_lists, rd_id, rd_os_thread_id, rd_task_ref, rd_loop,
-    rd_with_stack;
+static slot_reader rd_mode, rd_recorder, rd_state, rd_lists, rd_id, rd_os_thread_id, rd_task_ref, rd_with_stack;
 
 /* Point `r` at cls.<name> if that is an object slot; else GetAttr always. */
 static int
@@ -122,28 +121,52 @@ slot_get(slot_reader *r, PyObject *obj)
 /* ------------------------------------------------------------------------ */
 
 /* The LogicalThread whose step runs on this OS thread (a strong reference),
- * or NULL. Written by aprof's task hooks around every step they record,
- * which clear it in a `finally`; unlike a threading.local it is not cleared
- * when a thread ends, so a thread killed mid-step would keep its reference. */
-static APROF_TLS PyObject *tl_stepping = NULL;
+ * or NULL, and the context it was published in (borrowed, only compared),
+ * or NULL for "trust it in any context". Written by aprof's task hooks
+ * around every step they record, which clear it after; unlike a
+ * threading.local it is not cleared when a thread ends, so a thread killed
+ * mid-step would keep its reference.
+ *
+ * An asyncio task's step publishes its context too: on 3.12+ an eager task
+ * runs its first step inside its spawner's step (inside the task's own
+ * context), and its ranges are its own, not the spawner's (RELIABILITY
+ * CP-06). While the thread runs another context than the published one,
+ * the slot reads as empty and the lookup asks asyncio which task runs.
+ * trio's instrument publishes from the runner's context, outside the
+ * task's, so it publishes no context. */
+APROF_TLS PyObject *aprof_stepping_lt = NULL;
+APROF_TLS PyObject *aprof_stepping_ctx = NULL;
 
 typedef struct {
     PyObject_HEAD
 } Stepping;
 
+/* The published logical thread if it holds in the running context
+ * (borrowed), else NULL. */
+static inline PyObject *
+stepping_now(void)
+{
+    PyObject *lt = aprof_stepping_lt;
+    if (lt != NULL && aprof_stepping_ctx != NULL && aprof_stepping_ctx != PyThreadState_Get()->context)
+        return NULL;
+    return lt;
+}
+
 static PyObject *
 Stepping_get_lt(PyObject *self, void *closure)
 {
-    return Py_NewRef(tl_stepping != NULL ? tl_stepping : Py_None);
+    PyObject *lt = stepping_now();
+    return Py_NewRef(lt != NULL ? lt : Py_None);
 }
 
 static int
 Stepping_set_lt(PyObject *self, PyObject *value, void *closure)
 {
+    aprof_stepping_ctx = NULL;
     if (value == NULL || value == Py_None)
-        Py_CLEAR(tl_stepping);
+        Py_CLEAR(aprof_stepping_lt);
     else
-        Py_XSETREF(tl_stepping, Py_NewRef(value));
+        Py_XSETREF(aprof_stepping_lt, Py_NewRef(value));
     return 0;
 }
 
@@ -179,7 +202,7 @@ static PyTypeObject SteppingType = {
  */
 static PyObject *threads_dict; /* aprof._core._threads.__dict__ */
 static PyObject *hint_var;     /* 3.11: _threads._hint; NULL on 3.12+ */
-static PyObject *str_current_tasks_311, *str_asyncio_fns, *str_task_attr, *str_tls, *str_lt, *str_trio, *str_asyncio, *str_trio_run_context, *str_dict, *str_task, *str_side_table;
+static PyObject *str_get_loop, *str_current_tasks_311, *str_asyncio_fns, *str_task_attr, *str_tls, *str_lt, *str_trio, *str_asyncio, *str_trio_run_context, *str_dict, *str_task, *str_side_table;
 
 /* A lookup below did not find the answer: NULL, so the Python function
  * answers. An ordinary exception met on the way is cleared (the Python
@@ -235,7 +258,9 @@ hinted_task_lt(PyObject *tasks)
         goto done;
     }
     Py_INCREF(task);
-    loop = slot_get(&rd_loop, hint);
+    /* The task's own loop: a logical thread holds no loop (nor its task),
+     * so recording keeps no finished loop alive. */
+    loop = PyObject_CallMethodNoArgs(task, str_get_loop);
     if (loop == NULL)
         goto done;
     PyObject *cur = PyDict_GetItemWithError(tasks, loop); /* borrowed, only compared */
@@ -343,7 +368,16 @@ known_lt(void)
     task = PyObject_CallOneArg(PyTuple_GET_ITEM(fns, 1), loop);
     if (task == NULL || task == Py_None)
         goto done;
-    lt = PyObject_GetAttr(task, str_task_attr);
+    /* None: aprof's task hooks saw the task and do not record it. */
+#if PY_VERSION_HEX >= 0x030D0000
+    if (PyObject_GetOptionalAttr(task, str_task_attr, &lt) < 0)
+        goto done;
+#else
+    if (_PyObject_LookupAttr(task, str_task_attr, &lt) < 0)
+        goto done;
+#endif
+    if (lt == Py_None)
+        Py_CLEAR(lt);
 done:
     Py_XDECREF(task);
     Py_XDECREF(loop);
@@ -408,8 +442,9 @@ lt_cache_store(PyThreadState *ts, uint64_t ver, uint64_t gen, PyObject *lt)
 static inline PyObject *
 logical_thread(void)
 {
-    if (tl_stepping != NULL)
-        return Py_NewRef(tl_stepping);
+    PyObject *published = stepping_now();
+    if (published != NULL)
+        return Py_NewRef(published);
     PyThreadState *ts = PyThreadState_Get();
     lt_cache *c = &tl_lt_cache;
     uint64_t ver = ts->context_ver, gen = lt_generation;
@@ -1003,7 +1038,7 @@ range_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (slot_reader_init(&rd_mode, rf_state, "mode") < 0 || slot_reader_init(&rd_recorder, rf_state, "recorder") < 0 ||
         slot_reader_init(&rd_state, recorder, "state") < 0 || slot_reader_init(&rd_lists, profiler_state, "lists") < 0 ||
         slot_reader_init(&rd_id, logical, "id") < 0 || slot_reader_init(&rd_os_thread_id, logical, "os_thread_id") < 0 ||
-        slot_reader_init(&rd_task_ref, logical, "_task_ref") < 0 || slot_reader_init(&rd_loop, logical, "loop") < 0 ||
+        slot_reader_init(&rd_task_ref, logical, "_task_ref") < 0 ||
         slot_reader_init(&rd_with_stack, profiler_state, "with_stack") < 0)
         return NULL;
     Py_XSETREF(rf_state_var, Py_NewRef(args[0]));
@@ -1023,8 +1058,8 @@ range_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 range_slots(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
-    slot_reader *all[] = {&rd_mode,  &rd_recorder,   &rd_state, &rd_lists,        &rd_id,
-                          &rd_os_thread_id, &rd_task_ref, &rd_loop, &rd_with_stack};
+    slot_reader *all[] = {&rd_mode,         &rd_recorder, &rd_state,     &rd_lists,
+                          &rd_id,           &rd_os_thread_id, &rd_task_ref, &rd_with_stack};
     PyObject *names = PyList_New(0);
     for (size_t i = 0; names != NULL && i < sizeof all / sizeof all[0]; i++) {
         if (all[i]->offset >= 0 && PyList_Append(names, all[i]->name) < 0)
@@ -1065,7 +1100,7 @@ aprof_ranges_init(PyObject *module)
         intern(&str_user_scope, "user_scope") < 0 || intern(&str_name, "__name__") < 0 ||
         intern(&str_spill, "_spill") < 0 || intern(&str_take_shared, "_take_shared") < 0 ||
         intern(&str_slow_start, "_slow_start") < 0 || intern(&str_end_general, "_end_general") < 0 ||
-        intern(&str_current_tasks_311, "_current_tasks_311") < 0 ||
+        intern(&str_current_tasks_311, "_current_tasks_311") < 0 || intern(&str_get_loop, "get_loop") < 0 ||
         intern(&str_asyncio_fns, "_asyncio_fns") < 0 || intern(&str_task_attr, "_aprof_logical_thread") < 0 ||
         intern(&str_tls, "_tls") < 0 || intern(&str_lt, "lt") < 0 ||
         intern(&str_trio, "trio") < 0 || intern(&str_asyncio, "asyncio") < 0 ||

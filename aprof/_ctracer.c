@@ -1932,7 +1932,7 @@ PyInit__ctracer(void)
         return NULL;
     if (PyModule_AddObjectRef(m, "Tracer", (PyObject *)&TracerType) < 0 ||
         PyModule_AddIntConstant(m, "EVENT_BYTES", (long)sizeof(RawEvent)) < 0 ||
-        aprof_ranges_init(m) < 0 || aprof_events_init(m) < 0) {
+        aprof_ranges_init(m) < 0 || aprof_events_init(m) < 0 || aprof_tasks_init(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -172,6 +172,57 @@ def stack_here(skip: int, prefix: str, /) -> tuple[tuple[CodeType, ...], bytes]:
 def _set_stack_prefix(prefix: str, /) -> None:
     """The prefix of aprof's own files, for the range fast path's stacks."""
 
+# The asyncio task hooks (aprof/_ctasks.c); the contract is the pure-Python
+# twins in aprof/_integrations/_asyncio.py (_PyCallSoonHook, _PyStepCall).
+
+class StepLog:
+    """A task's step times (start, end, ...) as unsigned 64-bit ints. Supports
+    ``append``, ``len``, indexing and iteration, and exports its times as a
+    read-only buffer (format ``'Q'``; plain bytes to a consumer that asks
+    for no format). It cannot change while a buffer is exported."""
+
+    def append(self, t: int, /) -> None: ...
+    def __len__(self) -> int: ...
+    def __getitem__(self, i: int, /) -> int: ...
+
+class StepCall:
+    """A recorded task's step or wakeup, timed: calling it stamps the step
+    in the task's ``StepLog`` and publishes the task as stepping on this
+    thread (with its context). Its attributes and repr are the callback's."""
+
+    def __call__(self, *args: Any) -> Any: ...
+
+class CallSoonHook:
+    """Set as ``loop.call_soon``: hands the steps and wakeups of recorded
+    tasks on wrapped in a ``StepCall``, everything else unchanged. Its
+    attributes and repr are the loop's own ``call_soon``'s."""
+
+    _aprof_call_soon: Callable[..., Any]
+    def __init__(self, call_soon: Callable[..., Any], /) -> None: ...
+    def __call__(self, callback: Any, *args: Any, context: Any = None) -> Any: ...
+
+class AddHook:
+    """Set as ``add`` on asyncio's set of tasks: adds, then calls
+    ``task_created(task)`` for a task aprof has not decided about."""
+
+    def __init__(self, add: Callable[[Any], None], task_created: Callable[[Any], None], /) -> None: ...
+    def __call__(self, item: Any, /) -> None: ...
+
+def _tasks_setup(
+    task_thread: type, attr: str, task: type, py_task: type | None, py_step: Any, py_wakeup: Any,
+    first_scheduled: Callable[[Any, Any], Any], first_step: Callable[[Any], None],
+    task_done: Callable[[Any, Any], None], eager_started: Callable[[Any, Any], Any], tracer_running: list[Any], /,
+) -> None:
+    """Give the task hooks ``TaskThread`` (whose ``steps`` and ``_state``
+    slots they read), the task attribute name, the C and Python
+    Task classes, the Python Task's step and wakeup functions, the Python
+    callbacks and the tracer's list of running tracers (called once, at
+    import)."""
+
+def _watch_eager(table: dict[Any, Any] | None, /) -> bool:
+    """Watch asyncio's current-task table for eager first steps (3.12+;
+    ``None``: stop). Returns whether it is watched."""
+
 # Consolidation and Chrome export (aprof/_cevents.c); the contract is the
 # pure-Python twins in aprof/_post/_events.py and aprof/_export/_chrome.py.
 

@@ -28,6 +28,10 @@ import pytest
 import aprof
 from aprof._core import _propagation
 
+#: Not part of the test run: third-party suites run with and without aprof
+#: (slow; see tests/wild/run_suites.py).
+collect_ignore = ["wild"]
+
 # The eager task factory exists from 3.12 on; on 3.11 it is not a backend.
 BACKENDS = ["asyncio", *(["asyncio-eager"] if sys.version_info >= (3, 12) else []), "uvloop", "trio", "anyio-asyncio", "anyio-trio"]
 
@@ -141,6 +145,13 @@ def _runtime_patches() -> list[str]:
             found.append("trio.lowlevel.start_guest_run")
     if _propagation._to_thread_users:
         found.append("the to_thread wrappers")
+    import asyncio.tasks
+
+    from aprof._integrations import _asyncio
+
+    registry = asyncio.tasks._scheduled_tasks if sys.version_info >= (3, 12) else asyncio.tasks._all_tasks  # type: ignore[attr-defined]
+    if _asyncio._users or registry.add != type(registry).add.__get__(registry, type(registry)):
+        found.append("the asyncio task hooks")
     return found
 
 

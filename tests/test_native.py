@@ -43,6 +43,7 @@ CORE_TESTS = [
     "tests/test_context.py",
     "tests/test_propagation.py",
     "tests/test_tasks.py",
+    "tests/test_invisible.py",
 ]
 
 
@@ -346,7 +347,7 @@ def test_c_ranges_read_aprofs_slots_directly() -> None:
     # Issue #4 item 4: the C path reads these __slots__ without getattr.
     _require_extension()
     assert sorted(_native.extension._range_slots()) == sorted(  # type: ignore[union-attr]
-        ["mode", "recorder", "state", "lists", "id", "os_thread_id", "_task_ref", "loop", "with_stack"]
+        ["mode", "recorder", "state", "lists", "id", "os_thread_id", "_task_ref", "with_stack"]
     )
 
 

@@ -30,6 +30,7 @@ from .conftest import Backend
 
 EXECUTOR = aprof.RecordScope.EXECUTOR
 USER = aprof.RecordScope.USER_SCOPE
+TASK = aprof.RecordScope.TASK
 
 ORIGINAL_SUBMIT = concurrent.futures.ThreadPoolExecutor.submit
 ORIGINAL_START = threading.Thread.start
@@ -621,11 +622,18 @@ def test_threads_tasks_to_thread_and_launch_under_load() -> None:
     task_ranges = [e for e in users if e.name == "task"]
     task_ids = Counter(e.thread_id for e in task_ranges)
     assert len(task_ids) == total  # one track per task, one range on each
-    launches = [e for e in by_scope(prof, EXECUTOR) if e.name == "ranged"]
-    assert len(launches) == total
-    # Each task launched once: every task track is the forward link of exactly one job.
-    assert Counter(e.forward_thread_id for e in launches) == task_ids
-    assert all(len(e.children) == 1 and e.children[0].name == "launched" for e in launches)
+    jobs = [e for e in by_scope(prof, EXECUTOR) if e.name == "ranged"]
+    # Each task launched once and went to a thread once (the tasks of the
+    # threads' loops are spawned in the profiled context, so their
+    # to_thread work is an EXECUTOR range too, SPEC 7.1, 7.4): every task
+    # track is the forward link of exactly one job of each kind.
+    for kind in ("launched", "to-thread"):
+        of_kind = [e for e in jobs if [c.name for c in e.children] == [kind]]
+        assert len(of_kind) == total
+        assert Counter(e.forward_thread_id for e in of_kind) == task_ids
+    assert len(jobs) == 2 * total
+    tasks = {e.thread_id: e for e in by_scope(prof, TASK)}
+    assert all(tasks[e.thread_id].name == e.track for e in task_ranges)  # each on its TASK's track
     for e in users:
         if e.name == "to-thread":
             assert e.thread_id not in task_ids

@@ -219,6 +219,36 @@ def test_create_task_taskgroup_and_gather_children(runner: str, eager: bool) -> 
     assert tasks[0].sequence_nr < tasks[1].sequence_nr < tasks[2].sequence_nr
 
 
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_tasks_made_by_the_task_constructor_are_recorded(runner: str) -> None:
+    # SPEC 7.1, 7.2, issue 15 item 11: a task made with the bare constructor,
+    # asyncio.Task(coro, loop=loop) (aiohttp's server makes its handlers'
+    # tasks so on 3.12+), is a TASK range linked to its spawner like any
+    # other; on 3.12+ one started eagerly (eager_start=True) too.
+    async def child(tag: str) -> None:
+        with aprof.record_function(tag):
+            await asyncio.sleep(0)
+
+    tags = ["by-constructor", *(["by-eager-constructor"] if sys.version_info >= (3, 12) else [])]
+
+    async def main() -> aprof.profile:
+        loop = asyncio.get_running_loop()
+        async with aprof.profile() as prof:
+            with aprof.record_function("parent"):
+                await asyncio.Task(child(tags[0]), loop=loop)
+                if len(tags) > 1:
+                    await asyncio.Task(child(tags[1]), loop=loop, eager_start=True)  # type: ignore[call-arg]
+        return prof
+
+    events = run_on(runner, main).events()
+    check_spawned(events, one(events, "parent"), [one(events, t) for t in tags])
+    for t in tags:
+        task = task_of(events, one(events, t))
+        assert task.extra["coro"] == child.__qualname__
+        assert task.extra["outcome"] == "returned"
+        assert task.running_ns > 0  # type: ignore[operator]
+
+
 # ---------------------------------------------------------------------------
 # CP-06: the eager task factory runs the first step inside create_task
 # ---------------------------------------------------------------------------
@@ -509,13 +539,7 @@ def test_asyncio_outcomes_of_awaited_and_cancelled_tasks(runner: str) -> None:
     prof, kinds, default_name = run_on(runner, main)
     assert kinds == ["str", "ValueError", "CancelledError", "CancelledError"]
     events = prof.events()
-    if runner == "asyncio" and (3, 13) <= sys.version_info[:3] < (3, 13, 3):
-        # CPython 3.13.0-3.13.2 rename a task made by any task factory
-        # (aprof's too) to "None" when create_task got no name
-        # (python/cpython#130033); the TASK event still shows the task's name.
-        assert default_name == "None"
-    else:
-        assert default_name.startswith("Task-")
+    assert default_name.startswith("Task-")
     assert one(events, default_name).extra["outcome"] == "returned"
     assert one(events, default_name).extra["coro"] == returns.__qualname__
     assert one(events, "raiser").extra["outcome"] == "raised ValueError"
@@ -640,6 +664,24 @@ def current_factory(backend: Backend) -> object:
     return asyncio.get_running_loop().get_task_factory()
 
 
+def asyncio_hooks(backend: Backend) -> list[str]:
+    """aprof's asyncio hooks in place now (white-box: an instance attribute
+    ``call_soon`` on the running loop, ``add`` on asyncio's set of tasks)."""
+    if backend.is_trio:
+        return []
+    import asyncio.tasks
+
+    registry = asyncio.tasks._scheduled_tasks if sys.version_info >= (3, 12) else asyncio.tasks._all_tasks  # type: ignore[attr-defined]
+    found = []
+    loop = asyncio.get_running_loop()
+    # Not through vars(): that would turn the objects' attributes into real dicts.
+    if loop.call_soon != type(loop).call_soon.__get__(loop, type(loop)):
+        found.append("loop.call_soon")
+    if registry.add != type(registry).add.__get__(registry, type(registry)):
+        found.append("tasks.add")
+    return found
+
+
 def test_tasks_false_records_ranges_but_no_task_events(backend: Backend) -> None:
     # SPEC 5.1, 7.1: tasks=False records the children's ranges (the context
     # still follows them, each on its own track) but no TASK event, and
@@ -670,10 +712,11 @@ def test_tasks_false_records_ranges_but_no_task_events(backend: Backend) -> None
 
 
 def test_hooks_are_removed_at_stop(backend: Backend) -> None:
-    # SPEC 5.5, 7.1, 11.1: after stop the task hook is gone (asyncio: the
-    # factory in place before is back; trio: the instrument is removed):
-    # tasks spawned afterwards record nothing, nothing raises, and a second
-    # profile in the same run records each of its tasks exactly once.
+    # SPEC 5.5, 7.1, 11.1, 15.6: the task factory is never touched; after
+    # stop the task hooks are gone (asyncio: the loop's call_soon and the
+    # task set's add are the classes' again; trio: the instrument is
+    # removed): tasks spawned afterwards record nothing, nothing raises, and
+    # a second profile in the same run records each of its tasks exactly once.
     async def child(tag: str) -> None:
         with aprof.record_function(tag):
             await backend.checkpoint()
@@ -683,26 +726,28 @@ def test_hooks_are_removed_at_stop(backend: Backend) -> None:
             for _ in range(3):
                 g.start_soon(child, tag)
 
-    async def main() -> tuple[aprof.profile, aprof.profile, list[object]]:
+    async def main() -> tuple[aprof.profile, aprof.profile, list[object], list[list[str]]]:
         factories = [current_factory(backend)]
+        hooks = [asyncio_hooks(backend)]
         async with aprof.profile() as first:
-            hooked = current_factory(backend)
+            factories.append(current_factory(backend))
+            hooks.append(asyncio_hooks(backend))
             assert len(aprof_trio_instruments()) == (1 if backend.is_trio else 0)
             await spawn_three("first")
-        if not backend.is_trio:
-            assert hooked is not factories[0]  # the check below can fail
+        hooks.append(asyncio_hooks(backend))
         factories.append(current_factory(backend))
         await spawn_three("after-stop")
         async with aprof.profile() as second:
             await spawn_three("second")
         factories.append(current_factory(backend))
+        hooks.append(asyncio_hooks(backend))
         await spawn_three("after-second")
         assert not aprof_trio_instruments()
-        return first, second, factories
+        return first, second, factories, hooks
 
-    first, second, factories = backend.run(main)
-    assert factories[1] is factories[0]
-    assert factories[2] is factories[0]
+    first, second, factories, hooks = backend.run(main)
+    assert all(f is factories[0] for f in factories)
+    assert hooks == [[], [] if backend.is_trio else ["loop.call_soon", "tasks.add"], [], []]
     for prof, tag in ((first, "first"), (second, "second")):
         events = prof.events()
         assert sorted(e.name for e in by_scope(events, USER)) == [tag] * 3
@@ -736,10 +781,11 @@ def user_factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> a
 
 
 @pytest.mark.parametrize("runner", RUNNERS)
-def test_user_task_factory_is_chained_and_restored(runner: str) -> None:
-    # SPEC 7.1, 11.1: a task factory the user installed before the profile
-    # still makes every task while the profile runs (and the tasks are
-    # recorded), and is the loop's factory again after stop.
+def test_user_task_factory_is_left_alone(runner: str) -> None:
+    # SPEC 7.1, 11.1, 15.6, issue 15 item 15d: a task factory the user
+    # installed is the loop's factory while the profile runs (what
+    # loop.get_task_factory() returns is what the program set), makes every
+    # task, and its tasks are recorded.
     async def child() -> str:
         with aprof.record_function("in-child"):
             await asyncio.sleep(0)
@@ -759,7 +805,7 @@ def test_user_task_factory_is_chained_and_restored(runner: str) -> None:
         return prof, [during, after], made
 
     prof, (during, after), made = run_on(runner, main)
-    assert during is not user_factory  # aprof's factory, chained in front
+    assert during is user_factory
     assert after is user_factory
     assert made == ["UserTask", "UserTask"]
     events = prof.events()

@@ -600,12 +600,7 @@ def _install_task_hooks(recorder: Recorder, global_scope: bool) -> list[Callable
     if "asyncio" in sys.modules:
         from .._integrations import _asyncio
 
-        if global_scope:
-            undo.append(_asyncio.hook_new_loops())
-        loop = _asyncio.running_loop()
-        if loop is not None:
-            _asyncio.install_task_factory(loop)
-            undo.append(lambda: _asyncio.uninstall_task_factory(loop))
+        undo.append(_asyncio.install(global_scope))
     if "trio" in sys.modules:
         import trio
 

@@ -113,8 +113,38 @@ class _Wrapped:
             _run_executor_range, self.__wrapped__, args, kwargs, self._fwd, self._seq, self._submit_ns
         )
 
+    def __getattr__(self, name: str) -> Any:
+        # The wrapped callable's attributes (__name__, __qualname__, ...):
+        # trio names its worker thread after the function it runs.
+        return getattr(self.__wrapped__, name)
+
     def __repr__(self) -> str:
         return f"<aprof.wrap of {self.__wrapped__!r}>"
+
+
+class _InWorker:
+    """``fn`` handed to a runtime's ``to_thread``: runs in the worker in the
+    context the runtime prepared there (a copy of the caller's, which the
+    runtime may have changed: anyio sets sniffio's library to None), inside
+    an ``EXECUTOR`` range linked to the point of the call. Reads as ``fn``
+    (its name, its attributes, its repr)."""
+
+    __slots__ = ("__wrapped__", "_fwd", "_seq", "_submit_ns")
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.__wrapped__ = fn
+        self._fwd = (stepping.lt or current_logical_thread()).id
+        self._seq = next_sequence_nr()
+        self._submit_ns = perf_counter_ns()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return _run_executor_range(self.__wrapped__, args, kwargs, self._fwd, self._seq, self._submit_ns)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__wrapped__, name)
+
+    def __repr__(self) -> str:
+        return repr(self.__wrapped__)
 
 
 def wrap(fn: Callable[P, R]) -> Callable[P, R]:
@@ -418,20 +448,22 @@ TO_THREAD_ENTRIES: Final = (
 
 _to_thread_lock = threading.Lock()
 _to_thread_users = 0
-_to_thread_undo: list[Callable[[], None]] = []
+#: (module name, attribute) -> undo, for each entry patched now.
+_to_thread_patched: dict[tuple[str, str], Callable[[], None]] = {}
 
 
 def _wrapping_to_thread(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     async def to_thread(func: Any, /, *args: Any, **kwargs: Any) -> Any:
-        if callable(func) and not isinstance(func, _Wrapped):
-            func = _Wrapped(func)
+        if callable(func) and not isinstance(func, (_Wrapped, _InWorker)):
+            func = _InWorker(func)
         return await original(func, *args, **kwargs)
 
     return to_thread
 
 
 def _patch_to_thread(module_name: str, attr: str) -> None:
+    # Under _to_thread_lock, for an entry not patched now.
     module = sys.modules.get(module_name)
     original = getattr(module, attr, None) if module is not None else None
     if original is None:
@@ -443,7 +475,7 @@ def _patch_to_thread(module_name: str, attr: str) -> None:
         if getattr(module, attr, None) is replacement:
             setattr(module, attr, original)
 
-    _to_thread_undo.append(undo)
+    _to_thread_patched[module_name, attr] = undo
 
 
 def hook_to_thread() -> Callable[[], None]:
@@ -459,9 +491,11 @@ def hook_to_thread() -> Callable[[], None]:
     global _to_thread_users
     with _to_thread_lock:
         _to_thread_users += 1
-        if _to_thread_users == 1:
-            for module_name, attr in TO_THREAD_ENTRIES:
-                _patch_to_thread(module_name, attr)
+        # Each call patches the runtimes imported since (a global profile
+        # starts before the program imports trio or anyio).
+        for entry in TO_THREAD_ENTRIES:
+            if entry not in _to_thread_patched:
+                _patch_to_thread(*entry)
     done = False
 
     def undo() -> None:
@@ -473,8 +507,9 @@ def hook_to_thread() -> Callable[[], None]:
             done = True
             _to_thread_users -= 1
             if _to_thread_users == 0:
-                for action in reversed(_to_thread_undo):
+                actions = list(_to_thread_patched.values())
+                _to_thread_patched.clear()
+                for action in reversed(actions):
                     action()
-                _to_thread_undo.clear()
 
     return undo

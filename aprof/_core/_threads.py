@@ -42,6 +42,9 @@ def _detect_asyncio() -> Any:
 
 
 class _LoopCache(threading.local):
+    # A weak reference to the thread's running loop (3.11): a finished loop
+    # is never kept alive by the cache. uvloop's loops cannot be weakly
+    # referenced, and are looked up each time.
     loop: Any = None
 
 
@@ -73,12 +76,16 @@ def _bind_asyncio() -> Any:
         def task_311() -> Any:
             if not current_tasks:
                 return None
-            loop = cache.loop
+            ref = cache.loop
+            loop = ref() if ref is not None else None
             if loop is None or getattr(loop, "_thread_id", None) != get_ident():
                 loop = _find_loop_311(current_tasks, running_loop, get_ident())
                 if loop is None:
                     return None
-                cache.loop = loop
+                try:
+                    cache.loop = weakref.ref(loop)
+                except TypeError:  # uvloop
+                    cache.loop = None
             return current_tasks.get(loop)
 
         _asyncio_task = task_311
@@ -133,14 +140,42 @@ class _Stepping(threading.local):
     """The logical thread whose step is running on this OS thread, if known.
 
     Set by aprof's task hooks around every step of a task they record (the
-    asyncio step proxy, the trio instrument). It lets the hot path skip the
+    asyncio step wrapper, the trio instrument). It lets the hot path skip the
     running-loop lookup, which on 3.11 makes a getpid() system call. With the
     C extension the slot lives in C thread-local storage (same ``.lt``
     attribute), where the C range path reads it with one load.
+
+    An asyncio step publishes its task too (:meth:`publish`): on 3.12+ an
+    eager task runs its first step inside its spawner's step, and there
+    ``lt`` reads as ``None`` (the lookup then asks asyncio which task runs),
+    so the child's ranges never land on the spawner's track. The C slot
+    checks the same by comparing the running context with the published one.
     """
 
-    lt: LogicalThread | None = None
+    _lt: LogicalThread | None = None
+    _task: Any = None
 
+    @property
+    def lt(self) -> LogicalThread | None:
+        lt = self._lt
+        task = self._task
+        if task is not None and lt is not None and _asyncio_task() is not task:
+            return None
+        return lt
+
+    @lt.setter
+    def lt(self, value: LogicalThread | None) -> None:
+        self._lt = value
+        self._task = None
+
+    def publish(self, lt: LogicalThread | None, task: Any) -> None:
+        """Publish ``lt`` as stepping for ``task``'s step (an asyncio task)."""
+        self._lt = lt
+        self._task = task if _EAGER_TASKS else None
+
+
+#: Whether asyncio can run a task's step inside another's (eager tasks, 3.12+).
+_EAGER_TASKS: Final = sys.version_info >= (3, 12)
 
 stepping: _Stepping = _native.extension.stepping if _native.extension is not None else _Stepping()
 
@@ -152,7 +187,7 @@ class LogicalThread:
     task alive.
     """
 
-    __slots__ = ("__weakref__", "_task_ref", "id", "kind", "loop", "name", "os_thread_id")
+    __slots__ = ("__weakref__", "_task_ref", "id", "kind", "name", "os_thread_id")
 
     id: int
     kind: str  # "asyncio", "trio" or "thread"
@@ -164,7 +199,6 @@ class LogicalThread:
         self.kind = kind
         self.name = name
         self.os_thread_id = threading.get_ident()
-        self.loop: Any = None  # the asyncio loop of a task (3.11 hint check)
         self._task_ref = weakref.ref(task) if task is not None else None
 
     def bind(self, task: object, kind: str) -> None:
@@ -178,7 +212,8 @@ class LogicalThread:
             weakref.finalize(task, _side_table.pop, id(task), None)
 
     def current_name(self) -> str:
-        """The task's name now (tasks can be renamed), else the name it had."""
+        """The task's (or the thread's) name now (both can be renamed), else
+        the name it had."""
         ref = self._task_ref
         task = ref() if ref is not None else None
         if task is not None:
@@ -223,12 +258,21 @@ def _new_task_thread(task: Any, kind: str) -> LogicalThread:
 
 _side_table: dict[int, LogicalThread] = {}
 
+#: Set by the asyncio task hooks while they run: asked (with the task) for a
+#: running asyncio task that has no logical thread yet, before one is made;
+#: returns the task's logical thread if the hooks record it now, else None.
+unseen_asyncio_task: Any = None
+
 
 def _thread_lt() -> LogicalThread:
     try:
         return _tls.lt  # type: ignore[no-any-return]
     except AttributeError:
-        lt = _tls.lt = LogicalThread("thread", threading.current_thread().name)
+        # Named after the thread, as it is named when the profile stops (a
+        # pool that names its worker after each job, as trio's thread cache
+        # does, then shows the worker's own name, not its first job's).
+        thread = threading.current_thread()
+        lt = _tls.lt = LogicalThread("thread", thread.name, thread)
         return lt
 
 
@@ -243,18 +287,21 @@ def current_logical_thread() -> LogicalThread:
             ref = lt._task_ref
             task = ref() if ref is not None else None
             tasks = _current_tasks_311  # bound: a hint exists only after a task was found
-            if task is not None and tasks is not None and tasks.get(lt.loop) is task:
+            if task is not None and tasks is not None and tasks.get(task.get_loop()) is task:  # type: ignore[attr-defined]
                 return lt
     task = _asyncio_task()
     if task is not None:
-        try:
-            lt = getattr(task, _TASK_ATTR)
-        except AttributeError:
+        # None: the task hooks saw the task and do not record it.
+        lt = getattr(task, _TASK_ATTR, None)
+        if lt is None:
             lt = _side_table.get(id(task))
             if lt is None:
-                lt = _new_task_thread(task, "asyncio")
+                unseen = unseen_asyncio_task
+                if unseen is not None:
+                    lt = unseen(task)
+                if lt is None:
+                    lt = _new_task_thread(task, "asyncio")
         if _HINTS:
-            lt.loop = _loop_cache.loop
             _hint.set(lt)  # in the task's own context: its children re-check it
         return lt
     trio_context = _trio_run_context

@@ -4,8 +4,10 @@ A task spawned in a profiled context is a :class:`TaskThread`: its own
 logical thread (so its track), its TASK range from spawn to finish, linked
 to the spawner by ``forward_thread_id`` and ``sequence_nr``, and its steps
 (the stretches in which it ran on the loop) as a flat array of 64-bit
-start/end pairs (:data:`STEPS_TYPECODE`), 16 bytes a step, from which consolidation derives running
-and waiting time for the task and for every range on its track.
+start/end pairs, 16 bytes a step (a C ``StepLog`` the C step hooks append
+to, else an ``array`` of :data:`STEPS_TYPECODE`), from which consolidation
+derives running and waiting time for the task and for every range on its
+track.
 
 Each profile recording the task keeps it in one list per profile
 (``ProfilerState.task_records``): the running task's object while it runs,
@@ -20,13 +22,16 @@ end_ns, outcome, exception_name, steps)`` (see :data:`TASK_RECORD_FIELDS`).
 
 from __future__ import annotations
 
+import gc
+import types
 from array import array
 from collections import deque
+from collections.abc import Callable
 from threading import get_ident
 from time import perf_counter_ns
 from typing import Any, Final
 
-from .._core import _record_function, _threads
+from .._core import _native, _record_function, _threads
 from .._core._callbacks import EMPTY_RF_STATE, RF_STATE, RFState
 from .._core._recorder import ProfilerState, Recorder
 from .._core._threads import LogicalThread, current_logical_thread, stepping
@@ -48,6 +53,12 @@ STEPS_TYPECODE: Final = "L" if array("L").itemsize == 8 else "Q"
 
 #: The steps of a task no running profile records any more: appends vanish.
 DISCARD_STEPS: Final[deque[int]] = deque(maxlen=0)
+
+#: Makes a task's step log: the C one (the C step hooks append to it
+#: without a method call), else an array.
+new_steps: Callable[[], Any] = (
+    _native.extension.StepLog if _native.extension is not None else (lambda: array(STEPS_TYPECODE))
+)
 
 _ids = _threads._ids
 _sequence_numbers = _record_function._sequence_numbers  # next() on it is next_sequence_nr()
@@ -104,19 +115,26 @@ class TaskThread(LogicalThread):
     spawn_ns: int
     steps: Any  # array(STEPS_TYPECODE), or DISCARD_STEPS once no running profile records the task
 
-    def __init__(self, kind: str, name: str, coro_name: str, states: ProfilerState | list[ProfilerState]) -> None:
-        spawner = stepping.lt or current_logical_thread()
+    def __init__(
+        self,
+        kind: str,
+        name: str,
+        coro_name: str,
+        states: ProfilerState | list[ProfilerState],
+        spawner: LogicalThread | None = None,
+    ) -> None:
+        if spawner is None:
+            spawner = stepping.lt or current_logical_thread()
         self.id = next(_ids)
         self.kind = kind
         self.name = name
         # Tasks run on the thread that spawns them (their loop's): share its int.
         self.os_thread_id = spawner.os_thread_id if spawner.os_thread_id == get_ident() else get_ident()
-        self.loop = None
         self._task_ref = None
         self.coro_name = coro_name
         self.fwd = spawner.id
         self.seq = next(_sequence_numbers)
-        self.steps = array(STEPS_TYPECODE)
+        self.steps = new_steps()
         self._more: list[tuple[ProfilerState, int]] | None = None
         self._state: ProfilerState | None = None
         self._idx = 0
@@ -146,8 +164,13 @@ class TaskThread(LogicalThread):
         st = self._state
         if st is None:
             return
+        # Exact size: the log over-allocates as it grows.
         if type(steps) is array:
-            steps = steps[:]  # exact size: the array over-allocates as it grows
+            steps = steps[:]
+        elif type(steps) is not deque:
+            exact = array(STEPS_TYPECODE)
+            exact.frombytes(steps)  # the C StepLog: one copy of its bytes
+            steps = exact
         rec = (
             self.id, self.name, self.kind, self.os_thread_id, self.coro_name, self.spawn_ns, self.seq, self.fwd,
             end_ns, outcome, exc_name, steps,
@@ -159,6 +182,7 @@ class TaskThread(LogicalThread):
                 _put(ps, i, self, rec)
             self._more = None
         self._state = None
+        self.steps = DISCARD_STEPS  # the record has them now
 
     def stopped(self) -> None:
         """A profile recording the task stopped while it runs: stop keeping
@@ -167,6 +191,24 @@ class TaskThread(LogicalThread):
         if not any(ps is not None and ps.running for ps in profiles):
             self.steps = DISCARD_STEPS
             self._state = self._more = None
+
+    def adopt(self, lt: LogicalThread) -> None:
+        """Become ``lt``, the logical thread a lookup made for this task
+        before aprof saw it created (an eager task's first step, on the
+        paths where that step is not watched): take its id and its event
+        lists, so its first step's ranges stay on the task's track; the
+        task's range then starts where the first of them did."""
+        self.id = lt.id
+        starts = [self.spawn_ns]
+        for ps, _ in [(self._state, 0), *(self._more or ())]:
+            if ps is None:
+                continue
+            lst = ps.lists.pop(lt, None)
+            if lst is None:
+                continue
+            ps.lists[self] = lst
+            starts += [r[2] for r in lst if type(r[0]) is not int]
+        self.spawn_ns = min(starts)
 
     def __repr__(self) -> str:
         return f"<TaskThread {self.id} {self.kind} {self.name!r}>"
@@ -185,19 +227,41 @@ def coro_qualname(coro: Any) -> str:
     anyio (4.x with ``TaskHandle``) spawns every task on a wrapper coroutine,
     ``TaskHandle._run_coro``, that awaits the user's coroutine, and on trio
     its ``TaskGroup.start`` spawns ``run_coro_with_task_status``, which calls
-    the user's function in its first step: name the one the user wrote. A
-    coroutine's arguments and closure variables are in its frame before its
-    first step, so the wrapper's ``self`` or ``func`` can be read at spawn.
+    the user's function in its first step: name the one the user wrote.
+
+    Before its first step a coroutine's arguments are in its frame, and its
+    function (with the closure) is referenced by it. They are read through
+    ``gc.get_referents``, never through ``frame.f_locals``: on 3.11 and 3.12
+    that stores a snapshot of the locals on the frame, which then keeps a
+    failed task's exception and traceback alive in a cycle (SPEC 15.6).
     """
     name = getattr(coro, "__qualname__", None) or type(coro).__qualname__
     if "run_coro" in name and (name == "TaskHandle._run_coro" or name.endswith(".run_coro_with_task_status")):
-        frame = getattr(coro, "cr_frame", None)
-        if frame is not None:
-            f_locals = frame.f_locals
-            inner = getattr(f_locals.get("self"), "_coro", None)
+        inner = _wrapped_name(coro, name == "TaskHandle._run_coro")
+        if inner is not None:
+            return inner
+    return str(name)
+
+
+def _wrapped_name(coro: Any, handle: bool) -> str | None:
+    code = getattr(coro, "cr_code", None)
+    if code is None:
+        return None
+    for ref in gc.get_referents(coro):
+        if handle:
+            # TaskHandle._run_coro(self): the handle is its first local.
+            inner = getattr(ref, "_coro", None) if type(ref).__name__ == "TaskHandle" else None
             if inner is not None:
                 return coro_qualname(inner)
-            func_name = getattr(f_locals.get("func"), "__qualname__", None)
+        elif type(ref) is types.FunctionType and ref.__code__ is code and ref.__closure__:
+            # run_coro_with_task_status closes over the user's `func`.
+            cells = dict(zip(code.co_freevars, ref.__closure__, strict=False))
+            cell = cells.get("func")
+            try:
+                func = cell.cell_contents if cell is not None else None
+            except ValueError:  # an empty cell
+                func = None
+            func_name = getattr(func, "__qualname__", None)
             if isinstance(func_name, str):
                 return func_name
-    return str(name)
+    return None

@@ -140,13 +140,19 @@ def uninstall_instrument(runner_token: Any) -> None:
     inst.undo_to_thread()
     try:
         runner_token.run_sync_soon(_remove, inst)
-    except trio.RunFinishedError:
-        pass  # the run ended: its instruments went with it
-    else:
-        try:
-            trio.lowlevel.remove_instrument(inst)  # in the run: now, not later
-        except (RuntimeError, KeyError):
-            pass  # not inside the run (stopped from a thread): run_sync_soon does it
+    except (trio.RunFinishedError, OSError):
+        # The run ended (its instruments went with it); OSError: it ended
+        # before its first task ran, and its wake-up socket is closed.
+        return
+    try:
+        trio.lowlevel.remove_instrument(inst)  # in the run: now, not later
+    except (RuntimeError, KeyError):
+        return  # not inside the run (stopped from a thread): run_sync_soon does it
+    # Removed inside a step (the profile stopped in a task): that step's
+    # after_task_step will not come to clear the stepping slot.
+    lt = stepping.lt
+    if type(lt) is TaskThread and lt.kind == "trio":
+        stepping.lt = None
 
 
 def _remove(inst: TaskInstrument) -> None:

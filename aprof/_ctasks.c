@@ -1,0 +1,1138 @@
+/*
+ * aprof._ctracer, third part: the asyncio task hooks' hot path (SPEC 7.1-7.3).
+ *
+ * aprof records an asyncio (or uvloop) task without touching the task, its
+ * coroutine or the loop's task factory (SPEC 15.6). The pure-Python twin of
+ * everything here is in aprof/_integrations/_asyncio.py; the design is in
+ * docs/how-it-works.md ("Tasks, running and waiting").
+ *
+ *   CallSoonHook  set as an instance attribute `call_soon` on a loop. The C
+ *                 Task (and the Python one) schedules every step and every
+ *                 wakeup through `loop.call_soon(cb, ..., context=ctx)`,
+ *                 looked up as a method, so the hook sees each of them. A
+ *                 step or wakeup of a task aprof records is handed on
+ *                 wrapped in a StepCall; everything else is handed on as is.
+ *   StepCall      stamps the step's start and end in the task's StepLog and
+ *                 publishes the task as the one stepping on this thread
+ *                 (with its context: see _cranges.c). Its repr and its
+ *                 attributes are the wrapped callback's, so Handle reprs and
+ *                 asyncio's debug messages do not change.
+ *   StepLog       a growable array of uint64 step times (start, end, ...).
+ *   the eager watch  (3.12+) a dict watcher on asyncio's current-task table.
+ *                 An eager task's first step runs inside its constructor,
+ *                 not through call_soon; asyncio swaps the current task
+ *                 around it (a MODIFIED event from the spawner to the child,
+ *                 then back), which is when the step starts and ends.
+ *
+ * Everything runs with the GIL held (the extension is not built for
+ * free-threaded Pythons; see _ctracer.c).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+#include "_cext.h"
+
+/* Set by _tasks_setup(). */
+static PyTypeObject *task_thread_type; /* aprof._integrations._tasks.TaskThread (exact type) */
+static Py_ssize_t off_steps = -1, off_state = -1; /* its `steps` and `_state` slots */
+static PyObject *str_task_attr;        /* "_aprof_logical_thread" */
+static PyObject *c_task_type;          /* asyncio.Task (the C one) */
+static PyObject *py_task_type;         /* asyncio.tasks._PyTask, or None */
+static PyObject *py_step_fn, *py_wakeup_fn; /* its __step and __wakeup functions, or None */
+static PyObject *on_first_step;        /* first_step(tt): the tracer runs */
+static PyObject *on_task_done;         /* task_done(tt, task) */
+static PyObject *on_eager_step;        /* eager_started(task, spawner) -> TaskThread | None */
+static PyObject *on_first_scheduled;   /* first_scheduled(task, context) -> TaskThread | None */
+static PyObject *tracer_running;       /* aprof._core._tracer._running (a list) */
+
+static PyObject *str_self, *str_done, *str_append;
+static PyTypeObject *step_meth_wrapper_type; /* _asyncio.TaskStepMethWrapper, once seen */
+typedef struct {
+    PyObject_HEAD
+    PyObject *sw_task;
+} step_wrapper_view;
+static int step_wrapper_layout = 0; /* 1: sw_task is __self__; -1: it is not; 0: not known yet */
+static PyMethodDef *wakeup_def;              /* the C Task's task_wakeup, once seen */
+
+/* Save and restore the exception being raised around our own work. */
+#if PY_VERSION_HEX >= 0x030C0000
+typedef PyObject *saved_exc;
+#define SAVE_EXC(s) ((s) = PyErr_GetRaisedException())
+#define RESTORE_EXC(s) PyErr_SetRaisedException(s)
+#else
+typedef struct {
+    PyObject *t, *v, *tb;
+} saved_exc;
+#define SAVE_EXC(s) PyErr_Fetch(&(s).t, &(s).v, &(s).tb)
+#define RESTORE_EXC(s) PyErr_Restore((s).t, (s).v, (s).tb)
+#endif
+
+/* getattr(obj, name) or NULL without an exception when it has none. */
+static inline int
+optional_attr(PyObject *obj, PyObject *name, PyObject **result)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    return PyObject_GetOptionalAttr(obj, name, result);
+#else
+    return _PyObject_LookupAttr(obj, name, result);
+#endif
+}
+
+/* Report a failure of aprof's own bookkeeping without raising it into the
+ * program: it is written as unraisable, once per kind of failure is not
+ * needed here (these run once per task, and only fail on a bug). */
+static void
+report_unraisable(const char *where)
+{
+    PyObject *msg = PyUnicode_FromFormat("aprof task hook (%s)", where);
+    PyErr_WriteUnraisable(msg);
+    Py_XDECREF(msg);
+}
+
+/* ------------------------------------------------------------------------ */
+/* StepLog                                                                    */
+/* ------------------------------------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    uint64_t *v;
+    Py_ssize_t n, cap;
+    Py_ssize_t exports; /* buffers handed out: no change while any is alive */
+    Py_ssize_t shape;   /* n, for the exported buffers' shape */
+} StepLog;
+
+static PyTypeObject StepLogType;
+
+static int
+steplog_push(StepLog *s, uint64_t t)
+{
+    if (APROF_UNLIKELY(s->exports > 0)) {
+        PyErr_SetString(PyExc_BufferError, "StepLog: cannot change while a buffer is exported");
+        return -1;
+    }
+    if (s->n == s->cap) {
+        /* Most tasks take a handful of steps: room for 8 at once. */
+        Py_ssize_t cap = s->cap < 16 ? 16 : s->cap * 2;
+        uint64_t *v = PyMem_Realloc(s->v, (size_t)cap * sizeof(uint64_t));
+        if (v == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        s->v = v;
+        s->cap = cap;
+    }
+    s->v[s->n++] = t;
+    return 0;
+}
+
+/* Append `t` to a task's steps: a StepLog in C, anything else (the discard
+ * deque of a task no profile records any more) through its append(). */
+static inline int
+steps_push(PyObject *steps, uint64_t t)
+{
+    if (APROF_LIKELY(Py_IS_TYPE(steps, &StepLogType)))
+        return steplog_push((StepLog *)steps, t);
+    PyObject *i = PyLong_FromUnsignedLongLong(t);
+    if (i == NULL)
+        return -1;
+    PyObject *r = PyObject_CallMethodOneArg(steps, str_append, i);
+    Py_DECREF(i);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
+static PyObject *
+StepLog_append(StepLog *self, PyObject *arg)
+{
+    unsigned long long t = PyLong_AsUnsignedLongLong(arg);
+    if (t == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    if (steplog_push(self, (uint64_t)t) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static Py_ssize_t
+StepLog_len(StepLog *self)
+{
+    return self->n;
+}
+
+static PyObject *
+StepLog_item(StepLog *self, Py_ssize_t i)
+{
+    if (i < 0 || i >= self->n) {
+        PyErr_SetString(PyExc_IndexError, "StepLog index out of range");
+        return NULL;
+    }
+    return PyLong_FromUnsignedLongLong(self->v[i]);
+}
+
+static int
+StepLog_getbuffer(StepLog *self, Py_buffer *view, int flags)
+{
+    if (flags & PyBUF_WRITABLE) {
+        PyErr_SetString(PyExc_BufferError, "StepLog: the buffer is read-only");
+        view->obj = NULL;
+        return -1;
+    }
+    /* One dimension of n unsigned 64-bit ints; a plain byte buffer for a
+     * consumer that asks for no format (array.frombytes). */
+    self->shape = self->n;
+    view->obj = Py_NewRef((PyObject *)self);
+    view->buf = self->v;
+    view->len = self->n * (Py_ssize_t)sizeof(uint64_t);
+    view->readonly = 1;
+    view->itemsize = (flags & PyBUF_FORMAT) ? (Py_ssize_t)sizeof(uint64_t) : 1;
+    view->format = (flags & PyBUF_FORMAT) ? "Q" : NULL;
+    view->ndim = 1;
+    if (flags & PyBUF_ND) {
+        view->shape = (flags & PyBUF_FORMAT) ? &self->shape : &view->len;
+    }
+    else {
+        view->shape = NULL;
+    }
+    view->strides = (flags & PyBUF_STRIDES) == PyBUF_STRIDES ? &view->itemsize : NULL;
+    view->suboffsets = NULL;
+    view->internal = NULL;
+    self->exports++;
+    return 0;
+}
+
+static void
+StepLog_releasebuffer(StepLog *self, Py_buffer *view)
+{
+    self->exports--;
+}
+
+static void
+StepLog_dealloc(StepLog *self)
+{
+    PyMem_Free(self->v);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+StepLog_repr(StepLog *self)
+{
+    return PyUnicode_FromFormat("<StepLog of %zd times>", self->n);
+}
+
+static PyMethodDef StepLog_methods[] = {
+    {"append", (PyCFunction)StepLog_append, METH_O, "Append a perf_counter_ns() time."},
+    {NULL},
+};
+
+static PySequenceMethods StepLog_as_sequence = {
+    .sq_length = (lenfunc)StepLog_len,
+    .sq_item = (ssizeargfunc)StepLog_item,
+};
+
+static PyBufferProcs StepLog_as_buffer = {
+    .bf_getbuffer = (getbufferproc)StepLog_getbuffer,
+    .bf_releasebuffer = (releasebufferproc)StepLog_releasebuffer,
+};
+
+static PyTypeObject StepLogType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "aprof._ctracer.StepLog",
+    .tp_basicsize = sizeof(StepLog),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "StepLog()\n--\n\nA task's step times (start, end, ...) as unsigned 64-bit ints; "
+              "exports a buffer of them (format 'Q').",
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)StepLog_dealloc,
+    .tp_repr = (reprfunc)StepLog_repr,
+    .tp_methods = StepLog_methods,
+    .tp_as_sequence = &StepLog_as_sequence,
+    .tp_as_buffer = &StepLog_as_buffer,
+};
+
+/* ------------------------------------------------------------------------ */
+/* Which task a callback steps, and whether aprof records it                  */
+/* ------------------------------------------------------------------------ */
+
+/* The task whose step or wakeup `cb` is (borrowed), or NULL (no exception):
+ *   - the C Task's step: a TaskStepMethWrapper, whose __self__ is the task;
+ *   - the C Task's wakeup: the builtin method task_wakeup bound to the task;
+ *   - the Python Task's (asyncio.tasks._PyTask) __step and __wakeup. */
+static PyObject *
+task_of(PyObject *cb, int *is_step)
+{
+    PyTypeObject *tp = Py_TYPE(cb);
+    if (tp == &PyCFunction_Type || tp == &PyCMethod_Type) {
+        PyObject *self = PyCFunction_GET_SELF(cb);
+        PyMethodDef *def = ((PyCFunctionObject *)cb)->m_ml;
+        if (self == NULL || !PyObject_TypeCheck(self, (PyTypeObject *)c_task_type))
+            return NULL;
+        if (def != wakeup_def) {
+            if (wakeup_def != NULL || strcmp(def->ml_name, "task_wakeup") != 0)
+                return NULL;
+            wakeup_def = def;
+        }
+        *is_step = 0;
+        return self;
+    }
+    if (tp == &PyMethod_Type) {
+        PyObject *fn = PyMethod_GET_FUNCTION(cb);
+        if (fn != py_step_fn && fn != py_wakeup_fn)
+            return NULL;
+        *is_step = fn == py_step_fn;
+        return PyMethod_GET_SELF(cb);
+    }
+    if (tp != step_meth_wrapper_type) {
+        /* "TaskStepMethWrapper" (3.11) or "_asyncio.TaskStepMethWrapper". */
+        const char *dot = strrchr(tp->tp_name, '.');
+        if (step_meth_wrapper_type != NULL || strcmp(dot != NULL ? dot + 1 : tp->tp_name, "TaskStepMethWrapper") != 0)
+            return NULL;
+        step_meth_wrapper_type = tp;
+    }
+    /* Its __self__ (a getset) is the task; held by the wrapper, so borrowed
+     * for as long as the caller holds `cb`. The wrapper's first field is
+     * that task (_asynciomodule.c: TaskStepMethWrapper { PyObject_HEAD;
+     * TaskObj *sw_task; PyObject *sw_arg; }, 3.11-3.13): read there once
+     * the first wrapper seen proved it, else through __self__. */
+    PyObject *self;
+    if (APROF_LIKELY(step_wrapper_layout > 0)) {
+        self = ((step_wrapper_view *)cb)->sw_task;
+    }
+    else {
+        self = PyObject_GetAttr(cb, str_self);
+        if (self == NULL) {
+            PyErr_Clear();
+            return NULL;
+        }
+        Py_DECREF(self);
+        if (step_wrapper_layout == 0)
+            step_wrapper_layout = ((step_wrapper_view *)cb)->sw_task == self ? 1 : -1;
+    }
+    if (self == NULL || !PyObject_TypeCheck(self, (PyTypeObject *)c_task_type))
+        return NULL;
+    *is_step = 1;
+    return self;
+}
+
+static inline PyObject *
+slot_at(PyObject *obj, Py_ssize_t offset)
+{
+    return *(PyObject **)((char *)obj + offset);
+}
+
+/* The TaskThread of a task a running profile records (new reference), or
+ * NULL (no exception). `*has_lt` says whether the task carries aprof's
+ * attribute at all: a logical thread, or None for "seen, not recorded". */
+static PyObject *
+recorded(PyObject *task, int *has_lt)
+{
+    PyObject *lt;
+    *has_lt = 0;
+    if (optional_attr(task, str_task_attr, &lt) < 0) {
+        PyErr_Clear();
+        return NULL;
+    }
+    if (lt == NULL)
+        return NULL;
+    *has_lt = 1;
+    if (Py_IS_TYPE(lt, task_thread_type)) {
+        PyObject *state = slot_at(lt, off_state);
+        if (state != NULL && state != Py_None && slot_at(lt, off_steps) != NULL)
+            return lt;
+    }
+    Py_DECREF(lt);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* StepCall                                                                   */
+/* ------------------------------------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *cb;   /* the step or wakeup */
+    PyObject *task;
+    PyObject *tt;   /* the task's TaskThread */
+    vectorcallfunc vectorcall;
+} StepCall;
+
+static PyTypeObject StepCallType;
+
+/* The step is over: if the task finished in it, close its record. */
+/* task.done(): for the C Task itself through its method descriptor, found
+ * once (a subclass may override done(): asked by name). */
+static PyObject *c_task_done;
+
+static inline PyObject *
+task_done(PyObject *task)
+{
+    if (APROF_LIKELY(Py_TYPE(task) == (PyTypeObject *)c_task_type) && c_task_done != NULL)
+        return PyObject_Vectorcall(c_task_done, &task, 1, NULL);
+    return PyObject_VectorcallMethod(str_done, &task, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+}
+
+static int
+after_step(StepCall *self)
+{
+    PyObject *task = self->task;
+    PyObject *done = task_done(task);
+    if (done == NULL)
+        return -1;
+    int is_done = done == Py_True;
+    Py_DECREF(done);
+    if (!is_done)
+        return 0;
+    PyObject *r = PyObject_CallFunctionObjArgs(on_task_done, self->tt, task, NULL);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
+static PyObject *
+StepCall_vectorcall(StepCall *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    PyObject *tt = self->tt;
+    PyObject *steps = slot_at(tt, off_steps);
+    if (steps == NULL)
+        return PyObject_Vectorcall(self->cb, args, nargsf, kwnames);
+    Py_INCREF(steps);
+    if (APROF_UNLIKELY(PyList_GET_SIZE(tracer_running) > 0) && PyObject_Length(steps) == 0) {
+        /* The first step, in the task's own context, while the Python
+         * tracer runs: tell it which task this context is. */
+        PyObject *r = PyObject_CallOneArg(on_first_step, tt);
+        if (r == NULL)
+            report_unraisable("first step");
+        Py_XDECREF(r);
+    }
+    PyObject *prev_lt = aprof_stepping_lt, *prev_ctx = aprof_stepping_ctx;
+    aprof_stepping_lt = Py_NewRef(tt);
+    aprof_stepping_ctx = PyThreadState_Get()->context;
+    if (steps_push(steps, now_ns()) < 0)
+        report_unraisable("step start");
+    PyObject *result = PyObject_Vectorcall(self->cb, args, nargsf, kwnames);
+    uint64_t end = now_ns();
+    saved_exc exc;
+    SAVE_EXC(exc);
+    if (steps_push(steps, end) < 0)
+        report_unraisable("step end");
+    Py_DECREF(steps);
+    PyObject *mine = aprof_stepping_lt;
+    aprof_stepping_lt = prev_lt;
+    aprof_stepping_ctx = prev_ctx;
+    Py_XDECREF(mine);
+    if (after_step(self) < 0)
+        report_unraisable("task end");
+    RESTORE_EXC(exc);
+    return result;
+}
+
+/* Freed wrappers, kept for the next step (as CPython keeps freed frames
+ * and asyncio its future iterators): a step then costs no allocation and
+ * adds nothing to the collector's count. The wrapper's fields are released
+ * when the loop's handle lets go of it, after the step, exactly when the
+ * callback it wraps would have been released (SPEC 15.6: a task that dies
+ * then dies at the same moment, outside its context). Under the GIL. */
+#define STEPCALL_FREELIST 256
+static StepCall *stepcall_freelist[STEPCALL_FREELIST];
+static int stepcall_numfree = 0;
+
+/* A wrapper of `cb`, the step or wakeup of `task` (new reference). */
+static PyObject *
+StepCall_new_for(PyObject *cb, PyObject *task, PyObject *tt)
+{
+    StepCall *self;
+    if (stepcall_numfree > 0) {
+        self = stepcall_freelist[--stepcall_numfree];
+        _Py_NewReference((PyObject *)self);
+    }
+    else if ((self = PyObject_GC_New(StepCall, &StepCallType)) == NULL) {
+        return NULL;
+    }
+    self->cb = Py_NewRef(cb);
+    self->task = Py_NewRef(task);
+    self->tt = Py_NewRef(tt);
+    self->vectorcall = (vectorcallfunc)StepCall_vectorcall;
+    PyObject_GC_Track(self);
+    return (PyObject *)self;
+}
+
+/* Everything but calling it reads as the wrapped callback: its attributes
+ * (__self__, __qualname__, __class__, ...) and its repr. */
+static PyObject *
+StepCall_getattro(StepCall *self, PyObject *name)
+{
+    if (self->cb == NULL) /* cleared by the collector */
+        return PyObject_GenericGetAttr((PyObject *)self, name);
+    return PyObject_GetAttr(self->cb, name);
+}
+
+static PyObject *
+StepCall_repr(StepCall *self)
+{
+    if (self->cb == NULL)
+        return PyUnicode_FromString("<aprof task step>");
+    return PyObject_Repr(self->cb);
+}
+
+static int
+StepCall_traverse(StepCall *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->cb);
+    Py_VISIT(self->task);
+    Py_VISIT(self->tt);
+    return 0;
+}
+
+static int
+StepCall_clear(StepCall *self)
+{
+    Py_CLEAR(self->cb);
+    Py_CLEAR(self->task);
+    Py_CLEAR(self->tt);
+    return 0;
+}
+
+static void
+StepCall_dealloc(StepCall *self)
+{
+    PyObject_GC_UnTrack(self);
+    StepCall_clear(self);
+    if (Py_IS_TYPE(self, &StepCallType) && stepcall_numfree < STEPCALL_FREELIST)
+        stepcall_freelist[stepcall_numfree++] = self;
+    else
+        PyObject_GC_Del(self);
+}
+
+static PyTypeObject StepCallType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "aprof._ctracer.StepCall",
+    .tp_basicsize = sizeof(StepCall),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "A task's step or wakeup, timed (see aprof/_ctasks.c).",
+    .tp_vectorcall_offset = offsetof(StepCall, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_getattro = (getattrofunc)StepCall_getattro,
+    .tp_repr = (reprfunc)StepCall_repr,
+    .tp_dealloc = (destructor)StepCall_dealloc,
+    .tp_traverse = (traverseproc)StepCall_traverse,
+    .tp_clear = (inquiry)StepCall_clear,
+};
+
+/* ------------------------------------------------------------------------ */
+/* CallSoonHook                                                               */
+/* ------------------------------------------------------------------------ */
+
+/* The loop holds its hook (an instance attribute), so a hook holding the
+ * loop's bound call_soon would make a cycle: a loop that dies by refcount
+ * without aprof would then wait for the cyclic GC (SPEC 15.6; anyio's
+ * test_asyncio_run_does_not_leak_event_loop). So, when the loop can be
+ * weakly referenced (asyncio's loops), the hook holds call_soon's function
+ * and a weak reference to the loop, and calls the function with the loop
+ * prepended. Otherwise (uvloop's loops) it holds the bound call_soon. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *call_soon; /* the loop's own bound call_soon, or NULL */
+    PyObject *func;      /* or: its function, */
+    PyObject *loopref;   /* and a weak reference to the loop */
+    vectorcallfunc vectorcall;
+    PyObject *weakreflist;
+} CallSoonHook;
+
+#define SMALL_ARGS 8
+
+/* The loop (new reference), or NULL with an exception set. */
+static PyObject *
+hook_loop_of(CallSoonHook *self)
+{
+    PyObject *loop;
+#if PY_VERSION_HEX >= 0x030D0000
+    if (PyWeakref_GetRef(self->loopref, &loop) < 0)
+        return NULL;
+#else
+    loop = PyWeakref_GetObject(self->loopref);
+    if (loop == NULL)
+        return NULL;
+    loop = loop == Py_None ? NULL : Py_NewRef(loop);
+#endif
+    if (loop == NULL)
+        PyErr_SetString(PyExc_RuntimeError, "call_soon of an event loop that no longer exists");
+    return loop;
+}
+
+/* The loop's own call_soon (bound; new reference). */
+static PyObject *
+hook_bound(CallSoonHook *self)
+{
+    if (self->call_soon != NULL)
+        return Py_NewRef(self->call_soon);
+    PyObject *loop = hook_loop_of(self);
+    if (loop == NULL)
+        return NULL;
+    PyObject *bound = PyMethod_New(self->func, loop);
+    Py_DECREF(loop);
+    return bound;
+}
+
+/* Call the loop's own call_soon with `args` (which may have the
+ * PY_VECTORCALL_ARGUMENTS_OFFSET slot before them). */
+static PyObject *
+hook_call_own(CallSoonHook *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    if (self->call_soon != NULL)
+        return PyObject_Vectorcall(self->call_soon, args, nargsf, kwnames);
+    PyObject *loop = hook_loop_of(self);
+    if (loop == NULL)
+        return NULL;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject *result;
+    if (nargsf & PY_VECTORCALL_ARGUMENTS_OFFSET) {
+        PyObject **with = (PyObject **)args - 1, *saved = with[0];
+        with[0] = loop;
+        result = PyObject_Vectorcall(self->func, with, (size_t)(nargs + 1), kwnames);
+        with[0] = saved;
+    }
+    else {
+        Py_ssize_t total = nargs + (kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0);
+        PyObject *small[SMALL_ARGS + 1], **with = small;
+        if (total + 1 > SMALL_ARGS + 1 && (with = PyMem_Malloc((size_t)(total + 1) * sizeof(PyObject *))) == NULL) {
+            Py_DECREF(loop);
+            return PyErr_NoMemory();
+        }
+        with[0] = loop;
+        for (Py_ssize_t i = 0; i < total; i++)
+            with[i + 1] = args[i];
+        result = PyObject_Vectorcall(self->func, with, (size_t)(nargs + 1), kwnames);
+        if (with != small)
+            PyMem_Free(with);
+    }
+    Py_DECREF(loop);
+    return result;
+}
+
+static PyObject *
+CallSoonHook_vectorcall(CallSoonHook *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs < 1)
+        return hook_call_own(self, args, nargsf, kwnames);
+    int is_step = 0;
+    PyObject *task = task_of(args[0], &is_step);
+    if (task == NULL)
+        return hook_call_own(self, args, nargsf, kwnames);
+    int has_lt;
+    PyObject *tt = recorded(task, &has_lt);
+    if (tt == NULL && !has_lt && is_step) {
+        /* A task aprof has not seen: a new one scheduling its first step,
+         * from its constructor, with its own context. Python decides
+         * whether a running profile records it (and marks it either way). */
+        PyObject *ctx = Py_None;
+        Py_ssize_t nk = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+        for (Py_ssize_t i = 0; i < nk; i++) {
+            if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, i), "context") == 0)
+                ctx = args[nargs + i];
+        }
+        tt = PyObject_CallFunctionObjArgs(on_first_scheduled, task, ctx, NULL);
+        if (tt == NULL) {
+            report_unraisable("task creation");
+        }
+        else if (!Py_IS_TYPE(tt, task_thread_type)) {
+            Py_CLEAR(tt);
+        }
+    }
+    if (tt == NULL)
+        return hook_call_own(self, args, nargsf, kwnames);
+    PyObject *wrapped = StepCall_new_for(args[0], task, tt);
+    Py_DECREF(tt);
+    if (wrapped == NULL)
+        return NULL;
+    /* A copy of the arguments with the callback wrapped, and a free slot
+     * before them for the loop (PY_VECTORCALL_ARGUMENTS_OFFSET). */
+    Py_ssize_t total = nargs + (kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0);
+    PyObject *small[SMALL_ARGS + 1], **copy = small;
+    if (total > SMALL_ARGS && (copy = PyMem_Malloc((size_t)(total + 1) * sizeof(PyObject *))) == NULL) {
+        Py_DECREF(wrapped);
+        return PyErr_NoMemory();
+    }
+    copy[0] = NULL;
+    copy[1] = wrapped;
+    for (Py_ssize_t i = 1; i < total; i++)
+        copy[i + 1] = args[i];
+    PyObject *result = hook_call_own(self, copy + 1, (size_t)nargs | PY_VECTORCALL_ARGUMENTS_OFFSET, kwnames);
+    if (copy != small)
+        PyMem_Free(copy);
+    Py_DECREF(wrapped);
+    return result;
+}
+
+static PyObject *
+CallSoonHook_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PyObject *call_soon;
+    if (!PyArg_ParseTuple(args, "O:CallSoonHook", &call_soon))
+        return NULL;
+    if (!PyCallable_Check(call_soon)) {
+        PyErr_Format(PyExc_TypeError, "CallSoonHook: expected the loop's call_soon, got %R", call_soon);
+        return NULL;
+    }
+    PyObject *loopref = NULL;
+    if (PyMethod_Check(call_soon)) {
+        loopref = PyWeakref_NewRef(PyMethod_GET_SELF(call_soon), NULL);
+        if (loopref == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_TypeError))
+                return NULL;
+            PyErr_Clear(); /* a loop without weak references: hold it */
+        }
+    }
+    CallSoonHook *self = (CallSoonHook *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        Py_XDECREF(loopref);
+        return NULL;
+    }
+    if (loopref != NULL) {
+        self->func = Py_NewRef(PyMethod_GET_FUNCTION(call_soon));
+        self->loopref = loopref;
+    }
+    else {
+        self->call_soon = Py_NewRef(call_soon);
+    }
+    self->vectorcall = (vectorcallfunc)CallSoonHook_vectorcall;
+    return (PyObject *)self;
+}
+
+/* It reads as the loop's own call_soon: its attributes (__self__,
+ * __func__, __name__, ...) and its repr. */
+static PyObject *
+CallSoonHook_getattro(CallSoonHook *self, PyObject *name)
+{
+    PyObject *v = PyObject_GenericGetAttr((PyObject *)self, name);
+    if (v != NULL || !PyErr_ExceptionMatches(PyExc_AttributeError))
+        return v;
+    PyErr_Clear();
+    PyObject *bound = hook_bound(self);
+    if (bound == NULL)
+        return NULL;
+    v = PyObject_GetAttr(bound, name);
+    Py_DECREF(bound);
+    return v;
+}
+
+static PyObject *
+CallSoonHook_repr(CallSoonHook *self)
+{
+    PyObject *bound = hook_bound(self);
+    if (bound == NULL)
+        return NULL;
+    PyObject *r = PyObject_Repr(bound);
+    Py_DECREF(bound);
+    return r;
+}
+
+static PyObject *
+CallSoonHook_get_own(CallSoonHook *self, void *closure)
+{
+    (void)closure;
+    return hook_bound(self);
+}
+
+static PyGetSetDef CallSoonHook_getset[] = {
+    {"_aprof_call_soon", (getter)CallSoonHook_get_own, NULL, "The loop's own call_soon.", NULL},
+    {NULL},
+};
+
+static int
+CallSoonHook_traverse(CallSoonHook *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->call_soon);
+    Py_VISIT(self->func);
+    Py_VISIT(self->loopref);
+    return 0;
+}
+
+static int
+CallSoonHook_clear(CallSoonHook *self)
+{
+    Py_CLEAR(self->call_soon);
+    Py_CLEAR(self->func);
+    Py_CLEAR(self->loopref);
+    return 0;
+}
+
+static void
+CallSoonHook_dealloc(CallSoonHook *self)
+{
+    PyObject_GC_UnTrack(self);
+    if (self->weakreflist != NULL)
+        PyObject_ClearWeakRefs((PyObject *)self);
+    CallSoonHook_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject CallSoonHookType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "aprof._ctracer.CallSoonHook",
+    .tp_basicsize = sizeof(CallSoonHook),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "CallSoonHook(call_soon)\n--\n\nA loop's call_soon that times the steps of recorded tasks.",
+    .tp_vectorcall_offset = offsetof(CallSoonHook, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_new = CallSoonHook_new,
+    .tp_getattro = (getattrofunc)CallSoonHook_getattro,
+    .tp_repr = (reprfunc)CallSoonHook_repr,
+    .tp_dealloc = (destructor)CallSoonHook_dealloc,
+    .tp_traverse = (traverseproc)CallSoonHook_traverse,
+    .tp_clear = (inquiry)CallSoonHook_clear,
+    .tp_weaklistoffset = offsetof(CallSoonHook, weakreflist),
+    .tp_getset = CallSoonHook_getset,
+};
+
+/* ------------------------------------------------------------------------ */
+/* AddHook: asyncio's set of tasks' add                                       */
+/* ------------------------------------------------------------------------ */
+
+/* Set as the instance attribute `add` of asyncio's module-level set of
+ * tasks, which every new task calls from its constructor. It adds, then
+ * hands the task to Python only if aprof has not decided about it yet
+ * (the call_soon hook decides at a task's first step, on hooked loops). */
+typedef struct {
+    PyObject_HEAD
+    PyObject *add;      /* the set's own bound add */
+    PyObject *on_task;  /* task_created(task) */
+    vectorcallfunc vectorcall;
+} AddHook;
+
+static PyObject *
+AddHook_vectorcall(AddHook *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    PyObject *r = PyObject_Vectorcall(self->add, args, nargsf, kwnames);
+    if (r == NULL || PyVectorcall_NARGS(nargsf) != 1 || kwnames != NULL)
+        return r;
+    PyObject *task = args[0];
+    if (!PyObject_TypeCheck(task, (PyTypeObject *)c_task_type) &&
+        !(py_task_type != Py_None && PyObject_TypeCheck(task, (PyTypeObject *)py_task_type)))
+        return r;
+    PyObject *lt;
+    if (optional_attr(task, str_task_attr, &lt) < 0) {
+        PyErr_Clear();
+        return r;
+    }
+    int decided = lt != NULL && (lt == Py_None || Py_IS_TYPE(lt, task_thread_type));
+    Py_XDECREF(lt);
+    if (decided)
+        return r;
+    PyObject *done = PyObject_CallOneArg(self->on_task, task);
+    if (done == NULL)
+        report_unraisable("task creation");
+    Py_XDECREF(done);
+    return r;
+}
+
+static PyObject *
+AddHook_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PyObject *add, *on_task;
+    if (!PyArg_ParseTuple(args, "OO:AddHook", &add, &on_task))
+        return NULL;
+    AddHook *self = (AddHook *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->add = Py_NewRef(add);
+    self->on_task = Py_NewRef(on_task);
+    self->vectorcall = (vectorcallfunc)AddHook_vectorcall;
+    return (PyObject *)self;
+}
+
+static PyObject *
+AddHook_getattro(AddHook *self, PyObject *name)
+{
+    return PyObject_GetAttr(self->add, name);
+}
+
+static PyObject *
+AddHook_repr(AddHook *self)
+{
+    return PyObject_Repr(self->add);
+}
+
+static int
+AddHook_traverse(AddHook *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->add);
+    Py_VISIT(self->on_task);
+    return 0;
+}
+
+static int
+AddHook_clear(AddHook *self)
+{
+    Py_CLEAR(self->add);
+    Py_CLEAR(self->on_task);
+    return 0;
+}
+
+static void
+AddHook_dealloc(AddHook *self)
+{
+    PyObject_GC_UnTrack(self);
+    AddHook_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject AddHookType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "aprof._ctracer.AddHook",
+    .tp_basicsize = sizeof(AddHook),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "AddHook(add, task_created)\n--\n\nasyncio's set of tasks' add, telling aprof of new tasks.",
+    .tp_vectorcall_offset = offsetof(AddHook, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_new = AddHook_new,
+    .tp_getattro = (getattrofunc)AddHook_getattro,
+    .tp_repr = (reprfunc)AddHook_repr,
+    .tp_dealloc = (destructor)AddHook_dealloc,
+    .tp_traverse = (traverseproc)AddHook_traverse,
+    .tp_clear = (inquiry)AddHook_clear,
+};
+
+/* ------------------------------------------------------------------------ */
+/* The eager watch (3.12+)                                                    */
+/* ------------------------------------------------------------------------ */
+
+#if PY_VERSION_HEX >= 0x030C0000
+/*
+ * asyncio's current-task table maps each loop to its running task. A step
+ * run by the loop enters the task (the loop's key is ADDED) and leaves it
+ * (DELETED); those steps come through call_soon. An eager task's first step
+ * runs inside the call that creates it, and asyncio *swaps* the current
+ * task instead: spawner -> child, then back (two MODIFIED events), which is
+ * exactly the step. (An eager task created where no task runs, in a loop
+ * callback, swaps from and back to nothing: ADDED and DELETED, which look
+ * like an ordinary step and are not watched; see docs/how-it-works.md.)
+ *
+ * A dict watcher is called before the change, for every watched dict, with
+ * the GIL held and possibly with an exception being raised (the swap back
+ * after a step that raised); it must not change the dict.
+ */
+#define EAGER_MAX 64
+
+typedef struct {
+    PyObject *task;      /* strong */
+    PyObject *prev;      /* the spawner, only compared */
+    PyObject *tt;        /* strong, or NULL: the child is not recorded */
+    PyObject *saved_lt;  /* the stepping slot before (owned) */
+    PyObject *saved_ctx; /* borrowed, only compared */
+} eager_frame;
+
+/* Allocated on a thread's first eager step and kept for the thread's life
+ * (a TLS array this size would not fit the static TLS block a dlopen'ed
+ * module may use). */
+static APROF_TLS eager_frame *eager_stack = NULL;
+static APROF_TLS int eager_depth = 0;
+static APROF_TLS int eager_skipped = 0; /* swaps nested deeper than EAGER_MAX */
+
+static int watcher_id = -1;
+static PyObject *watched_dict; /* asyncio's current-task table, while watched */
+
+static void
+eager_swap_in(PyObject *task, PyObject *prev)
+{
+    if (eager_depth == EAGER_MAX) {
+        eager_skipped++;
+        return;
+    }
+    if (eager_stack == NULL && (eager_stack = PyMem_RawCalloc(EAGER_MAX, sizeof(eager_frame))) == NULL) {
+        eager_skipped++; /* no memory: this step is not timed, its way back is skipped too */
+        return;
+    }
+    int has_lt;
+    PyObject *tt = recorded(task, &has_lt);
+    if (tt == NULL && !has_lt) {
+        tt = PyObject_CallFunctionObjArgs(on_eager_step, task, prev, NULL);
+        if (tt == NULL) {
+            report_unraisable("eager task");
+        }
+        else if (!Py_IS_TYPE(tt, task_thread_type)) {
+            Py_CLEAR(tt);
+        }
+    }
+    eager_frame *f = &eager_stack[eager_depth++];
+    f->task = Py_NewRef(task);
+    f->prev = prev;
+    f->tt = tt;
+    f->saved_lt = aprof_stepping_lt;
+    f->saved_ctx = aprof_stepping_ctx;
+    /* The child's step: its own logical thread, or none (the lookup asks
+     * asyncio) when it is not recorded. The context it runs in is entered
+     * only after this swap, so none is published. */
+    aprof_stepping_lt = tt != NULL ? Py_NewRef(tt) : NULL;
+    aprof_stepping_ctx = NULL;
+    if (tt != NULL) {
+        PyObject *steps = slot_at(tt, off_steps);
+        if (steps != NULL && steps_push(steps, now_ns()) < 0)
+            report_unraisable("eager step start");
+    }
+}
+
+static void
+eager_swap_back(void)
+{
+    eager_frame f = eager_stack[--eager_depth];
+    uint64_t end = now_ns();
+    PyObject *mine = aprof_stepping_lt;
+    aprof_stepping_lt = f.saved_lt;
+    aprof_stepping_ctx = f.saved_ctx;
+    Py_XDECREF(mine);
+    if (f.tt != NULL) {
+        PyObject *steps = slot_at(f.tt, off_steps);
+        if (steps != NULL && steps_push(steps, end) < 0)
+            report_unraisable("eager step end");
+        PyObject *done = task_done(f.task);
+        if (done == NULL) {
+            report_unraisable("eager task end");
+        }
+        else if (done == Py_True) {
+            PyObject *r = PyObject_CallFunctionObjArgs(on_task_done, f.tt, f.task, NULL);
+            if (r == NULL)
+                report_unraisable("eager task end");
+            Py_XDECREF(r);
+        }
+        Py_XDECREF(done);
+    }
+    Py_XDECREF(f.tt);
+    Py_DECREF(f.task);
+}
+
+static int
+eager_watcher(PyDict_WatchEvent event, PyObject *dict, PyObject *key, PyObject *new_value)
+{
+    if (event != PyDict_EVENT_MODIFIED || dict != watched_dict || new_value == NULL)
+        return 0;
+    saved_exc exc;
+    SAVE_EXC(exc);
+    PyObject *old = PyDict_GetItemWithError(dict, key); /* borrowed */
+    if (old == NULL) {
+        PyErr_Clear();
+    }
+    else if (eager_depth > 0 && eager_stack[eager_depth - 1].task == old &&
+             eager_stack[eager_depth - 1].prev == new_value) {
+        eager_swap_back();
+    }
+    else if (eager_skipped > 0) {
+        eager_skipped--; /* the way back of a swap not followed */
+    }
+    else if (new_value != Py_None) {
+        eager_swap_in(new_value, old);
+    }
+    RESTORE_EXC(exc);
+    return 0;
+}
+#endif
+
+/* _watch_eager(table): watch asyncio's current-task table for eager steps
+ * (None: stop). Returns whether it is watched (False before 3.12, or when
+ * every dict watcher is taken). */
+static PyObject *
+watch_eager(PyObject *module, PyObject *table)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    if (table == Py_None) {
+        if (watched_dict != NULL) {
+            if (PyDict_Unwatch(watcher_id, watched_dict) < 0)
+                PyErr_Clear();
+            Py_CLEAR(watched_dict);
+        }
+        Py_RETURN_FALSE;
+    }
+    if (!PyDict_CheckExact(table)) {
+        PyErr_Format(PyExc_TypeError, "_watch_eager: expected asyncio's current-task dict, got %R", table);
+        return NULL;
+    }
+    if (watched_dict == table)
+        Py_RETURN_TRUE;
+    if (watcher_id < 0 && (watcher_id = PyDict_AddWatcher(eager_watcher)) < 0) {
+        PyErr_Clear(); /* every watcher id is taken: eager first steps are not timed */
+        Py_RETURN_FALSE;
+    }
+    if (watched_dict != NULL) {
+        if (PyDict_Unwatch(watcher_id, watched_dict) < 0)
+            PyErr_Clear();
+        Py_CLEAR(watched_dict);
+    }
+    if (PyDict_Watch(watcher_id, table) < 0)
+        return NULL;
+    watched_dict = Py_NewRef(table);
+    Py_RETURN_TRUE;
+#else
+    Py_RETURN_FALSE;
+#endif
+}
+
+/* ------------------------------------------------------------------------ */
+/* Module glue                                                                */
+/* ------------------------------------------------------------------------ */
+
+static Py_ssize_t
+member_offset(PyObject *cls, const char *name)
+{
+    PyObject *d = PyObject_GetAttrString(cls, name);
+    if (d == NULL)
+        return -1;
+    Py_ssize_t off = -1;
+    if (Py_IS_TYPE(d, &PyMemberDescr_Type) && ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX)
+        off = ((PyMemberDescrObject *)d)->d_member->offset;
+    Py_DECREF(d);
+    if (off < 0)
+        PyErr_Format(PyExc_TypeError, "_tasks_setup: %R.%s is not a __slots__ member", cls, name);
+    return off;
+}
+
+static PyObject *
+tasks_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 11 || !PyType_Check(args[0]) || !PyType_Check(args[2]) || !PyList_CheckExact(args[10])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "_tasks_setup(TaskThread, attr, Task, PyTask, py_step, py_wakeup, first_scheduled, first_step, "
+                        "task_done, eager_started, tracer_running)");
+        return NULL;
+    }
+    Py_ssize_t steps = member_offset(args[0], "steps"), state = member_offset(args[0], "_state");
+    if (steps < 0 || state < 0)
+        return NULL;
+    off_steps = steps;
+    off_state = state;
+    Py_XSETREF(task_thread_type, (PyTypeObject *)Py_NewRef(args[0]));
+    Py_XSETREF(str_task_attr, Py_NewRef(args[1]));
+    Py_XSETREF(c_task_type, Py_NewRef(args[2]));
+    Py_XSETREF(c_task_done, PyObject_GetAttr(args[2], str_done)); /* the method descriptor */
+    if (c_task_done == NULL)
+        return NULL;
+    Py_XSETREF(py_task_type, Py_NewRef(args[3]));
+    Py_XSETREF(py_step_fn, Py_NewRef(args[4]));
+    Py_XSETREF(py_wakeup_fn, Py_NewRef(args[5]));
+    Py_XSETREF(on_first_scheduled, Py_NewRef(args[6]));
+    Py_XSETREF(on_first_step, Py_NewRef(args[7]));
+    Py_XSETREF(on_task_done, Py_NewRef(args[8]));
+    Py_XSETREF(on_eager_step, Py_NewRef(args[9]));
+    Py_XSETREF(tracer_running, Py_NewRef(args[10]));
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef tasks_functions[] = {
+    {"_tasks_setup", (PyCFunction)(void (*)(void))tasks_setup, METH_FASTCALL,
+     "Give the task hooks TaskThread, the task attribute name, the Task classes, the Python Task's step "
+     "functions, the Python callbacks and the tracer's list of runs."},
+    {"_watch_eager", watch_eager, METH_O, "Watch asyncio's current-task table for eager steps (None: stop)."},
+    {NULL, NULL, 0, NULL},
+};
+
+int
+aprof_tasks_init(PyObject *module)
+{
+    str_self = PyUnicode_InternFromString("__self__");
+    str_done = PyUnicode_InternFromString("done");
+    str_append = PyUnicode_InternFromString("append");
+    if (str_self == NULL || str_done == NULL || str_append == NULL)
+        return -1;
+    if (PyType_Ready(&StepLogType) < 0 || PyType_Ready(&StepCallType) < 0 || PyType_Ready(&CallSoonHookType) < 0 ||
+        PyType_Ready(&AddHookType) < 0)
+        return -1;
+    if (PyModule_AddObjectRef(module, "StepLog", (PyObject *)&StepLogType) < 0 ||
+        PyModule_AddObjectRef(module, "StepCall", (PyObject *)&StepCallType) < 0 ||
+        PyModule_AddObjectRef(module, "CallSoonHook", (PyObject *)&CallSoonHookType) < 0 ||
+        PyModule_AddObjectRef(module, "AddHook", (PyObject *)&AddHookType) < 0)
+        return -1;
+    return PyModule_AddFunctions(module, tasks_functions);
+}

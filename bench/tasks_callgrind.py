@@ -1,0 +1,99 @@
+"""Instructions per task of aprof's task recording, under callgrind.
+
+    valgrind --tool=callgrind --callgrind-out-file=/dev/null --toggle-collect=builtin_eval \\
+        python bench/tasks_callgrind.py aprof 2000
+
+runs the fan-out of ``bench/tasks.py`` (each task: three ``sleep(0)``, one
+``sleep(0.001)``, SHA-256 work, one ``run_in_executor``) once, inside
+``eval()``, either plain or in the context of a running ``aprof.profile()`` (tasks on),
+so that ``--toggle-collect=builtin_eval`` counts the fan-out alone: not the
+imports, the loop's set-up, the profile's start, nor its stop and
+consolidation. ``python bench/tasks_callgrind.py --report`` runs the four
+measurements (plain and aprof, N and N/2 tasks) and prints the marginal
+instructions per task: ``((aprof N - aprof N/2) - (plain N - plain N/2)) /
+(N/2)``, which cancels what does not grow with the number of tasks.
+
+The executor work runs on threads, whose instructions callgrind counts too;
+the thread pool's start-up is the same in every run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def run(variant: str, n: int) -> None:
+    import contextvars
+
+    import tasks as bench  # bench/tasks.py: the same workload
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(loop.run_in_executor(None, bench.sync_work, b"warm"))  # the pool starts outside the count
+    wrap: Any = bench.identity
+    prof: Any = None
+    if variant == "aprof":
+        import aprof
+
+        prof = aprof.profile()
+        wrap = aprof.wrap
+
+        async def start() -> contextvars.Context:
+            prof.start()
+            return contextvars.copy_context()  # carries the profile
+
+        ctx = loop.run_until_complete(start())
+    else:
+        ctx = contextvars.copy_context()
+    # Only this line is counted (--toggle-collect=builtin_eval).
+    eval(  # noqa: S307
+        "loop.run_until_complete(loop.create_task(bench.fan_out(n, wrap), context=ctx))",
+        {"loop": loop, "bench": bench, "n": n, "wrap": wrap, "ctx": ctx},
+    )
+    if prof is not None:
+
+        async def stop() -> None:
+            prof.stop()
+
+        loop.run_until_complete(stop())
+    loop.run_until_complete(loop.shutdown_default_executor())
+    loop.close()
+
+
+def count(variant: str, n: int, python: str) -> int:
+    """Instructions callgrind counted inside eval() for one run."""
+    out = subprocess.run(
+        [
+            "valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", "--toggle-collect=builtin_eval",
+            python, __file__, variant, str(n),
+        ],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    m = re.search(r"Collected : (\d+)", out.stderr)
+    if m is None:
+        raise RuntimeError(f"no callgrind summary in:\n{out.stderr[-2000:]}")
+    return int(m.group(1))
+
+
+def report(n: int, python: str) -> dict[str, Any]:
+    half = n // 2
+    c = {(v, k): count(v, k, python) for v in ("plain", "aprof") for k in (half, n)}
+    per_task = ((c["aprof", n] - c["aprof", half]) - (c["plain", n] - c["plain", half])) / (n - half)
+    return {"counts": c, "per_task": per_task}
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--report"]:
+        n = int(sys.argv[2]) if len(sys.argv) > 2 else 2000
+        r = report(n, sys.executable)
+        for (v, k), instr in sorted(r["counts"].items()):
+            print(f"{v:6} {k:6} tasks: {instr:>14,} instructions")
+        print(f"aprof, marginal instructions per task: {r['per_task']:,.0f}")
+    else:
+        run(sys.argv[1], int(sys.argv[2]))
