@@ -86,3 +86,157 @@ def test_watchdog_thread_ends_at_stop(backend) -> None:
         assert not any(t.name == "aprof-loop-watchdog" and t.is_alive() for t in threading.enumerate())
 
     backend.run(main)
+
+
+def _blocks(prof: aprof.profile) -> list[aprof.FunctionEvent]:
+    return [e for e in prof.events() if e.scope is aprof.RecordScope.LOOP_BLOCK]
+
+
+def _steps(prof: aprof.profile, track_name: str) -> list[tuple[int, int]]:
+    (task,) = [e for e in prof.events() if e.scope is aprof.RecordScope.TASK and e.track == track_name]
+    flat = task.extra["steps"]
+    return list(zip(flat[::2], flat[1::2], strict=True))
+
+
+def test_back_to_back_blocks_of_two_tasks_are_two_exact_blocks(backend) -> None:
+    # SPEC 7.5: one task's long step followed at once by another's is two
+    # blocks, each named after its own task, with the step's exact edges
+    # (from the task's recorded steps, not the heartbeat).
+    async def first() -> None:
+        _hog(0.12)
+
+    async def second() -> None:
+        _hog(0.12)
+
+    async def main() -> aprof.profile:
+        async with aprof.profile(loop_block_threshold=0.05) as prof:
+            async with backend.group() as g:
+                g.start_soon(first)
+                g.start_soon(second)
+        return prof
+
+    prof = backend.run(main)
+    # (trio runs the two in either order)
+    blocks = sorted(_blocks(prof), key=lambda e: e.extra["coro"])
+    assert [b.extra["blocked_task"] for b in blocks] == [_track_of(prof, "first"), _track_of(prof, "second")], blocks
+    for block, coro in zip(blocks, ("first", "second"), strict=True):
+        long_steps = [s for s in _steps(prof, _track_of(prof, coro)) if s[1] - s[0] > 0.05e9]
+        assert [(block.start_ns, block.end_ns)] == long_steps
+        assert block.extra["coro"].endswith(coro)
+        assert block.name == f"loop blocked by {block.extra['blocked_task']}"
+
+
+def _track_of(prof: aprof.profile, coro: str) -> str:
+    (task,) = [e for e in prof.events() if e.scope is aprof.RecordScope.TASK and e.extra["coro"].endswith(coro)]
+    return task.track
+
+
+def test_a_block_cut_short_by_stop_is_kept(backend) -> None:
+    # SPEC 7.5, 5.5: a task that blocks the loop and then stops the profile
+    # in the same step: its step runs across stop(), and the block is
+    # recorded up to the stop time, not lost.
+    holder: list[aprof.profile] = []
+
+    async def blocker_then_stop() -> None:
+        await backend.sleep(0.005)
+        _hog(0.12)
+        holder[0].stop()
+
+    async def main() -> None:
+        prof = aprof.profile(loop_block_threshold=0.05)
+        holder.append(prof)
+        prof.start()
+        async with backend.group() as g:
+            g.start_soon(blocker_then_stop)
+
+    backend.run(main)
+    prof = holder[0]
+    (block,) = _blocks(prof)
+    assert block.extra["coro"].endswith("blocker_then_stop")
+    assert block.end_ns == prof.session.metadata["stop_ns"]
+    assert block.duration_ns >= 0.1e9
+
+
+def test_a_block_by_the_starting_task_just_before_stop_is_kept(backend) -> None:
+    # SPEC 7.5: the task that started the profile has no recorded steps;
+    # its block right before `async with` ends is still in progress at stop
+    # and is recorded from the heartbeat, with the blocking stack.
+    async def main() -> aprof.profile:
+        async with aprof.profile(loop_block_threshold=0.04) as prof:
+            await backend.sleep(0.01)
+            _hog(0.2)
+        return prof
+
+    prof = backend.run(main)
+    (block,) = _blocks(prof)
+    assert block.unfinished is False
+    assert block.end_ns == prof.session.metadata["stop_ns"]
+    assert block.stack is not None
+    assert block.stack[0][2] == "_hog"
+    assert block.extra["source"] == "heartbeat"
+    assert block.extra["samples"], block.extra
+
+
+def test_a_context_profile_does_not_name_other_tenants_blocks(backend, tmp_path: Path) -> None:
+    # SPEC 5.2 (issue 15 item 17): request A profiles itself; request B, a
+    # task A never spawned, blocks the loop. A really waited, so the block
+    # is kept, but says "work outside this profile": no task name, no stack,
+    # no file or function of B's anywhere in A's results or exports.
+    async def tenant_b_secret_handler() -> None:
+        await backend.sleep(0.03)
+        _hog(0.2)
+
+    async def request_a(out: list[aprof.profile]) -> None:
+        async with aprof.profile(loop_block_threshold=0.04) as prof:
+            for _ in range(20):
+                await backend.sleep(0.01)
+        out.append(prof)
+
+    async def main() -> aprof.profile:
+        out: list[aprof.profile] = []
+        async with backend.group() as g:
+            g.start_soon(tenant_b_secret_handler)
+            g.start_soon(request_a, out)
+        return out[0]
+
+    prof = backend.run(main)
+    (block,) = _blocks(prof)
+    assert block.name == "loop blocked by work outside this profile"
+    assert block.extra["blocked_task"] == "work outside this profile"
+    assert block.stack is None
+    assert "samples" not in block.extra
+    assert block.duration_ns > 0.1e9
+    prof.export_chrome_trace(tmp_path / "a.json")
+    prof.save(tmp_path / "a.aprof")
+    text = (tmp_path / "a.json").read_text()
+    assert "tenant_b_secret_handler" not in text
+    assert "_hog" not in text
+    assert "test_loop_block.py" not in text
+    assert "tenant_b" not in prof.key_averages().table()
+
+
+def test_blocks_outside_a_global_profile_are_still_named(backend) -> None:
+    # SPEC 5.3, 7.5: a global profile owns every task, so the same block is
+    # named with its stack.
+    async def blocker() -> None:
+        await backend.sleep(0.03)
+        _hog(0.15)
+
+    async def main() -> None:
+        async with backend.group() as g:
+            g.start_soon(blocker)
+
+    prof = aprof.profile(loop_block_threshold=0.04, scope="global")
+
+    async def run_profiled() -> None:
+        prof.start()
+        try:
+            await main()
+        finally:
+            prof.stop()
+
+    backend.run(run_profiled)
+    (block,) = _blocks(prof)
+    assert block.extra["coro"].endswith("blocker")
+    assert block.stack is not None
+    assert any(fn == "_hog" for _, _, fn in block.stack)
