@@ -34,7 +34,7 @@ from ._tracer import TracerRun
 if TYPE_CHECKING:
     from os import PathLike
 
-    from .._post._analysis import EventAverages
+    from .._post._analysis import EventAverages, Summary
     from .._post._events import FunctionEvent
     from .._post._session import Session
 
@@ -408,6 +408,10 @@ class profile:
     def key_averages(self, group_by: str = "name") -> EventAverages:
         """Aggregate events by ``"name"``, ``"track"`` or ``"stack"`` (SPEC 6.4)."""
         return self.session.key_averages(group_by)
+
+    def summary(self, limit: int = 5) -> Summary:
+        """What was slow, in which task, and why (see :meth:`aprof.Session.summary`)."""
+        return self.session.summary(limit)
 
     def export_chrome_trace(self, path: str | PathLike[str]) -> None:
         """Write a Chrome/Perfetto trace (``.json`` or ``.json.gz``) (SPEC 9.1)."""
