@@ -59,8 +59,10 @@ def is_library_file(filename: str) -> bool:
 
 
 def short_path(filename: str) -> str:
-    """``filename`` relative to the working directory when it is inside it;
-    an installed package's path from its top-level directory (SPEC 8.2)."""
+    """A path short enough to read in a summary (SPEC 8.2): relative to
+    the working directory when it is inside it; an installed package's or
+    the standard library's from its top-level directory; any other file as
+    its directory's name and its own (``examples/app.py``)."""
     for marker in _PACKAGE_MARKERS:
         i = filename.rfind(marker)
         if i >= 0:
@@ -68,12 +70,15 @@ def short_path(filename: str) -> str:
     try:
         cwd = os.getcwd() + os.sep
     except OSError:
-        return filename
-    if filename.startswith(cwd):
+        cwd = ""
+    if cwd and filename.startswith(cwd):
         return filename[len(cwd) :]
     for d in _LIBRARY_DIRS:
         if filename.startswith(d):
             return filename[len(d) :]
+    if os.path.isabs(filename):
+        parent = os.path.basename(os.path.dirname(filename))
+        return os.path.join(parent, os.path.basename(filename)) if parent else filename
     return filename
 
 

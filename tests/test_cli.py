@@ -495,7 +495,7 @@ def test_loop_blocks_are_watched_by_default(tmp_path: Path) -> None:
     blocks = [e for e in validate_trace(tmp_path / "t.json")["traceEvents"] if e.get("cat") == "loop_block"]
     assert len(blocks) == 1
     assert "What blocked the loop: 1 step or callback longer than 50.000ms" in proc.stderr
-    assert "task hog: prog.py:19 hog" in proc.stderr
+    assert "task hog at prog.py:19 hog" in proc.stderr
     off = run_aprof("run", "--no-loop-block", "-o", "t.json", str(script), "asyncio", cwd=tmp_path)
     assert off.returncode == 0, off.stderr
     assert not [e for e in validate_trace(tmp_path / "t.json")["traceEvents"] if e.get("cat") == "loop_block"]

@@ -274,23 +274,28 @@ class TaskLine:
 
 @dataclass(frozen=True)
 class BlockLine:
-    """A stretch that held the event loop ("What blocked the loop")."""
+    """Stretches that held the event loop with the same culprit ("What
+    blocked the loop"): the same coroutine stopped at the same function."""
 
-    start_ns: int
-    duration_ns: int
-    task: str  # the blocking task's name, "(callback)", or "work outside this profile"
+    count: int
+    total_ns: int
+    max_ns: int
+    start_ns: int  # of the longest
+    task: str  # the longest one's task: its name, "(callback)", or "work outside this profile"
     coro: str | None
     culprit: str | None  # the innermost user frame, "file:line function"
-    stack: tuple[str, ...]  # shown_stack(): outermost first, library frames collapsed
+    stack: tuple[str, ...]  # the longest one's, shown_stack(): outermost first, library frames collapsed
     outside: bool
 
 
 @dataclass(frozen=True)
 class HotFrame:
-    """Where a task held the loop, from the watchdog's samples during blocks."""
+    """A function the loop was held in, from the watchdog's samples during
+    blocks, by coroutine (the tasks running it)."""
 
-    task: str
-    frame: str
+    coro: str
+    tasks: int
+    frame: str  # "file:line function", the line sampled most
     time_ns: int  # the blocks' time, shared out by the samples' counts
     samples: int
 
@@ -383,7 +388,7 @@ def task_label(name: str, coro: str | None) -> str:
     (trio names a task after its function)."""
     if not coro:
         return repr(name)
-    if name == coro or name.endswith("." + coro) or name.endswith(coro):
+    if name == coro or name.endswith("." + coro):
         return coro
     return f"{name!r} ({coro})"
 
@@ -394,13 +399,12 @@ def summarize(session: Session, limit: int = 5) -> Summary:
     tasks = [e for e in events if e.scope is RecordScope.TASK and not e.is_instant]
     by_track = {e.thread_id: e for e in tasks}
     blocks = [e for e in events if e.scope is RecordScope.LOOP_BLOCK]
-    block_lines = sorted((_block_line(b) for b in blocks), key=lambda b: -b.duration_ns)
     thresholds = [b.extra.get("threshold_ns") for b in blocks if b.extra]
     pending, pending_count = _pending(tasks, by_track, limit)
     return Summary(
         tasks=len(tasks),
         slowest_tasks=tuple(_task_line(t) for t in sorted(tasks, key=lambda t: -t.duration_ns)[:limit]),
-        loop_blocks=tuple(block_lines[:limit]),
+        loop_blocks=tuple(_block_lines(blocks)[:limit]),
         loop_block_count=len(blocks),
         loop_block_total_ns=sum(b.duration_ns for b in blocks),
         loop_block_threshold_ns=next((int(t) for t in thresholds if isinstance(t, int)), None),
@@ -442,49 +446,67 @@ def task_stack(stack: Any, coro: str | None) -> Any:
     return stack
 
 
-def _block_line(b: FunctionEvent) -> BlockLine:
-    extra = b.extra or {}
-    outside = extra.get("source") == "outside"
-    coro = extra.get("coro")
-    stack = task_stack(b.stack, coro)
-    frame = innermost_user_frame(stack)
-    return BlockLine(
-        start_ns=b.start_ns,
-        duration_ns=b.duration_ns,
-        task=str(extra.get("blocked_task") or "(unknown)"),
-        coro=str(coro) if coro else None,
-        culprit=format_frame(frame) if frame is not None else None,
-        stack=tuple(shown_stack(stack)) if stack else (),
-        outside=outside,
-    )
-
-
-def _block_task_label(b: FunctionEvent, by_track: dict[int, FunctionEvent]) -> str:
-    extra = b.extra or {}
-    task = by_track.get(extra.get("task_id", 0))
-    if task is not None:
-        return task_label(task.name, (task.extra or {}).get("coro"))
-    return task_label(str(extra.get("blocked_task") or "(unknown)"), extra.get("coro"))
+def _block_lines(blocks: list[FunctionEvent]) -> list[BlockLine]:
+    groups: dict[tuple[Any, ...], list[tuple[FunctionEvent, Any, str | None]]] = {}
+    for b in blocks:
+        extra = b.extra or {}
+        outside = extra.get("source") == "outside"
+        coro = extra.get("coro")
+        stack = task_stack(b.stack, coro)
+        frame = innermost_user_frame(stack)
+        culprit = format_frame(frame) if frame is not None else None
+        # One group per coroutine and function (not line: a loop's body
+        # is sampled at different lines).
+        key = (outside, coro if coro else extra.get("blocked_task"), frame[0] if frame else None, frame[2] if frame else None)
+        groups.setdefault(key, []).append((b, stack, culprit))
+    out = []
+    for members in groups.values():
+        longest, stack, culprit = max(members, key=lambda m: m[0].duration_ns)
+        extra = longest.extra or {}
+        coro = extra.get("coro")
+        out.append(
+            BlockLine(
+                count=len(members),
+                total_ns=sum(m[0].duration_ns for m in members),
+                max_ns=longest.duration_ns,
+                start_ns=longest.start_ns,
+                task=str(extra.get("blocked_task") or "(unknown)"),
+                coro=str(coro) if coro else None,
+                culprit=culprit,
+                stack=tuple(shown_stack(stack)) if stack else (),
+                outside=extra.get("source") == "outside",
+            )
+        )
+    out.sort(key=lambda b: -b.total_ns)
+    return out
 
 
 def _hot_frames(blocks: list[FunctionEvent], by_track: dict[int, FunctionEvent]) -> list[HotFrame]:
-    times: dict[tuple[str, str], list[float]] = {}
+    # (coro, file, function) -> [time, samples, {task ids}, {line: samples}]
+    acc: dict[tuple[str, str, str], list[Any]] = {}
     for b in blocks:
-        samples = (b.extra or {}).get("samples") or ()
+        extra = b.extra or {}
+        samples = extra.get("samples") or ()
         total = sum(int(n) for n, _ in samples)
         if not total:
             continue
-        who = _block_task_label(b, by_track)
+        task = by_track.get(extra.get("task_id", 0))
+        coro = str(extra.get("coro") or (task_label(str(extra.get("blocked_task")), None) if extra.get("blocked_task") else "?"))
         for n, stack in samples:
-            frame = innermost_user_frame(stack)
+            frame = innermost_user_frame(task_stack(stack, extra.get("coro")))
             if frame is None:
-                frame = (str(stack[0][0]), int(stack[0][1]), str(stack[0][2])) if stack else None
-            if frame is None:
-                continue
-            acc = times.setdefault((who, format_frame(frame)), [0.0, 0])
-            acc[0] += b.duration_ns * int(n) / total
-            acc[1] += int(n)
-    rows = [HotFrame(task=k[0], frame=k[1], time_ns=int(v[0]), samples=int(v[1])) for k, v in times.items()]
+                if not stack:
+                    continue
+                frame = (str(stack[0][0]), int(stack[0][1]), str(stack[0][2]))
+            a = acc.setdefault((coro, frame[0], frame[2]), [0.0, 0, set(), {}])
+            a[0] += b.duration_ns * int(n) / total
+            a[1] += int(n)
+            a[2].add(task.thread_id if task is not None else extra.get("blocked_task"))
+            a[3][frame[1]] = a[3].get(frame[1], 0) + int(n)
+    rows = []
+    for (coro, filename, function), (time_ns, n, who, lines) in acc.items():
+        line = max(lines, key=lambda k: lines[k])
+        rows.append(HotFrame(coro, len(who), format_frame((filename, line, function)), int(time_ns), n))
     rows.sort(key=lambda r: -r.time_ns)
     return rows
 
@@ -651,24 +673,19 @@ def _repeats(events: list[FunctionEvent], tasks: list[FunctionEvent], by_track: 
         kids = e.children
         if len(kids) < REPEAT_MIN:
             continue
-        run_name, run = None, 0
-        total = 0
-
-        def flush(name: str | None, n: int, ns: int, parent: FunctionEvent = e) -> None:
-            if name is not None and n >= REPEAT_MIN:
-                task = by_track.get(parent.thread_id)
-                coro = str((task.extra or {}).get("coro") or "") if task is not None else ""
-                out.append(RepeatLine(parent.track, coro, n, ns, name, parent.name))
-
-        for k in kids:
-            waited = (k.waiting_ns or 0) > 0 and not k.is_instant
-            if waited and k.name == run_name:
+        run_name: str | None = None
+        run = total = 0
+        for k in [*kids, None]:
+            waited = k is not None and (k.waiting_ns or 0) > 0 and not k.is_instant
+            if k is not None and waited and k.name == run_name:
                 run += 1
                 total += k.duration_ns
-            else:
-                flush(run_name, run, total)
-                run_name, run, total = (k.name, 1, k.duration_ns) if waited else (None, 0, 0)
-        flush(run_name, run, total)
+                continue
+            if run_name is not None and run >= REPEAT_MIN:
+                task = by_track.get(e.thread_id)
+                coro = str((task.extra or {}).get("coro") or "") if task is not None else ""
+                out.append(RepeatLine(e.track, coro, run, total, run_name, e.name))
+            run_name, run, total = (k.name, 1, k.duration_ns) if k is not None and waited else (None, 0, 0)
     # Executor jobs handed over one after another by one task.
     jobs: dict[tuple[int, str], list[FunctionEvent]] = {}
     for e in events:
@@ -708,30 +725,35 @@ def _render(s: Summary) -> str:
     if s.loop_block_count:
         over = f" longer than {_fmt(s.loop_block_threshold_ns)}" if s.loop_block_threshold_ns else ""
         n = s.loop_block_count
-        out.append(
-            f"What blocked the loop: {n} step{'s' if n != 1 else ''} or callback{'s' if n != 1 else ''}{over}, "
-            f"{_fmt(s.loop_block_total_ns)} in total"
-        )
+        out.append(f"What blocked the loop: {n} step{'s' if n != 1 else ''} or callback{'s' if n != 1 else ''}{over}, {_fmt(s.loop_block_total_ns)} in total")
         for i, b in enumerate(s.loop_blocks):
+            many = f" in {b.count} blocks (longest {_fmt(b.max_ns)})" if b.count > 1 else ""
             if b.outside:
-                out.append(f"  {_fmt(b.duration_ns):>10}  blocked by work outside this profile")
+                out.append(f"  {_fmt(b.total_ns):>10}{many}: work outside this profile")
                 continue
-            who = task_label(b.task, b.coro) if b.coro else b.task
-            culprit = b.culprit or (b.coro or "")
-            out.append(f"  {_fmt(b.duration_ns):>10}  {'task ' if b.coro else ''}{who}: {culprit}".rstrip(": "))
+            if not b.coro:
+                who = b.task
+            elif b.count > 1:
+                who = f"{b.coro} tasks, e.g. {b.task!r},"
+            else:
+                who = "task " + task_label(b.task, b.coro)
+            out.append(f"  {_fmt(b.total_ns):>10}{many}: {who}" + (f" at {b.culprit}" if b.culprit else ""))
             if i < 3 and len(b.stack) > 1:
                 out += [f"{'':14}{line}" for line in b.stack[-6:]]
     if s.hot_frames:
-        out.append("Where the loop was held (watchdog samples during the blocks)")
-        out += _columns([["Time", "Samples", "Task", "Function"], *([_fmt(h.time_ns), str(h.samples), h.task, h.frame] for h in s.hot_frames)])
+        out.append("Where the loop was held (the watchdog's samples during the blocks)")
+        rows = [["Time", "Samples", "Function", "Coroutine"]]
+        for h in s.hot_frames:
+            rows.append([_fmt(h.time_ns), str(h.samples), h.frame, h.coro + (f" ({h.tasks} tasks)" if h.tasks > 1 else "")])
+        out += _columns(rows, left=2)
     if s.longest_waits:
         out.append("Longest waits (what each task waited on longest)")
         for w in s.longest_waits:
-            on = f" on {w.what}" if w.what else " (on what: not recorded)"
-            at = f" at {w.where}" if w.where else ""
-            line = f"  {_fmt(w.duration_ns):>10}  task {task_label(w.task, w.coro)}{on}{at}"
+            line = f"  {_fmt(w.duration_ns):>10}  task {task_label(w.task, w.coro)} waited"
+            if w.what:
+                line += f" on {w.what}" + (f" at {w.where}" if w.where else "")
             if w.blocked_ns >= _WAIT_MIN_NS:
-                line += f" (the loop was blocked {_fmt(w.blocked_ns)} of it, mostly by {w.blocked_by})"
+                line += f"; the loop was blocked {_fmt(w.blocked_ns)} of it, mostly by {w.blocked_by}"
             out.append(line)
     if s.executor_queueing:
         out.append("Executor queueing (submit to start: jobs waiting for a worker)")
@@ -759,7 +781,12 @@ def _render(s: Summary) -> str:
     return "\n".join(out)
 
 
-def _columns(rows: list[list[str]]) -> list[str]:
-    """Indented rows, numbers right-aligned, the last column left as is."""
+def _columns(rows: list[list[str]], left: int = 1) -> list[str]:
+    """Indented rows: the first columns right-aligned, the last ``left`` as they are."""
+    n = len(rows[0]) - left
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    return ["  " + "  ".join([*(c.rjust(w) for c, w in zip(r, widths, strict=False)), r[-1]]) for r in rows]
+    out = []
+    for r in rows:
+        cells = [c.rjust(w) if i < n else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=False))]
+        out.append(("  " + "  ".join([*cells, r[-1]])).rstrip())
+    return out
