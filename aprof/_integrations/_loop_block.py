@@ -68,18 +68,18 @@ class _Sample:
         self.idle = idle
 
 
-#: Innermost frames that mean the loop is waiting for I/O, not blocked.
-_IDLE_FUNCTIONS: Final = frozenset({"select", "poll", "get_events", "_run_once"})
+#: Innermost frames that mean no step or callback is running: the loop
+#: waits for I/O, or is between two of them in its own scheduler (there,
+#: a late heartbeat is the machine or the runtime, not code that blocked).
+_IDLE_FUNCTIONS: Final = frozenset({"select", "poll", "get_events", "_run_once", "unrolled_run"})
+_IDLE_FILES: Final = ("selectors.py", "_io_epoll.py", "_io_kqueue.py", "_io_windows.py", "base_events.py", "_run.py")
 
 
 def _is_idle(frames: Stack) -> bool:
     if not frames:
         return False
     filename, _, function = frames[0]
-    name = function.rsplit(".", 1)[-1]
-    return name in _IDLE_FUNCTIONS and (
-        filename.endswith(("selectors.py", "_io_epoll.py", "_io_kqueue.py", "_io_windows.py", "base_events.py"))
-    )
+    return function.rsplit(".", 1)[-1] in _IDLE_FUNCTIONS and filename.endswith(_IDLE_FILES)
 
 
 class _Watch:

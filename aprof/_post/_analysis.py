@@ -206,6 +206,10 @@ def key_averages(session: Session, group_by: str = "name") -> EventAverages:
                 # Tasks are named one by one (Task-7, ...): group them by coroutine.
                 label = f"task {ev.extra['coro']}"
                 k: Any = (RecordScope.TASK, label)
+            elif ev.scope is RecordScope.LOOP_BLOCK and ev.extra and ev.extra.get("coro"):
+                # Named after the blocking task: grouped by its coroutine, as tasks are.
+                label = f"loop blocked by task {ev.extra['coro']}"
+                k = (RecordScope.LOOP_BLOCK, label)
             elif ev.scope is RecordScope.EXECUTOR:
                 # Named after the function handed over, which may also be the
                 # name of a range inside it: keep the two rows apart.
