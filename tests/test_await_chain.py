@@ -189,3 +189,35 @@ def test_the_wait_log_merges_consecutive_waits_on_the_same_call() -> None:
     first = log.runs[0]
     assert first[:5] == [0, 3594, 360, 360 * 4, 4]
     assert first[5:] == list(fetch)
+
+
+def test_describe_task_takes_the_task_itself(backend) -> None:
+    # Issue 16 item 7: at stop, a pending task is described from its task
+    # object (asyncio's get_coro and _fut_waiter, trio's coro).
+    from aprof._integrations._await_chain import describe_task
+
+    tasks: list[Any] = []
+
+    async def parked(ev: Any) -> None:
+        if backend.is_trio:
+            import trio
+
+            tasks.append(trio.lowlevel.current_task())
+        else:
+            tasks.append(asyncio.current_task())
+        await ev.wait()
+
+    async def main() -> Any:
+        prims = Prims(backend)
+        async with backend.group() as g:
+            g.start_soon(parked, prims.event)
+            await backend.sleep(0.01)
+            wait = describe_task(tasks[0])
+            prims.event.set()
+        prims.close()
+        return wait
+
+    wait = backend.run(main)
+    assert wait is not None
+    assert wait[1] == "event"
+    assert describe_task(object()) is None

@@ -330,3 +330,50 @@ def test_library_frames_are_told_from_the_users() -> None:
         "tests/test_summary.py:20 parse",
         "-> json/__init__.py:10 loads",
     ]
+
+
+def test_user_site_is_the_nearest_frame_of_the_users_code() -> None:
+    # Issue 16 item 1: a spawn or submit hook names the user's line past the
+    # library frames between it and the user's call (asyncio.create_task ...).
+    from aprof._frames import user_site
+
+    namespace: dict[str, Any] = {"user_site": user_site}
+    library = compile("def create_task():\n    return user_site()\n", asyncio.__file__, "exec")
+    exec(library, namespace)  # a function that lives in asyncio's file
+
+    def spawner() -> Any:
+        return namespace["create_task"]()
+
+    site = spawner()
+    assert site is not None
+    assert site[0] == __file__
+    assert site[2].endswith("spawner")
+
+
+def test_spawn_sites_and_waits_read_from_the_task_records() -> None:
+    # Issue 16 items 1, 7: a recorded spawn site and what a pending task
+    # waits on (extra["spawn_site"], extra["waiting_on"]) are shown.
+    async def deliver(ev: asyncio.Event) -> None:
+        await ev.wait()
+
+    async def main() -> aprof.profile:
+        ev = asyncio.Event()
+        prof = aprof.profile()
+        prof.start()
+        tasks = [asyncio.create_task(deliver(ev)) for _ in range(3)]
+        await asyncio.sleep(0.01)
+        prof.stop()
+        ev.set()
+        await asyncio.gather(*tasks)
+        return prof
+
+    prof = asyncio.run(main())
+    for e in prof.events():
+        if e.scope is aprof.RecordScope.TASK:
+            e.extra["spawn_site"] = ["/srv/app/bus.py", 40, "EventBus.publish"]
+            e.extra["waiting_on"] = ["asyncio.Queue.put", "queue", "app/bus.py:52 EventBus._deliver", ""]
+    summary = prof.session.summary()
+    (line,) = summary.pending
+    assert (line.count, line.spawned_at, line.waiting_on) == (3, "app/bus.py:40 EventBus.publish", "asyncio.Queue.put at app/bus.py:52 EventBus._deliver")
+    assert summary.slowest_tasks[0].spawned_at == "app/bus.py:40 EventBus.publish"
+    assert "3  " in summary.render()

@@ -42,7 +42,7 @@ from typing import Any, Final
 
 from .._frames import is_library_file, short_path
 
-__all__ = ["WaitLog", "Wait", "describe_wait"]
+__all__ = ["Wait", "WaitLog", "describe_task", "describe_wait"]
 
 _MAX_DEPTH: Final = 64
 _KINDS: Final = (
@@ -199,6 +199,15 @@ def describe_wait(coro: Any, task: Any = None) -> Wait | None:
         if described is not None and described[1] in ("task", "executor"):
             return described[0], described[1], where, caller
     return what, kind, where, caller
+
+
+def describe_task(task: Any) -> Wait | None:
+    """What a pending asyncio or trio task waits on (for ``waiting_on`` at stop)."""
+    get_coro = getattr(task, "get_coro", None)
+    if get_coro is not None:
+        return describe_wait(get_coro(), task)
+    coro = getattr(task, "coro", None)
+    return describe_wait(coro) if coro is not None else None
 
 
 def _label(frame: tuple[str, int, str]) -> str:

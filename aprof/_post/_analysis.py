@@ -424,7 +424,7 @@ def summarize(session: Session, limit: int = 5) -> Summary:
 def _task_line(t: FunctionEvent) -> TaskLine:
     extra = t.extra or {}
     steps = extra.get("steps") or ()
-    site = extra.get("spawn_site")
+    site = _site(extra.get("spawn_site"))
     return TaskLine(
         name=t.name,
         coro=str(extra.get("coro") or ""),
@@ -435,8 +435,17 @@ def _task_line(t: FunctionEvent) -> TaskLine:
         max_step_ns=max_step_ns(steps),
         steps=len(steps) // 2,
         outcome=str(extra.get("outcome") or ""),
-        spawned_at=str(site) if site else None,
+        spawned_at=site,
     )
+
+
+def _site(site: Any) -> str | None:
+    """A recorded spawn site (``[file, line, function]``, or already text) as text."""
+    if not site:
+        return None
+    if isinstance(site, (list, tuple)) and len(site) == 3:
+        return format_frame(site)
+    return str(site)
 
 
 def task_stack(stack: Any, coro: str | None) -> Any:
@@ -642,9 +651,9 @@ def _pending(
         waits: dict[str, int] = {}
         for t in ts:
             extra = t.extra or {}
-            site = extra.get("spawn_site")
+            site = _site(extra.get("spawn_site"))
             if site:
-                sites[str(site)] = sites.get(str(site), 0) + 1
+                sites[site] = sites.get(site, 0) + 1
             on = extra.get("waiting_on")
             if not on and extra.get("waits"):
                 on = extra["waits"][-1][5:]
