@@ -240,3 +240,46 @@ def test_blocks_outside_a_global_profile_are_still_named(backend) -> None:
     assert block.extra["coro"].endswith("blocker")
     assert block.stack is not None
     assert any(fn == "_hog" for _, _, fn in block.stack)
+
+
+@pytest.mark.parametrize("runtime", ["asyncio", "trio"])
+def test_a_watch_ends_with_its_loop(runtime: str) -> None:
+    # SPEC 7.5, 12: a global profile (aprof run, pytest --aprof) over a
+    # program that runs many loops one after the other keeps one watchdog
+    # per live loop, not one per loop ever run.
+    import asyncio
+    import threading
+
+    def watchdogs() -> int:
+        return sum(1 for t in threading.enumerate() if t.name == "aprof-loop-watchdog" and t.is_alive())
+
+    async def block() -> None:
+        await asyncio.sleep(0.001)
+        _hog(0.06)
+
+    async def trio_block() -> None:
+        import trio
+
+        await trio.sleep(0.001)
+        _hog(0.06)
+
+    prof = aprof.profile(scope="global", loop_block_threshold=0.02)
+    prof.start()
+    try:
+        alive = []
+        for _ in range(8):
+            if runtime == "asyncio":
+                asyncio.run(block())
+            else:
+                import trio
+
+                trio.run(trio_block)
+            deadline = time.monotonic() + 5.0  # a few polls: the watchdog sees its loop is gone
+            while watchdogs() > 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            alive.append(watchdogs())
+    finally:
+        prof.stop()
+    assert max(alive) <= 1, alive
+    blocks = [e for e in prof.events() if e.scope is aprof.RecordScope.LOOP_BLOCK]
+    assert len(blocks) == 8

@@ -91,11 +91,14 @@ class _Watch:
         loop_thread_id: int,
         current: Callable[[list[Any]], tuple[str | None, bool]],
         paused: Callable[[], bool],
+        closed: Callable[[], bool],
     ) -> None:
         self.blocks = blocks
         self.loop_thread_id = loop_thread_id
         self._current = current  # (frame objects) -> (task name or None, whether it is this profile's)
         self._paused = paused  # () -> the loop is not running now (between two runs of one loop)
+        self._closed = closed  # () -> the loop is closed, or the trio run over: the watch retires
+        self.cancel_heartbeat: Callable[[], None] = _nothing
         self.interval_ns = blocks.interval_ns
         self.last_beat = perf_counter_ns()
         self.pending: list[_Sample] = []
@@ -113,6 +116,13 @@ class _Watch:
         self._stop.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=5.0)
+
+    def retire(self) -> None:
+        """The loop is gone: nothing more to watch, nothing of it to keep."""
+        self.ended = True
+        self._current = _nobody
+        self._paused = self._closed = _yes
+        self.cancel_heartbeat = _nothing
 
     @property
     def stopping(self) -> bool:
@@ -150,6 +160,11 @@ class _Watch:
     def _run(self) -> None:
         poll = self.interval_ns / 2e9
         while not self._stop.wait(poll):
+            if self._closed():
+                # A program (or test suite) that runs many loops one after
+                # the other: each watch ends with its loop, and lets it go.
+                self.retire()
+                return
             if self._paused():
                 self.was_paused = True
                 continue
@@ -180,6 +195,18 @@ class _Watch:
         return _Sample(t, self.loop_thread_id, stack, task_name, owned or self.blocks.global_scope, _is_idle(stack))
 
 
+def _nothing() -> None:
+    pass
+
+
+def _yes() -> bool:
+    return True
+
+
+def _nobody(frames: list[Any]) -> tuple[str | None, bool]:
+    return None, False
+
+
 class LoopBlocks:
     """The loop-block detection of one profile: its watches, stalls and samples.
 
@@ -195,7 +222,6 @@ class LoopBlocks:
         self.watches: list[_Watch] = []
         # (due_ns, beat_ns, loop_thread_id, samples): the heartbeat came late.
         self.stalls: list[tuple[int, int, int, list[_Sample]]] = []
-        self.undo: list[Callable[[], None]] = []
         self._finished = False
 
     # -- watching ------------------------------------------------------------
@@ -216,7 +242,7 @@ class LoopBlocks:
         def paused() -> bool:
             return loop.is_closed() or not loop.is_running()
 
-        watch = _Watch(self, threading.get_ident(), current, paused)
+        watch = _Watch(self, threading.get_ident(), current, paused, loop.is_closed)
         handle: list[Any] = [None]
 
         def beat() -> None:
@@ -235,11 +261,7 @@ class LoopBlocks:
             handle[0] = loop.call_later(watch.interval_ns / 1e9, beat)
         else:
             handle[0] = loop.call_soon(first_beat)
-        watch.start()
-        self.watches.append(watch)
-
-        def stop() -> None:
-            watch.stop()
+        def cancel() -> None:
             h = handle[0]
             if h is not None and not loop.is_closed():
                 try:
@@ -247,7 +269,9 @@ class LoopBlocks:
                 except RuntimeError:
                     pass  # the loop closed meanwhile
 
-        self.undo.append(stop)
+        watch.cancel_heartbeat = cancel
+        watch.start()
+        self.watches.append(watch)
 
     def watch_trio(self, start_task: Any = None) -> None:
         """Watch the current trio run, from inside it."""
@@ -265,7 +289,7 @@ class LoopBlocks:
                 return str(start_task.name), True
             return None, False
 
-        watch = _Watch(self, threading.get_ident(), current, lambda: False)
+        watch = _Watch(self, threading.get_ident(), current, lambda: False, lambda: watch.ended)
         scope = trio.CancelScope()
 
         async def heartbeat() -> None:
@@ -278,17 +302,16 @@ class LoopBlocks:
                 watch.ended = True
 
         trio.lowlevel.spawn_system_task(heartbeat, name="aprof loop-block heartbeat")
-        watch.start()
-        self.watches.append(watch)
 
-        def stop() -> None:
-            watch.stop()
+        def cancel() -> None:
             try:
                 token.run_sync_soon(scope.cancel)
             except trio.RunFinishedError:
                 pass
 
-        self.undo.append(stop)
+        watch.cancel_heartbeat = cancel
+        watch.start()
+        self.watches.append(watch)
 
     # -- at stop ---------------------------------------------------------------
 
@@ -297,8 +320,9 @@ class LoopBlocks:
         if self._finished:
             return
         self._finished = True
-        for stop in self.undo:
-            stop()
+        for w in self.watches:
+            w.stop()
+            w.cancel_heartbeat()
         st = self.state
         stop_ns = st.stop_ns if st.stop_ns is not None else perf_counter_ns()
         for w in self.watches:
@@ -346,6 +370,11 @@ class LoopBlocks:
                 continue
             if samples and all(s.idle for s in samples):
                 continue  # the loop was waiting for I/O (a virtual clock), not blocked
+            if not samples and beat - due <= 2 * self.threshold_ns:
+                # Nothing sampled: C code holding the GIL, or the whole
+                # process descheduled on a busy machine. Only a long one is
+                # worth a line without a stack to show.
+                continue
             covered = sum(
                 max(0, min(beat, b.end) - max(due, b.start)) for b in steps if b.thread_id == thread_id
             )
@@ -524,6 +553,7 @@ def _watch_new_runs(blocks: LoopBlocks) -> list[Callable[[], None]]:
         watched: list[Any] = []  # loops (uvloop's cannot be weakly referenced)
 
         def watch(loop: Any) -> None:
+            watched[:] = [w for w in watched if not w.is_closed()]  # a closed loop is never handed out again
             if state.running and not any(w is loop for w in watched):
                 watched.append(loop)
                 blocks.watch_asyncio(loop)
