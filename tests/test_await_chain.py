@@ -69,15 +69,41 @@ class Prims:
             self.recv.close()
 
 
+def _cancel_scope(backend) -> Any:
+    if backend.is_anyio:
+        import anyio
+
+        return anyio.CancelScope()
+    import trio
+
+    return trio.CancelScope()
+
+
+async def _until(backend, seen: list[Any]) -> None:
+    """Until the waiter has said it is about to wait: it then is (one thread)."""
+    while not seen:
+        await backend.sleep(0.001)
+
+
 def _scenario(backend, kind: str) -> tuple[str, str, str, str]:
     """Suspend a task on ``kind``; its description, seen from the main task."""
     seen: list[Any] = []
+    scopes: list[Any] = []
     release = threading.Event()
 
     async def waiter_in_user_code(prims: Prims) -> None:
         seen.append(_me(backend))
         if kind == "sleep":
-            await backend.sleep(0.15)
+            if backend.is_trio or backend.is_anyio:
+                scope = _cancel_scope(backend)
+                scopes.append(scope)
+                with scope:
+                    await backend.sleep(30)
+            else:
+                try:
+                    await backend.sleep(30)
+                except asyncio.CancelledError:
+                    pass
         elif kind == "lock":
             async with prims.lock:
                 pass
@@ -94,8 +120,7 @@ def _scenario(backend, kind: str) -> tuple[str, str, str, str]:
             if kind == "lock":
                 await prims.lock.acquire()
             g.start_soon(waiter_in_user_code, prims)
-            for _ in range(5):
-                await backend.sleep(0.01)
+            await _until(backend, seen)
             coro, task = seen[0]
             result = describe_wait(coro, task)
             # let it go
@@ -107,6 +132,11 @@ def _scenario(backend, kind: str) -> tuple[str, str, str, str]:
                 release.set()
             elif kind == "queue":
                 await prims.put()
+            elif kind == "sleep":
+                if scopes:
+                    scopes[0].cancel()
+                else:
+                    task.cancel()
         prims.close()
         assert result is not None
         return result
@@ -142,11 +172,15 @@ def test_an_asyncio_task_awaiting_a_future_names_the_future(loop: str, kind: str
     backend = Backend(loop)
     release = threading.Event()
 
+    kid_release = asyncio.Event()
+    started: list[bool] = []
+
     async def kid() -> None:
-        await asyncio.sleep(0.1)
+        await kid_release.wait()
 
     async def parent() -> None:
         loop = asyncio.get_running_loop()
+        started.append(True)
         if kind == "task":
             await asyncio.create_task(kid(), name="kid-1")
         elif kind == "executor":
@@ -156,10 +190,12 @@ def test_an_asyncio_task_awaiting_a_future_names_the_future(loop: str, kind: str
 
     async def main() -> tuple[str, str, str, str] | None:
         task = asyncio.create_task(parent())
-        for _ in range(3):
-            await asyncio.sleep(0.01)
+        while not started:
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0.001)  # the kids' first steps, on the loop after the parent's
         result = describe_wait(task.get_coro(), task)
         release.set()
+        kid_release.set()
         await task
         return result
 
@@ -211,7 +247,7 @@ def test_describe_task_takes_the_task_itself(backend) -> None:
         prims = Prims(backend)
         async with backend.group() as g:
             g.start_soon(parked, prims.event)
-            await backend.sleep(0.01)
+            await _until(backend, tasks)
             wait = describe_task(tasks[0])
             prims.event.set()
         prims.close()
