@@ -378,8 +378,10 @@ class LoopBlocks:
             covered = sum(
                 max(0, min(beat, b.end) - max(due, b.start)) for b in steps if b.thread_id == thread_id
             )
-            if beat - due - covered <= self.threshold_ns // 2:
-                continue  # a task step's block: recorded exactly from the step
+            if covered and beat - due - covered <= self.threshold_ns:
+                # Mostly a task step's block, recorded exactly from the
+                # step; what is left is no longer than the threshold.
+                continue
             out.append(_Block(due, beat, thread_id, "stall", None, 0, None))
         return out
 
