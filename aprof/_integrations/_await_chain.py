@@ -29,9 +29,10 @@ of a dozen awaits costs a few microseconds.
 
 Per-wait records (what the summary reads): a ``TASK`` event's
 ``extra["waits"]`` is a list of runs of consecutive waits with the same
-``(what, at)``, each ``[first_start_ns, last_end_ns, count, total_ns,
-max_ns, what, kind, at]`` (see :class:`WaitLog`); ``extra["waiting_on"]``
-is ``[what, kind, at]`` for a task still pending at stop.
+``(what, where)``, each ``[first_start_ns, last_end_ns, count, total_ns,
+max_ns, what, kind, where, caller]`` (see :class:`WaitLog`);
+``extra["waiting_on"]`` is ``[what, kind, where, caller]`` for a task still
+pending at stop.
 """
 
 from __future__ import annotations
