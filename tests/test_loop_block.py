@@ -294,3 +294,46 @@ def test_a_watch_ends_with_its_loop(runtime: str) -> None:
     assert max(alive) <= 1, alive
     blocks = [e for e in prof.events() if e.scope is aprof.RecordScope.LOOP_BLOCK]
     assert len(blocks) == 8
+
+
+def test_a_sample_read_across_a_deschedule_is_dropped() -> None:
+    # SPEC 7.5: a sample is a stack and a time; if the watchdog is
+    # descheduled while reading the loop thread's frames, the loop runs on
+    # and the two may belong to different steps (the sample would go to
+    # the wrong block, or name the loop's own frames as a block's culprit).
+    # Such a sample is dropped; a prompt one is kept.
+    import threading
+
+    from aprof._integrations._loop_block import LoopBlocks, _Watch
+
+    blocks = LoopBlocks(None, 0.04, global_scope=True)  # type: ignore[arg-type]
+    me = threading.get_ident()
+
+    def prompt(frames: list[object]) -> tuple[str | None, bool]:
+        return "t", True
+
+    def descheduled(frames: list[object]) -> tuple[str | None, bool]:
+        time.sleep(0.03)  # the watchdog loses the CPU mid-read
+        return "t", True
+
+    never = lambda: False  # noqa: E731
+    kept = _Watch(blocks, me, prompt, never, never)._sample()
+    assert kept is not None
+    assert any(f[2].endswith("test_a_sample_read_across_a_deschedule_is_dropped") for f in kept.frames)
+    assert _Watch(blocks, me, descheduled, never, never)._sample() is None
+
+
+def test_a_blocks_stack_is_the_stack_sampled_most() -> None:
+    # SPEC 7.5: one stray sample (the first) does not name the block.
+    from aprof._integrations._loop_block import LoopBlocks, _Block, _Sample
+
+    blocks = LoopBlocks(None, 0.04, global_scope=True)  # type: ignore[arg-type]
+    stray = (("loop.py", 1, "run_once"),)
+    hot = (("app.py", 25, "verify_password"), ("app.py", 36, "handle"))
+    block = _Block(0, 100, 1, "step", "login-1", 7, "login")
+    block.samples = [_Sample(10, 1, stray, "login-1", True, False)] + [_Sample(t, 1, hot, "login-1", True, False) for t in (20, 30)]
+    name, stack, extra = block.describe(blocks)
+    assert name == "loop blocked by login-1"
+    assert stack == hot
+    assert extra["samples"][0] == [2, [list(f) for f in hot]]
+    assert extra["samples"][1] == [1, [list(f) for f in stray]]

@@ -18,9 +18,12 @@ Two sources, merged when the profile stops:
 While the heartbeat is late the watchdog also *samples* the loop thread's
 Python stack (``sys._current_frames()``), every ``interval / 2``. The
 samples are what names the blocking code: the block's ``stack`` is the
-first sample inside it, and the distinct stacks sampled during a block,
-with how often each was seen, are kept in ``extra["samples"]`` (the
-per-task hot frames of the summary). A sample that shows the loop idle in
+stack sampled most often inside it (the first seen on a tie), and the
+distinct stacks sampled during a block, with how often each was seen, are
+kept in ``extra["samples"]`` (the per-task hot frames of the summary). A
+sample whose reading was interrupted long enough for the loop thread to
+run on (a descheduled watchdog) is dropped: its frames and its time may
+belong to different steps. A sample that shows the loop idle in
 its I/O wait (a virtual clock, a loop stopped and restarted) is no block.
 
 A context-scope profile must not record other tenants' work (SPEC 5.2): a
@@ -175,8 +178,8 @@ class _Watch:
                     self.pending.append(sample)
 
     def _sample(self) -> _Sample | None:
-        frame = sys._current_frames().get(self.loop_thread_id)
         t = perf_counter_ns()
+        frame = sys._current_frames().get(self.loop_thread_id)
         if frame is None:
             return None
         objects: list[Any] = []
@@ -192,6 +195,12 @@ class _Watch:
             task_name, owned = self._current(objects)
         except Exception:  # a task with an odd name: no name, not proven ours
             task_name, owned = None, False
+        if perf_counter_ns() - t > max(self.interval_ns // 4, 1_000_000):
+            # The loop thread ran while this thread was reading its frames
+            # (a busy machine deschedules the watchdog): the frames may be
+            # half of one step and half of the next, and which block they
+            # belong to cannot be told. Dropped, not misplaced.
+            return None
         return _Sample(t, self.loop_thread_id, stack, task_name, owned or self.blocks.global_scope, _is_idle(stack))
 
 
@@ -442,7 +451,8 @@ class _Block:
                 counts[s.frames] = counts.get(s.frames, 0) + 1
             ranked = sorted(counts.items(), key=lambda kv: -kv[1])[:_MAX_SAMPLED_STACKS]
             extra["samples"] = [[n, [list(f) for f in frames]] for frames, n in ranked]
-            return name, samples[0].frames, extra
+            # The block's stack: the one seen most (the first seen on a tie).
+            return name, ranked[0][0], extra
         return name, None, extra
 
 
