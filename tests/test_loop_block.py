@@ -323,6 +323,27 @@ def test_a_sample_read_across_a_deschedule_is_dropped() -> None:
     assert _Watch(blocks, me, descheduled, never, never)._sample() is None
 
 
+def test_an_idle_sample_read_across_a_deschedule_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    # SPEC 7.5: an idle sample (the loop in its I/O wait) only says a stall
+    # was no block; it is kept however long its reading took, or a busy
+    # machine's late heartbeat would become a block with nothing sampled.
+    import threading
+
+    from aprof._integrations import _loop_block
+
+    monkeypatch.setattr(_loop_block, "_is_idle", lambda frames: True)
+    blocks = _loop_block.LoopBlocks(None, 0.04, global_scope=True)  # type: ignore[arg-type]
+
+    def descheduled(frames: list[object]) -> tuple[str | None, bool]:
+        time.sleep(0.03)
+        return None, True
+
+    never = lambda: False  # noqa: E731
+    sample = _loop_block._Watch(blocks, threading.get_ident(), descheduled, never, never)._sample()
+    assert sample is not None
+    assert sample.idle
+
+
 def test_a_blocks_stack_is_the_stack_sampled_most() -> None:
     # SPEC 7.5: one stray sample (the first) does not name the block.
     from aprof._integrations._loop_block import LoopBlocks, _Block, _Sample

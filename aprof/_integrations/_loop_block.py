@@ -21,9 +21,9 @@ samples are what names the blocking code: the block's ``stack`` is the
 stack sampled most often inside it (the first seen on a tie), and the
 distinct stacks sampled during a block, with how often each was seen, are
 kept in ``extra["samples"]`` (the per-task hot frames of the summary). A
-sample whose reading was interrupted long enough for the loop thread to
-run on (a descheduled watchdog) is dropped: its frames and its time may
-belong to different steps. A sample that shows the loop idle in
+sample of running code whose reading was interrupted long enough for the
+loop thread to run on (a descheduled watchdog) is dropped: its frames and
+its time may belong to different steps. A sample that shows the loop idle in
 its I/O wait (a virtual clock, a loop stopped and restarted) is no block.
 
 A context-scope profile must not record other tenants' work (SPEC 5.2): a
@@ -195,13 +195,16 @@ class _Watch:
             task_name, owned = self._current(objects)
         except Exception:  # a task with an odd name: no name, not proven ours
             task_name, owned = None, False
-        if perf_counter_ns() - t > max(self.interval_ns // 4, 1_000_000):
+        idle = _is_idle(stack)
+        if not idle and perf_counter_ns() - t > max(self.interval_ns // 4, 1_000_000):
             # The loop thread ran while this thread was reading its frames
             # (a busy machine deschedules the watchdog): the frames may be
             # half of one step and half of the next, and which block they
-            # belong to cannot be told. Dropped, not misplaced.
+            # belong to cannot be told. Dropped, not misplaced. (An idle
+            # sample is kept: the loop did wait for I/O in this stall,
+            # which is all an idle sample is used to say.)
             return None
-        return _Sample(t, self.loop_thread_id, stack, task_name, owned or self.blocks.global_scope, _is_idle(stack))
+        return _Sample(t, self.loop_thread_id, stack, task_name, owned or self.blocks.global_scope, idle)
 
 
 def _nothing() -> None:
