@@ -107,7 +107,9 @@ def test_report_and_convert_read_every_trace_format(tmp_path: Path, fmt: str) ->
 
 
 def test_ctrl_c_still_writes_the_trace(tmp_path: Path) -> None:
-    # SPEC 10.1: interrupted with Ctrl-C, aprof writes the trace and exits 130.
+    # SPEC 10.1, 15.6: interrupted with Ctrl-C, aprof writes the trace and
+    # ends as python ends on an uncaught KeyboardInterrupt: killed by SIGINT
+    # (the shell's 130).
     script = tmp_path / "forever.py"
     script.write_text(
         "import asyncio, aprof\n"
@@ -127,8 +129,9 @@ def test_ctrl_c_still_writes_the_trace(tmp_path: Path) -> None:
     assert proc.stdout.readline().strip() == "ready"
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=30)
-    assert proc.returncode == 130, stderr
+    assert proc.returncode == -signal.SIGINT, stderr
     assert "interrupted" in stderr
+    assert stderr.rstrip().endswith("KeyboardInterrupt")
     events = validate_trace(tmp_path / "t.json")["traceEvents"]
     waiting = next(e for e in events if e.get("name") == "waiting")
     assert waiting["args"]["exception"] in ("CancelledError", "KeyboardInterrupt")
@@ -341,3 +344,205 @@ def test_bad_option_values_are_named(tmp_path: Path, args: list[str], message: s
     assert message in proc.stderr
     assert args[0] in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+# ---------------------------------------------------------------------------
+# Issue 16 item 6: the command line gets out of the program's way
+# ---------------------------------------------------------------------------
+
+ARGV_SCRIPT = "import sys\nprint(repr(sys.argv[1:]))\n"
+
+
+@pytest.mark.parametrize(
+    "program",
+    [
+        ["-m", "json.tool", "--help"],
+        ["-m", "mymod", "-q", "-x", "--help"],
+        ["-mmymod", "-o", "x"],
+        ["argv.py", "--", "-p"],
+        ["argv.py", "--no-summary", "-o", "t.txt", "-m", "x"],
+        ["argv.py", "-"],
+    ],
+    ids=["json.tool --help", "-m mod -q -x --help", "-mmod", "script -- -p", "script aprof-like options", "script -"],
+)
+def test_everything_after_the_program_is_the_programs(tmp_path: Path, program: list[str]) -> None:
+    # SPEC 10.1, 15.6: the words after the script or `-m module` reach the
+    # program exactly as `python` passes them, and it exits as under python.
+    (tmp_path / "argv.py").write_text(ARGV_SCRIPT)
+    (tmp_path / "mymod.py").write_text(ARGV_SCRIPT)
+    plain = subprocess.run([sys.executable, *program], cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)
+    proc = run_aprof("run", "--no-summary", "-o", "t.json", *program, cwd=tmp_path)
+    assert proc.stdout == plain.stdout
+    assert proc.returncode == plain.returncode, proc.stderr
+    assert "wrote t.json" in proc.stderr
+
+
+def test_run_pytest_as_a_module(tmp_path: Path) -> None:
+    # SPEC 10.1: `aprof run -m pytest -q -x` runs pytest with -q -x, and its
+    # exit status is pytest's (1: a test failed).
+    (tmp_path / "test_two.py").write_text("def test_ok():\n    pass\n\ndef test_bad():\n    assert False\n\ndef test_never():\n    pass\n")
+    proc = run_aprof("run", "--no-summary", "-o", "t.json", "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "test_two.py", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    assert "1 failed, 1 passed" in proc.stdout  # -x stopped before test_never
+    assert "wrote t.json" in proc.stderr
+
+
+@pytest.mark.parametrize("case", ["read-only file", "directory", "missing directory"])
+def test_an_unwritable_output_is_refused_before_the_program_runs(tmp_path: Path, case: str) -> None:
+    # SPEC 10.1, 12: refused in one line naming it, and the program never ran.
+    (tmp_path / "side_effect.py").write_text("open('ran', 'w').close()\n")
+    if case == "read-only file":
+        target = tmp_path / "t.json"
+        target.write_text("{}")
+        target.chmod(0o444)
+        expected = "the file is read-only"
+    elif case == "directory":
+        target = tmp_path / "out.json"
+        target.mkdir()
+        expected = "is a directory"
+    else:
+        target = tmp_path / "nodir" / "t.json"
+        expected = "does not exist"
+    proc = run_aprof("run", "-o", str(target), "side_effect.py", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert expected in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "ran").exists()
+
+
+SIGTERM_PROGRAM = """
+import asyncio, sys, aprof
+
+async def main():
+    with aprof.record_function("before"):
+        pass
+    with aprof.record_function("serving"):
+        print("ready", flush=True)
+        await asyncio.sleep(60)
+
+if "--own-handler" in sys.argv:
+    import signal
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(7))
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("own_handler", [False, True], ids=["default", "program's own handler"])
+def test_sigterm_writes_the_trace_and_exits_as_the_program_would(tmp_path: Path, own_handler: bool) -> None:
+    # SPEC 10.1, 15.6: SIGTERM (docker stop, systemd, Kubernetes) writes the
+    # trace as Ctrl-C does; the exit status is the program's own: killed by
+    # SIGTERM when it has no handler, its handler's exit code when it has one.
+    script = tmp_path / "server.py"
+    script.write_text(SIGTERM_PROGRAM)
+    extra = ["--own-handler"] if own_handler else []
+
+    def run(cmd: list[str]) -> tuple[int, str]:
+        proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+        return proc.returncode, stderr
+
+    plain_code, _ = run([sys.executable, str(script), *extra])
+    code, stderr = run([sys.executable, "-m", "aprof", "run", "-o", "t.json", str(script), *extra])
+    assert code == plain_code == (7 if own_handler else -signal.SIGTERM), stderr
+    assert "wrote t.json" in stderr
+    events = validate_trace(tmp_path / "t.json")["traceEvents"]
+    names = {e.get("name") for e in events}
+    assert {"before", "serving"} <= names
+
+
+def test_report_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
+    # SPEC 10.1: `aprof report t.aprof | head` - the reader goes away; no
+    # BrokenPipeError traceback.
+    script = tmp_path / "s.py"
+    script.write_text("import aprof\nfor i in range(200):\n    with aprof.record_function(f'r{i}'):\n        pass\n")
+    assert run_aprof("run", "--no-summary", "-o", "s.aprof", str(script), cwd=tmp_path).returncode == 0
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "aprof", "report", "s.aprof", "--row-limit", "200"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    proc.stdout.close()  # gone before aprof writes a line
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0
+    assert stderr == b""
+
+
+@pytest.mark.parametrize("command", ["run", "report", "convert"])
+def test_every_option_is_documented_in_help(command: str, tmp_path: Path) -> None:
+    # SPEC 10.1: `aprof <command> --help` explains every option.
+    from aprof._cli._main import _parser
+
+    sub = next(a for a in _parser()._actions if a.dest == "command")
+    parser = sub.choices[command]  # type: ignore[index]
+    undocumented = [a.dest for a in parser._actions if not (a.help and a.help.strip())]
+    assert undocumented == []
+    text = run_aprof(command, "--help", cwd=tmp_path).stdout
+    for action in parser._actions:
+        for flag in action.option_strings:
+            assert flag in text
+
+
+def test_loop_blocks_are_watched_by_default(tmp_path: Path) -> None:
+    # Issue 16 item 2: `aprof run` records loop blocks without being asked
+    # (50 ms); --no-loop-block turns it off; the summary names the culprit.
+    script = tmp_path / "prog.py"
+    script.write_text(SPAWNS_AND_BLOCKS)
+    proc = run_aprof("run", "-o", "t.json", str(script), "asyncio", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    blocks = [e for e in validate_trace(tmp_path / "t.json")["traceEvents"] if e.get("cat") == "loop_block"]
+    assert len(blocks) == 1
+    assert "What blocked the loop: 1 step or callback longer than 50.000ms" in proc.stderr
+    assert "task hog at prog.py:19 hog" in proc.stderr
+    off = run_aprof("run", "--no-loop-block", "-o", "t.json", str(script), "asyncio", cwd=tmp_path)
+    assert off.returncode == 0, off.stderr
+    assert not [e for e in validate_trace(tmp_path / "t.json")["traceEvents"] if e.get("cat") == "loop_block"]
+    assert "What blocked the loop" not in off.stderr
+
+
+EXECUTOR_PROGRAM = """
+import asyncio, contextvars, time
+from concurrent.futures import ThreadPoolExecutor
+
+request = contextvars.ContextVar("request", default="none")
+seen = []
+
+def resize(n):
+    seen.append(request.get())
+    time.sleep(0.02)
+    return n
+
+async def main():
+    request.set("r1")
+    loop = asyncio.get_running_loop()
+    with ThreadPoolExecutor(1) as pool:
+        await asyncio.gather(*(loop.run_in_executor(pool, resize, i) for i in range(4)))
+    print("contexts", seen)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("runtime", ["asyncio", "uvloop"])
+def test_bare_run_in_executor_is_followed_without_changing_its_context(tmp_path: Path, runtime: str) -> None:
+    # Issue 16 item 7, SPEC 7.4, 15.6: under `aprof run`, bare
+    # run_in_executor jobs are EXECUTOR ranges linked to the submitting
+    # task, with their queueing; the worker still runs in its own context
+    # (the program sees "none", as without aprof).
+    program = EXECUTOR_PROGRAM if runtime == "asyncio" else EXECUTOR_PROGRAM.replace("asyncio.run(main())", "import uvloop\nuvloop.run(main())")
+    (tmp_path / "ex.py").write_text(program)
+    proc = run_aprof("run", "-o", "t.json", "ex.py", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "contexts ['none', 'none', 'none', 'none']" in proc.stdout
+    events = validate_trace(tmp_path / "t.json")["traceEvents"]
+    jobs = [e for e in events if e.get("cat") == "executor" and e.get("ph") == "X"]
+    assert [e["name"] for e in jobs] == ["resize"] * 4
+    assert sum(1 for e in events if e.get("ph") == "s") >= 4  # arrows from the task
+    header = next(line for line in proc.stderr.splitlines() if line.startswith("Name"))
+    assert "Queued" in header
+    assert "resize: 4 jobs, queued mean" in proc.stderr  # one worker: they queued
+    off = run_aprof("run", "--no-follow-executors", "-o", "t.json", "ex.py", cwd=tmp_path)
+    assert not [e for e in validate_trace(tmp_path / "t.json")["traceEvents"] if e.get("cat") == "executor"]
+    assert "contexts ['none', 'none', 'none', 'none']" in off.stdout

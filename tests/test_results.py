@@ -501,7 +501,7 @@ def test_table_shows_running_and_waiting_for_tasks(run: Any) -> None:
     [task_row] = [r for r in rows if "napper" in r.key]
     assert task_row.waiting_ns > task_row.running_ns > 0  # it mostly slept
     header = rows.table().splitlines()[1].split()
-    assert header[-2:] == ["Running", "Waiting"]
+    assert header[-4:] == ["Running", "Waiting", "Max", "step"]
 
 
 @pytest.mark.parametrize("group_by", ["bogus", "Name", "", "thread"])

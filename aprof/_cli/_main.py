@@ -1,11 +1,14 @@
 """``aprof`` on the command line (SPEC 10.1).
 
 ``aprof run [options] script.py [args...]`` or ``aprof run -m module
-[args...]`` profiles a program from its first line, prints the summary table
-and writes the trace, even when the program raises, exits or is interrupted.
-The program's exit code is aprof's. ``aprof report FILE`` prints the summary
-of a session, a Chrome trace or an HTML report; ``aprof convert IN OUT``
-rewrites one of those in the format OUT's name asks for.
+[args...]`` profiles a program from its first line, prints the summary
+(the table, then what was slow, in which task, and why) and writes the
+trace, even when the program raises, exits, is interrupted (Ctrl-C) or
+terminated (SIGTERM). Everything after the script or module belongs to the
+program, exactly as ``python`` passes it on, and the exit status is the one
+the program would have had without aprof. ``aprof report FILE`` prints the
+summary of a session, a Chrome trace or an HTML report; ``aprof convert IN
+OUT`` rewrites one of those in the format OUT's name asks for.
 """
 
 from __future__ import annotations
@@ -13,14 +16,19 @@ from __future__ import annotations
 import argparse
 import os
 import runpy
+import signal
 import sys
+import tempfile
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import FrameType
+from typing import Any, Final
 
 from .. import _version
 from .._core._profiler import profile
 from .._core._propagation import install_propagation, uninstall_propagation
+from .._export._files import check_output_path
 from .._post._analysis import _SORT_KEYS
 from .._post._readers import read_profile
 from .._post._session import Session
@@ -34,16 +42,41 @@ class _UsageError(Exception):
     """A one-line error for the user, printed without a traceback."""
 
 
+#: Loop blocks are recorded by default under ``aprof run`` from this long on (seconds).
+DEFAULT_LOOP_BLOCK_THRESHOLD: Final = 0.05
+
+#: aprof run's options that take a value (the rest are flags): the command
+#: line is split by hand at the script or ``-m module``, so that whatever
+#: follows is the program's, untouched.
+_RUN_VALUE_OPTIONS: Final = ("-o", "--output", "--scope", "--max-events", "--loop-block-threshold", "--sort", "--row-limit")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="aprof", description="A profiler for async Python.")
     p.add_argument("--version", action="version", version=f"aprof {_version.__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
-    run = sub.add_parser("run", help="profile a Python program", description="Profile a script or module from its first line.")
-    run.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script (like python -m)")
-    run.add_argument("-o", "--output", metavar="FILE", help=f"write the trace here; format from the name: {', '.join(_FORMATS)} (default: <program>.trace.json)")
+    run = sub.add_parser(
+        "run",
+        help="profile a Python program",
+        usage="aprof run [options] (script.py | -m module) [args ...]",
+        description=(
+            "Profile a script or module from its first line, print the summary (the table, then what was slow, "
+            "in which task, and why) to stderr, and write the trace. aprof's options go before the script or "
+            "-m module; everything after it is passed to the program exactly as python passes it. The exit "
+            "status is the program's, also when it is interrupted (Ctrl-C) or terminated (SIGTERM), after the "
+            "trace is written."
+        ),
+    )
+    run.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script (like python -m); the rest of the line is its arguments")
+    run.add_argument("-o", "--output", metavar="FILE", help=f"write the trace here; format from the name: {', '.join(_FORMATS)} (default: <program>.trace.json); an unwritable FILE is refused before the program runs")
     run.add_argument("--scope", choices=("context", "global"), default="global", help="record the whole process (global, the default) or only the main context and what it spawns")
-    run.add_argument("--propagate", action="store_true", help="carry context into run_in_executor, ThreadPoolExecutor.submit and threading.Thread")
+    run.add_argument("--propagate", action="store_true", help="carry the caller's context into run_in_executor, ThreadPoolExecutor.submit and threading.Thread (install_propagation)")
+    run.add_argument(
+        "--no-follow-executors",
+        action="store_true",
+        help="do not record bare thread-pool jobs (run_in_executor, ThreadPoolExecutor.submit) as executor ranges linked to the task that submitted them (on by default; they run in their own context either way)",
+    )
     run.add_argument("--with-stack", action="store_true", help="attach the Python stack to each range")
     run.add_argument("--python-tracer", action="store_true", help="record every Python function call and return (and C calls), on the tracks of the tasks that made them")
     run.add_argument("--no-c-calls", action="store_true", help="with --python-tracer, record Python frames only: much cheaper (on 3.11 several times)")
@@ -51,29 +84,70 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--loop-block-threshold",
         type=_positive_seconds,
+        default=DEFAULT_LOOP_BLOCK_THRESHOLD,
         metavar="SECONDS",
-        help="record every stretch in which one step or callback held the asyncio loop longer than this, with the blocking stack",
+        help=f"record every stretch in which one task step or callback held the event loop (or trio run) longer than this, with the blocking stack (default {DEFAULT_LOOP_BLOCK_THRESHOLD})",
     )
-    run.add_argument("--sort", default="total", choices=sorted(_SORT_KEYS), help="sort the summary table by this column")
+    run.add_argument("--no-loop-block", action="store_true", help="do not watch for loop blocks")
+    run.add_argument("--sort", default="total", choices=sorted(_SORT_KEYS), help="sort the summary table by this column (default total)")
     run.add_argument("--row-limit", type=int, default=30, help="rows in the summary table (default 30)")
-    run.add_argument("--no-summary", action="store_true", help="do not print the summary table")
+    run.add_argument("--no-summary", action="store_true", help="print neither the summary table nor the sections under it")
     run.add_argument("target", nargs="?", help="the script to run")
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the program")
 
     report = sub.add_parser(
-        "report", help="print the summary of a saved profile", description="Print the summary table of a session (.aprof), a Chrome trace (.json, .json.gz) or an HTML report."
+        "report",
+        help="print the summary of a saved profile",
+        description=(
+            "Print the summary of a session (.aprof), a Chrome trace (.json, .json.gz) or an HTML report: the "
+            "table, then what was slow, in which task, and why (slowest tasks, what blocked the loop, longest "
+            "waits, executor queueing, tasks pending at exit, repeated awaits)."
+        ),
     )
-    report.add_argument("file")
-    report.add_argument("--sort", default="total", choices=sorted(_SORT_KEYS))
-    report.add_argument("--row-limit", type=int, default=30)
-    report.add_argument("--group-by", default="name", choices=("name", "track", "stack"))
+    report.add_argument("file", help="the file to read: .aprof, .json, .json.gz or .html")
+    report.add_argument("--sort", default="total", choices=sorted(_SORT_KEYS), help="sort the table by this column (default total)")
+    report.add_argument("--row-limit", type=int, default=30, help="rows in the table (default 30)")
+    report.add_argument(
+        "--group-by",
+        default="name",
+        choices=("name", "track", "stack"),
+        help="one row per range name (tasks by coroutine, the default), per track (task or thread), or per name and stack",
+    )
+    report.add_argument("--no-sections", action="store_true", help="print the table only, not the sections under it")
 
     convert = sub.add_parser(
         "convert", help="convert a saved profile to another format", description="Read a session, Chrome trace or HTML report and write it in the format OUTPUT's name asks for."
     )
-    convert.add_argument("input")
-    convert.add_argument("output", help=f"format from the name: {', '.join(_FORMATS)}")
+    convert.add_argument("input", help="the file to read: .aprof, .json, .json.gz or .html")
+    convert.add_argument("output", help=f"the file to write; format from the name: {', '.join(_FORMATS)}")
     return p
+
+
+def _split_run(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Split ``aprof run ...`` into aprof's part and the program's.
+
+    The program's part starts at the script (the first word that is not an
+    option of aprof's or its value), or after ``-m MODULE``: what follows is
+    handed over untouched, ``--``, ``-q`` and ``--help`` included, as
+    ``python`` does.
+    """
+    i = 1  # argv[0] is "run"
+    while i < len(argv):
+        word = argv[i]
+        if word == "-m":
+            return argv[: i + 2], argv[i + 2 :]
+        if word.startswith("-m") and not word.startswith("--"):
+            return argv[: i + 1], argv[i + 1 :]
+        if word == "--":
+            # `aprof run -- script.py args`: the script follows.
+            return argv[:i] + argv[i + 1 : i + 2], argv[i + 2 :]
+        if not word.startswith("-") or word == "-":
+            return argv[: i + 1], argv[i + 1 :]
+        if word in _RUN_VALUE_OPTIONS:
+            i += 2
+            continue
+        i += 1
+    return argv, []
 
 
 def _positive_int(text: str) -> int:
@@ -97,19 +171,30 @@ def _positive_seconds(text: str) -> float:
 
 
 def _checked_output(name: str) -> Path:
+    """The output path, made absolute (the program may change directory),
+    refused now if it cannot be written: before the program runs, not after."""
     out = Path(name)
     if not any(out.name.lower().endswith(s) for s in _FORMATS):
         raise _UsageError(f"cannot tell the format of {name!r}: use a name ending in {', '.join(_FORMATS)}")
     if not out.parent.is_dir():
         raise _UsageError(f"cannot write {name!r}: directory {str(out.parent)!r} does not exist")
-    return out
+    try:
+        check_output_path(out, "output", _FORMATS)
+    except (OSError, ValueError) as exc:
+        raise _UsageError(str(exc).removeprefix("output: ")) from None
+    try:  # the directory's permissions, as this process really has them
+        fd, probe = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".probe", dir=out.parent)
+    except OSError as exc:
+        raise _UsageError(f"cannot write {name!r}: {exc.strerror or exc} in directory {str(out.parent)!r}") from None
+    os.close(fd)
+    os.unlink(probe)
+    return out.absolute()
 
 
-def _output_path(args: argparse.Namespace) -> Path:
-    if args.output:
-        return _checked_output(args.output)
-    stem = args.module if args.module else Path(args.target).stem
-    return Path(f"{stem}.trace.json")
+def _output_path(args: argparse.Namespace) -> tuple[Path, str]:
+    """Where to write the trace, and the name to print for it."""
+    name = args.output or f"{args.module if args.module else Path(args.target).stem}.trace.json"
+    return _checked_output(name), name
 
 
 def _write(session: Session, out: Path) -> None:
@@ -126,6 +211,93 @@ def _write(session: Session, out: Path) -> None:
         session.export_chrome_trace(out)
 
 
+class _Finish:
+    """Stops the profile, prints the summary and writes the trace, once:
+    when the program ends, or from the SIGTERM handler.
+
+    SIGTERM's default is to end the process at once (no ``finally``, no
+    atexit), so the handler does not unwind the program: it finishes here
+    and then ends the process by SIGTERM, as the program would have ended
+    without aprof. A SIGTERM that arrives while finishing is delivered the
+    same way after it. A process forked by the program inherits the
+    handler, but not the job: there it is the default action at once.
+    """
+
+    def __init__(self, prof: profile, args: argparse.Namespace, out: Path, shown: str, undo: list[Callable[[], None]]) -> None:
+        self.prof = prof
+        self.args = args
+        self.out = out
+        self.shown = shown
+        self.undo = undo
+        self.busy = False
+        self.pending: int | None = None
+        self.pid = os.getpid()
+        self._previous: Any = None
+
+    def install(self) -> None:
+        if threading_main() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            self._previous = signal.signal(signal.SIGTERM, self._on_signal)
+
+    def uninstall(self) -> None:
+        if self._previous is not None and signal.getsignal(signal.SIGTERM) == self._on_signal:
+            signal.signal(signal.SIGTERM, self._previous)
+        self._previous = None
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != self.pid:
+            _die_by(signum)  # a forked child: not aprof's process
+        if self.busy:
+            self.pending = signum
+            return
+        print(f"aprof: terminated ({signal.Signals(signum).name})", file=sys.stderr)
+        self.finish(0)
+        _die_by(signum)
+
+    def finish(self, code: int) -> int:
+        """Stop, summarise and write; returns the exit code to use."""
+        self.busy = True
+        args = self.args
+        try:
+            if self.prof.running:
+                self.prof.stop()
+        finally:
+            undo, self.undo = self.undo, []
+            for action in undo:
+                action()
+        session = self.prof.session
+        if not args.no_summary:
+            print(session.key_averages().table(sort_by=args.sort, row_limit=args.row_limit), file=sys.stderr)
+            sections = session.summary().render()
+            if sections:
+                print(sections, file=sys.stderr)
+        try:
+            _write(session, self.out)
+        except (OSError, ValueError, TypeError) as exc:
+            print(f"aprof: {exc}", file=sys.stderr)
+            return code or 1
+        print(f"aprof: wrote {self.shown} ({len(session.events())} events on {len(session.tracks())} tracks)", file=sys.stderr)
+        return code
+
+
+def threading_main() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _die_by(signum: int) -> None:
+    """End the process by ``signum`` with its default action, as a program
+    with no handler for it ends (the parent sees "killed by signal")."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    os._exit(128 + signum)  # pragma: no cover - the signal ends the process first
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.module and args.target:
         args.args = [args.target, *args.args]
@@ -134,35 +306,44 @@ def _run(args: argparse.Namespace) -> int:
         raise _UsageError("run: give a script (aprof run script.py) or a module (aprof run -m module)")
     if args.target and not Path(args.target).is_file():
         raise _UsageError(f"run: cannot find script {args.target!r}")
-    out = _output_path(args)
+    if args.max_events is not None and not args.python_tracer:
+        raise _UsageError("run: --max-events limits the Python tracer's events: add --python-tracer")
+    if args.no_c_calls and not args.python_tracer:
+        raise _UsageError("run: --no-c-calls changes what the Python tracer records: add --python-tracer")
+    out, shown = _output_path(args)
 
     prog = args.module or args.target
     sys.argv = [prog, *args.args]
     if args.target:
         sys.path.insert(0, str(Path(args.target).resolve().parent))
-    if args.propagate:
-        install_propagation()
     if args.scope == "global":
         import asyncio  # noqa: F401  (so the global profile can hook the loops the program creates)
-    if args.max_events is not None and not args.python_tracer:
-        raise _UsageError("run: --max-events limits the Python tracer's events: add --python-tracer")
-    if args.no_c_calls and not args.python_tracer:
-        raise _UsageError("run: --no-c-calls changes what the Python tracer records: add --python-tracer")
     prof = profile(
         scope=args.scope,
         with_stack=args.with_stack,
         python_tracer=args.python_tracer,
         max_events=args.max_events,
         c_calls=not args.no_c_calls,
-        loop_block_threshold=args.loop_block_threshold,
+        loop_block_threshold=None if args.no_loop_block else args.loop_block_threshold,
     )
-    code = 0
+    undo: list[Callable[[], None]] = []
+    if args.propagate:
+        install_propagation()
+        undo.append(uninstall_propagation)
+    elif not args.no_follow_executors and args.scope == "global":
+        from .._integrations._executors import follow_executors
+
+        undo.append(follow_executors())
     try:
         prof.start()
     except RuntimeError as exc:  # another tool holds the tracing hook (RELIABILITY FA-08)
-        if args.propagate:
-            uninstall_propagation()
+        for action in undo:
+            action()
         raise _UsageError(f"run: {exc}") from None
+    finish = _Finish(prof, args, out, shown, undo)
+    finish.install()
+    code = 0
+    interrupted: KeyboardInterrupt | None = None
     try:
         if args.module:
             runpy.run_module(args.module, run_name="__main__", alter_sys=True)
@@ -170,26 +351,22 @@ def _run(args: argparse.Namespace) -> int:
             runpy.run_path(args.target, run_name="__main__")
     except SystemExit as exc:
         code = _exit_code(exc.code)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         print("aprof: interrupted", file=sys.stderr)
-        code = 130
+        interrupted = exc
     except BaseException:
         traceback.print_exc()
         code = 1
-    finally:
-        if prof.running:
-            prof.stop()
-        if args.propagate:
-            uninstall_propagation()
-    session = prof.session
-    if not args.no_summary:
-        print(session.key_averages().table(sort_by=args.sort, row_limit=args.row_limit), file=sys.stderr)
     try:
-        _write(session, out)
-    except (OSError, ValueError, TypeError) as exc:
-        print(f"aprof: {exc}", file=sys.stderr)
-        return code or 1
-    print(f"aprof: wrote {out} ({len(session.events())} events on {len(session.tracks())} tracks)", file=sys.stderr)
+        code = finish.finish(code)
+    finally:
+        finish.uninstall()
+    if finish.pending is not None:
+        _die_by(finish.pending)
+    if interrupted is not None:
+        # As python does with an uncaught KeyboardInterrupt: the traceback,
+        # then the end by SIGINT, after the program's atexit handlers.
+        raise interrupted
     return code
 
 
@@ -216,6 +393,10 @@ def _read(command: str, name: str) -> Session:
 def _report(args: argparse.Namespace) -> int:
     session = _read("report", args.file)
     print(session.key_averages(args.group_by).table(sort_by=args.sort, row_limit=args.row_limit))
+    if not args.no_sections:
+        sections = session.summary().render()
+        if sections:
+            print(sections)
     return 0
 
 
@@ -226,13 +407,22 @@ def _convert(args: argparse.Namespace) -> int:
         _write(session, out)
     except (OSError, ValueError, TypeError) as exc:
         raise _UsageError(f"convert: {exc}") from None
-    print(f"aprof: wrote {out} ({len(session.events())} events on {len(session.tracks())} tracks)", file=sys.stderr)
+    print(f"aprof: wrote {args.output} ({len(session.events())} events on {len(session.tracks())} tracks)", file=sys.stderr)
     return 0
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    if argv and argv[0] == "run":
+        mine, program = _split_run(argv)
+        args = _parser().parse_args(mine)
+        args.args = [*args.args, *program]
+        return args
+    return _parser().parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
-    args = _parser().parse_args(argv)
+    args = _parse(list(sys.argv[1:] if argv is None else argv))
     try:
         if args.command == "run":
             return _run(args)
@@ -242,6 +432,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _UsageError as exc:
         print(f"aprof: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # `aprof report ... | head`: the reader has gone; end quietly, and
+        # keep Python from complaining again when it flushes stdout at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 0
 
 
 def entry() -> None:  # pragma: no cover - thin wrapper for console_scripts
@@ -249,4 +446,4 @@ def entry() -> None:  # pragma: no cover - thin wrapper for console_scripts
 
 
 if __name__ == "__main__":  # pragma: no cover
-    os._exit(main())
+    sys.exit(main())

@@ -36,7 +36,7 @@ from ._tracer import TracerRun
 if TYPE_CHECKING:
     from os import PathLike
 
-    from .._post._analysis import EventAverages
+    from .._post._analysis import EventAverages, Summary
     from .._post._events import FunctionEvent
     from .._post._session import Session
 
@@ -442,6 +442,10 @@ class profile:
         """Aggregate events by ``"name"``, ``"track"`` or ``"stack"`` (SPEC 6.4)."""
         return self.session.key_averages(group_by)
 
+    def summary(self, limit: int = 5) -> Summary:
+        """What was slow, in which task, and why (see :meth:`aprof.Session.summary`)."""
+        return self.session.summary(limit)
+
     def export_chrome_trace(self, path: str | PathLike[str]) -> None:
         """Write a Chrome/Perfetto trace (``.json`` or ``.json.gz``) (SPEC 9.1)."""
         self.session.export_chrome_trace(path)
@@ -638,70 +642,12 @@ def _on_new_trio_runs(start: Callable[[], Callable[[], None]]) -> Callable[[], N
 
 
 def _start_loop_watch(state: ProfilerState, threshold: float, global_scope: bool) -> list[Callable[[], None]]:
-    """Watch the running asyncio loop or trio run for steps longer than ``threshold``.
-
-    A global profile started outside any loop (``aprof run``) watches every
-    loop ``asyncio.run`` creates while it runs instead.
-    """
+    """Watch the running asyncio loop or trio run for steps longer than
+    ``threshold`` (``aprof._integrations._loop_block``); returns the undo
+    actions, the last of which records the blocks before consolidation."""
     from .._integrations import _loop_block
 
-    if "asyncio" in sys.modules:
-        from .._integrations import _asyncio
-
-        loop = _asyncio.running_loop()
-        if loop is not None:
-            return [_loop_block.start_asyncio(state, threshold, loop)]
-    if "trio" in sys.modules:
-        import trio
-
-        if trio.lowlevel.in_trio_run():
-            return [_loop_block.start_trio(state, threshold)]
-    if not global_scope:
-        return []
-    undo: list[Callable[[], None]] = []
-    if "asyncio" in sys.modules:
-        from .._integrations import _asyncio
-
-        stops: list[Callable[[], None]] = []
-        watched: list[Any] = []  # loops (uvloop's cannot be weakly referenced)
-
-        def watch(loop: Any) -> None:
-            if state.running and not any(w is loop for w in watched):
-                watched.append(loop)
-                stops.append(_loop_block.start_asyncio(state, threshold, loop))
-
-        stop_listening = _asyncio.on_new_loops(watch)
-
-        def undo_loops() -> None:
-            stop_listening()
-            for stop in stops:
-                stop()
-
-        undo.append(undo_loops)
-
-    def watch_trio_run() -> Callable[[], None]:
-        # Not from before_run itself: the heartbeat is a system task, and
-        # the run has no system nursery yet.
-        import trio
-
-        stops: list[Callable[[], None]] = []
-        stopped = False
-
-        def start() -> None:
-            if not stopped and state.running:
-                stops.append(_loop_block.start_trio(state, threshold))
-
-        def stop() -> None:
-            nonlocal stopped
-            stopped = True
-            for s in stops:
-                s()
-
-        trio.lowlevel.current_trio_token().run_sync_soon(start)
-        return stop
-
-    undo.append(_on_new_trio_runs(watch_trio_run))
-    return undo
+    return _loop_block.start(state, threshold, global_scope)
 
 
 def _global_callback(recorder: Recorder) -> RecordFunctionCallback:

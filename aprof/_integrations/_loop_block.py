@@ -1,17 +1,40 @@
 """Loop-block detection (SPEC 7.5): what held the event loop, and where.
 
-A heartbeat runs on the loop (a ``call_later`` chain on asyncio and uvloop, a
-system task on trio) every ``interval`` = threshold / 2. A watchdog thread
-checks that the heartbeat keeps coming; when it is late by more than the
-threshold, the loop is held by one step or callback, and the watchdog reads
-the loop thread's current Python stack (``sys._current_frames()``) — the
-blocking code — and which task was running. When the heartbeat comes back, it
-records the stretch as a ``LOOP_BLOCK`` range with that stack, on a track of
-its own ("event loop blocked") so it never breaks the nesting of the task's
-ranges.
+Two sources, merged when the profile stops:
 
-Nothing here patches ``asyncio.Handle``, so it works on uvloop too. The
-stretch's edges are accurate to about one interval.
+* **Task steps.** aprof stamps the start and end of every step of every task
+  it records. A step longer than the threshold *is* a loop block by that
+  task, exactly: its edges are the step's, two tasks' steps are never merged,
+  and a step still running when ``stop()`` is called (the profile stopped by
+  the blocking code itself) is cut at the stop time, not lost.
+* **A heartbeat and a watchdog**, for what has no steps: callbacks, the task
+  that started the profile (it existed before, so it is not recorded), and,
+  in a context-scope profile, work outside the profile. A heartbeat runs on
+  the loop (a ``call_later`` chain on asyncio and uvloop, a system task on
+  trio) every ``interval`` = threshold / 2; a watchdog thread checks that it
+  keeps coming. A heartbeat late by more than the threshold is a block whose
+  edges are known to about one interval.
+
+While the heartbeat is late the watchdog also *samples* the loop thread's
+Python stack (``sys._current_frames()``), every ``interval / 2``. The
+samples are what names the blocking code: the block's ``stack`` is the
+stack sampled most often inside it (the first seen on a tie), and the
+distinct stacks sampled during a block, with how often each was seen, are
+kept in ``extra["samples"]`` (the per-task hot frames of the summary). A
+sample of running code whose reading was interrupted long enough for the
+loop thread to run on (a descheduled watchdog) is dropped: its frames and
+its time may belong to different steps. A sample that shows the loop idle in
+its I/O wait (a virtual clock, a loop stopped and restarted) is no block.
+
+A context-scope profile must not record other tenants' work (SPEC 5.2): a
+heartbeat block whose sampled code is not this profile's (not one of its
+tasks, not the task that started it) is kept, since the profile really
+waited, but named "loop blocked by work outside this profile", with no
+task name, stack or samples.
+
+Blocks are ``LOOP_BLOCK`` ranges on a track of their own per loop thread
+("event loop blocked"), so they never break the nesting of a task's ranges.
+Nothing here patches ``asyncio.Handle``, so it works on uvloop too.
 """
 
 from __future__ import annotations
@@ -19,37 +42,73 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections.abc import Callable
 from time import perf_counter_ns
-from typing import Any
+from typing import Any, Final
 
 from .._core._recorder import KIND_RANGE, ProfilerState
 from .._core._threads import LogicalThread
 
-__all__ = ["LoopBlockWatch"]
+__all__ = ["LoopBlocks", "start"]
 
-_MAX_DEPTH = 64
-_OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_MAX_DEPTH: Final = 64
+_MAX_SAMPLED_STACKS: Final = 8  # distinct stacks kept per block
+_OWN_DIR: Final = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+OUTSIDE: Final = "work outside this profile"
+
+Stack = tuple[tuple[str, int, str], ...]
 
 
-class LoopBlockWatch:
-    """Heartbeat + watchdog for one loop (or trio run) of one profile."""
+class _Sample:
+    __slots__ = ("frames", "idle", "owned", "t", "task_name", "thread_id")
+
+    def __init__(self, t: int, thread_id: int, frames: Stack, task_name: str | None, owned: bool, idle: bool) -> None:
+        self.t = t
+        self.thread_id = thread_id
+        self.frames = frames
+        self.task_name = task_name
+        self.owned = owned
+        self.idle = idle
+
+
+#: Innermost frames that mean no step or callback is running: the loop
+#: waits for I/O, or is between two of them in its own scheduler (there,
+#: a late heartbeat is the machine or the runtime, not code that blocked).
+_IDLE_FUNCTIONS: Final = frozenset({"select", "poll", "get_events", "_run_once", "unrolled_run"})
+_IDLE_FILES: Final = ("selectors.py", "_io_epoll.py", "_io_kqueue.py", "_io_windows.py", "base_events.py", "_run.py")
+
+
+def _is_idle(frames: Stack) -> bool:
+    if not frames:
+        return False
+    filename, _, function = frames[0]
+    return function.rsplit(".", 1)[-1] in _IDLE_FUNCTIONS and filename.endswith(_IDLE_FILES)
+
+
+class _Watch:
+    """Heartbeat bookkeeping and a watchdog thread for one loop (or trio run)."""
 
     def __init__(
-        self, state: ProfilerState, threshold_s: float, loop_thread_id: int, current_task: Any, unknown: str
+        self,
+        blocks: LoopBlocks,
+        loop_thread_id: int,
+        current: Callable[[list[Any]], tuple[str | None, bool]],
+        paused: Callable[[], bool],
+        closed: Callable[[], bool],
     ) -> None:
-        self._unknown = unknown  # what to call the blocker when no task was running
-        self.state = state
-        self.threshold_ns = int(threshold_s * 1e9)
-        self.interval_s = max(threshold_s / 2.0, 0.0005)
-        self.interval_ns = int(self.interval_s * 1e9)
+        self.blocks = blocks
         self.loop_thread_id = loop_thread_id
-        self._current_task = current_task  # () -> the task running on the loop, or None
-        self.lt = LogicalThread("thread", "event loop blocked")
+        self._current = current  # (frame objects) -> (task name or None, whether it is this profile's)
+        self._paused = paused  # () -> the loop is not running now (between two runs of one loop)
+        self._closed = closed  # () -> the loop is closed, or the trio run over: the watch retires
+        self.cancel_heartbeat: Callable[[], None] = _nothing
+        self.interval_ns = blocks.interval_ns
         self.last_beat = perf_counter_ns()
-        self._stack: tuple[tuple[str, int, str], ...] | None = None
-        self._task_name: str | None = None
+        self.pending: list[_Sample] = []
+        self.was_paused = False
+        self.ended = False  # the loop or run is gone: nothing is in progress at stop
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="aprof-loop-watchdog", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="aprof-loop-watchdog", daemon=True)
         self._thread._aprof_owned = True  # type: ignore[attr-defined]
 
     def start(self) -> None:
@@ -61,116 +120,472 @@ class LoopBlockWatch:
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=5.0)
 
+    def retire(self) -> None:
+        """The loop is gone: nothing more to watch, nothing of it to keep."""
+        self.ended = True
+        self._current = _nobody
+        self._paused = self._closed = _yes
+        self.cancel_heartbeat = _nothing
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def reset(self) -> None:
+        """The loop (re)starts running: the time before is no block."""
+        self.last_beat = perf_counter_ns()
+        self.pending = []
+        self.was_paused = False
+
     def beat(self) -> None:
         """Called on the loop every interval."""
         now = perf_counter_ns()
-        prev = self.last_beat
+        due = self.last_beat + self.interval_ns
         self.last_beat = now
-        late = now - prev - self.interval_ns
-        if late > self.threshold_ns:
-            stack, self._stack = self._stack, None
-            task_name, self._task_name = self._task_name, None
-            st = self.state
-            if st.running:
-                start = prev + self.interval_ns
-                extra = {"blocked_task": task_name or self._unknown, "threshold_ns": self.threshold_ns}
-                name = f"loop blocked by {task_name}" if task_name else "loop blocked"
-                lst = st.list_for(self.lt)
-                idx = len(lst)
-                lst.append((name, "loop_block", start, None, -1, 0, None, stack, KIND_RANGE, extra))
-                lst.append((idx, now, self.lt.id, None))
-        else:
-            self._stack = None
-            self._task_name = None
+        samples, self.pending = self.pending, []
+        if self.was_paused:  # the loop stopped and ran again in between
+            self.was_paused = False
+            return
+        if now - due > self.interval_ns:
+            # Late: kept as a stall. Its samples may belong to a task step
+            # longer than the threshold even when the lateness is not.
+            self.blocks.stalls.append((due, now, self.loop_thread_id, samples))
 
-    def _watch(self) -> None:
-        poll = self.interval_s / 2.0
+    def in_progress(self, now: int) -> None:
+        """At stop: a stall still under way (the blocking code stopped the profile)."""
+        if self.ended or self._paused():
+            return
+        due = self.last_beat + self.interval_ns
+        if now - due > self.interval_ns:
+            self.blocks.stalls.append((due, now, self.loop_thread_id, self.pending))
+            self.pending = []
+
+    def _run(self) -> None:
+        poll = self.interval_ns / 2e9
         while not self._stop.wait(poll):
+            if self._closed():
+                # A program (or test suite) that runs many loops one after
+                # the other: each watch ends with its loop, and lets it go.
+                self.retire()
+                return
+            if self._paused():
+                self.was_paused = True
+                continue
             behind = perf_counter_ns() - self.last_beat - self.interval_ns
-            if behind > self.threshold_ns and self._stack is None:
-                self._stack, self._task_name = self._sample()
+            if behind > self.interval_ns // 2:
+                sample = self._sample()
+                if sample is not None:
+                    self.pending.append(sample)
 
-    def _sample(self) -> tuple[tuple[tuple[str, int, str], ...], str | None]:
+    def _sample(self) -> _Sample | None:
+        t = perf_counter_ns()
         frame = sys._current_frames().get(self.loop_thread_id)
+        if frame is None:
+            return None
+        objects: list[Any] = []
         frames: list[tuple[str, int, str]] = []
         while frame is not None and len(frames) < _MAX_DEPTH:
+            objects.append(frame)
             code = frame.f_code
-            if not code.co_filename.startswith(_OWN_DIR):  # aprof's step proxy is not the culprit
+            if not code.co_filename.startswith(_OWN_DIR):  # aprof's own frames are never the culprit
                 frames.append((code.co_filename, frame.f_lineno or 0, code.co_qualname))
             frame = frame.f_back
-        task_name = None
+        stack = tuple(frames)
         try:
-            task = self._current_task()
-            if task is not None:
-                get_name = getattr(task, "get_name", None)
-                task_name = str(get_name() if get_name is not None else task.name)
-        except Exception:
-            task_name = None
-        return tuple(frames), task_name
+            task_name, owned = self._current(objects)
+        except Exception:  # a task with an odd name: no name, not proven ours
+            task_name, owned = None, False
+        idle = _is_idle(stack)
+        if not idle and perf_counter_ns() - t > max(self.interval_ns // 4, 1_000_000):
+            # The loop thread ran while this thread was reading its frames
+            # (a busy machine deschedules the watchdog): the frames may be
+            # half of one step and half of the next, and which block they
+            # belong to cannot be told. Dropped, not misplaced. (An idle
+            # sample is kept: the loop did wait for I/O in this stall,
+            # which is all an idle sample is used to say.)
+            return None
+        return _Sample(t, self.loop_thread_id, stack, task_name, owned or self.blocks.global_scope, idle)
 
 
-def start_asyncio(state: ProfilerState, threshold_s: float, loop: Any) -> Any:
-    """Start watching an asyncio/uvloop loop from its own thread; returns stop()."""
-    import asyncio
+def _nothing() -> None:
+    pass
 
-    watch = LoopBlockWatch(state, threshold_s, threading.get_ident(), lambda: asyncio.current_task(loop), "(callback)")
-    handle: list[Any] = [None]
 
-    def beat() -> None:
-        watch.beat()
-        if not watch._stop.is_set():
-            handle[0] = loop.call_later(watch.interval_s, beat)
+def _yes() -> bool:
+    return True
 
-    def first_beat() -> None:
-        # The loop was not running yet (a global profile hooks loops as
-        # asyncio.Runner makes them): the time before it ran is no block.
-        watch.last_beat = perf_counter_ns()
-        watch._stack = watch._task_name = None
-        if not watch._stop.is_set():
-            handle[0] = loop.call_later(watch.interval_s, beat)
 
-    if loop.is_running():
-        handle[0] = loop.call_later(watch.interval_s, beat)
-    else:
-        handle[0] = loop.call_soon(first_beat)
-    watch.start()
+def _nobody(frames: list[Any]) -> tuple[str | None, bool]:
+    return None, False
 
-    def stop() -> None:
-        watch.stop()
-        h = handle[0]
-        if h is not None and not loop.is_closed():
+
+class LoopBlocks:
+    """The loop-block detection of one profile: its watches, stalls and samples.
+
+    ``finish()`` (at stop, before consolidation) turns long task steps and
+    long stalls into ``LOOP_BLOCK`` records in the profile's lists.
+    """
+
+    def __init__(self, state: ProfilerState, threshold_s: float, global_scope: bool) -> None:
+        self.state = state
+        self.global_scope = global_scope
+        self.threshold_ns = int(threshold_s * 1e9)
+        self.interval_ns = max(self.threshold_ns // 2, 500_000)
+        self.watches: list[_Watch] = []
+        # (due_ns, beat_ns, loop_thread_id, samples): the heartbeat came late.
+        self.stalls: list[tuple[int, int, int, list[_Sample]]] = []
+        self._finished = False
+
+    # -- watching ------------------------------------------------------------
+
+    def watch_asyncio(self, loop: Any, start_task: Any = None) -> None:
+        """Watch an asyncio or uvloop loop, from its own thread."""
+        import asyncio
+
+        start_ref = _weak(start_task)
+        state = self.state
+
+        def current(frames: list[Any]) -> tuple[str | None, bool]:
+            task = asyncio.current_task(loop)
+            if task is None:
+                return None, False
+            return str(task.get_name()), _task_is_ours(task, start_ref, state)
+
+        def paused() -> bool:
+            return loop.is_closed() or not loop.is_running()
+
+        watch = _Watch(self, threading.get_ident(), current, paused, loop.is_closed)
+        handle: list[Any] = [None]
+
+        def beat() -> None:
+            watch.beat()
+            if not watch.stopping:
+                handle[0] = loop.call_later(watch.interval_ns / 1e9, beat)
+
+        def first_beat() -> None:
+            # The loop was not running yet (a global profile hooks loops as
+            # asyncio.Runner makes them): the time before it ran is no block.
+            watch.reset()
+            if not watch.stopping:
+                handle[0] = loop.call_later(watch.interval_ns / 1e9, beat)
+
+        if loop.is_running():
+            handle[0] = loop.call_later(watch.interval_ns / 1e9, beat)
+        else:
+            handle[0] = loop.call_soon(first_beat)
+        def cancel() -> None:
+            h = handle[0]
+            if h is not None and not loop.is_closed():
+                try:
+                    loop.call_soon_threadsafe(h.cancel)
+                except RuntimeError:
+                    pass  # the loop closed meanwhile
+
+        watch.cancel_heartbeat = cancel
+        watch.start()
+        self.watches.append(watch)
+
+    def watch_trio(self, start_task: Any = None) -> None:
+        """Watch the current trio run, from inside it."""
+        import trio
+
+        token = trio.lowlevel.current_trio_token()
+        # trio keeps its current task in a thread-local of the loop thread,
+        # which the watchdog cannot read. The task that started the profile
+        # is recognised by its coroutine's frame on the sampled stack; the
+        # profile's other tasks by their steps.
+        start_frame = getattr(getattr(start_task, "coro", None), "cr_frame", None)
+
+        def current(frames: list[Any]) -> tuple[str | None, bool]:
+            if start_frame is not None and any(f is start_frame for f in frames):
+                return str(start_task.name), True
+            return None, False
+
+        watch = _Watch(self, threading.get_ident(), current, lambda: False, lambda: watch.ended)
+        scope = trio.CancelScope()
+
+        async def heartbeat() -> None:
             try:
-                loop.call_soon_threadsafe(h.cancel)
+                with scope:
+                    while True:
+                        await trio.sleep(watch.interval_ns / 1e9)
+                        watch.beat()
+            finally:
+                watch.ended = True
+
+        trio.lowlevel.spawn_system_task(heartbeat, name="aprof loop-block heartbeat")
+
+        def cancel() -> None:
+            try:
+                token.run_sync_soon(scope.cancel)
+            except trio.RunFinishedError:
+                pass
+
+        watch.cancel_heartbeat = cancel
+        watch.start()
+        self.watches.append(watch)
+
+    # -- at stop ---------------------------------------------------------------
+
+    def finish(self) -> None:
+        """Stop watching and record the blocks into the profile's lists."""
+        if self._finished:
+            return
+        self._finished = True
+        for w in self.watches:
+            w.stop()
+            w.cancel_heartbeat()
+        st = self.state
+        stop_ns = st.stop_ns if st.stop_ns is not None else perf_counter_ns()
+        for w in self.watches:
+            w.in_progress(stop_ns)
+        samples = [s for _, _, _, ss in self.stalls for s in ss if not s.idle]
+        samples.sort(key=lambda s: s.t)
+        blocks = self._step_blocks(stop_ns)
+        blocks += self._stall_blocks(blocks)
+        _assign_samples(blocks, samples)
+        self._record(blocks)
+
+    def _step_blocks(self, stop_ns: int) -> list[_Block]:
+        """Every recorded task step longer than the threshold."""
+        out: list[_Block] = []
+        threshold = self.threshold_ns
+        for rec in list(self.state.task_records):
+            info = _task_info(rec)
+            if info is None:
+                continue
+            tid, name, coro, os_tid, steps = info
+            n = len(steps)
+            for i in range(0, n, 2):
+                start = steps[i]
+                if start >= stop_ns:
+                    break
+                end = steps[i + 1] if i + 1 < n else stop_ns
+                end = min(end, stop_ns)
+                if end - start > threshold:
+                    out.append(_Block(start, end, os_tid, "step", name, tid, coro))
+        # An eager task's first step runs inside its spawner's step: the
+        # inner step is the block; the outer one is one only for the rest.
+        out.sort(key=lambda b: (b.thread_id, b.start, -b.end))
+        kept: list[_Block] = []
+        for b in out:
+            inner = sum(c.end - c.start for c in out if c is not b and c.thread_id == b.thread_id and b.start <= c.start and c.end <= b.end)
+            if b.end - b.start - inner > threshold:
+                kept.append(b)
+        return kept
+
+    def _stall_blocks(self, steps: list[_Block]) -> list[_Block]:
+        """Stalls longer than the threshold that no task step explains."""
+        out: list[_Block] = []
+        for due, beat, thread_id, samples in self.stalls:
+            if beat - due <= self.threshold_ns:
+                continue
+            if samples and all(s.idle for s in samples):
+                continue  # the loop was waiting for I/O (a virtual clock), not blocked
+            if not samples and beat - due <= 2 * self.threshold_ns:
+                # Nothing sampled: C code holding the GIL, or the whole
+                # process descheduled on a busy machine. Only a long one is
+                # worth a line without a stack to show.
+                continue
+            covered = sum(
+                max(0, min(beat, b.end) - max(due, b.start)) for b in steps if b.thread_id == thread_id
+            )
+            if covered and beat - due - covered <= self.threshold_ns:
+                # Mostly a task step's block, recorded exactly from the
+                # step; what is left is no longer than the threshold.
+                continue
+            out.append(_Block(due, beat, thread_id, "stall", None, 0, None))
+        return out
+
+    def _record(self, blocks: list[_Block]) -> None:
+        st = self.state
+        tracks: dict[int, LogicalThread] = {}
+        for b in sorted(blocks, key=lambda b: (b.start, -b.end)):
+            lt = tracks.get(b.thread_id)
+            if lt is None:
+                lt = tracks[b.thread_id] = LogicalThread("thread", _track_name(b.thread_id))
+                lt.os_thread_id = b.thread_id
+            name, stack, extra = b.describe(self)
+            lst = st.list_for(lt)
+            idx = len(lst)
+            lst.append((name, "loop_block", b.start, None, -1, 0, None, stack, KIND_RANGE, extra))
+            lst.append((idx, b.end, lt.id, None))
+
+
+class _Block:
+    __slots__ = ("coro", "end", "samples", "source", "start", "task", "task_id", "thread_id")
+
+    def __init__(
+        self, start: int, end: int, thread_id: int, source: str, task: str | None, task_id: int, coro: str | None
+    ) -> None:
+        self.start = start
+        self.end = end
+        self.thread_id = thread_id
+        self.source = source  # "step": a recorded task's step; "stall": the heartbeat's
+        self.task = task
+        self.task_id = task_id
+        self.coro = coro
+        self.samples: list[_Sample] = []
+
+    def describe(self, blocks: LoopBlocks) -> tuple[str, Stack | None, dict[str, Any]]:
+        extra: dict[str, Any] = {"threshold_ns": blocks.threshold_ns}
+        samples = self.samples
+        if self.source == "step":
+            extra.update(blocked_task=self.task, task_id=self.task_id, coro=self.coro, source="step")
+            name = f"loop blocked by {self.task}"
+        else:
+            first = samples[0] if samples else None
+            if first is not None and not first.owned:
+                # Not this profile's work (SPEC 5.2): the wait is real, whose it was is not ours to keep.
+                extra.update(blocked_task=OUTSIDE, source="outside")
+                return f"loop blocked by {OUTSIDE}", None, extra
+            if first is None:
+                who = "(not sampled)"
+            elif first.task_name is not None:
+                who = first.task_name
+            else:
+                who = "(callback)"
+            extra.update(blocked_task=who, source="heartbeat")
+            name = f"loop blocked by {who}" if first is not None and first.task_name else "loop blocked"
+            samples = [s for s in samples if s.owned]
+        if samples:
+            counts: dict[Stack, int] = {}
+            for s in samples:
+                counts[s.frames] = counts.get(s.frames, 0) + 1
+            ranked = sorted(counts.items(), key=lambda kv: -kv[1])[:_MAX_SAMPLED_STACKS]
+            extra["samples"] = [[n, [list(f) for f in frames]] for frames, n in ranked]
+            # The block's stack: the one seen most (the first seen on a tie).
+            return name, ranked[0][0], extra
+        return name, None, extra
+
+
+def _assign_samples(blocks: list[_Block], samples: list[_Sample]) -> None:
+    """Give each sample to the innermost block on its thread that contains it."""
+    for s in samples:
+        best: _Block | None = None
+        for b in blocks:
+            if b.thread_id == s.thread_id and b.start <= s.t <= b.end and (best is None or b.end - b.start < best.end - best.start):
+                best = b
+        if best is not None:
+            best.samples.append(s)
+
+
+def _task_info(rec: Any) -> tuple[int, str, str, int, list[int]] | None:
+    """(track id, name, coroutine, OS thread, flat steps) of a task record:
+    a finished task's tuple or a running task's object
+    (``aprof._integrations._tasks``)."""
+    try:
+        if type(rec) is tuple:
+            return rec[0], rec[1], rec[4], rec[3], list(rec[11])
+        return rec.id, rec.current_name(), rec.coro_name, rec.os_thread_id, list(rec.steps)
+    except Exception:  # a record of another shape: no steps to read
+        return None
+
+
+def _weak(obj: Any) -> Callable[[], Any]:
+    if obj is None:
+        return lambda: None
+    import weakref
+
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return lambda: obj
+
+
+def _task_is_ours(task: Any, start_ref: Callable[[], Any], state: ProfilerState) -> bool:
+    """Whether an asyncio task's work belongs to this context-scope profile:
+    the task that started it, or a task whose context runs its recorder
+    (3.12+: ``Task.get_context``; on 3.11 only the starting task is known)."""
+    if task is start_ref():
+        return True
+    get_context = getattr(task, "get_context", None)
+    if get_context is None:
+        return False
+    from .._core._callbacks import RF_STATE
+
+    st = get_context().get(RF_STATE, None)
+    rec = getattr(st, "recorder", None)
+    return rec is not None and rec.state is state
+
+
+def _track_name(thread_id: int) -> str:
+    if thread_id == threading.main_thread().ident:
+        return "event loop blocked"
+    t = threading._active.get(thread_id)  # type: ignore[attr-defined]
+    return f"event loop blocked ({t.name})" if t is not None else "event loop blocked"
+
+
+# ---------------------------------------------------------------------------
+# Starting the watch for a profile
+# ---------------------------------------------------------------------------
+
+
+def start(state: ProfilerState, threshold_s: float, global_scope: bool) -> list[Callable[[], None]]:
+    """Watch the running asyncio loop or trio run of a starting profile.
+
+    A global profile started outside any loop (``aprof run``) watches every
+    loop ``asyncio.Runner`` makes and every trio run that starts while it
+    runs instead. Returns the undo actions; the last one records the blocks.
+    """
+    blocks = LoopBlocks(state, threshold_s, global_scope)
+    undo: list[Callable[[], None]] = []
+    started = False
+    if "asyncio" in sys.modules:
+        from . import _asyncio
+
+        loop = _asyncio.running_loop()
+        if loop is not None:
+            import asyncio
+
+            blocks.watch_asyncio(loop, asyncio.current_task(loop))
+            started = True
+    if not started and "trio" in sys.modules:
+        import trio
+
+        if trio.lowlevel.in_trio_run():
+            task = None
+            try:
+                task = trio.lowlevel.current_task()
             except RuntimeError:
-                pass  # the loop closed meanwhile
+                pass
+            blocks.watch_trio(task)
+            started = True
+    if not started and global_scope:
+        undo += _watch_new_runs(blocks)
+    undo.append(blocks.finish)
+    return undo
 
-    return stop
 
+def _watch_new_runs(blocks: LoopBlocks) -> list[Callable[[], None]]:
+    from .._core._profiler import _on_new_trio_runs
 
-def start_trio(state: ProfilerState, threshold_s: float) -> Any:
-    """Start watching the current trio run from inside it; returns stop()."""
-    import trio
+    undo: list[Callable[[], None]] = []
+    state = blocks.state
+    if "asyncio" in sys.modules:
+        from . import _asyncio
 
-    token = trio.lowlevel.current_trio_token()
-    # trio keeps its current task in a thread-local of the loop thread, which
-    # the watchdog cannot read: the stack names the blocking code instead.
-    watch = LoopBlockWatch(state, threshold_s, threading.get_ident(), lambda: None, "(see stack)")
-    scope = trio.CancelScope()
+        watched: list[Any] = []  # loops (uvloop's cannot be weakly referenced)
 
-    async def heartbeat() -> None:
-        with scope:
-            while True:
-                await trio.sleep(watch.interval_s)
-                watch.beat()
+        def watch(loop: Any) -> None:
+            watched[:] = [w for w in watched if not w.is_closed()]  # a closed loop is never handed out again
+            if state.running and not any(w is loop for w in watched):
+                watched.append(loop)
+                blocks.watch_asyncio(loop)
 
-    trio.lowlevel.spawn_system_task(heartbeat, name="aprof loop-block heartbeat")
-    watch.start()
+        undo.append(_asyncio.on_new_loops(watch))
 
-    def stop() -> None:
-        watch.stop()
-        try:
-            token.run_sync_soon(scope.cancel)
-        except trio.RunFinishedError:
-            pass
+    def watch_trio_run() -> Callable[[], None]:
+        # Not from before_run itself: the heartbeat is a system task, and
+        # the run has no system nursery yet.
+        import trio
 
-    return stop
+        def begin() -> None:
+            if state.running and not blocks._finished:
+                blocks.watch_trio()
+
+        trio.lowlevel.current_trio_token().run_sync_soon(begin)
+        return lambda: None  # finish() stops every watch
+
+    undo.append(_on_new_trio_runs(watch_trio_run))
+    return undo

@@ -1,17 +1,19 @@
-"""Aggregation and the summary table (SPEC 6.4)."""
+"""Aggregation, the summary table (SPEC 6.4) and the summary sections under it."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from .._core._callbacks import RecordScope
+from .._frames import format_frame, innermost_user_frame, shown_stack
 from ._events import FunctionEvent
 
 if TYPE_CHECKING:
     from ._session import Session
 
-__all__ = ["EventAverages", "FunctionEventAvg", "key_averages"]
+__all__ = ["EventAverages", "FunctionEventAvg", "Summary", "key_averages", "summarize"]
 
 GROUP_BY: Final = ("name", "track", "stack")
 _STACK_DEPTH: Final = 5
@@ -22,9 +24,15 @@ class FunctionEventAvg:
 
     Times are nanoseconds. ``running_ns`` and ``waiting_ns`` split the total
     of task ranges into time on the loop and time suspended (0 when unknown).
+    ``max_step_ns`` is the longest single step of the group's tasks (how long
+    one of them held the loop at once; 0 for other rows); ``queued_ns`` and
+    ``queued_count`` sum the time executor jobs waited from submit to start.
     """
 
-    __slots__ = ("count", "key", "max_ns", "min_ns", "running_ns", "self_ns", "stack", "total_ns", "waiting_ns")
+    __slots__ = (
+        "count", "key", "max_ns", "max_step_ns", "min_ns", "queued_count", "queued_ns", "running_ns", "self_ns",
+        "stack", "total_ns", "waiting_ns",
+    )  # fmt: skip
 
     def __init__(self, key: str, stack: tuple[tuple[str, int, str], ...] = ()) -> None:
         self.key = key
@@ -36,11 +44,19 @@ class FunctionEventAvg:
         self.max_ns = 0
         self.running_ns = 0
         self.waiting_ns = 0
+        self.max_step_ns = 0
+        self.queued_ns = 0
+        self.queued_count = 0
 
     @property
     def mean_ns(self) -> float:
         """Average duration."""
         return self.total_ns / self.count if self.count else 0.0
+
+    @property
+    def queued_mean_ns(self) -> float:
+        """Average time an executor job of the group waited to start (0 if none)."""
+        return self.queued_ns / self.queued_count if self.queued_count else 0.0
 
     def add(self, ev: FunctionEvent) -> None:
         d = ev.duration_ns
@@ -55,6 +71,18 @@ class FunctionEventAvg:
             self.running_ns += ev.running_ns
         if ev.waiting_ns is not None:
             self.waiting_ns += ev.waiting_ns
+        extra = ev.extra
+        if extra:
+            scope = ev.scope
+            if scope is RecordScope.TASK:
+                step = max_step_ns(extra.get("steps"))
+                if step > self.max_step_ns:
+                    self.max_step_ns = step
+            elif scope is RecordScope.EXECUTOR:
+                queued = queued_ns(ev)
+                if queued is not None:
+                    self.queued_ns += queued
+                    self.queued_count += 1
 
     def __repr__(self) -> str:
         return f"<FunctionEventAvg {self.key!r} count={self.count} total={_fmt(self.total_ns)}>"
@@ -69,6 +97,8 @@ _SORT_KEYS: Final[dict[str, Callable[[FunctionEventAvg], Any]]] = {
     "min": lambda r: -r.min_ns,
     "running": lambda r: -r.running_ns,
     "waiting": lambda r: -r.waiting_ns,
+    "max_step": lambda r: -r.max_step_ns,
+    "queued": lambda r: -r.queued_mean_ns,
     "name": lambda r: r.key,
 }
 
@@ -97,7 +127,8 @@ class EventAverages:
 
         Args:
             sort_by: One of ``total``, ``self``, ``count``, ``mean``, ``max``,
-                ``min``, ``running``, ``waiting``, ``name``.
+                ``min``, ``running``, ``waiting``, ``max_step``, ``queued``,
+                ``name``.
             row_limit: Show at most this many rows (all when None).
 
         Raises:
@@ -112,9 +143,15 @@ class EventAverages:
         if row_limit is not None:
             rows = rows[:row_limit]
         show_tasks = any(r.running_ns or r.waiting_ns for r in rows)
+        show_steps = any(r.max_step_ns for r in rows)
+        show_queued = any(r.queued_count for r in rows)
         header = [self.group_by.capitalize(), "Count", "Total", "Self", "Mean", "Min", "Max"]
         if show_tasks:
             header += ["Running", "Waiting"]
+        if show_steps:
+            header.append("Max step")
+        if show_queued:
+            header.append("Queued")
         body = []
         for r in rows:
             label = r.key if len(r.key) <= 60 else r.key[:57] + "..."
@@ -122,6 +159,10 @@ class EventAverages:
             cells = [label, str(r.count), _fmt(r.total_ns), _fmt(r.self_ns), _fmt(r.mean_ns), _fmt(r.min_ns), _fmt(r.max_ns)]
             if show_tasks:
                 cells += [_fmt(r.running_ns), _fmt(r.waiting_ns)]
+            if show_steps:
+                cells.append(_fmt(r.max_step_ns) if r.max_step_ns else "-")
+            if show_queued:
+                cells.append(_fmt(r.queued_mean_ns) if r.queued_count else "-")
             body.append(cells)
         widths = [max(len(h), *(len(c[i]) for c in body)) if body else len(h) for i, h in enumerate(header)]
         line = "-" * (sum(widths) + 2 * (len(widths) - 1))
@@ -165,6 +206,10 @@ def key_averages(session: Session, group_by: str = "name") -> EventAverages:
                 # Tasks are named one by one (Task-7, ...): group them by coroutine.
                 label = f"task {ev.extra['coro']}"
                 k: Any = (RecordScope.TASK, label)
+            elif ev.scope is RecordScope.LOOP_BLOCK and ev.extra and ev.extra.get("coro"):
+                # Named after the blocking task: grouped by its coroutine, as tasks are.
+                label = f"loop blocked by task {ev.extra['coro']}"
+                k = (RecordScope.LOOP_BLOCK, label)
             elif ev.scope is RecordScope.EXECUTOR:
                 # Named after the function handed over, which may also be the
                 # name of a range inside it: keep the two rows apart.
@@ -187,3 +232,574 @@ def key_averages(session: Session, group_by: str = "name") -> EventAverages:
             row = rows[k] = FunctionEventAvg(label, stack)
         row.add(ev)
     return EventAverages(list(rows.values()), group_by)
+
+
+def max_step_ns(steps: Any) -> int:
+    """The longest step in a task's flat ``[start, end, ...]`` step list (0 if none)."""
+    if not steps:
+        return 0
+    return max((steps[i + 1] - steps[i] for i in range(0, len(steps) - 1, 2)), default=0)
+
+
+def queued_ns(ev: FunctionEvent) -> int | None:
+    """How long an executor job waited from submit to start, or None if unknown."""
+    extra = ev.extra
+    submit = extra.get("submit_ns") if extra else None
+    if not isinstance(submit, int) or isinstance(submit, bool):
+        return None
+    return max(0, ev.start_ns - submit)
+
+
+# ---------------------------------------------------------------------------
+# The summary sections: what was slow, in which task, and why
+# ---------------------------------------------------------------------------
+#
+# Each section is a tuple of small frozen records built from the session's
+# events alone (so it reads the same from a live profile, a saved session, a
+# Chrome trace or an HTML report); ``Summary.render()`` prints them under the
+# table, and the HTML report can show the same records.
+
+
+@dataclass(frozen=True)
+class TaskLine:
+    """A task in "Slowest tasks": wall time split into running and waiting."""
+
+    name: str
+    coro: str
+    track_id: int
+    total_ns: int
+    running_ns: int
+    waiting_ns: int
+    max_step_ns: int
+    steps: int
+    outcome: str
+    spawned_at: str | None  # the user's line that spawned it, if recorded
+
+
+@dataclass(frozen=True)
+class BlockLine:
+    """Stretches that held the event loop with the same culprit ("What
+    blocked the loop"): the same coroutine stopped at the same function."""
+
+    count: int
+    total_ns: int
+    max_ns: int
+    start_ns: int  # of the longest
+    task: str  # the longest one's task: its name, "(callback)", or "work outside this profile"
+    coro: str | None
+    culprit: str | None  # the innermost user frame, "file:line function"
+    stack: tuple[str, ...]  # the longest one's, shown_stack(): outermost first, library frames collapsed
+    outside: bool
+
+
+@dataclass(frozen=True)
+class HotFrame:
+    """A function the loop was held in, from the watchdog's samples during
+    blocks, by coroutine (the tasks running it)."""
+
+    coro: str
+    tasks: int
+    frame: str  # "file:line function", the line sampled most
+    time_ns: int  # the blocks' time, shared out by the samples' counts
+    samples: int
+
+
+@dataclass(frozen=True)
+class WaitLine:
+    """A task's longest wait: what it waited on, as far as aprof can tell."""
+
+    task: str
+    coro: str
+    track_id: int
+    duration_ns: int
+    what: str  # "" when nothing says what
+    kind: str
+    where: str  # the user's line that awaited, "" if unknown
+    blocked_ns: int  # of the wait, time the loop was blocked (by others)
+    blocked_by: str  # the task that blocked it longest, "" if none
+
+
+@dataclass(frozen=True)
+class QueueLine:
+    """Executor jobs of one function: how long they waited for a worker."""
+
+    function: str
+    jobs: int
+    queued_mean_ns: float
+    queued_max_ns: int
+    run_mean_ns: float
+
+
+@dataclass(frozen=True)
+class PendingLine:
+    """Tasks still pending when the program or profile ended, by coroutine."""
+
+    coro: str
+    count: int
+    spawned_at: str | None
+    waiting_on: str | None
+
+
+@dataclass(frozen=True)
+class RepeatLine:
+    """Sequential awaits of the same thing in one task (the N+1 pattern)."""
+
+    task: str
+    coro: str
+    count: int
+    total_ns: int
+    what: str
+    where: str
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The sections printed under the summary table (:meth:`aprof.Session.summary`).
+
+    Each is a tuple of records, longest first, empty when there is nothing
+    to say. ``str(summary)`` is :meth:`render`.
+    """
+
+    tasks: int
+    slowest_tasks: tuple[TaskLine, ...]
+    loop_blocks: tuple[BlockLine, ...]
+    loop_block_count: int
+    loop_block_total_ns: int
+    loop_block_threshold_ns: int | None
+    hot_frames: tuple[HotFrame, ...]
+    longest_waits: tuple[WaitLine, ...]
+    executor_queueing: tuple[QueueLine, ...]
+    pending: tuple[PendingLine, ...]
+    pending_count: int
+    repeated_awaits: tuple[RepeatLine, ...]
+
+    def render(self) -> str:
+        """The sections as text; "" when none has content."""
+        return _render(self)
+
+    def __str__(self) -> str:
+        return self.render()
+
+
+#: Sequential awaits of one thing reported from this many on.
+REPEAT_MIN: Final = 10
+#: Waits shorter than this are not worth a line.
+_WAIT_MIN_NS: Final = 1_000_000
+
+
+def task_label(name: str, coro: str | None) -> str:
+    """``'name' (coro)``, or the coroutine alone when the name says nothing more
+    (trio names a task after its function)."""
+    if not coro:
+        return repr(name)
+    if name == coro or name.endswith("." + coro):
+        return coro
+    return f"{name!r} ({coro})"
+
+
+def summarize(session: Session, limit: int = 5) -> Summary:
+    """Build the summary sections of a session (see :class:`Summary`)."""
+    events = session.events()
+    tasks = [e for e in events if e.scope is RecordScope.TASK and not e.is_instant]
+    by_track = {e.thread_id: e for e in tasks}
+    blocks = [e for e in events if e.scope is RecordScope.LOOP_BLOCK]
+    thresholds = [b.extra.get("threshold_ns") for b in blocks if b.extra]
+    pending, pending_count = _pending(tasks, by_track, limit)
+    return Summary(
+        tasks=len(tasks),
+        slowest_tasks=tuple(_task_line(t) for t in sorted(tasks, key=lambda t: -t.duration_ns)[:limit]),
+        loop_blocks=tuple(_block_lines(blocks)[:limit]),
+        loop_block_count=len(blocks),
+        loop_block_total_ns=sum(b.duration_ns for b in blocks),
+        loop_block_threshold_ns=next((int(t) for t in thresholds if isinstance(t, int)), None),
+        hot_frames=tuple(_hot_frames(blocks, by_track)[:limit]),
+        longest_waits=tuple(_longest_waits(events, tasks, by_track, blocks)[:limit]),
+        executor_queueing=tuple(_queueing(events)[:limit]),
+        pending=pending,
+        pending_count=pending_count,
+        repeated_awaits=tuple(_repeats(events, tasks, by_track)[:limit]),
+    )
+
+
+def _task_line(t: FunctionEvent) -> TaskLine:
+    extra = t.extra or {}
+    steps = extra.get("steps") or ()
+    site = _site(extra.get("spawn_site"))
+    return TaskLine(
+        name=t.name,
+        coro=str(extra.get("coro") or ""),
+        track_id=t.thread_id,
+        total_ns=t.duration_ns,
+        running_ns=t.running_ns or 0,
+        waiting_ns=t.waiting_ns or 0,
+        max_step_ns=max_step_ns(steps),
+        steps=len(steps) // 2,
+        outcome=str(extra.get("outcome") or ""),
+        spawned_at=site,
+    )
+
+
+def _site(site: Any) -> str | None:
+    """A recorded spawn site (``[file, line, function]``, or already text) as text."""
+    if not site:
+        return None
+    if isinstance(site, (list, tuple)) and len(site) == 3:
+        return format_frame(site)
+    return str(site)
+
+
+def task_stack(stack: Any, coro: str | None) -> Any:
+    """A blocking task's part of a sampled stack (innermost first): up to
+    its coroutine's frame, without the loop and the program's start below."""
+    if not stack or not coro:
+        return stack
+    for i in range(len(stack) - 1, -1, -1):
+        if stack[i][2] == coro:
+            return stack[: i + 1]
+    return stack
+
+
+def _block_lines(blocks: list[FunctionEvent]) -> list[BlockLine]:
+    groups: dict[tuple[Any, ...], list[tuple[FunctionEvent, Any, str | None]]] = {}
+    for b in blocks:
+        extra = b.extra or {}
+        outside = extra.get("source") == "outside"
+        coro = extra.get("coro")
+        stack = task_stack(b.stack, coro)
+        frame = innermost_user_frame(stack)
+        culprit = format_frame(frame) if frame is not None else None
+        # One group per coroutine and function (not line: a loop's body
+        # is sampled at different lines).
+        key = (outside, coro if coro else extra.get("blocked_task"), frame[0] if frame else None, frame[2] if frame else None)
+        groups.setdefault(key, []).append((b, stack, culprit))
+    out = []
+    for members in groups.values():
+        longest, stack, culprit = max(members, key=lambda m: m[0].duration_ns)
+        extra = longest.extra or {}
+        coro = extra.get("coro")
+        out.append(
+            BlockLine(
+                count=len(members),
+                total_ns=sum(m[0].duration_ns for m in members),
+                max_ns=longest.duration_ns,
+                start_ns=longest.start_ns,
+                task=str(extra.get("blocked_task") or "(unknown)"),
+                coro=str(coro) if coro else None,
+                culprit=culprit,
+                stack=tuple(shown_stack(stack)) if stack else (),
+                outside=extra.get("source") == "outside",
+            )
+        )
+    out.sort(key=lambda b: -b.total_ns)
+    return out
+
+
+def _hot_frames(blocks: list[FunctionEvent], by_track: dict[int, FunctionEvent]) -> list[HotFrame]:
+    # (coro, file, function) -> [time, samples, {task ids}, {line: samples}]
+    acc: dict[tuple[str, str, str], list[Any]] = {}
+    for b in blocks:
+        extra = b.extra or {}
+        samples = extra.get("samples") or ()
+        total = sum(int(n) for n, _ in samples)
+        if not total:
+            continue
+        task = by_track.get(extra.get("task_id", 0))
+        coro = str(extra.get("coro") or (task_label(str(extra.get("blocked_task")), None) if extra.get("blocked_task") else "?"))
+        for n, stack in samples:
+            frame = innermost_user_frame(task_stack(stack, extra.get("coro")))
+            if frame is None:
+                if not stack:
+                    continue
+                frame = (str(stack[0][0]), int(stack[0][1]), str(stack[0][2]))
+            a = acc.setdefault((coro, frame[0], frame[2]), [0.0, 0, set(), {}])
+            a[0] += b.duration_ns * int(n) / total
+            a[1] += int(n)
+            a[2].add(task.thread_id if task is not None else extra.get("blocked_task"))
+            a[3][frame[1]] = a[3].get(frame[1], 0) + int(n)
+    rows = []
+    for (coro, filename, function), (time_ns, n, who, lines) in acc.items():
+        line = max(lines, key=lambda k: lines[k])
+        rows.append(HotFrame(coro, len(who), format_frame((filename, line, function)), int(time_ns), n))
+    rows.sort(key=lambda r: -r.time_ns)
+    return rows
+
+
+def _blocked_during(start: int, end: int, blocks: list[FunctionEvent], task_id: int) -> tuple[int, str]:
+    """Time in [start, end] the loop was blocked by something other than the task itself, and by whom."""
+    total = 0
+    worst, worst_ns = "", 0
+    for b in blocks:
+        extra = b.extra or {}
+        if extra.get("task_id") == task_id:
+            continue
+        ov = min(end, b.end_ns) - max(start, b.start_ns)
+        if ov > 0:
+            total += ov
+            if ov > worst_ns:
+                worst, worst_ns = task_label(str(extra.get("blocked_task") or "?"), extra.get("coro")), ov
+    return total, worst
+
+
+def _longest_waits(
+    events: list[FunctionEvent], tasks: list[FunctionEvent], by_track: dict[int, FunctionEvent], blocks: list[FunctionEvent]
+) -> list[WaitLine]:
+    executors: dict[int, list[FunctionEvent]] = {}
+    for e in events:
+        if e.scope is RecordScope.EXECUTOR and e.forward_thread_id:
+            executors.setdefault(e.forward_thread_id, []).append(e)
+    children: dict[int, list[FunctionEvent]] = {}
+    for t in tasks:
+        if t.forward_thread_id in by_track:
+            children.setdefault(t.forward_thread_id, []).append(t)
+    out: list[WaitLine] = []
+    for t in tasks:
+        extra = t.extra or {}
+        coro = str(extra.get("coro") or "")
+        best: tuple[int, int, str, str, str] | None = None  # (duration, end, what, kind, where)
+        for run in extra.get("waits") or ():
+            # [first_start, last_end, count, total, max, what, kind, where, caller]
+            if best is None or int(run[4]) > best[0]:
+                best = (int(run[4]), int(run[1]), str(run[5]), str(run[6]), str(run[7]))
+        if best is None:
+            best = _longest_gap(t, executors.get(t.thread_id, ()), children.get(t.thread_id, ()))
+        if best is None or best[0] < _WAIT_MIN_NS:
+            continue
+        duration, end, what, kind, where = best
+        blocked, by = _blocked_during(end - duration, end, blocks, t.thread_id)
+        out.append(WaitLine(t.name, coro, t.thread_id, duration, what, kind, where, blocked, by))
+    out.sort(key=lambda w: -w.duration_ns)
+    return out
+
+
+def _longest_gap(
+    t: FunctionEvent, executors: Any, children: Any
+) -> tuple[int, int, str, str, str] | None:
+    """A task's longest time between two steps, and what it likely waited
+    on when its steps alone are known: an executor job it submitted that
+    ended in the gap, or a child task that ended just before it resumed."""
+    steps = (t.extra or {}).get("steps") or ()
+    best = None
+    for i in range(1, len(steps) - 1, 2):
+        gap = steps[i + 1] - steps[i]
+        if best is None or gap > best[0]:
+            best = (gap, steps[i], steps[i + 1])
+    if best is None:
+        return None
+    gap, start, end = best
+    slack = max(1_000_000, gap // 20)
+    for e in executors:
+        submit = (e.extra or {}).get("submit_ns")
+        if isinstance(submit, int) and start - slack <= submit <= end and e.end_ns <= end:
+            return gap, end, f"executor job {e.name}", "executor", ""
+    ended = [c for c in children if start <= c.end_ns <= end and end - c.end_ns <= slack]
+    if ended:
+        c = max(ended, key=lambda c: c.end_ns)
+        return gap, end, f"task {task_label(c.name, (c.extra or {}).get('coro'))}", "task", ""
+    return gap, end, "", "", ""
+
+
+def _queueing(events: list[FunctionEvent]) -> list[QueueLine]:
+    groups: dict[str, list[tuple[int, int]]] = {}
+    for e in events:
+        if e.scope is RecordScope.EXECUTOR:
+            q = queued_ns(e)
+            if q is not None:
+                groups.setdefault(e.name, []).append((q, e.duration_ns))
+    out = []
+    for fn, jobs in groups.items():
+        queued = [q for q, _ in jobs]
+        mean_q = sum(queued) / len(jobs)
+        if mean_q < 1_000_000:  # under a millisecond: the pool kept up
+            continue
+        out.append(QueueLine(fn, len(jobs), mean_q, max(queued), sum(d for _, d in jobs) / len(jobs)))
+    out.sort(key=lambda q: -q.queued_mean_ns * q.jobs)
+    return out
+
+
+def _root_end(t: FunctionEvent, by_track: dict[int, FunctionEvent]) -> int | None:
+    """The end of the task that heads ``t``'s family (follows spawners)."""
+    seen = set()
+    cur = t
+    while cur.forward_thread_id in by_track and cur.thread_id not in seen:
+        seen.add(cur.thread_id)
+        cur = by_track[cur.forward_thread_id]
+    return None if cur is t else cur.end_ns
+
+
+def _pending(
+    tasks: list[FunctionEvent], by_track: dict[int, FunctionEvent], limit: int
+) -> tuple[tuple[PendingLine, ...], int]:
+    """Tasks that never finished on their own: still running at stop, or
+    cancelled after the task that heads their family ended (``asyncio.run``
+    cancels what is left when its main task returns)."""
+    groups: dict[str, list[FunctionEvent]] = {}
+    for t in tasks:
+        extra = t.extra or {}
+        outcome = extra.get("outcome")
+        if outcome == "unfinished":
+            pass
+        elif outcome == "cancelled":
+            root_end = _root_end(t, by_track)
+            if root_end is None or t.end_ns <= root_end:
+                continue
+        else:
+            continue
+        groups.setdefault(str(extra.get("coro") or t.name), []).append(t)
+    lines = []
+    for coro, ts in groups.items():
+        sites: dict[str, int] = {}
+        waits: dict[str, int] = {}
+        for t in ts:
+            extra = t.extra or {}
+            site = _site(extra.get("spawn_site"))
+            if site:
+                sites[site] = sites.get(site, 0) + 1
+            on = extra.get("waiting_on")
+            if not on and extra.get("waits"):
+                on = extra["waits"][-1][5:]
+            if on:
+                what = str(on[0]) + (f" at {on[2]}" if len(on) > 2 and on[2] else "")
+                waits[what] = waits.get(what, 0) + 1
+        lines.append(PendingLine(coro, len(ts), _most(sites), _most(waits)))
+    lines.sort(key=lambda p: -p.count)
+    return tuple(lines[:limit]), sum(p.count for p in lines)
+
+
+def _most(counts: dict[str, int]) -> str | None:
+    return max(counts, key=lambda k: counts[k]) if counts else None
+
+
+def _repeats(events: list[FunctionEvent], tasks: list[FunctionEvent], by_track: dict[int, FunctionEvent]) -> list[RepeatLine]:
+    out: list[RepeatLine] = []
+    for t in tasks:
+        extra = t.extra or {}
+        coro = str(extra.get("coro") or "")
+        for run in extra.get("waits") or ():
+            if int(run[2]) >= REPEAT_MIN:
+                where, caller = str(run[7]), str(run[8]) if len(run) > 8 else ""
+                place = f"{_function_of(where)}" if where else coro
+                if caller:
+                    place += f", called from {_function_of(caller)}"
+                out.append(RepeatLine(t.name, coro, int(run[2]), int(run[3]), str(run[5]), place))
+    # Ranges: a run of same-named siblings, each of which waited.
+    for e in events:
+        kids = e.children
+        if len(kids) < REPEAT_MIN:
+            continue
+        run_name: str | None = None
+        run = total = 0
+        for k in [*kids, None]:
+            waited = k is not None and (k.waiting_ns or 0) > 0 and not k.is_instant
+            if k is not None and waited and k.name == run_name:
+                run += 1
+                total += k.duration_ns
+                continue
+            if run_name is not None and run >= REPEAT_MIN:
+                task = by_track.get(e.thread_id)
+                coro = str((task.extra or {}).get("coro") or "") if task is not None else ""
+                out.append(RepeatLine(e.track, coro, run, total, run_name, e.name))
+            run_name, run, total = (k.name, 1, k.duration_ns) if k is not None and waited else (None, 0, 0)
+    # Executor jobs handed over one after another by one task.
+    jobs: dict[tuple[int, str], list[FunctionEvent]] = {}
+    for e in events:
+        if e.scope is RecordScope.EXECUTOR and e.forward_thread_id in by_track:
+            jobs.setdefault((e.forward_thread_id, e.name), []).append(e)
+    for (fwd, name), js in jobs.items():
+        js.sort(key=lambda e: e.start_ns)
+        sequential = all(
+            (b.extra or {}).get("submit_ns", b.start_ns) >= a.end_ns for a, b in zip(js, js[1:], strict=False)
+        )
+        if len(js) >= REPEAT_MIN and sequential:
+            task = by_track[fwd]
+            coro = str((task.extra or {}).get("coro") or "")
+            out.append(RepeatLine(task.name, coro, len(js), sum(e.duration_ns for e in js), f"executor job {name}", coro))
+    out.sort(key=lambda r: -r.total_ns)
+    return out
+
+
+def _function_of(label: str) -> str:
+    """``file:line function`` -> ``function``."""
+    return label.rsplit(" ", 1)[-1] if " " in label else label
+
+
+def _render(s: Summary) -> str:
+    out: list[str] = []
+    if s.slowest_tasks:
+        out.append("Slowest tasks (wall time = running on the loop + waiting)")
+        rows = [["Total", "Running", "Waiting", "Max step", "Task"]]
+        for t in s.slowest_tasks:
+            label = task_label(t.name, t.coro)
+            if t.outcome and t.outcome != "returned":
+                label += f" [{t.outcome}]"
+            if t.spawned_at:
+                label += f", spawned at {t.spawned_at}"
+            rows.append([_fmt(t.total_ns), _fmt(t.running_ns), _fmt(t.waiting_ns), _fmt(t.max_step_ns), label])
+        out += _columns(rows)
+    if s.loop_block_count:
+        over = f" longer than {_fmt(s.loop_block_threshold_ns)}" if s.loop_block_threshold_ns else ""
+        n = s.loop_block_count
+        out.append(f"What blocked the loop: {n} step{'s' if n != 1 else ''} or callback{'s' if n != 1 else ''}{over}, {_fmt(s.loop_block_total_ns)} in total")
+        for i, b in enumerate(s.loop_blocks):
+            many = f" in {b.count} blocks (longest {_fmt(b.max_ns)})" if b.count > 1 else ""
+            if b.outside:
+                out.append(f"  {_fmt(b.total_ns):>10}{many}: work outside this profile")
+                continue
+            if not b.coro:
+                who = b.task
+            elif b.count > 1:
+                who = f"{b.coro} tasks, e.g. {b.task!r},"
+            else:
+                who = "task " + task_label(b.task, b.coro)
+            out.append(f"  {_fmt(b.total_ns):>10}{many}: {who}" + (f" at {b.culprit}" if b.culprit else ""))
+            if i < 3 and len(b.stack) > 1:
+                out += [f"{'':14}{line}" for line in b.stack[-6:]]
+    if s.hot_frames:
+        out.append("Where the loop was held (the watchdog's samples during the blocks)")
+        rows = [["Time", "Samples", "Function", "Coroutine"]]
+        for h in s.hot_frames:
+            rows.append([_fmt(h.time_ns), str(h.samples), h.frame, h.coro + (f" ({h.tasks} tasks)" if h.tasks > 1 else "")])
+        out += _columns(rows, left=2)
+    if s.longest_waits:
+        out.append("Longest waits (what each task waited on longest)")
+        for w in s.longest_waits:
+            line = f"  {_fmt(w.duration_ns):>10}  task {task_label(w.task, w.coro)} waited"
+            if w.what:
+                line += f" on {w.what}" + (f" at {w.where}" if w.where else "")
+            if w.blocked_ns >= _WAIT_MIN_NS:
+                line += f"; the loop was blocked {_fmt(w.blocked_ns)} of it, mostly by {w.blocked_by}"
+            out.append(line)
+    if s.executor_queueing:
+        out.append("Executor queueing (submit to start: jobs waiting for a worker)")
+        for q in s.executor_queueing:
+            out.append(
+                f"  {q.function}: {q.jobs} job{'s' if q.jobs != 1 else ''}, queued mean {_fmt(q.queued_mean_ns)}, "
+                f"max {_fmt(q.queued_max_ns)}; ran mean {_fmt(q.run_mean_ns)}"
+            )
+    if s.pending_count:
+        out.append(f"Tasks pending at exit: {s.pending_count:,}")
+        for p in s.pending:
+            line = f"  {p.count:>6,}  {p.coro}"
+            if p.spawned_at:
+                line += f", spawned at {p.spawned_at}"
+            if p.waiting_on:
+                line += f", waiting on {p.waiting_on}"
+            out.append(line)
+    if s.repeated_awaits:
+        out.append("Repeated sequential awaits (the N+1 pattern)")
+        for r in s.repeated_awaits:
+            out.append(
+                f"  {r.count:>6,}  sequential awaits of {r.what} in {r.where} "
+                f"(task {task_label(r.task, r.coro)}), {_fmt(r.total_ns)} in total"
+            )
+    return "\n".join(out)
+
+
+def _columns(rows: list[list[str]], left: int = 1) -> list[str]:
+    """Indented rows: the first columns right-aligned, the last ``left`` as they are."""
+    n = len(rows[0]) - left
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    out = []
+    for r in rows:
+        cells = [c.rjust(w) if i < n else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=False))]
+        out.append(("  " + "  ".join([*cells, r[-1]])).rstrip())
+    return out

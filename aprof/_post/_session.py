@@ -29,7 +29,7 @@ from ._events import FunctionEvent, Track, consolidate, link_parents, make_event
 from ._validate import check_parent_indexes, decompress, parse_json, validate_session
 
 if TYPE_CHECKING:
-    from ._analysis import EventAverages
+    from ._analysis import EventAverages, Summary
 
 __all__ = ["Session", "load"]
 
@@ -111,6 +111,24 @@ class Session:
         from ._analysis import key_averages
 
         return key_averages(self, group_by)
+
+    def summary(self, limit: int = 5) -> Summary:
+        """What was slow, in which task, and why: the sections ``aprof run``
+        prints under the table (slowest tasks, what blocked the loop, where
+        the loop was held, longest waits, executor queueing, tasks pending
+        at exit, repeated sequential awaits), each at most ``limit`` lines.
+
+        ``str()`` of the result is the text; its fields are the records
+        (see the reference).
+
+        Raises:
+            ValueError: ``limit`` is not an int >= 1.
+        """
+        from ._analysis import summarize
+
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"summary: limit must be an int >= 1, got {limit!r}")
+        return summarize(self, limit)
 
     def export_chrome_trace(self, path: str | PathLike[str]) -> None:
         """Write a Chrome/Perfetto trace; gzip when the path ends in ``.gz``."""

@@ -1,0 +1,254 @@
+"""What a suspended task is waiting on: its await chain, in a few words.
+
+A suspended coroutine points down its chain of awaits: ``cr_await`` (or a
+generator's ``gi_yieldfrom``) names the coroutine, generator or awaitable
+it is suspended in, and so on down to the leaf: an asyncio ``Future`` (or
+the iterator of one), a task, or trio's trap. :func:`describe_wait` walks
+that chain and says, in the user's terms, what the task waits on:
+
+* the *entry point*: the first library call below the user's own frames
+  (``asyncio.sleep``, ``asyncio.Lock.acquire``, ``trio.Event.wait``,
+  ``trio.MemoryReceiveChannel.receive``, a driver's ``fetch``), so the
+  name is what the user called, not the runtime's trap underneath;
+* a *kind* for grouping (``sleep``, ``lock``, ``event``, ``queue``,
+  ``io``, ``executor``, ``task``, ``children``, ``future``, ``other``);
+* *where*: the innermost user frame on the chain, ``file:line function``,
+  and *caller*, the user frame above it (where a loop of awaits usually is).
+
+When the user's code awaits a future directly (``await task``,
+``await loop.run_in_executor(...)``, ``await asyncio.gather(...)``), the
+leaf future says it: a task is named with its coroutine, an executor job
+is recognised by the callback asyncio chains to the pool's future.
+
+It reads attributes only: no frame's ``f_locals`` (that would store a
+snapshot on the frame and keep its locals alive, visible to the program),
+no call into the user's objects except ``Task.get_name``. It is meant to
+be called when a task's step starts after a long wait (the coroutine is
+still suspended then) and at stop for tasks still pending; walking a chain
+of a dozen awaits costs a few microseconds.
+
+Per-wait records (what the summary reads): a ``TASK`` event's
+``extra["waits"]`` is a list of runs of consecutive waits with the same
+``(what, where)``, each ``[first_start_ns, last_end_ns, count, total_ns,
+max_ns, what, kind, where, caller]`` (see :class:`WaitLog`);
+``extra["waiting_on"]`` is ``[what, kind, where, caller]`` for a task still
+pending at stop.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from typing import Any, Final
+
+from .._frames import is_library_file, short_path
+
+__all__ = ["Wait", "WaitLog", "describe_task", "describe_wait"]
+
+_MAX_DEPTH: Final = 64
+_KINDS: Final = (
+    # (words in the entry point's qualified name, kind), first match wins
+    (("sleep", "sleep_until", "sleep_forever"), "sleep"),
+    (("to_thread", "run_in_executor", "run_sync"), "executor"),
+    (("Semaphore", "Lock", "Condition", "CapacityLimiter", "ParkingLot"), "lock"),
+    (("Event.wait",), "event"),
+    (("Queue", "Channel", "MemoryObject", "receive", "send"), "queue"),
+    (("TaskGroup", "Nursery", "gather", "wait_for", "as_completed", "asyncio.wait"), "children"),
+    (("sock_", "Stream", "Socket", "wait_readable", "wait_writable", "read", "recv", "connect", "accept", "_SocketType"), "io"),
+)
+
+#: A wait: (what, kind, where, caller); ``where`` and ``caller`` may be "".
+Wait = tuple[str, str, str, str]
+
+
+#: Public submodules whose name says what the call is (anyio.to_thread.run_sync).
+_NAMED_SUBMODULES: Final = frozenset({"to_thread", "from_thread"})
+
+
+def _package(filename: str) -> str:
+    """The top-level package (or module) a library file belongs to."""
+    parts = short_path(filename).split(os.sep)
+    head = parts[0]
+    if head.endswith(".py"):
+        head = head[:-3]
+    if head.startswith("_"):  # _asyncio, _collections_abc ...
+        head = head[1:]
+    if len(parts) == 2 and parts[1].endswith(".py") and parts[1][:-3] in _NAMED_SUBMODULES:
+        head = f"{head}.{parts[1][:-3]}"
+    return head or filename
+
+
+def _frame_of(obj: Any) -> tuple[Any, Any]:
+    """(code, frame) of a coroutine, generator or async generator; (None, None) otherwise."""
+    for code_attr, frame_attr in (("cr_code", "cr_frame"), ("gi_code", "gi_frame"), ("ag_code", "ag_frame")):
+        code = getattr(obj, code_attr, None)
+        if code is not None:
+            return code, getattr(obj, frame_attr, None)
+    return None, None
+
+
+def _next_in_chain(obj: Any) -> Any:
+    for attr in ("cr_await", "gi_yieldfrom", "ag_await"):
+        if hasattr(obj, attr):
+            return getattr(obj, attr)
+    return None
+
+
+def _future_of(leaf: Any) -> Any:
+    """The asyncio future behind ``leaf``: the leaf itself, or the future a
+    ``FutureIter`` (what ``Future.__await__`` returns in C) iterates."""
+    if leaf is None:
+        return None
+    if hasattr(leaf, "add_done_callback") and hasattr(leaf, "done"):
+        return leaf
+    if type(leaf).__name__ == "FutureIter":
+        # The C iterator exposes its future only to the GC's traversal.
+        for ref in gc.get_referents(leaf):
+            if hasattr(ref, "add_done_callback") and hasattr(ref, "done"):
+                return ref
+    return None
+
+
+def _describe_future(fut: Any) -> tuple[str, str] | None:
+    """(what, kind) for a future the user's code awaits directly."""
+    if fut is None:
+        return None
+    get_coro = getattr(fut, "get_coro", None)
+    if get_coro is not None:  # a Task
+        try:
+            name = str(fut.get_name())
+        except Exception:
+            name = "?"
+        code, _ = _frame_of(get_coro())
+        coro = code.co_qualname if code is not None else type(get_coro()).__qualname__
+        return f"task {name!r} ({coro})", "task"
+    children = getattr(fut, "_children", None)
+    if isinstance(children, list):  # asyncio.gather's _GatheringFuture
+        return f"asyncio.gather of {len(children)}", "children"
+    callbacks = getattr(fut, "_callbacks", None) or ()
+    for cb in callbacks:
+        fn = cb[0] if isinstance(cb, tuple) else cb
+        qualname = getattr(fn, "__qualname__", "")
+        if "_chain_future" in qualname:  # asyncio.wrap_future: loop.run_in_executor's future
+            return "an executor job (run_in_executor)", "executor"
+    return "a future", "future"
+
+
+def _kind_of(what: str) -> str:
+    for words, kind in _KINDS:
+        if any(w in what for w in words):
+            return kind
+    return "other"
+
+
+def describe_wait(coro: Any, task: Any = None) -> Wait | None:
+    """What a suspended coroutine (a task's) is waiting on.
+
+    Args:
+        coro: The task's coroutine (``task.get_coro()``, trio's
+            ``task.coro``), suspended.
+        task: The asyncio task, if known: its ``_fut_waiter`` is the future
+            it waits on, which names a child task or an executor job.
+
+    Returns:
+        ``(what, kind, where, caller)``, or None when ``coro`` is not a
+        suspended coroutine. ``where`` is the innermost user frame on the
+        chain as ``file:line function``, ``caller`` the user frame above it
+        ("" if none).
+    """
+    chain: list[tuple[str, int, str]] = []  # (file, line, qualname), outermost first
+    obj = coro
+    leaf: Any = None
+    for _ in range(_MAX_DEPTH):
+        code, frame = _frame_of(obj)
+        if code is None:
+            leaf = obj
+            break
+        line = frame.f_lineno if frame is not None else code.co_firstlineno
+        chain.append((code.co_filename, line or 0, code.co_qualname))
+        nxt = _next_in_chain(obj)
+        if nxt is None:
+            break
+        obj = nxt
+    if not chain:
+        return None
+    users = [i for i, (filename, _, _) in enumerate(chain) if not is_library_file(filename)]
+    last_user = users[-1] if users else -1
+    where = _label(chain[last_user]) if users else ""
+    caller = _label(chain[users[-2]]) if len(users) > 1 else ""
+    fut = getattr(task, "_fut_waiter", None) if task is not None else None
+    if fut is None:
+        fut = _future_of(leaf)
+    entry = None
+    below = chain[last_user + 1 :]
+    for i, (filename, _, qualname) in enumerate(below):
+        if qualname.endswith("__aenter__") and i + 1 < len(below):
+            continue  # `async with lock:` -> the lock's acquire below
+        entry = (filename, qualname)
+        break
+    if entry is None:
+        # The user's code awaits a future (or a bare yield) itself.
+        described = _describe_future(fut)
+        if described is None:
+            return "an awaitable", "other", where, caller
+        return described[0], described[1], where, caller
+    filename, qualname = entry
+    what = f"{_package(filename)}.{qualname}"
+    kind = _kind_of(what)
+    if kind in ("other", "children", "future"):
+        described = _describe_future(fut)
+        if described is not None and described[1] in ("task", "executor"):
+            return described[0], described[1], where, caller
+    return what, kind, where, caller
+
+
+def describe_task(task: Any) -> Wait | None:
+    """What a pending asyncio or trio task waits on (for ``waiting_on`` at stop)."""
+    get_coro = getattr(task, "get_coro", None)
+    if get_coro is not None:
+        return describe_wait(get_coro(), task)
+    coro = getattr(task, "coro", None)
+    return describe_wait(coro) if coro is not None else None
+
+
+def _label(frame: tuple[str, int, str]) -> str:
+    return f"{short_path(frame[0])}:{frame[1]} {frame[2]}"
+
+
+class WaitLog:
+    """A task's long waits, as runs of consecutive waits on the same thing.
+
+    A loop that awaits the same call 360 times is one run of count 360 (the
+    N+1 pattern), so the log stays small however long the task lives.
+    :meth:`add` is called when a step starts after a wait of at least
+    ``min_ns``; ``runs`` is the ``extra["waits"]`` list.
+    """
+
+    __slots__ = ("runs",)
+
+    #: Waits shorter than this are not described (the chain is not walked).
+    min_ns: Final = 1_000_000
+    #: Runs kept per task: the longest, once there are more.
+    max_runs: Final = 64
+
+    def __init__(self) -> None:
+        self.runs: list[list[Any]] = []
+
+    def add(self, start_ns: int, end_ns: int, wait: Wait) -> None:
+        what, kind, where, caller = wait
+        waited = end_ns - start_ns
+        runs = self.runs
+        if runs:
+            last = runs[-1]
+            if last[5] == what and last[7] == where:
+                last[1] = end_ns
+                last[2] += 1
+                last[3] += waited
+                if waited > last[4]:
+                    last[4] = waited
+                return
+        runs.append([start_ns, end_ns, 1, waited, waited, what, kind, where, caller])
+        if len(runs) > self.max_runs:
+            # Drop the run with the shortest longest wait (never the open one).
+            i = min(range(len(runs) - 1), key=lambda k: runs[k][4])
+            del runs[i]

@@ -1,0 +1,259 @@
+"""What a suspended task waits on (issue 16 item 3): the await-chain walk.
+
+Each scenario suspends a task on one kind of thing, then describes the
+task's coroutine from another task, on every backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+
+from aprof._integrations._await_chain import WaitLog, describe_wait
+
+from .conftest import BACKENDS, Backend
+
+
+def _me(backend) -> tuple[Any, Any]:
+    """(coroutine, asyncio task or None) of the running task."""
+    if backend.is_trio:
+        import trio
+
+        task = trio.lowlevel.current_task()
+        return task.coro, None
+    task = asyncio.current_task()
+    assert task is not None
+    return task.get_coro(), task
+
+
+class Prims:
+    """The backend's lock, event and queue, and their blocking operations."""
+
+    def __init__(self, backend) -> None:
+        self.backend = backend
+        if backend.is_anyio:
+            import anyio
+
+            self.lock = anyio.Lock()
+            self.event = anyio.Event()
+            self.send, self.recv = anyio.create_memory_object_stream(0)
+        elif backend.is_trio:
+            import trio
+
+            self.lock = trio.Lock()
+            self.event = trio.Event()
+            self.send, self.recv = trio.open_memory_channel(0)
+        else:
+            self.lock = asyncio.Lock()
+            self.event = asyncio.Event()
+            self.queue: asyncio.Queue[int] = asyncio.Queue()
+
+    async def get(self) -> None:
+        if self.backend.is_anyio or self.backend.is_trio:
+            await self.recv.receive()
+        else:
+            await self.queue.get()
+
+    async def put(self) -> None:
+        if self.backend.is_anyio or self.backend.is_trio:
+            await self.send.send(1)
+        else:
+            await self.queue.put(1)
+
+    def close(self) -> None:
+        if self.backend.is_anyio or self.backend.is_trio:
+            self.send.close()
+            self.recv.close()
+
+
+def _cancel_scope(backend) -> Any:
+    if backend.is_anyio:
+        import anyio
+
+        return anyio.CancelScope()
+    import trio
+
+    return trio.CancelScope()
+
+
+async def _until(backend, seen: list[Any]) -> None:
+    """Until the waiter has said it is about to wait: it then is (one thread)."""
+    while not seen:
+        await backend.sleep(0.001)
+
+
+def _scenario(backend, kind: str) -> tuple[str, str, str, str]:
+    """Suspend a task on ``kind``; its description, seen from the main task."""
+    seen: list[Any] = []
+    scopes: list[Any] = []
+    release = threading.Event()
+
+    async def waiter_in_user_code(prims: Prims) -> None:
+        seen.append(_me(backend))
+        if kind == "sleep":
+            if backend.is_trio or backend.is_anyio:
+                scope = _cancel_scope(backend)
+                scopes.append(scope)
+                with scope:
+                    await backend.sleep(30)
+            else:
+                try:
+                    await backend.sleep(30)
+                except asyncio.CancelledError:
+                    pass
+        elif kind == "lock":
+            async with prims.lock:
+                pass
+        elif kind == "event":
+            await prims.event.wait()
+        elif kind == "queue":
+            await prims.get()
+        elif kind == "executor":
+            await backend.to_thread(release.wait, 30)
+
+    async def main() -> tuple[str, str, str, str]:
+        prims = Prims(backend)
+        async with backend.group() as g:
+            if kind == "lock":
+                await prims.lock.acquire()
+            g.start_soon(waiter_in_user_code, prims)
+            await _until(backend, seen)
+            coro, task = seen[0]
+            result = describe_wait(coro, task)
+            # let it go
+            if kind == "lock":
+                prims.lock.release()
+            elif kind == "event":
+                prims.event.set()
+            elif kind == "executor":
+                release.set()
+            elif kind == "queue":
+                await prims.put()
+            elif kind == "sleep":
+                if scopes:
+                    scopes[0].cancel()
+                else:
+                    task.cancel()
+        prims.close()
+        assert result is not None
+        return result
+
+    return backend.run(main)
+
+
+@pytest.mark.parametrize("kind", ["sleep", "lock", "event", "queue", "executor"])
+def test_a_suspended_task_says_what_it_waits_on(backend, kind: str) -> None:
+    # Issue 16 item 3: the chain is walked down to the library call the
+    # user's code made; the kind names the family, the place the user's line.
+    what, got_kind, where, caller = _scenario(backend, kind)
+    assert got_kind == kind, (what, got_kind, where)
+    # The innermost user frame is the test's (or the Backend helper's, whose
+    # caller is then the test's).
+    mine = where if where.endswith(".waiter_in_user_code") else caller
+    assert mine.startswith("tests/test_await_chain.py:"), (where, caller)
+    assert mine.endswith(".waiter_in_user_code"), (where, caller)
+    package = "anyio" if backend.is_anyio else "trio" if backend.is_trio else "asyncio"
+    if kind != "executor" or not backend.is_anyio:
+        assert what.startswith(f"{package}."), what
+
+
+ASYNCIO_LOOPS = [b for b in BACKENDS if not b.startswith(("trio", "anyio"))]
+
+
+@pytest.mark.parametrize("loop", ASYNCIO_LOOPS)
+@pytest.mark.parametrize("kind", ["task", "executor", "children"])
+def test_an_asyncio_task_awaiting_a_future_names_the_future(loop: str, kind: str) -> None:
+    # Issue 16 item 3: user code that awaits a future itself (a task, an
+    # executor job, a gather; asyncio only) is described by the future: the
+    # child task by name and coroutine.
+    backend = Backend(loop)
+    release = threading.Event()
+
+    kid_release = asyncio.Event()
+    started: list[bool] = []
+
+    async def kid() -> None:
+        await kid_release.wait()
+
+    async def parent() -> None:
+        loop = asyncio.get_running_loop()
+        started.append(True)
+        if kind == "task":
+            await asyncio.create_task(kid(), name="kid-1")
+        elif kind == "executor":
+            await loop.run_in_executor(None, release.wait, 30)
+        else:
+            await asyncio.gather(kid(), kid())
+
+    async def main() -> tuple[str, str, str, str] | None:
+        task = asyncio.create_task(parent())
+        while not started:
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0.001)  # the kids' first steps, on the loop after the parent's
+        result = describe_wait(task.get_coro(), task)
+        release.set()
+        kid_release.set()
+        await task
+        return result
+
+    result = backend.run(main)
+    assert result is not None
+    what, got_kind, where, _ = result
+    assert got_kind == kind, result
+    assert where.endswith(".parent"), result
+    if kind == "task":
+        assert what == "task 'kid-1' (test_an_asyncio_task_awaiting_a_future_names_the_future.<locals>.kid)"
+    elif kind == "children":
+        assert what == "asyncio.gather of 2"
+
+
+def test_not_a_coroutine_is_no_wait() -> None:
+    assert describe_wait(object()) is None
+
+
+def test_the_wait_log_merges_consecutive_waits_on_the_same_call() -> None:
+    # The N+1 pattern stays one run however many times it repeats.
+    log = WaitLog()
+    fetch = ("asyncio.sleep", "sleep", "db.py:9 Database.fetch", "orders.py:4 recent_orders")
+    for i in range(360):
+        log.add(i * 10, i * 10 + 4, fetch)
+    log.add(4000, 4100, ("asyncio.Lock.acquire", "lock", "orders.py:9 save", ""))
+    assert [r[2] for r in log.runs] == [360, 1]
+    first = log.runs[0]
+    assert first[:5] == [0, 3594, 360, 360 * 4, 4]
+    assert first[5:] == list(fetch)
+
+
+def test_describe_task_takes_the_task_itself(backend) -> None:
+    # Issue 16 item 7: at stop, a pending task is described from its task
+    # object (asyncio's get_coro and _fut_waiter, trio's coro).
+    from aprof._integrations._await_chain import describe_task
+
+    tasks: list[Any] = []
+
+    async def parked(ev: Any) -> None:
+        if backend.is_trio:
+            import trio
+
+            tasks.append(trio.lowlevel.current_task())
+        else:
+            tasks.append(asyncio.current_task())
+        await ev.wait()
+
+    async def main() -> Any:
+        prims = Prims(backend)
+        async with backend.group() as g:
+            g.start_soon(parked, prims.event)
+            await _until(backend, tasks)
+            wait = describe_task(tasks[0])
+            prims.event.set()
+        prims.close()
+        return wait
+
+    wait = backend.run(main)
+    assert wait is not None
+    assert wait[1] == "event"
+    assert describe_task(object()) is None
