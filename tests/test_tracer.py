@@ -29,10 +29,10 @@ PY = aprof.RecordScope.PYTHON_FUNCTION
 HERE = "test_tracer.py"
 
 
-def _use(which: str) -> Iterator[ModuleType]:
+def _use(which: str, c_calls: bool | None = None) -> Iterator[ModuleType]:
     module = _tracer_py if which == "python" else require_c_extension()
     _tracer._forced = module
-    _tracer._forced_c_calls = False if which == "c, no C calls" else None
+    _tracer._forced_c_calls = True if which == "c, C calls" else c_calls
     try:
         yield module
     finally:
@@ -40,18 +40,18 @@ def _use(which: str) -> Iterator[ModuleType]:
         _tracer._forced_c_calls = None
 
 
-@pytest.fixture(params=["c", "python", "c, no C calls"])
+@pytest.fixture(params=["c", "python", "c, C calls"])
 def impl(request: pytest.FixtureRequest) -> Iterator[ModuleType]:
-    """The tracer implementation, and on the C one with and without C calls
-    (``c_calls=False`` records Python frames through another hook on 3.11:
-    a frame evaluator; on 3.12+ it drops the CALL events)."""
+    """The tracer implementation with its defaults (Python frames only, which
+    on 3.11 the C tracer records through a frame evaluator), and the C one
+    with C calls (the profile function on 3.11, CALL events on 3.12+)."""
     yield from _use(request.param)
 
 
 @pytest.fixture(params=["c", "python"])
 def impl_cc(request: pytest.FixtureRequest) -> Iterator[ModuleType]:
     """The tracer implementation, recording C calls (for the tests of them)."""
-    yield from _use(request.param)
+    yield from _use(request.param, c_calls=True)
 
 
 def py_events(prof: aprof.profile, name_part: str | None = None) -> list[aprof.FunctionEvent]:
@@ -159,17 +159,36 @@ def test_global_scope_traces_every_thread(impl: ModuleType) -> None:
     assert [e.track for e in evs] == ["plain-thread"]
 
 
-def test_c_calls_are_recorded(impl_cc: ModuleType) -> None:
-    # SPEC 8.1: "(and C calls)"
+def test_c_calls_are_recorded_when_asked(impl_cc: ModuleType) -> None:
+    # SPEC 8.1: "C calls only with c_calls=True"
     def uses_builtins() -> int:
         return len(sorted([3, 1, 2]))
 
     with aprof.profile(python_tracer=True) as prof:
         uses_builtins()
-    (outer,) = [e for e in py_events(prof, HERE) if short(e) == "test_c_calls_are_recorded.<locals>.uses_builtins"]
+    (outer,) = [e for e in py_events(prof, HERE) if short(e) == "test_c_calls_are_recorded_when_asked.<locals>.uses_builtins"]
     names = {c.name for c in outer.children}
     assert "<built-in method len>" in names
     assert "<built-in method sorted>" in names
+
+
+@pytest.mark.parametrize("which", ["c", "python"])
+def test_python_frames_only_is_the_default(which: str) -> None:
+    # SPEC 8.1: "Python frames only is the default"
+    def uses_builtins() -> int:
+        return len(sorted([3, 1, 2]))
+
+    use = _use(which)
+    next(use)
+    try:
+        assert aprof.profile(python_tracer=True).c_calls is False
+        with aprof.profile(python_tracer=True) as prof:
+            uses_builtins()
+    finally:
+        use.close()
+    (outer,) = [e for e in py_events(prof, HERE) if short(e).endswith("<locals>.uses_builtins")]
+    assert outer.children == []
+    assert not [e for e in py_events(prof) if e.name.startswith("<built-in")]
 
 
 def test_parity_between_c_and_python(impl: ModuleType) -> None:
@@ -277,7 +296,7 @@ def test_a_recursion_deeper_than_the_c_stack_is_traced_whole(impl: ModuleType) -
     assert len(evs) == n + 1
     assert not [e for e in evs if e.unfinished]
     assert all(inner.parent is outer for outer, inner in zip(evs, evs[1:], strict=False))
-    evaluator = impl is not _tracer_py and _tracer._forced_c_calls is False and sys.version_info < (3, 12)
+    evaluator = impl is not _tracer_py and not _tracer._forced_c_calls and sys.version_info < (3, 12)
     assert any("ran the C stack low" in str(w.message) for w in caught) == evaluator
 
 

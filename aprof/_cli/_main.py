@@ -45,8 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--scope", choices=("context", "global"), default="global", help="record the whole process (global, the default) or only the main context and what it spawns")
     run.add_argument("--propagate", action="store_true", help="carry context into run_in_executor, ThreadPoolExecutor.submit and threading.Thread")
     run.add_argument("--with-stack", action="store_true", help="attach the Python stack to each range")
-    run.add_argument("--python-tracer", action="store_true", help="record every Python function call and return (and C calls), on the tracks of the tasks that made them")
-    run.add_argument("--no-c-calls", action="store_true", help="with --python-tracer, record Python frames only: much cheaper (on 3.11 several times)")
+    run.add_argument("--python-tracer", action="store_true", help="record every Python function call and return, on the tracks of the tasks that made them")
+    run.add_argument("--c-calls", action="store_true", help="with --python-tracer, record the C functions Python code calls too (costs more: on 3.11 several times)")
+    run.add_argument("--no-c-calls", action="store_true", help=argparse.SUPPRESS)  # the default now: accepted as a no-op
     run.add_argument("--max-events", type=_positive_int, metavar="N", help="with --python-tracer, keep the first N raw tracer events and count the rest as dropped")
     run.add_argument(
         "--loop-block-threshold",
@@ -146,14 +147,18 @@ def _run(args: argparse.Namespace) -> int:
         import asyncio  # noqa: F401  (so the global profile can hook the loops the program creates)
     if args.max_events is not None and not args.python_tracer:
         raise _UsageError("run: --max-events limits the Python tracer's events: add --python-tracer")
+    if args.c_calls and not args.python_tracer:
+        raise _UsageError("run: --c-calls changes what the Python tracer records: add --python-tracer")
     if args.no_c_calls and not args.python_tracer:
         raise _UsageError("run: --no-c-calls changes what the Python tracer records: add --python-tracer")
+    if args.c_calls and args.no_c_calls:
+        raise _UsageError("run: --c-calls and --no-c-calls contradict each other: give one")
     prof = profile(
         scope=args.scope,
         with_stack=args.with_stack,
         python_tracer=args.python_tracer,
         max_events=args.max_events,
-        c_calls=not args.no_c_calls,
+        c_calls=args.c_calls,
         loop_block_threshold=args.loop_block_threshold,
     )
     code = 0

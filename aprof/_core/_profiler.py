@@ -59,18 +59,20 @@ class profile:
     Args:
         record_inputs: Keep ``repr()`` of each range's inputs (never the objects).
         with_stack: Attach the Python call stack at each range's start.
-        python_tracer: Record every Python call and return (and C calls) in
-            the profiled logical threads (SPEC 8.1): each call is a
+        python_tracer: Record every Python call and return (and, with
+            ``c_calls``, C calls) in the profiled logical threads (SPEC
+            8.1): each call is a
             ``PYTHON_FUNCTION`` range on the track of the task or thread
             that ran it.
         max_events: With ``python_tracer``, keep at most this many raw
             tracer events (16 bytes each); later ones are not recorded and
             are counted in ``session.dropped``. ``None``: no limit.
-        c_calls: With ``python_tracer``, record C calls too (the default,
-            SPEC 8.1). ``False`` records Python frames only, at a fraction
-            of the cost: on 3.11 through a frame evaluator (PEP 523) instead
-            of the profile function that slows every instruction, on 3.12+
-            without ``sys.monitoring``'s CALL events.
+        c_calls: With ``python_tracer``, record the C functions Python code
+            calls too (SPEC 8.1). Off by default: Python frames only cost a
+            fraction of it (on 3.11 the tracer then uses a frame evaluator,
+            PEP 523, instead of the profile function that slows every
+            instruction; on 3.12+ it registers no ``sys.monitoring`` CALL
+            events).
         profile_memory: Record allocations (not built yet).
         tasks: Record every spawned task as a TASK range on its own track.
         loop_block_threshold: Record every stretch in which one step or
@@ -112,7 +114,7 @@ class profile:
         with_stack: bool = False,
         python_tracer: bool = False,
         max_events: int | None = None,
-        c_calls: bool = True,
+        c_calls: bool = False,
         profile_memory: bool = False,
         tasks: bool = True,
         scope: Literal["context", "global"] = "context",

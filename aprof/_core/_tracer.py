@@ -153,7 +153,7 @@ class TracerRun:
             of a profile function, and on 3.12+ without the CALL events).
     """
 
-    def __init__(self, recorder: Recorder | None, max_events: int = 0, c_calls: bool = True) -> None:
+    def __init__(self, recorder: Recorder | None, max_events: int = 0, c_calls: bool = False) -> None:
         impl = implementation()
         self.impl = impl
         self.c_calls = c_calls if _forced_c_calls is None else _forced_c_calls
