@@ -236,6 +236,7 @@ static uint64_t next_gen = 1;
 static APROF_TLS uint64_t tl_gen = 0;
 static APROF_TLS int tl_tidx = 0;
 static PyObject *str_recorder;
+static PyObject *str_enabled;
 static PyObject *str_co_filename;
 static Tracer *running_tracer = NULL; /* at most one at a time */
 
@@ -498,17 +499,39 @@ context_vars(void)
 }
 
 /* The RFState in RF_STATE is shared by every task spawned from the profiled
- * context, so its own identity cache (accepted / rejected) mostly hits. */
+ * context, so its own identity cache (accepted / rejected) mostly hits. A
+ * context is recorded when recording is on there (SPEC 3.4: nothing records
+ * under DisableRecordFunctionGuard) and, in context scope, its recorder is
+ * the profile's. Both are fields of the immutable RFState, so the answer is
+ * cached with it: the switch costs nothing per call, only at the context
+ * change (a task step, a guard's enter or exit) that brings a new RFState. */
 static int
 classify(Tracer *t, PyObject *state)
 {
-    PyObject *rec = PyObject_GetAttr(state, str_recorder);
-    if (rec == NULL) {
+    int ok = 0;
+    PyObject *en = PyObject_GetAttr(state, str_enabled);
+    if (en == NULL) {
         PyErr_Clear();
-        return 0;
     }
-    int ok = rec == t->recorder;
-    Py_DECREF(rec);
+    else {
+        ok = PyObject_IsTrue(en);
+        Py_DECREF(en);
+        if (ok < 0) {
+            PyErr_Clear();
+            ok = 0;
+        }
+    }
+    if (ok && !t->global) {
+        PyObject *rec = PyObject_GetAttr(state, str_recorder);
+        if (rec == NULL) {
+            PyErr_Clear();
+            ok = 0;
+        }
+        else {
+            ok = rec == t->recorder;
+            Py_DECREF(rec);
+        }
+    }
     PyObject **slot = ok ? &t->pos : &t->neg;
     Py_INCREF(state);
     Py_XSETREF(*slot, state);
@@ -518,17 +541,17 @@ classify(Tracer *t, PyObject *state)
 static int
 in_context(Tracer *t)
 {
-    if (t->global)
-        return 1;
     PyObject *v = NULL;
     if (PyContextVar_Get(t->rf_var, NULL, &v) < 0) {
         PyErr_Clear();
         return 0;
     }
     int ok;
-    if (v == t->pos)
+    if (v == NULL)
+        ok = t->global; /* no RFState: recording is on, no context profile */
+    else if (v == t->pos)
         ok = 1;
-    else if (v == t->neg || v == NULL)
+    else if (v == t->neg)
         ok = 0;
     else
         ok = classify(t, v);
@@ -1911,8 +1934,9 @@ PyInit__ctracer(void)
 #endif
     detect_tsc();
     str_recorder = PyUnicode_InternFromString("recorder");
+    str_enabled = PyUnicode_InternFromString("enabled");
     str_co_filename = PyUnicode_InternFromString("co_filename");
-    if (str_recorder == NULL || str_co_filename == NULL)
+    if (str_recorder == NULL || str_enabled == NULL || str_co_filename == NULL)
         return NULL;
 #if APROF_MONITORING
     PyObject *sys = PyImport_ImportModule("sys");

@@ -873,3 +873,65 @@ def test_without_the_extension_everything_runs_in_python_with_one_warning(tmp_pa
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "ok"
+
+
+# -- the recording switch (SPEC 3.4; issue 15 item 4) ------------------------
+
+
+@pytest.mark.parametrize("scope", ["context", "global"])
+def test_recording_switched_off_records_no_calls(impl: ModuleType, scope: str) -> None:
+    # SPEC 3.4, 8.1: nothing records while recording is off, the tracer
+    # included; it records again once the guard exits.
+    with aprof.profile(python_tracer=True, scope=scope) as prof:  # type: ignore[arg-type]
+        leaf()
+        with aprof.DisableRecordFunctionGuard():
+            middle()
+            fib(3)
+        leaf()
+    names = [short(e) for e in py_events(prof, HERE)]
+    assert names.count("leaf") == 2
+    assert "middle" not in names
+    assert "fib" not in names
+
+
+def test_a_thread_with_recording_off_is_not_traced_by_a_global_profile(impl: ModuleType) -> None:
+    # SPEC 3.4, 5.3: a global tracer skips a thread whose context switched
+    # recording off, and keeps tracing the others.
+    def off() -> None:
+        aprof.enable_record_function(False)
+        middle()
+
+    with aprof.profile(python_tracer=True, scope="global") as prof:
+        t = threading.Thread(target=off, name="switched-off")
+        t.start()
+        t.join()
+        leaf()
+    # off() itself started with recording on; nothing it called is traced.
+    assert [short(e) for e in py_events(prof, HERE) if e.track == "switched-off"] == [
+        "test_a_thread_with_recording_off_is_not_traced_by_a_global_profile.<locals>.off"
+    ]
+    assert [short(e) for e in py_events(prof, HERE)].count("leaf") == 1
+
+
+def test_tasks_spawned_while_recording_is_off_are_not_traced(impl: ModuleType, backend: Backend) -> None:
+    # SPEC 3.4, 8.1: a task spawned while recording is off inherits "off".
+    def in_child() -> int:
+        return 2
+
+    async def child() -> None:
+        in_child()
+        await backend.checkpoint()
+        in_child()
+
+    async def main() -> aprof.profile:
+        async with aprof.profile(python_tracer=True) as prof:
+            with aprof.DisableRecordFunctionGuard():
+                async with backend.group() as g:
+                    g.start_soon(child)
+            leaf()
+        return prof
+
+    prof = backend.run(main)
+    names = [short(e) for e in py_events(prof, HERE)]
+    assert "leaf" in names
+    assert not [n for n in names if "in_child" in n or n.endswith("child")]

@@ -120,14 +120,17 @@ class Tracer:
     # -- the per-event path -------------------------------------------------
 
     def _in_context(self) -> bool:
-        if self._global:
-            return True
+        # Recording on in this context (SPEC 3.4) and, in context scope, the
+        # profile's recorder: both fields of the immutable RFState, cached by
+        # its identity as in C.
         v = self._rf.get(None)
+        if v is None:
+            return self._global
         if v is self._pos:
             return True
-        if v is self._neg or v is None:
+        if v is self._neg:
             return False
-        ok = getattr(v, "recorder", None) is self._recorder
+        ok = bool(getattr(v, "enabled", False)) and (self._global or getattr(v, "recorder", None) is self._recorder)
         if ok:
             self._pos = v
         else:
