@@ -367,9 +367,38 @@ cfunc_key(PyObject *callable)
     return NULL;
 }
 
+/* Is this PyMethodDef one of an aprof C type's methods (record_function's
+ * __enter__/__exit__ on RangeCore, ...)? Those are aprof's bookkeeping, as
+ * its Python frames are, and are not recorded as the program's C calls.
+ * tp is the receiver's type (a bound method) or the descriptor's class. */
+static int
+is_aprof_method(PyTypeObject *tp, PyMethodDef *ml)
+{
+    PyObject *mro = tp->tp_mro;
+    Py_ssize_t n = mro != NULL && PyTuple_Check(mro) ? PyTuple_GET_SIZE(mro) : 0;
+    for (Py_ssize_t i = -1; i < n; i++) {
+        PyTypeObject *base = i < 0 ? tp : (PyTypeObject *)PyTuple_GET_ITEM(mro, i);
+        if ((base->tp_flags & Py_TPFLAGS_HEAPTYPE) || base->tp_methods == NULL
+            || strncmp(base->tp_name, "aprof.", 6) != 0)
+            continue;
+        for (PyMethodDef *m = base->tp_methods; m->ml_name != NULL; m++)
+            if (m == ml)
+                return 1;
+    }
+    return 0;
+}
+
 static APROF_NOINLINE int64_t
 cfunc_index_add(Tracer *t, PyObject *callable, void *key)
 {
+    int own = 0;
+    if (PyCFunction_Check(callable)) {
+        PyObject *self = PyCFunction_GET_SELF(callable);
+        own = self != NULL && is_aprof_method(Py_TYPE(self), (PyMethodDef *)key);
+    }
+    else if (Py_IS_TYPE(callable, &PyMethodDescr_Type)) {
+        own = is_aprof_method(((PyDescrObject *)callable)->d_type, (PyMethodDef *)key);
+    }
     /* First sight: keep a (name, file, line) description, not the object,
      * so a bound method does not keep its receiver alive. */
     PyObject *qn = PyObject_GetAttrString(callable, "__qualname__");
@@ -382,7 +411,7 @@ cfunc_index_add(Tracer *t, PyObject *callable, void *key)
     PyObject *desc = Py_BuildValue("(Nsi)", qn, "<built-in>", 0);
     if (desc == NULL)
         return -1;
-    int64_t r = table_add(t, key, desc, 0);
+    int64_t r = table_add(t, key, desc, own);
     Py_DECREF(desc);
     return r;
 }
@@ -782,6 +811,9 @@ on_cfunc(Tracer *t, int tag, PyObject *caller, PyObject *callable)
         fail(t);
         return 0;
     }
+    if (idx & IGNORED_FLAG)
+        return 0; /* an aprof C method called from the program's code: not
+                     recorded, but the call site is the program's (no DISABLE) */
     write_event(t, tidx, tag, idx, now);
     return 0;
 }

@@ -65,6 +65,19 @@ _BUILTIN: Final = type(len)
 _METHOD_DESCR: Final = type(list.append)
 
 
+def _is_aprof_method(callable: object) -> bool:
+    """A method of one of aprof's own classes (``record_function.__exit__``
+    on the C ``RangeCore``): aprof's bookkeeping, not the program's C call."""
+    owner = getattr(callable, "__objclass__", None)
+    if owner is None:
+        receiver = getattr(callable, "__self__", None)
+        name = getattr(callable, "__name__", None)
+        if receiver is None or name is None:
+            return False
+        owner = next((c for c in type(receiver).__mro__ if name in vars(c)), None)
+    return owner is not None and getattr(owner, "__module__", "").startswith("aprof")
+
+
 class Tracer:
     """See ``aprof/_ctracer.pyi``."""
 
@@ -225,7 +238,7 @@ class Tracer:
             return True
         v = self._index.get(key)
         if v is None:
-            v = self._add(key, (key, "<built-in>", 0), False)
+            v = self._add(key, (key, "<built-in>", 0), _is_aprof_method(callable))
         self._record(tag, v, now)
         return False
 
