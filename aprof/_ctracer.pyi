@@ -13,7 +13,11 @@ twin ``aprof._core._tracer_py``. Both write the same packed format, which
   the logical thread at object index ``payload``), 8 TIME (``payload`` is an
   absolute ``perf_counter_ns`` value; written when a gap exceeds 32 bits),
   9 EXC (3.12+: right before an UNWIND, payload = object index of the
-  exception's type).
+  exception's type), 10 RECV (right before the CALL of a method frame:
+  payload = object index of the receiver's class, or with ``instance_ids``
+  of a ``(class, serial)`` tuple; written only when it differs from the
+  first RECV of the same code, which replay applies to the CALLs without
+  one).
 """
 
 from collections.abc import Callable, Sequence
@@ -27,8 +31,18 @@ def foreign_frame_evaluator() -> str | None:
     """A description of another tool's PEP 523 frame evaluator, if one is
     installed (3.11; always None on 3.12+, where the tracer uses none)."""
 
-def replay(data: bytes, names: list[str | None], lts: list[tuple[list[Any], int] | None], start_ns: int, scope: str, /) -> None:
-    """The inner loop of ``aprof._post._replay.replay`` (documented there), in C."""
+def replay(
+    data: bytes,
+    names: list[str | None],
+    lts: list[tuple[list[Any], int] | None],
+    start_ns: int,
+    scope: str,
+    recv_name: Callable[[int, int], str],
+    /,
+) -> None:
+    """The inner loop of ``aprof._post._replay.replay`` (documented there), in
+    C. ``recv_name(code_index, receiver_index)`` names a method frame on a
+    receiver (called once per pair)."""
 
 class Tracer:
     """Records Python calls and returns (and C calls) of one profile.
@@ -52,6 +66,10 @@ class Tracer:
             profile function (the twin keeps the profile function and drops
             the C events); on 3.12+ it changes nothing here (the driver
             registers no CALL, C_RETURN or C_RAISE callbacks).
+        instance_ids: Describe a method call's receiver by instance
+            (class, serial) instead of by class (RECV events). The twin
+            reads receivers on 3.13+ only (earlier, reading a frame's
+            locals from Python leaves a snapshot of them on the frame).
     """
 
     def __init__(
@@ -63,6 +81,7 @@ class Tracer:
         ignore_prefix: str,
         max_events: int = 0,
         c_calls: bool = True,
+        instance_ids: bool = False,
     ) -> None: ...
     @property
     def dropped(self) -> int: ...

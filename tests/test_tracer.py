@@ -949,3 +949,117 @@ def test_aprofs_own_c_methods_are_not_recorded_as_c_calls(impl_cc: ModuleType) -
     assert [e.name for e in prof.events() if e.scope is aprof.RecordScope.USER_SCOPE] == ["r", "explicit"]
     builtins = [e.name for e in py_events(prof) if e.name.startswith("<built-in")]
     assert not [n for n in builtins if "__exit__" in n or "__enter__" in n or "record_function" in n], builtins
+
+
+# -- method frames (issue 15 item 8) -----------------------------------------
+
+
+class Layer:
+    def __call__(self, x: int) -> int:
+        return self.forward(x)
+
+    def forward(self, x: int) -> int:
+        return x
+
+    @classmethod
+    def make(cls) -> Layer:
+        return cls()
+
+
+class Linear(Layer):
+    pass
+
+
+class Conv(Layer):
+    def forward(self, x: int) -> int:
+        return x + 1
+
+
+def _names_receivers(impl: ModuleType) -> bool:
+    # The twin reads a frame's first argument through 3.13's f_locals proxy;
+    # before 3.13 it would leave a snapshot of every local on the frame.
+    return impl is not _tracer_py or sys.version_info >= (3, 13)
+
+
+def test_method_frames_name_the_receivers_class(impl: ModuleType) -> None:
+    # Issue 15 item 8, SPEC 8.1: one method's code is shared by the classes
+    # that inherit it; a frame run on another class than the defining one
+    # says which (the defining class's own calls keep their plain name).
+    with aprof.profile(python_tracer=True) as prof:
+        for layer in (Layer(), Linear(), Conv(), Linear()):
+            layer(1)
+        Linear.make()
+    calls = [short(e) for e in py_events(prof, HERE) if "Layer." in e.name or "Conv." in e.name]
+    if not _names_receivers(impl):
+        assert calls.count("Layer.__call__") == 4
+        return
+    assert calls == [
+        "Layer.__call__", "Layer.forward",
+        "Layer.__call__ [Linear]", "Layer.forward [Linear]",
+        "Layer.__call__ [Conv]", "Conv.forward",
+        "Layer.__call__ [Linear]", "Layer.forward [Linear]",
+        "Layer.make [Linear]",
+    ]  # fmt: skip
+
+
+def test_instance_ids_name_each_instance(impl: ModuleType) -> None:
+    # Issue 15 item 8: instance_ids=True numbers the instances of each class
+    # in order of first sight (the seed's module attribution); an instance
+    # that died does not lend its number to a new one at the same address.
+    a, b = Linear(), Linear()
+    with aprof.profile(python_tracer=True, instance_ids=True) as prof:
+        a(1)
+        b(1)
+        a(1)
+        Conv()(1)
+        for _ in range(3):
+            Layer()(1)  # each made and dropped: a new instance every time
+    calls = [short(e) for e in py_events(prof, HERE) if short(e).startswith("Layer.__call__")]
+    if not _names_receivers(impl):
+        assert calls == ["Layer.__call__"] * 7
+        return
+    assert calls == [
+        "Layer.__call__ [Linear#0]", "Layer.__call__ [Linear#1]", "Layer.__call__ [Linear#0]",
+        "Layer.__call__ [Conv#0]", "Layer.__call__ [Layer#0]", "Layer.__call__ [Layer#1]", "Layer.__call__ [Layer#2]",
+    ]  # fmt: skip
+
+
+def test_instance_ids_keep_no_instance_alive(impl: ModuleType) -> None:
+    # SPEC 12, 15.6: naming instances holds no reference to them.
+    import weakref
+
+    layer = Linear()
+    ref = weakref.ref(layer)
+    with aprof.profile(python_tracer=True, instance_ids=True):
+        layer(1)
+        del layer
+        assert ref() is None
+
+
+def test_instance_ids_must_be_a_bool() -> None:
+    with pytest.raises(TypeError, match="instance_ids"):
+        aprof.profile(python_tracer=True, instance_ids=1)  # type: ignore[arg-type]
+
+
+def test_coroutine_methods_keep_their_receiver_across_steps(impl: ModuleType) -> None:
+    # Issue 15 item 8 with PY_RESUME: each step of a method coroutine is a
+    # slice named with its receiver.
+    import asyncio
+
+    class Handler:
+        async def handle(self) -> None:
+            await asyncio.sleep(0)
+
+    class Special(Handler):
+        pass
+
+    async def main() -> aprof.profile:
+        async with aprof.profile(python_tracer=True) as prof:
+            await Special().handle()
+        return prof
+
+    prof = asyncio.run(main())
+    steps = [short(e) for e in py_events(prof, HERE) if "handle" in e.name]
+    assert len(steps) == 2
+    if _names_receivers(impl):
+        assert set(steps) == {"test_coroutine_methods_keep_their_receiver_across_steps.<locals>.Handler.handle [Special]"}

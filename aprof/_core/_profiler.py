@@ -73,6 +73,12 @@ class profile:
             PEP 523, instead of the profile function that slows every
             instruction; on 3.12+ it registers no ``sys.monitoring`` CALL
             events).
+        instance_ids: With ``python_tracer``, name each method frame after
+            the instance it ran on (``Module.__call__ [Linear#1]``: class,
+            and serial per class in order of first sight), as the seed's
+            module attribution does. Without it a method frame names the
+            receiver's class when that is not the class defining the
+            method (``Module.__call__ [Linear]``).
         profile_memory: Record allocations (not built yet).
         tasks: Record every spawned task as a TASK range on its own track.
         loop_block_threshold: Record every stretch in which one step or
@@ -115,6 +121,7 @@ class profile:
         python_tracer: bool = False,
         max_events: int | None = None,
         c_calls: bool = False,
+        instance_ids: bool = False,
         profile_memory: bool = False,
         tasks: bool = True,
         scope: Literal["context", "global"] = "context",
@@ -131,6 +138,7 @@ class profile:
             raise ValueError(f"profile: option 'max_events' must be an int > 0 or None, got {max_events!r}")
         self.max_events = max_events
         self.c_calls = _check_bool("c_calls", c_calls)
+        self.instance_ids = _check_bool("instance_ids", instance_ids)
         if _check_bool("profile_memory", profile_memory):
             raise NotImplementedError("profile: option 'profile_memory' is not built yet")
         if scope not in _SCOPES:
@@ -241,7 +249,9 @@ class profile:
             # Checked first, so that a refused start (another tool holds the
             # hook, RELIABILITY FA-08) leaves nothing to undo; started last,
             # so aprof's own set-up is not traced.
-            tracer = TracerRun(recorder if self.scope == "context" else None, self.max_events or 0, self.c_calls)
+            tracer = TracerRun(
+                recorder if self.scope == "context" else None, self.max_events or 0, self.c_calls, self.instance_ids
+            )
             tracer.check()
         if self.scope == "global":
             self._global_handle = _callbacks.add_global_callback(_global_callback(recorder))

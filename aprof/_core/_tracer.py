@@ -151,13 +151,19 @@ class TracerRun:
         c_calls: Record C calls too (else Python frames only, which on 3.11
             the C tracer records through a PEP 523 frame evaluator instead
             of a profile function, and on 3.12+ without the CALL events).
+        instance_ids: Name method frames after their receiver instance
+            (class and serial), not only its class.
     """
 
-    def __init__(self, recorder: Recorder | None, max_events: int = 0, c_calls: bool = False) -> None:
+    def __init__(
+        self, recorder: Recorder | None, max_events: int = 0, c_calls: bool = False, instance_ids: bool = False
+    ) -> None:
         impl = implementation()
         self.impl = impl
         self.c_calls = c_calls if _forced_c_calls is None else _forced_c_calls
-        self.tracer = impl.Tracer(RF_STATE, recorder, TRACER_LT, _starting_thread_lt, APROF_DIR, max_events, self.c_calls)
+        self.tracer = impl.Tracer(
+            RF_STATE, recorder, TRACER_LT, _starting_thread_lt, APROF_DIR, max_events, self.c_calls, instance_ids
+        )
         self._token: Token[tuple[LogicalThread, int] | None] | None = None
         self._tool: int | None = None
         self._forked = False
