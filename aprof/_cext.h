@@ -5,6 +5,7 @@
  *   _ctracer.c  the Python tracer (SPEC 8.1) and the module
  *   _cranges.c  the range fast path under aprof.record_function (SPEC 3)
  *   _cevents.c  consolidation at stop: raw records -> FunctionEvents (SPEC 6)
+ *   _csampler.c the task-aware sampler (SPEC 8.4)
  */
 #ifndef APROF_CEXT_H
 #define APROF_CEXT_H
@@ -59,5 +60,9 @@ int aprof_ranges_init(PyObject *module);
 /* _cevents.c: add EventCore, records_of, sort_by_start, nest and
  * _events_setup to the module. Returns -1 with an exception set on failure. */
 int aprof_events_init(PyObject *module);
+
+/* _csampler.c: add Sampler and the engine's functions to the module.
+ * Returns -1 with an exception set on failure. */
+int aprof_sampler_init(PyObject *module);
 
 #endif

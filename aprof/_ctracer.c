@@ -2298,7 +2298,8 @@ static PyTypeObject TracerType = {
 static struct PyModuleDef ctracer_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "aprof._ctracer",
-    .m_doc = "aprof's C hot path: the Python tracer (SPEC 8.1) and the range fast path (SPEC 3).",
+    .m_doc = "aprof's C hot path: the Python tracer (SPEC 8.1), the range fast path (SPEC 3), consolidation (SPEC 6) and "
+             "the sampler (SPEC 8.4).",
     .m_size = -1,
     .m_methods = module_methods,
 };
@@ -2337,7 +2338,7 @@ PyInit__ctracer(void)
         return NULL;
     if (PyModule_AddObjectRef(m, "Tracer", (PyObject *)&TracerType) < 0 ||
         PyModule_AddIntConstant(m, "EVENT_BYTES", (long)sizeof(RawEvent)) < 0 ||
-        aprof_ranges_init(m) < 0 || aprof_events_init(m) < 0) {
+        aprof_ranges_init(m) < 0 || aprof_events_init(m) < 0 || aprof_sampler_init(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

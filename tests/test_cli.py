@@ -146,7 +146,7 @@ def test_ctrl_c_still_writes_the_trace(tmp_path: Path) -> None:
         (["report", "garbage.json"], "'garbage.json' is not a session, a Chrome trace or an HTML report"),
         (["convert", "nothere.json", "out.html"], "no such file 'nothere.json'"),
         (["convert", "garbage.json", "out.html"], "'garbage.json' is not a session"),
-        (["run", "--max-events", "5", "s.py"], "--max-events limits the Python tracer's events: add --python-tracer"),
+        (["run", "--max-events", "5", "s.py"], "--max-events limits the Python tracer's events and the samples: add --python-tracer or --sample"),
         (["run", "--no-c-calls", "s.py"], "--no-c-calls changes what the Python tracer records: add --python-tracer"),
         (["run", "--c-calls", "s.py"], "--c-calls changes what the Python tracer records: add --python-tracer"),
         (["run", "--python-tracer", "--c-calls", "--no-c-calls", "s.py"], "--c-calls and --no-c-calls contradict"),

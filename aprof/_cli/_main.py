@@ -48,7 +48,15 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--python-tracer", action="store_true", help="record every Python function call and return, on the tracks of the tasks that made them")
     run.add_argument("--c-calls", action="store_true", help="with --python-tracer, record the C functions Python code calls too (costs more: on 3.11 several times)")
     run.add_argument("--no-c-calls", action="store_true", help=argparse.SUPPRESS)  # the default now: accepted as a no-op
-    run.add_argument("--max-events", type=_positive_int, metavar="N", help="with --python-tracer, keep the first N raw tracer events and count the rest as dropped")
+    run.add_argument("--max-events", type=_positive_int, metavar="N", help="with --python-tracer or --sample, keep the first N raw tracer events (and N samples) and count the rest as dropped")
+    run.add_argument(
+        "--sample",
+        nargs="?",
+        const=0.001,
+        type=_sample_interval,
+        metavar="INTERVAL",
+        help="take a stack sample of every thread running the program every INTERVAL seconds (default 0.001), each on its task's track",
+    )
     run.add_argument(
         "--loop-block-threshold",
         type=_positive_seconds,
@@ -94,6 +102,16 @@ def _positive_seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}") from None
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return value
+
+
+def _sample_interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds from 0.00001 to 60, got {text!r}") from None
+    if not 1e-5 <= value <= 60:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds from 0.00001 to 60, got {text!r}")
     return value
 
 
@@ -145,8 +163,8 @@ def _run(args: argparse.Namespace) -> int:
         install_propagation()
     if args.scope == "global":
         import asyncio  # noqa: F401  (so the global profile can hook the loops the program creates)
-    if args.max_events is not None and not args.python_tracer:
-        raise _UsageError("run: --max-events limits the Python tracer's events: add --python-tracer")
+    if args.max_events is not None and not (args.python_tracer or args.sample is not None):
+        raise _UsageError("run: --max-events limits the Python tracer's events and the samples: add --python-tracer or --sample")
     if args.c_calls and not args.python_tracer:
         raise _UsageError("run: --c-calls changes what the Python tracer records: add --python-tracer")
     if args.no_c_calls and not args.python_tracer:
@@ -158,6 +176,7 @@ def _run(args: argparse.Namespace) -> int:
         with_stack=args.with_stack,
         python_tracer=args.python_tracer,
         max_events=args.max_events,
+        sample_interval=args.sample,
         c_calls=args.c_calls,
         loop_block_threshold=args.loop_block_threshold,
     )
@@ -194,7 +213,8 @@ def _run(args: argparse.Namespace) -> int:
     except (OSError, ValueError, TypeError) as exc:
         print(f"aprof: {exc}", file=sys.stderr)
         return code or 1
-    print(f"aprof: wrote {out} ({len(session.events())} events on {len(session.tracks())} tracks)", file=sys.stderr)
+    sampled = f", {len(session.samples)} samples" if session.samples is not None else ""
+    print(f"aprof: wrote {out} ({len(session.events())} events{sampled} on {len(session.tracks())} tracks)", file=sys.stderr)
     return code
 
 
@@ -235,9 +255,41 @@ def _convert(args: argparse.Namespace) -> int:
     return 0
 
 
+#: ``aprof run`` options that take a value (the next token), for _bare_sample.
+_RUN_VALUED = frozenset({"-o", "--output", "--scope", "--max-events", "--loop-block-threshold", "--sort", "--row-limit", "-m"})
+
+
+def _bare_sample(argv: list[str]) -> list[str]:
+    """``aprof run --sample script.py``: a bare ``--sample`` before the program
+    means the default interval (argparse would take the script's name as the
+    interval). Tokens from the program on are the program's and untouched."""
+    if not argv or argv[0] != "run":
+        return argv
+    out = list(argv)
+    i = 1
+    while i < len(out):
+        tok = out[i]
+        if tok == "--sample":
+            nxt = out[i + 1] if i + 1 < len(out) else None
+            try:
+                float(nxt)  # type: ignore[arg-type]
+            except (TypeError, ValueError):
+                out[i] = "--sample=0.001"
+            else:
+                i += 1
+        elif tok in _RUN_VALUED:
+            if tok == "-m":
+                break  # the module, then its arguments
+            i += 1
+        elif not tok.startswith("-"):
+            break  # the script: the rest is the program's
+        i += 1
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
-    args = _parser().parse_args(argv)
+    args = _parser().parse_args(_bare_sample(list(sys.argv[1:] if argv is None else argv)))
     try:
         if args.command == "run":
             return _run(args)

@@ -27,6 +27,7 @@ from ._callbacks import RF_STATE, AprofWarning, RecordFunctionCallback
 from ._debug_info import DEBUG_INFO, DebugInfoKind, SlotRef
 from ._record_function import RecordFunction, get_default_node_id
 from ._recorder import ProfilerState, Recorder
+from ._sampler import SamplerRun, check_interval
 from ._schedule import ProfilerAction, check_schedule
 from ._threads import current_logical_thread
 from ._tracer import TracerRun
@@ -66,7 +67,13 @@ class profile:
             that ran it.
         max_events: With ``python_tracer``, keep at most this many raw
             tracer events (16 bytes each); later ones are not recorded and
-            are counted in ``session.dropped``. ``None``: no limit.
+            are counted in ``session.dropped``. With ``sample_interval``, at
+            most this many samples too (24 bytes each, counted in
+            ``session.samples.dropped``). ``None``: no limit.
+        sample_interval: Take a stack sample of every thread running the
+            profiled work every this many seconds (SPEC 8.4), each charged
+            to the task or thread that was running (``session.samples``).
+            ``None`` (the default): no sampling.
         c_calls: With ``python_tracer``, record the C functions Python code
             calls too (SPEC 8.1). Off by default: Python frames only cost a
             fraction of it (on 3.11 the tracer then uses a frame evaluator,
@@ -95,7 +102,8 @@ class profile:
     Raises:
         TypeError: an option has the wrong type (unknown options are
             rejected by Python itself, naming the option).
-        ValueError: ``scope`` is not ``"context"`` or ``"global"``.
+        ValueError: ``scope`` is not ``"context"`` or ``"global"``, or
+            ``sample_interval`` is not a number of seconds in 0.00001..60.
         NotImplementedError: an option whose feature is not built yet.
         RuntimeError: (at start) ``python_tracer`` cannot hook the
             interpreter: another profiler holds the hook, or another
@@ -120,6 +128,7 @@ class profile:
         with_stack: bool = False,
         python_tracer: bool = False,
         max_events: int | None = None,
+        sample_interval: float | None = None,
         c_calls: bool = False,
         instance_ids: bool = False,
         profile_memory: bool = False,
@@ -137,6 +146,7 @@ class profile:
         if max_events is not None and (isinstance(max_events, bool) or not isinstance(max_events, int) or max_events <= 0):
             raise ValueError(f"profile: option 'max_events' must be an int > 0 or None, got {max_events!r}")
         self.max_events = max_events
+        self.sample_interval = check_interval(sample_interval)
         self.c_calls = _check_bool("c_calls", c_calls)
         self.instance_ids = _check_bool("instance_ids", instance_ids)
         if _check_bool("profile_memory", profile_memory):
@@ -172,6 +182,7 @@ class profile:
         self._task_hooks: list[Callable[[], None]] = []
         self._session: Session | None = None
         self._tracer: TracerRun | None = None
+        self._sampler: SamplerRun | None = None
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -278,6 +289,15 @@ class profile:
             self._task_hooks = _install_task_hooks(recorder, global_scope=self.scope == "global")
         if self.loop_block_threshold is not None:
             self._task_hooks += _start_loop_watch(state, self.loop_block_threshold, self.scope == "global")
+        if self.sample_interval is not None:
+            sampler = SamplerRun(recorder if self.scope == "context" else None, self.sample_interval, self.max_events or 0)
+            try:
+                sampler.start()
+            except BaseException:
+                self._finish()
+                self._session = None
+                raise
+            self._sampler = sampler
         if tracer is not None:
             try:
                 tracer.start()
@@ -322,6 +342,9 @@ class profile:
         tracer, self._tracer = self._tracer, None
         if tracer is not None:
             tracer.stop()
+        sampler, self._sampler = self._sampler, None
+        if sampler is not None:
+            sampler.stop()
         stop_ns = perf_counter_ns()
         state.running = False
         state.stop_ns = stop_ns
@@ -341,6 +364,8 @@ class profile:
         if tracer is not None:
             tracer.replay_into(state)
         self._session = Session.from_state(state)
+        if sampler is not None:
+            sampler.attach(self._session, state.node_id)
 
     def _restore_context(self, recorder: Recorder) -> None:
         # Undo start() field by field in the current context, if it is the
@@ -391,6 +416,9 @@ class profile:
         tracer = getattr(self, "_tracer", None)
         if tracer is not None:
             tracer.stop()
+        sampler = getattr(self, "_sampler", None)
+        if sampler is not None:
+            sampler.stop()
         for undo in getattr(self, "_task_hooks", ()):
             undo()
         handle = getattr(self, "_global_handle", None)

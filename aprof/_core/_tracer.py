@@ -20,6 +20,7 @@ import os
 import sys
 import threading
 import warnings
+from collections.abc import Callable
 from contextvars import ContextVar, Token
 from types import CodeType
 from typing import TYPE_CHECKING, Any, Final
@@ -31,7 +32,7 @@ from ._threads import LogicalThread, _thread_lt, current_logical_thread
 if TYPE_CHECKING:
     from ._recorder import ProfilerState, Recorder
 
-__all__ = ["TRACER_LT", "TracerRun", "implementation", "publish_task"]
+__all__ = ["APROF_DIR", "TRACER_LT", "TracerRun", "implementation", "publish_task"]
 
 #: (task's LogicalThread, OS thread ident) in a task's own context, or None.
 TRACER_LT: ContextVar[tuple[LogicalThread, int] | None] = ContextVar("aprof.tracer_lt", default=None)
@@ -39,9 +40,18 @@ TRACER_LT: ContextVar[tuple[LogicalThread, int] | None] = ContextVar("aprof.trac
 _get_ident = threading.get_ident
 
 
+#: Running samplers (aprof._core._sampler): tasks publish themselves for them too.
+sampling: list[object] = []
+#: Called with each task that publishes itself (the pure-Python sampler's).
+publish_hooks: list[Callable[[LogicalThread], None]] = []
+
+
 def publish_task(lt: LogicalThread) -> None:
-    """Tell the tracer that the current context is ``lt``'s (call in the task's first step)."""
+    """Tell the tracer and the sampler that the current context is ``lt``'s
+    (call in the task's first step, in the task's own context)."""
     TRACER_LT.set((lt, _get_ident()))
+    for hook in publish_hooks:
+        hook(lt)
 
 
 #: aprof's own files: their frames (and the C calls they make) are not traced.
@@ -59,8 +69,9 @@ _running: list[TracerRun] = []  # at most one
 
 
 def running() -> bool:
-    """Whether a Python tracer records now (task hooks publish their task only then)."""
-    return bool(_running)
+    """Whether a Python tracer or a sampler runs now (task hooks publish
+    their task only then)."""
+    return bool(_running) or bool(sampling)
 
 
 _forced: Any = None  # tests: force one implementation (module), None: choose

@@ -3,6 +3,8 @@
 One line per distinct stack: ``track;outer;inner <self time in us>``, as
 Brendan Gregg's flamegraph.pl, speedscope and inferno read them. Only ranges
 nested on their track are stacked; the value is each frame's self time.
+Stack samples (SPEC 8.4) follow under a ``[sampled]`` root, so a flame
+graph keeps traced and sampled time apart.
 """
 
 from __future__ import annotations
@@ -48,6 +50,28 @@ def folded_lines(session: Session) -> Iterator[str]:
         us = ns // 1000
         if us > 0:
             yield f"{stack} {us}\n"
+    yield from sampled_folded_lines(session)
+
+
+def sampled_folded_lines(session: Session) -> Iterator[str]:
+    """The session's stack samples (SPEC 8.4) as folded lines, apart from the
+    ranges: under a ``[sampled]`` root, then the tasks that spawned the
+    sample's task, its track, and the frames; the value is the sampled time
+    in microseconds."""
+    from .._post._samples import SAMPLED_ROOT, sampled_stacks, spawn_chains
+
+    if session.samples is None:
+        return
+    chains = spawn_chains(session)
+    names = {t.id: t.name for t in session._tracks.values()}
+    totals: dict[str, int] = {}
+    for tid, stack, ns in sampled_stacks(session):
+        line = ";".join(_frame(f) for f in (SAMPLED_ROOT, *chains.get(tid, ()), names.get(tid, str(tid)), *stack))
+        totals[line] = totals.get(line, 0) + ns
+    for line, ns in totals.items():
+        us = ns // 1000
+        if us > 0:
+            yield f"{line} {us}\n"
 
 
 def export_folded(session: Session, path: str | PathLike[str]) -> None:

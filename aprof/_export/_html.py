@@ -38,8 +38,10 @@ def _template() -> str:
 
 def _data_json(session: Session) -> str:
     doc = compact_document(session)
-    rows = sorted(session.key_averages(), key=lambda r: r.total_ns, reverse=True)[:_SUMMARY_ROWS]
-    doc["summary"] = [[r.key, r.count, r.total_ns, r.self_ns, r.running_ns, r.waiting_ns] for r in rows]
+    rows = sorted(session.key_averages(), key=lambda r: (r.total_ns, r.sampled_ns), reverse=True)[:_SUMMARY_ROWS]
+    doc["summary"] = [
+        [r.key, r.count, r.total_ns, r.self_ns, r.running_ns, r.waiting_ns, r.samples, r.sampled_ns] for r in rows
+    ]
     text = json.dumps(doc, separators=(",", ":"), allow_nan=False, default=repr)
     # '<' only occurs inside JSON strings; escaped, no '</script>' or '<!--'
     # in a name can end the data tag early.

@@ -22,9 +22,16 @@ class FunctionEventAvg:
 
     Times are nanoseconds. ``running_ns`` and ``waiting_ns`` split the total
     of task ranges into time on the loop and time suspended (0 when unknown).
+    ``samples``, ``sampled_ns`` and ``self_sampled_ns`` come from stack
+    samples (SPEC 8.4), never from ranges: for a function, the samples with
+    it on the stack and with it on top; for a range, task or executor job,
+    the samples taken on its track while it ran; for a track, its samples.
     """
 
-    __slots__ = ("count", "key", "max_ns", "min_ns", "running_ns", "self_ns", "stack", "total_ns", "waiting_ns")
+    __slots__ = (
+        "count", "key", "max_ns", "min_ns", "running_ns", "sampled_ns", "samples", "self_ns", "self_sampled_ns",
+        "stack", "total_ns", "waiting_ns",
+    )  # fmt: skip
 
     def __init__(self, key: str, stack: tuple[tuple[str, int, str], ...] = ()) -> None:
         self.key = key
@@ -36,6 +43,9 @@ class FunctionEventAvg:
         self.max_ns = 0
         self.running_ns = 0
         self.waiting_ns = 0
+        self.samples = 0
+        self.sampled_ns = 0
+        self.self_sampled_ns = 0
 
     @property
     def mean_ns(self) -> float:
@@ -69,6 +79,9 @@ _SORT_KEYS: Final[dict[str, Callable[[FunctionEventAvg], Any]]] = {
     "min": lambda r: -r.min_ns,
     "running": lambda r: -r.running_ns,
     "waiting": lambda r: -r.waiting_ns,
+    "samples": lambda r: -r.samples,
+    "sampled": lambda r: -r.sampled_ns,
+    "self_sampled": lambda r: -r.self_sampled_ns,
     "name": lambda r: r.key,
 }
 
@@ -79,6 +92,9 @@ class EventAverages:
     def __init__(self, rows: list[FunctionEventAvg], group_by: str) -> None:
         self._rows = rows
         self.group_by = group_by
+        #: Samples of a loop waiting for I/O (SPEC 8.4): counted, charged to no row.
+        self.idle_samples = 0
+        self.idle_ns = 0
 
     def __iter__(self) -> Iterator[FunctionEventAvg]:
         return iter(self._rows)
@@ -112,9 +128,12 @@ class EventAverages:
         if row_limit is not None:
             rows = rows[:row_limit]
         show_tasks = any(r.running_ns or r.waiting_ns for r in rows)
+        show_samples = any(r.samples for r in self._rows)
         header = [self.group_by.capitalize(), "Count", "Total", "Self", "Mean", "Min", "Max"]
         if show_tasks:
             header += ["Running", "Waiting"]
+        if show_samples:
+            header += ["Samples", "Sampled", "Self sampled"]
         body = []
         for r in rows:
             label = r.key if len(r.key) <= 60 else r.key[:57] + "..."
@@ -122,6 +141,8 @@ class EventAverages:
             cells = [label, str(r.count), _fmt(r.total_ns), _fmt(r.self_ns), _fmt(r.mean_ns), _fmt(r.min_ns), _fmt(r.max_ns)]
             if show_tasks:
                 cells += [_fmt(r.running_ns), _fmt(r.waiting_ns)]
+            if show_samples:
+                cells += [str(r.samples), _fmt(r.sampled_ns), _fmt(r.self_sampled_ns)]
             body.append(cells)
         widths = [max(len(h), *(len(c[i]) for c in body)) if body else len(h) for i, h in enumerate(header)]
         line = "-" * (sum(widths) + 2 * (len(widths) - 1))
@@ -132,6 +153,11 @@ class EventAverages:
             return "  ".join([first, *rest]).rstrip()
 
         out = [line, fmt_row(header), line, *(fmt_row(c) for c in body), line]
+        if show_samples:
+            out.append(
+                "Count..Max: traced ranges and calls; Samples, Sampled: stack samples (SPEC 8.4)"
+                + (f"; idle (a loop waiting for I/O): {self.idle_samples} samples, {_fmt(self.idle_ns)}" if self.idle_samples else "")
+            )
         return "\n".join(out)
 
     def __str__(self) -> str:
@@ -186,4 +212,56 @@ def key_averages(session: Session, group_by: str = "name") -> EventAverages:
         if row is None:
             row = rows[k] = FunctionEventAvg(label, stack)
         row.add(ev)
-    return EventAverages(list(rows.values()), group_by)
+    averages = EventAverages(list(rows.values()), group_by)
+    _add_samples(session, averages, rows, group_by, tracks)
+    return averages
+
+
+def _add_samples(
+    session: Session, averages: EventAverages, rows: dict[Any, FunctionEventAvg], group_by: str, tracks: dict[int, Any]
+) -> None:
+    """The sampled columns (SPEC 8.4): see :class:`FunctionEventAvg`."""
+    from ._samples import sampled_totals, samples_within
+
+    totals = sampled_totals(session)
+    if totals is None or group_by == "stack":
+        return
+    samples = session.samples
+    assert samples is not None
+    averages.idle_samples, averages.idle_ns = samples.idle_count, samples.idle_ns
+    if group_by == "track":
+        for tid, (count, ns) in totals.by_track.items():
+            row = rows.get(tid)
+            if row is None:
+                t = session._tracks.get(tid)
+                row = rows[tid] = FunctionEventAvg(f"{t.name if t else tid} ({tid})")
+                averages._rows.append(row)
+            row.samples, row.sampled_ns = count, ns
+        return
+    # Ranges (not traced Python calls: those are matched by name below),
+    # tasks and executor jobs: the samples on their track while they ran.
+    for ev in session.events():
+        if ev.is_instant or ev.is_async or ev.scope is RecordScope.PYTHON_FUNCTION:
+            continue
+        count, ns = samples_within(totals, ev.thread_id, ev.start_ns, ev.end_ns)
+        if not count:
+            continue
+        if ev.scope is RecordScope.TASK and ev.extra and ev.extra.get("coro"):
+            k: Any = (RecordScope.TASK, f"task {ev.extra['coro']}")
+        elif ev.scope is RecordScope.EXECUTOR:
+            k = (RecordScope.EXECUTOR, f"executor {ev.name}")
+        else:
+            k = ev.name
+        row = rows.get(k)
+        if row is not None:
+            row.samples += count
+            row.sampled_ns += ns
+    # Functions: the samples with the function on the stack (and on top).
+    for name, (count, ns, _self_count, self_ns) in totals.by_name.items():
+        row = rows.get(name)
+        if row is None:
+            row = rows[name] = FunctionEventAvg(name)
+            averages._rows.append(row)
+        row.samples += count
+        row.sampled_ns += ns
+        row.self_sampled_ns += self_ns
