@@ -216,3 +216,69 @@ def chrome_plain(
 ) -> tuple[str, int]:
     """The Chrome ``X`` lines, joined by ``",\\n"``, of the run of plain ranges
     starting at ``events[i]`` (at most ``limit``), and the index after it."""
+
+# The sampler (aprof/_csampler.c); the twin is aprof/_core/_sampler_py.py,
+# the driver aprof/_core/_sampler.py.
+
+class Sampler:
+    """Task-aware stack samples of the profiled threads, every ``interval``
+    seconds (SPEC 8.4), taken by one engine thread shared by every running
+    sampler (see the comments in ``aprof/_csampler.c``).
+
+    Args:
+        rf_state: The ``RF_STATE`` context variable: a thread is sampled when
+            its current context has recording on and, unless ``recorder`` is
+            None (global scope), ``recorder`` as its recorder.
+        recorder: The profile's recorder, or None for every context.
+        lt_var: The context variable a task publishes ``(LogicalThread,
+            os_thread_ident)`` in; otherwise a sample is the OS thread's own.
+        ignore_prefix: Frames of code whose file starts with this (aprof's)
+            are left out of stacks.
+        interval: Seconds between samples, 1e-5 to 60 (ValueError otherwise).
+        waits: ``(file suffix, qualname)`` of frames where a loop or a pool
+            waits: a thread outside any task with one on top is idle.
+        max_samples: Keep at most this many samples (0: no limit); later
+            ones are counted in :attr:`dropped`.
+
+    Raw format (:meth:`take`): each sample is three unsigned 64-bit words:
+    the time (``perf_counter_ns``); the stack node (bits 0-31) and the time
+    since the sampler's previous tick (bits 32-63); the logical thread
+    (bits 0-31: an object index, or ``1 << 31 | slot`` for the OS thread
+    in that slot's own), the slot (bits 32-47) and flags (bits 48-63: 1
+    idle). Nodes are pairs of unsigned 32-bit words (parent node, object
+    index of the code, or of None for frames left out past 1,024); node 0
+    is the empty stack.
+    """
+
+    def __init__(
+        self,
+        rf_state: ContextVar[Any],
+        recorder: object | None,
+        lt_var: ContextVar[Any],
+        ignore_prefix: str,
+        interval: float,
+        waits: tuple[tuple[str, str], ...],
+        max_samples: int = 0,
+    ) -> None: ...
+    @property
+    def count(self) -> int: ...
+    @property
+    def dropped(self) -> int: ...
+    @property
+    def idle(self) -> int: ...
+    @property
+    def active(self) -> bool: ...
+    @property
+    def start_ns(self) -> int: ...
+    def start(self) -> None:
+        """Start sampling (RuntimeError if started before)."""
+    def stop(self) -> None:
+        """Stop sampling (idempotent); the last sampler stops the engine thread."""
+    def take(self) -> tuple[bytes, bytes, list[Any], list[int]]:
+        """Hand over ``(samples, nodes, objects, thread idents by slot)`` once, after stop."""
+
+def _sampler_after_fork() -> None:
+    """In a forked child: reset the engine; the child's samplers sample nothing."""
+
+def _sampler_stats() -> tuple[int, int, int]:
+    """``(ticks, samples taken by the main thread, by the engine thread)`` so far (the bench reads it)."""

@@ -108,13 +108,7 @@ class Sampler:
         frames: dict[int, object] = {}
         live = []
         for lt in self._tasks:
-            ref = getattr(lt, "_task_ref", None)
-            task = ref() if ref is not None else None
-            if task is None:
-                continue
-            get_coro = getattr(task, "get_coro", None)
-            coro = get_coro() if get_coro is not None else getattr(task, "coro", None)
-            frame = getattr(coro, "cr_frame", None)
+            frame = getattr(_coroutine_of(lt), "cr_frame", None)
             if frame is None:  # finished
                 continue
             live.append(lt)
@@ -249,6 +243,17 @@ class Sampler:
         self._buf.append(now)
         self._buf.append(node | (min(dt, 0xFFFFFFFF) << 32))
         self._buf.append(lt | (slot << 32) | (flags << 48))
+
+
+def _coroutine_of(lt: object) -> Any:
+    """The coroutine a task's logical thread runs: through the task it is
+    bound to, or the coroutine it wraps (aprof's asyncio step timer)."""
+    ref = getattr(lt, "_task_ref", None)
+    task = ref() if ref is not None else None
+    if task is not None:
+        get_coro = getattr(task, "get_coro", None)
+        return get_coro() if get_coro is not None else getattr(task, "coro", None)
+    return getattr(lt, "_coro", None)
 
 
 _running: weakref.WeakSet[Sampler] = weakref.WeakSet()

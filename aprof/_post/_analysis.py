@@ -153,7 +153,7 @@ class EventAverages:
             return "  ".join([first, *rest]).rstrip()
 
         out = [line, fmt_row(header), line, *(fmt_row(c) for c in body), line]
-        if show_samples:
+        if show_samples or self.idle_samples:
             out.append(
                 "Count..Max: traced ranges and calls; Samples, Sampled: stack samples (SPEC 8.4)"
                 + (f"; idle (a loop waiting for I/O): {self.idle_samples} samples, {_fmt(self.idle_ns)}" if self.idle_samples else "")

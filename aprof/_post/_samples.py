@@ -254,6 +254,9 @@ def spawn_chains(session: Session) -> dict[int, tuple[str, ...]]:
         if e.scope is RecordScope.TASK and e.forward_thread_id and e.thread_id not in spawner:
             spawner[e.thread_id] = e.forward_thread_id
     names = {t.id: t.name for t in session._tracks.values()}
+    start = session.metadata.get("start_thread")
+    if isinstance(start, dict) and isinstance(start.get("id"), int):
+        names.setdefault(start["id"], str(start.get("name")))  # spawns, may record nothing itself
     chains: dict[int, tuple[str, ...]] = {}
     for tid in names:
         chain: list[str] = []
