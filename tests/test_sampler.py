@@ -635,3 +635,23 @@ def test_tracing_and_sampling_together_stay_apart(impl: ModuleType) -> None:
     assert row.count == 5
     assert row.samples > 0
     assert not [e for e in prof.events() if "_sampler" in e.name and "test_sampler" not in e.name]
+
+
+def test_chrome_traces_keep_the_samples_for_perfetto_and_for_aprof_report(tmp_path: Path) -> None:
+    # SPEC 9.1, 8.4, 10.1: each sampled track gets a "<track> sampled" row
+    # (category "sampled", a flame chart over time, apart from the ranges),
+    # and aprof report reads the samples back whole.
+    from aprof._post._readers import read_profile
+
+    session = _sampled_session()
+    session.export_chrome_trace(tmp_path / "t.json")
+    doc = validate_trace(tmp_path / "t.json")
+    rows = {e["tid"]: e["args"]["name"] for e in doc["traceEvents"] if e.get("ph") == "M" and e["name"] == "thread_name"}
+    sampled = [e for e in doc["traceEvents"] if e.get("cat") == "sampled"]
+    assert any(e["name"].endswith(": burn_big") for e in sampled)
+    assert all(rows[e["tid"]].endswith(" sampled") for e in sampled)
+    back = read_profile(str(tmp_path / "t.json"))
+    assert back.samples is not None
+    assert len(back.samples) == len(session.samples or ())
+    assert not [e for e in back.events() if e.name.endswith(": burn_big")]  # the rows are not ranges
+    assert back.key_averages().table() == session.key_averages().table()

@@ -118,6 +118,8 @@ def chrome_trace_chunks(session: Session, batch: int = 4096) -> Iterator[str]:
     for field in ("stop_ns", "unix_offset_ns"):  # for readers: the profile's end, the wall clock
         if field in session.metadata:
             other[field] = session.metadata[field]
+    if session.samples is not None:  # SPEC 8.4: the samples whole, for readers
+        other["aprof_samples"] = session.samples.to_json()
     yield _dumps(other)
     yield ',"traceEvents":[\n'
     # Trace events are gathered as lines and joined with ",\n" a batch at a
@@ -258,9 +260,29 @@ def chrome_trace_chunks(session: Session, batch: int = 4096) -> Iterator[str]:
                 s0 = (task_steps[k] - base) / 1000.0
                 d = (task_steps[k + 1] - task_steps[k]) / 1000.0
                 emit(f'{{"ph":"X","name":"running","cat":"step",{rwhere},"ts":{s0:.3f},"dur":{d:.3f}}}')
+    _sampled_rows(session, track_pids, base, emit)
     if lines:
         yield joined + ",\n".join(lines)
     yield "\n]}\n"
+
+
+def _sampled_rows(session: Session, track_pids: dict[int, Any], base: int, emit: Any) -> None:
+    """Stack samples (SPEC 8.4) on a row of their own under each track,
+    named ``<track> sampled``, category ``sampled``: a flame chart over time,
+    apart from the traced ranges."""
+    from .._post._samples import SAMPLED_TID_BASE, sampled_slices
+
+    if session.samples is None:
+        return
+    named: set[int] = set()
+    labels = {t.id: t.name if t.kind == "thread" else f"{t.name} [{t.kind}]" for t in session.tracks()}
+    for tid, name, t0, t1 in sampled_slices(session):
+        pid = track_pids.get(tid, 0)
+        where = f'"pid":{pid},"tid":{SAMPLED_TID_BASE + tid}'
+        if tid not in named:
+            named.add(tid)
+            emit(f'{{"ph":"M","name":"thread_name",{where},"args":{{"name":{_dumps(labels.get(tid, str(tid)) + " sampled")}}}}}')
+        emit(f'{{"ph":"X","name":{_dumps(name)},"cat":"sampled",{where},"ts":{(t0 - base) / 1000.0:.3f},"dur":{(t1 - t0) / 1000.0:.3f}}}')
 
 
 def export_chrome_trace(session: Session, path: str | PathLike[str]) -> None:

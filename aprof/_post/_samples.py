@@ -341,3 +341,48 @@ def samples_within(totals: SampledTotals, track_id: int, start_ns: int, end_ns: 
     times, sums = r
     i, j = bisect_left(times, start_ns), bisect_right(times, end_ns)
     return j - i, sums[j] - sums[i]
+
+
+#: Chrome trace rows of stack samples: tid = this + the track's id (aprof's
+#: running rows use 1 << 40).
+SAMPLED_TID_BASE: Final = 1 << 41
+
+
+def sampled_slices(session: Session) -> Iterator[tuple[int, str, int, int]]:
+    """The samples as a flame chart over time, per track: ``(track id, frame
+    name, start ns, end ns)``. A sample stands for the time since the
+    sampler's previous tick; consecutive samples sharing the outer part of
+    their stacks extend the same slices. For viewers that draw slices
+    (Perfetto), on a row of their own, apart from the traced ranges."""
+    s = session.samples
+    if s is None:
+        return
+    per_track: dict[int, list[int]] = {}
+    for i in range(len(s)):
+        if not s.idle[i]:
+            per_track.setdefault(s.thread_id[i], []).append(i)
+    for tid, idxs in per_track.items():
+        idxs.sort(key=lambda i: s.time_ns[i])
+        open_: list[tuple[str, int]] = []
+        prev_end = None
+        for i in idxs:
+            end = s.time_ns[i]
+            start = max(end - s.weight_ns[i], prev_end) if prev_end is not None else end - s.weight_ns[i]
+            if prev_end is not None and start > prev_end + s.interval_ns:  # a gap: not sampled there
+                while open_:
+                    name, t0 = open_.pop()
+                    yield tid, name, t0, prev_end
+            stack = s.stack(i)
+            keep = 0
+            while keep < len(open_) and keep < len(stack) and open_[keep][0] == stack[keep]:
+                keep += 1
+            at = prev_end if prev_end is not None and open_ else start
+            while len(open_) > keep:
+                name, t0 = open_.pop()
+                yield tid, name, t0, at
+            for name in stack[keep:]:
+                open_.append((name, at))
+            prev_end = end
+        while open_ and prev_end is not None:
+            name, t0 = open_.pop()
+            yield tid, name, t0, prev_end
