@@ -627,12 +627,22 @@ static struct {
     int pending;              /* a pending call is queued (atomic) */
     uint64_t generation;      /* bumped at fork: a stale pending call is ignored */
     uint64_t ticks, pended, direct; /* statistics, for the bench */
+    uint64_t sample_ns, gil_wait_ns;
 } engine;
+
+static void sample_all_at(uint64_t now);
 
 static void
 sample_all(void)
 {
     uint64_t now = now_ns();
+    sample_all_at(now);
+    engine.sample_ns += now_ns() - now;
+}
+
+static void
+sample_all_at(uint64_t now)
+{
     PyThreadState *me = PyThreadState_Get();
     PyInterpreterState *interp = PyThreadState_GetInterpreter(me);
     for (int k = 0; k < engine.nsamplers; k++) {
@@ -735,7 +745,9 @@ engine_tick(uint64_t generation)
             sleep_ns(25000);
         }
     }
+    uint64_t asked = now_ns();
     PyEval_RestoreThread(engine.own_ts);
+    engine.gil_wait_ns += now_ns() - asked;
     if (__atomic_load_n(&engine.done, __ATOMIC_ACQUIRE) != tick && engine.generation == generation) {
         sample_all();
         engine.direct++;
@@ -1140,17 +1152,20 @@ sampler_after_fork(PyObject *module, PyObject *Py_UNUSED(ignored))
 }
 
 /* _sampler_stats(): (ticks, sampled by the main thread, sampled by the
- * engine thread), for the bench. */
+ * engine thread, ns spent taking samples, ns the engine waited for the
+ * GIL), since the process started, for the bench. */
 static PyObject *
 sampler_stats(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
-    return Py_BuildValue("(KKK)", (unsigned long long)engine.ticks, (unsigned long long)engine.pended,
-                         (unsigned long long)engine.direct);
+    return Py_BuildValue("(KKKKK)", (unsigned long long)engine.ticks, (unsigned long long)engine.pended,
+                         (unsigned long long)engine.direct, (unsigned long long)engine.sample_ns,
+                         (unsigned long long)engine.gil_wait_ns);
 }
 
 static PyMethodDef sampler_functions[] = {
     {"_sampler_after_fork", sampler_after_fork, METH_NOARGS, "Reset the sampler engine in a forked child."},
-    {"_sampler_stats", sampler_stats, METH_NOARGS, "(ticks, samples taken by the main thread, by the engine)."},
+    {"_sampler_stats", sampler_stats, METH_NOARGS,
+     "(ticks, sampled by the main thread, by the engine, ns sampling, ns waiting for the GIL)."},
     {NULL, NULL, 0, NULL},
 };
 

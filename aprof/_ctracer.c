@@ -2233,6 +2233,32 @@ ctracer_replay(PyObject *module, PyObject *args)
     Py_RETURN_NONE;
 }
 
+#if !APROF_MONITORING
+static int
+noop_profile_func(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg)
+{
+    return 0;
+}
+#endif
+
+/* _noop_profile(on): the floor of the 3.11 tracer with C calls, for the
+ * bench: a C profile function that returns at once (what any profile
+ * function costs 3.11 before it does anything). */
+static PyObject *
+ctracer_noop_profile(PyObject *module, PyObject *on)
+{
+#if !APROF_MONITORING
+    int r = PyObject_IsTrue(on);
+    if (r < 0)
+        return NULL;
+    PyEval_SetProfile(r ? noop_profile_func : NULL, NULL);
+    Py_RETURN_NONE;
+#else
+    PyErr_SetString(PyExc_RuntimeError, "_noop_profile: 3.11 only (3.12+: register do-nothing sys.monitoring callbacks)");
+    return NULL;
+#endif
+}
+
 /* Is the interpreter's frame evaluator another tool's (PEP 523)? Then the
  * tracer without C calls cannot start on 3.11 (see install_eval). */
 static PyObject *
@@ -2250,6 +2276,7 @@ static PyMethodDef module_methods[] = {
     {"foreign_frame_evaluator", ctracer_foreign_frame_evaluator, METH_NOARGS,
      "A description of another tool's PEP 523 frame evaluator, or None."},
     {"replay", (PyCFunction)ctracer_replay, METH_VARARGS, "Replay's inner loop (see aprof/_post/_replay.py)."},
+    {"_noop_profile", ctracer_noop_profile, METH_O, "3.11: a do-nothing C profile function (the bench's floor)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -280,5 +280,11 @@ class Sampler:
 def _sampler_after_fork() -> None:
     """In a forked child: reset the engine; the child's samplers sample nothing."""
 
-def _sampler_stats() -> tuple[int, int, int]:
-    """``(ticks, samples taken by the main thread, by the engine thread)`` so far (the bench reads it)."""
+def _sampler_stats() -> tuple[int, int, int, int, int]:
+    """``(ticks, ticks sampled by the main thread, by the engine thread, ns
+    spent sampling, ns the engine waited for the GIL)`` since the process
+    started (the bench reads it)."""
+
+def _noop_profile(on: bool, /) -> None:
+    """3.11, for the bench's floor: install (or remove) a C profile function
+    that does nothing on this thread. On 3.12+ it raises RuntimeError."""
