@@ -119,8 +119,12 @@ def test_samples_land_on_the_track_of_the_task_that_ran(impl: ModuleType, backen
         assert "burn_small" not in frames_of(stack)
         loop_frames = ("BaseEventLoop._run_once", "Handle._run", "unrolled_run", "Runner.run")
         assert not [f for f in stack if f.endswith(loop_frames)], stack
-    sampled = {tid: sum(w for _, w in samples) for tid, samples in by_track(session).items()}
-    assert sampled[big_t] > sampled[small_t]  # 2:1 in CPU time
+    # 2:1 in CPU time. Counted in samples: a sample's weight is the time
+    # since the previous tick, so one late tick on a loaded machine (the
+    # sampler thread descheduled for tens of ms) charges the whole gap to
+    # whichever task then runs; the count is steady.
+    counts = {tid: len(samples) for tid, samples in by_track(session).items()}
+    assert counts[big_t] > counts[small_t]
 
 
 def test_a_blocking_call_is_on_top_of_its_tasks_samples(impl: ModuleType, backend: Backend) -> None:
@@ -298,9 +302,9 @@ def test_sampled_shares_follow_the_cpu_split() -> None:
 
     session = asyncio.run(main()).session
     names = {t.id: t.name for t in session.tracks()}
-    per = defaultdict(int)
+    per = defaultdict(int)  # counted in samples (see the first test of this file)
     for tid, samples in by_track(session).items():
-        per[names[tid]] += sum(w for _, w in samples)
+        per[names[tid]] += len(samples)
     total = per["fifty"] + per["thirty"] + per["twenty"]
     assert per["fifty"] > per["thirty"] > per["twenty"] > 0
     assert abs(per["fifty"] / total - 0.5) < 0.12
