@@ -200,6 +200,7 @@ def accuracy(seconds: float) -> dict[str, Any]:
     assert samples is not None
     tracks = {t.id: t for t in session.tracks()}
     weight: dict[str, int] = defaultdict(int)
+    count: dict[str, int] = defaultdict(int)
     tops: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     on_stack: dict[str, int] = defaultdict(int)
     for i in range(len(samples)):
@@ -210,12 +211,15 @@ def accuracy(seconds: float) -> dict[str, Any]:
         stack = samples.stack(i)
         top = stack[-1].rsplit(": ", 1)[-1] if stack else "<empty>"
         weight[key] += samples.weight_ns[i]
+        count[key] += 1
         tops[key][top] += samples.weight_ns[i]
         if any(f.endswith(": executor_job") for f in stack):
             on_stack[key] += samples.weight_ns[i]
     burners = {k: weight[k] for k in ("fifty", "thirty", "twenty")}
     total = sum(burners.values()) or 1
     shares = {k: 100 * v / total for k, v in burners.items()}
+    n_total = sum(count[k] for k in burners) or 1
+    count_shares = {k: 100 * count[k] / n_total for k in burners}
     expected = {"fifty": 50.0, "thirty": 30.0, "twenty": 20.0}
     blocker_top = max(tops["blocker"].items(), key=lambda kv: kv[1])[0] if tops["blocker"] else None
     executor_tracks = [k for k in on_stack if k.startswith("thread ")]
@@ -223,6 +227,7 @@ def accuracy(seconds: float) -> dict[str, Any]:
         "samples": len(samples),
         "idle": samples.idle_count,
         "shares": shares,
+        "count_shares": count_shares,
         "worst_points": max(abs(shares[k] - expected[k]) for k in expected),
         "blocker_top": blocker_top,
         "executor_tracks": executor_tracks,
@@ -290,6 +295,9 @@ def main() -> None:
     print(
         f"\naccuracy, {args.seconds:g} s at 1 ms: {acc['samples']:,} samples ({acc['idle']:,} idle); "
         + ", ".join(f"{k} {v:.1f}%" for k, v in acc["shares"].items())
+        + " by sampled time ("
+        + ", ".join(f"{k} {v:.1f}%" for k, v in acc["count_shares"].items())
+        + " by count)"
         + f"; blocking task's top frame: {acc['blocker_top']}; executor job sampled on {acc['executor_tracks']}"
     )
 
