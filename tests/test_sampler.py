@@ -59,6 +59,23 @@ def burn_small(seconds: float) -> None:
     burn(seconds)
 
 
+def burn_sampled(fn: Any, seconds: float = 0.1, ticks: int = 30) -> None:
+    """``fn`` in 10 ms slices for ``seconds``, and on until the C engine has
+    ticked ``ticks`` times (at most 10 s): on a loaded machine the sampler
+    thread may wait long for a CPU, and a fixed burn may see no tick."""
+    try:
+        from aprof._ctracer import _sampler_stats
+    except ImportError:
+        _sampler_stats = None
+    first = _sampler_stats()[0] if _sampler_stats is not None else 0
+    start = time.perf_counter()
+    while True:
+        fn(0.01)
+        elapsed = time.perf_counter() - start
+        if elapsed >= 10 or (elapsed >= seconds and (_sampler_stats is None or _sampler_stats()[0] - first >= ticks)):
+            return
+
+
 def block(seconds: float) -> None:
     time.sleep(seconds)  # a blocking call: the GIL is released, the task holds the loop
 
@@ -209,7 +226,7 @@ def test_an_unprofiled_thread_is_not_sampled(impl: ModuleType) -> None:
     t.start()
     try:
         with aprof.profile(sample_interval=INTERVAL) as prof:
-            burn_big(0.1)
+            burn_sampled(burn_big)
     finally:
         stop.set()
         t.join()
@@ -229,7 +246,7 @@ def test_a_global_profile_samples_every_thread(impl: ModuleType) -> None:
     t.start()
     try:
         with aprof.profile(sample_interval=INTERVAL, scope="global") as prof:
-            burn_big(0.1)
+            burn_sampled(burn_big)
     finally:
         stop.set()
         t.join()
