@@ -667,7 +667,9 @@ def test_chrome_traces_keep_the_samples_for_perfetto_and_for_aprof_report(tmp_pa
     session = _sampled_session()
     session.export_chrome_trace(tmp_path / "t.json")
     doc = validate_trace(tmp_path / "t.json")
-    rows = {e["tid"]: e["args"]["name"] for e in doc["traceEvents"] if e.get("ph") == "M" and e["name"] == "thread_name"}
+    rows = {
+        e["tid"]: e["args"]["name"] for e in doc["traceEvents"] if e.get("ph") == "M" and e["name"] == "thread_name"
+    }
     sampled = [e for e in doc["traceEvents"] if e.get("cat") == "sampled"]
     assert any(e["name"].endswith(": burn_big") for e in sampled)
     assert all(rows[e["tid"]].endswith(" sampled") for e in sampled)
