@@ -682,3 +682,22 @@ def test_chrome_traces_keep_the_samples_for_perfetto_and_for_aprof_report(tmp_pa
     assert len(back.samples) == len(session.samples or ())
     assert not [e for e in back.events() if e.name.endswith(": burn_big")]  # the rows are not ranges
     assert back.key_averages().table() == session.key_averages().table()
+
+
+def test_abutting_sampled_slices_do_not_read_as_overlapping(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # SPEC 9.1, 8.4: two sampled slices that abut (one ends where the next
+    # starts) must not overlap once printed in microseconds: 106.988 +
+    # 232371.192 is 232478.18000000002 in floats, past the next slice's ts.
+    from aprof._post import _samples
+
+    session = _sampled_session()
+    base = session.metadata["start_ns"]
+    tid = session.samples.thread_id[0]  # type: ignore[union-attr]
+
+    def slices(_session: aprof.Session) -> Iterator[tuple[int, str, int, int]]:
+        yield tid, "a", base + 106_988, base + 232_478_180
+        yield tid, "b", base + 232_478_180, base + 242_030_669
+
+    monkeypatch.setattr(_samples, "sampled_slices", slices)
+    session.export_chrome_trace(tmp_path / "t.json")
+    validate_trace(tmp_path / "t.json")

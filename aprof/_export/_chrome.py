@@ -282,7 +282,13 @@ def _sampled_rows(session: Session, track_pids: dict[int, Any], base: int, emit:
         if tid not in named:
             named.add(tid)
             emit(f'{{"ph":"M","name":"thread_name",{where},"args":{{"name":{_dumps(labels.get(tid, str(tid)) + " sampled")}}}}}')
-        emit(f'{{"ph":"X","name":{_dumps(name)},"cat":"sampled",{where},"ts":{(t0 - base) / 1000.0:.3f},"dur":{(t1 - t0) / 1000.0:.3f}}}')
+        # Slices of one row abut: the end a reader computes (ts + dur, in
+        # floats) must not pass the next slice's ts, or it reads as overlap.
+        ts, end = round((t0 - base) / 1000.0, 3), round((t1 - base) / 1000.0, 3)
+        dur = round(end - ts, 3)
+        if ts + dur > end:
+            dur = round(dur - 0.001, 3)
+        emit(f'{{"ph":"X","name":{_dumps(name)},"cat":"sampled",{where},"ts":{ts:.3f},"dur":{max(dur, 0.0):.3f}}}')
 
 
 def export_chrome_trace(session: Session, path: str | PathLike[str]) -> None:
