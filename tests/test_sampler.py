@@ -340,7 +340,7 @@ def _sampled_session(backend: Backend | None = None) -> aprof.Session:
     async def worker() -> None:
         with aprof.record_function("step"):
             for _ in range(5):
-                burn_big(0.01)
+                burn_sampled(burn_big, 0.01, 6)  # at least 10 ms and 6 ticks a step
                 await asyncio.sleep(0)
 
     async def main() -> aprof.profile:
@@ -563,10 +563,10 @@ def test_the_engine_thread_stops_with_the_last_sampler() -> None:
     before = _threads_now()
     a = aprof.profile(sample_interval=INTERVAL, scope="global").start()
     b = aprof.profile(sample_interval=0.002, scope="global").start()
-    burn(0.1)
+    burn_sampled(burn)
     assert _threads_now() == before + 1
     a.stop()
-    burn(0.05)
+    burn_sampled(burn, 0.05, 10)
     assert _threads_now() == before + 1
     b.stop()
     assert _threads_now() == before
