@@ -41,9 +41,10 @@ setup(
     ext_modules=[
         Extension(
             "aprof._ctracer",
-            sources=["aprof/_ctracer.c", "aprof/_cranges.c", "aprof/_cevents.c", "aprof/_ctasks.c"],
+            sources=["aprof/_ctracer.c", "aprof/_cranges.c", "aprof/_cevents.c", "aprof/_ctasks.c", "aprof/_csampler.c"],
             depends=["aprof/_cext.h"],
             extra_compile_args=["-O2", "-std=c11"] if sys.platform != "win32" else [],
+            extra_link_args=["-pthread"] if sys.platform != "win32" else [],
             optional=True,
         )
     ],

@@ -6,6 +6,7 @@
  *   _cranges.c  the range fast path under aprof.record_function (SPEC 3)
  *   _cevents.c  consolidation at stop: raw records -> FunctionEvents (SPEC 6)
  *   _ctasks.c   the asyncio task hooks' hot path (SPEC 7.1-7.3)
+ *   _csampler.c the task-aware sampler (SPEC 8.4)
  */
 #ifndef APROF_CEXT_H
 #define APROF_CEXT_H
@@ -70,5 +71,9 @@ int aprof_tasks_init(PyObject *module);
 /* _cevents.c: add EventCore, records_of, sort_by_start, nest and
  * _events_setup to the module. Returns -1 with an exception set on failure. */
 int aprof_events_init(PyObject *module);
+
+/* _csampler.c: add Sampler and the engine's functions to the module.
+ * Returns -1 with an exception set on failure. */
+int aprof_sampler_init(PyObject *module);
 
 #endif

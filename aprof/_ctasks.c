@@ -44,7 +44,7 @@ static PyObject *on_first_step;        /* first_step(tt): the tracer runs */
 static PyObject *on_task_done;         /* task_done(tt, task) */
 static PyObject *on_eager_step;        /* eager_started(task, spawner) -> TaskThread | None */
 static PyObject *on_first_scheduled;   /* first_scheduled(task, context) -> TaskThread | None */
-static PyObject *tracer_running;       /* aprof._core._tracer._running (a list) */
+static PyObject *tracer_running;       /* aprof._core._tracer.publishing: running tracers and samplers */
 
 static PyObject *str_self, *str_done, *str_append;
 static PyTypeObject *step_meth_wrapper_type; /* _asyncio.TaskStepMethWrapper, once seen */

@@ -32,15 +32,14 @@
 
 #include "_cext.h"
 
-#if PY_VERSION_HEX < 0x030C0000
-/* 3.11 without C calls evaluates frames through a PEP 523 hook, which is
- * handed a _PyInterpreterFrame: its layout is in CPython's internal headers,
- * which 3.11 installs (Cython reads them the same way). Nothing else here
- * uses them. */
+/* The layout of _PyInterpreterFrame is in CPython's internal headers, which
+ * 3.11-3.13 install (Cython reads them the same way). Two things read it:
+ * 3.11 without C calls evaluates frames through a PEP 523 hook, which is
+ * handed one; and a method call's receiver (its first argument) is read
+ * from the frame being entered (section 4). */
 #define Py_BUILD_CORE 1
 #include "internal/pycore_frame.h"
 #undef Py_BUILD_CORE
-#endif
 
 #ifdef Py_GIL_DISABLED
 /* The buffer and tables rely on the GIL (see above). On a free-threaded
@@ -91,10 +90,17 @@ enum {
     EV_TIME = 8,     /* absolute time (after a gap the delta cannot hold) */
     EV_EXC = 9,      /* the exception type of the UNWIND that follows (3.12+, and
                         3.11 without C calls) */
+    EV_RECV = 10,    /* the receiver of the method CALL that follows: payload =
+                        object index of its class (or, with instance_ids, of a
+                        (class, serial) description); see section 4 */
 };
 
 #define MAX_THREADS 4096
-#define IGNORED_FLAG ((uint32_t)1 << 31)
+/* Object-table values: the index, and flags decided at first sight. */
+#define IGNORED_FLAG ((uint32_t)1 << 31) /* aprof's own code: not recorded */
+#define METHOD_FLAG ((uint32_t)1 << 30)  /* a method: its first argument is `self` */
+#define CLS_FLAG ((uint32_t)1 << 29)     /* a classmethod: its first argument is `cls` */
+#define IDX_MASK (((uint32_t)1 << 29) - 1)
 
 /*
  * The event clock. Reading CLOCK_MONOTONIC costs ~20 ns here (vDSO), two
@@ -220,6 +226,14 @@ typedef struct {
     PyObject *prev_thread_hook;
     int installed_311;
     int c_calls;             /* record C calls (else Python frames only) */
+    /* method receivers (section 4): per object index, the receiver
+     * description first written for that code (+1; 0: none yet) */
+    uint32_t *recv_first;
+    Py_ssize_t recv_cap;
+    int instance_ids;        /* describe receivers per instance, not per class */
+    struct InstSlot *inst;   /* instance_ids: instance pointer -> description */
+    size_t inst_size, inst_used;
+    PyObject *serials;       /* instance_ids: class -> next serial (dict) */
 #if PY_VERSION_HEX < 0x030C0000
     /* 3.11 without C calls: the frame evaluator (see section 5) */
     int eval_installed;
@@ -236,6 +250,8 @@ static uint64_t next_gen = 1;
 static APROF_TLS uint64_t tl_gen = 0;
 static APROF_TLS int tl_tidx = 0;
 static PyObject *str_recorder;
+static PyObject *str_enabled;
+static PyObject *str_locals_tail;
 static PyObject *str_co_filename;
 static Tracer *running_tracer = NULL; /* at most one at a time */
 
@@ -275,14 +291,18 @@ table_grow(Tracer *t)
  * the code object itself, or a description of a C function). Returns -1 on
  * error. */
 static int64_t
-table_add(Tracer *t, void *key, PyObject *desc, int ignored)
+table_add(Tracer *t, void *key, PyObject *desc, uint32_t flags)
 {
     if ((t->table_used + 1) * 2 > t->table_size && table_grow(t) < 0)
         return -1;
     Py_ssize_t idx = PyList_GET_SIZE(t->objs);
     if (PyList_Append(t->objs, desc) < 0)
         return -1;
-    uint32_t value = (uint32_t)idx | (ignored ? IGNORED_FLAG : 0);
+    if ((size_t)idx > IDX_MASK) {
+        PyErr_SetString(PyExc_OverflowError, "aprof tracer: too many distinct objects");
+        return -1;
+    }
+    uint32_t value = (uint32_t)idx | flags;
     size_t j = hash_ptr(key, t->table_size - 1);
     while (t->table[j].key != NULL)
         j = (j + 1) & (t->table_size - 1);
@@ -318,11 +338,53 @@ obj_index(Tracer *t, PyObject *obj)
     return v != -2 ? v : table_add(t, obj, obj, 0);
 }
 
-/* A code object's first sight decides whether it is aprof's own. */
+/* Is this code a method (first argument `self`: METHOD_FLAG) or a
+ * classmethod (`cls`: CLS_FLAG) defined in a class body? Its qualified name
+ * has a class part (not "<locals>") before the function's own name. */
+static uint32_t
+method_flags(PyObject *code)
+{
+    PyCodeObject *co = (PyCodeObject *)code;
+    if (co->co_argcount < 1)
+        return 0;
+    uint32_t flags = 0;
+    PyObject *names = PyObject_GetAttrString(code, "co_varnames");
+    if (names == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (PyTuple_Check(names) && PyTuple_GET_SIZE(names) > 0) {
+        PyObject *first = PyTuple_GET_ITEM(names, 0);
+        if (PyUnicode_Check(first)) {
+            if (PyUnicode_CompareWithASCIIString(first, "self") == 0)
+                flags = METHOD_FLAG;
+            else if (PyUnicode_CompareWithASCIIString(first, "cls") == 0)
+                flags = CLS_FLAG;
+        }
+    }
+    Py_DECREF(names);
+    if (flags) {
+        PyObject *qn = co->co_qualname;
+        Py_ssize_t dot = PyUnicode_FindChar(qn, '.', 0, PyUnicode_GET_LENGTH(qn), -1);
+        int ok = dot > 0;
+        if (ok) {
+            PyObject *owner = PyUnicode_Substring(qn, 0, dot);
+            ok = owner != NULL && PyUnicode_Tailmatch(owner, str_locals_tail, 0, PY_SSIZE_T_MAX, 1) == 0;
+            Py_XDECREF(owner);
+            PyErr_Clear();
+        }
+        if (!ok)
+            flags = 0;
+    }
+    return flags;
+}
+
+/* A code object's first sight decides whether it is aprof's own, and
+ * whether it is a method. */
 static APROF_NOINLINE int64_t
 code_index_add(Tracer *t, PyObject *code)
 {
-    int ignored = 0;
+    uint32_t flags = 0;
     PyObject *fn = PyObject_GetAttr(code, str_co_filename);
     if (fn == NULL)
         return -1;
@@ -332,10 +394,13 @@ code_index_add(Tracer *t, PyObject *code)
             Py_DECREF(fn);
             return -1;
         }
-        ignored = r;
+        if (r)
+            flags = IGNORED_FLAG;
     }
     Py_DECREF(fn);
-    return table_add(t, code, code, ignored);
+    if (!flags)
+        flags = method_flags(code);
+    return table_add(t, code, code, flags);
 }
 
 /* A code object's index (with IGNORED_FLAG for aprof's own code). */
@@ -366,9 +431,38 @@ cfunc_key(PyObject *callable)
     return NULL;
 }
 
+/* Is this PyMethodDef one of an aprof C type's methods (record_function's
+ * __enter__/__exit__ on RangeCore, ...)? Those are aprof's bookkeeping, as
+ * its Python frames are, and are not recorded as the program's C calls.
+ * tp is the receiver's type (a bound method) or the descriptor's class. */
+static int
+is_aprof_method(PyTypeObject *tp, PyMethodDef *ml)
+{
+    PyObject *mro = tp->tp_mro;
+    Py_ssize_t n = mro != NULL && PyTuple_Check(mro) ? PyTuple_GET_SIZE(mro) : 0;
+    for (Py_ssize_t i = -1; i < n; i++) {
+        PyTypeObject *base = i < 0 ? tp : (PyTypeObject *)PyTuple_GET_ITEM(mro, i);
+        if ((base->tp_flags & Py_TPFLAGS_HEAPTYPE) || base->tp_methods == NULL
+            || strncmp(base->tp_name, "aprof.", 6) != 0)
+            continue;
+        for (PyMethodDef *m = base->tp_methods; m->ml_name != NULL; m++)
+            if (m == ml)
+                return 1;
+    }
+    return 0;
+}
+
 static APROF_NOINLINE int64_t
 cfunc_index_add(Tracer *t, PyObject *callable, void *key)
 {
+    int own = 0;
+    if (PyCFunction_Check(callable)) {
+        PyObject *self = PyCFunction_GET_SELF(callable);
+        own = self != NULL && is_aprof_method(Py_TYPE(self), (PyMethodDef *)key);
+    }
+    else if (Py_IS_TYPE(callable, &PyMethodDescr_Type)) {
+        own = is_aprof_method(((PyDescrObject *)callable)->d_type, (PyMethodDef *)key);
+    }
     /* First sight: keep a (name, file, line) description, not the object,
      * so a bound method does not keep its receiver alive. */
     PyObject *qn = PyObject_GetAttrString(callable, "__qualname__");
@@ -381,7 +475,7 @@ cfunc_index_add(Tracer *t, PyObject *callable, void *key)
     PyObject *desc = Py_BuildValue("(Nsi)", qn, "<built-in>", 0);
     if (desc == NULL)
         return -1;
-    int64_t r = table_add(t, key, desc, 0);
+    int64_t r = table_add(t, key, desc, own ? IGNORED_FLAG : 0);
     Py_DECREF(desc);
     return r;
 }
@@ -498,17 +592,39 @@ context_vars(void)
 }
 
 /* The RFState in RF_STATE is shared by every task spawned from the profiled
- * context, so its own identity cache (accepted / rejected) mostly hits. */
+ * context, so its own identity cache (accepted / rejected) mostly hits. A
+ * context is recorded when recording is on there (SPEC 3.4: nothing records
+ * under DisableRecordFunctionGuard) and, in context scope, its recorder is
+ * the profile's. Both are fields of the immutable RFState, so the answer is
+ * cached with it: the switch costs nothing per call, only at the context
+ * change (a task step, a guard's enter or exit) that brings a new RFState. */
 static int
 classify(Tracer *t, PyObject *state)
 {
-    PyObject *rec = PyObject_GetAttr(state, str_recorder);
-    if (rec == NULL) {
+    int ok = 0;
+    PyObject *en = PyObject_GetAttr(state, str_enabled);
+    if (en == NULL) {
         PyErr_Clear();
-        return 0;
     }
-    int ok = rec == t->recorder;
-    Py_DECREF(rec);
+    else {
+        ok = PyObject_IsTrue(en);
+        Py_DECREF(en);
+        if (ok < 0) {
+            PyErr_Clear();
+            ok = 0;
+        }
+    }
+    if (ok && !t->global) {
+        PyObject *rec = PyObject_GetAttr(state, str_recorder);
+        if (rec == NULL) {
+            PyErr_Clear();
+            ok = 0;
+        }
+        else {
+            ok = rec == t->recorder;
+            Py_DECREF(rec);
+        }
+    }
     PyObject **slot = ok ? &t->pos : &t->neg;
     Py_INCREF(state);
     Py_XSETREF(*slot, state);
@@ -518,17 +634,17 @@ classify(Tracer *t, PyObject *state)
 static int
 in_context(Tracer *t)
 {
-    if (t->global)
-        return 1;
     PyObject *v = NULL;
     if (PyContextVar_Get(t->rf_var, NULL, &v) < 0) {
         PyErr_Clear();
         return 0;
     }
     int ok;
-    if (v == t->pos)
+    if (v == NULL)
+        ok = t->global; /* no RFState: recording is on, no context profile */
+    else if (v == t->pos)
         ok = 1;
-    else if (v == t->neg || v == NULL)
+    else if (v == t->neg)
         ok = 0;
     else
         ok = classify(t, v);
@@ -715,6 +831,228 @@ recording_slot(Tracer *t)
  * be switched off. Otherwise they return 0; they never fail (see fail()). */
 #define OWN_CODE 1
 
+/*
+ * Method receivers (issue 15 item 8). A method's code is shared by every
+ * class that inherits it and every instance, so `Module.__call__` alone does
+ * not say which module ran. A CALL of a method (first argument `self`) or a
+ * classmethod (`cls`) is preceded by an EV_RECV naming the receiver's class
+ * (the class itself for `cls`), or with instance_ids a (class, serial)
+ * description of the instance, numbered per class in order of first sight
+ * (the seed's module attribution, `Linear_0`).
+ *
+ * Most methods are called on one class only, so the receiver written first
+ * for a code is its default: later CALLs of that code with the same
+ * receiver carry no EV_RECV, and replay applies the default (the first
+ * EV_RECV of the code in the buffer, which is this one: the buffer is in
+ * time order and a bounded buffer stops, never wraps). The common call
+ * costs a load of the frame's first local and a compare.
+ *
+ * Instances are keyed by address without a reference (recording never
+ * keeps a user's object alive, SPEC 12/15.6); a weak reference tells a live
+ * instance from a new one at a reused address. An instance that cannot be
+ * weakly referenced is described by its class.
+ */
+struct InstSlot {
+    void *key;     /* the instance's address */
+    PyObject *wr;  /* a weak reference to it */
+    uint32_t idx;  /* object index of its (class, serial) */
+};
+
+static APROF_INLINE PyObject *
+frame_receiver(struct _PyInterpreterFrame *f)
+{
+    PyObject *r = f->localsplus[0];
+    if (r != NULL && PyCell_Check(r)) /* `self` captured by a closure (3.12+: the cell exists by PY_START) */
+        r = PyCell_GET(r);
+    return r;
+}
+
+/* The interpreter frame running code right now on this thread (a
+ * sys.monitoring callback's frame), or NULL. */
+static APROF_INLINE struct _PyInterpreterFrame *
+current_iframe(PyObject *code)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    struct _PyInterpreterFrame *f = PyThreadState_GetUnchecked()->current_frame;
+    return f != NULL && f->f_executable == code ? f : NULL;
+#elif PY_VERSION_HEX >= 0x030C0000
+    struct _PyInterpreterFrame *f = _PyThreadState_UncheckedGet()->cframe->current_frame;
+    return f != NULL && (PyObject *)f->f_code == code ? f : NULL;
+#else
+    (void)code;
+    return NULL;
+#endif
+}
+
+static int
+weakref_is(PyObject *wr, PyObject *obj)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *o = NULL;
+    if (PyWeakref_GetRef(wr, &o) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    Py_XDECREF(o);
+    return o == obj;
+#else
+    return PyWeakref_GET_OBJECT(wr) == obj;
+#endif
+}
+
+static int
+inst_grow(Tracer *t)
+{
+    size_t n = t->inst_size ? t->inst_size * 2 : 256;
+    struct InstSlot *nt = PyMem_Calloc(n, sizeof(struct InstSlot));
+    if (nt == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (size_t i = 0; i < t->inst_size; i++) {
+        struct InstSlot *sl = &t->inst[i];
+        if (sl->key == NULL)
+            continue;
+        size_t j = hash_ptr(sl->key, n - 1);
+        while (nt[j].key != NULL)
+            j = (j + 1) & (n - 1);
+        nt[j] = *sl;
+    }
+    PyMem_Free(t->inst);
+    t->inst = nt;
+    t->inst_size = n;
+    return 0;
+}
+
+static void
+inst_release(Tracer *t)
+{
+    for (size_t i = 0; i < t->inst_size; i++)
+        Py_XDECREF(t->inst[i].wr);
+    PyMem_Free(t->inst);
+    t->inst = NULL;
+    t->inst_size = t->inst_used = 0;
+    Py_CLEAR(t->serials);
+}
+
+/* The object index of obj's (class, serial) description (instance_ids). */
+static APROF_NOINLINE int64_t
+instance_index(Tracer *t, PyObject *obj)
+{
+    if (t->inst_size) {
+        size_t mask = t->inst_size - 1;
+        for (size_t j = hash_ptr(obj, mask); t->inst[j].key != NULL; j = (j + 1) & mask)
+            if (t->inst[j].key == obj && weakref_is(t->inst[j].wr, obj))
+                return t->inst[j].idx;
+    }
+    PyObject *cls = (PyObject *)Py_TYPE(obj);
+    PyObject *wr = PyWeakref_NewRef(obj, NULL);
+    if (wr == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_TypeError))
+            return -1;
+        PyErr_Clear(); /* no weak references to it: described by its class */
+        return obj_index(t, cls);
+    }
+    /* Everything that allocates comes before the tables change: an
+     * allocation can run a finalizer, which is traced too. */
+    if (t->serials == NULL && (t->serials = PyDict_New()) == NULL) {
+        Py_DECREF(wr);
+        return -1;
+    }
+    PyObject *n = PyDict_GetItemWithError(t->serials, cls);
+    long serial = n != NULL ? PyLong_AsLong(n) : 0;
+    PyObject *next = PyErr_Occurred() ? NULL : PyLong_FromLong(serial + 1);
+    PyObject *desc = next != NULL ? Py_BuildValue("(Ol)", cls, serial) : NULL;
+    if (desc == NULL || PyDict_SetItem(t->serials, cls, next) < 0 || PyList_Append(t->objs, desc) < 0
+        || ((t->inst_used + 1) * 2 > t->inst_size && inst_grow(t) < 0)) {
+        Py_XDECREF(next);
+        Py_XDECREF(desc);
+        Py_DECREF(wr);
+        return -1;
+    }
+    Py_DECREF(next);
+    Py_DECREF(desc);
+    uint32_t idx = (uint32_t)(PyList_GET_SIZE(t->objs) - 1);
+    size_t mask = t->inst_size - 1, j = hash_ptr(obj, mask);
+    while (t->inst[j].key != NULL && t->inst[j].key != obj)
+        j = (j + 1) & mask;
+    if (t->inst[j].key == NULL)
+        t->inst_used++;
+    else
+        Py_DECREF(t->inst[j].wr); /* a dead instance's address, reused */
+    t->inst[j].key = obj;
+    t->inst[j].wr = wr;
+    t->inst[j].idx = idx;
+    return idx;
+}
+
+/* Write the EV_RECV of a CALL of method code (table value v) on receiver
+ * recv, unless recv is the code's default (see above). -1 on error. */
+static APROF_NOINLINE int
+write_receiver(Tracer *t, int tidx, uint32_t v, PyObject *recv, uint64_t now)
+{
+    int64_t r;
+    if (v & CLS_FLAG) {
+        if (!PyType_Check(recv))
+            return 0;
+        r = obj_index(t, recv);
+    }
+    else {
+        r = t->instance_ids ? instance_index(t, recv) : obj_index(t, (PyObject *)Py_TYPE(recv));
+    }
+    if (r < 0)
+        return -1;
+    Py_ssize_t code = (Py_ssize_t)(v & IDX_MASK);
+    if (code >= t->recv_cap) {
+        Py_ssize_t cap = t->recv_cap ? t->recv_cap : 1024;
+        while (cap <= code)
+            cap *= 2;
+        uint32_t *nr = PyMem_Realloc(t->recv_first, (size_t)cap * sizeof(uint32_t));
+        if (nr == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        memset(nr + t->recv_cap, 0, (size_t)(cap - t->recv_cap) * sizeof(uint32_t));
+        t->recv_first = nr;
+        t->recv_cap = cap;
+    }
+    uint32_t mark = (uint32_t)(r & IDX_MASK) + 1, first = t->recv_first[code];
+    if (first == mark)
+        return 0;
+    if (first == 0)
+        t->recv_first[code] = mark;
+    write_event(t, tidx, EV_RECV, r & IDX_MASK, now);
+    return 0;
+}
+
+/* A frame starts or resumes (EV_CALL), with its receiver if it is a
+ * method's and the frame is known (f; NULL when the source gives none). */
+static APROF_INLINE int
+on_call(Tracer *t, PyObject *code, struct _PyInterpreterFrame *f)
+{
+    ThreadSlot *ts = recording_slot(t);
+    if (ts == NULL)
+        return 0;
+    uint64_t now = now_ticks();
+    int tidx = ts->tidx;
+    int64_t idx = code_index(t, code);
+    if (idx < 0) {
+        fail(t);
+        return 0;
+    }
+    if (idx & IGNORED_FLAG)
+        return OWN_CODE;
+    if (APROF_UNLIKELY(idx & (METHOD_FLAG | CLS_FLAG)) && f != NULL) {
+        PyObject *recv = frame_receiver(f);
+        if (recv != NULL && write_receiver(t, tidx, (uint32_t)idx, recv, now) < 0) {
+            fail(t);
+            return 0;
+        }
+    }
+    write_event(t, tidx, EV_CALL, idx & IDX_MASK, now);
+    return 0;
+}
+
 static APROF_INLINE int
 on_code(Tracer *t, int tag, PyObject *code)
 {
@@ -730,7 +1068,7 @@ on_code(Tracer *t, int tag, PyObject *code)
     }
     if (idx & IGNORED_FLAG)
         return OWN_CODE;
-    write_event(t, tidx, tag, idx, now);
+    write_event(t, tidx, tag, idx & IDX_MASK, now);
     return 0;
 }
 
@@ -759,6 +1097,9 @@ on_cfunc(Tracer *t, int tag, PyObject *caller, PyObject *callable)
         fail(t);
         return 0;
     }
+    if (idx & IGNORED_FLAG)
+        return 0; /* an aprof C method called from the program's code: not
+                     recorded, but the call site is the program's (no DISABLE) */
     write_event(t, tidx, tag, idx, now);
     return 0;
 }
@@ -786,8 +1127,8 @@ on_unwind(Tracer *t, PyObject *code, PyObject *exc_type)
         fail(t);
         return;
     }
-    write_event(t, tidx, EV_EXC, e, now);
-    write_event(t, tidx, EV_UNWIND, idx, now);
+    write_event(t, tidx, EV_EXC, e & IDX_MASK, now);
+    write_event(t, tidx, EV_UNWIND, idx & IDX_MASK, now);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -805,9 +1146,13 @@ profile_func(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg)
     PyObject *code;
     switch (what) {
     case PyTrace_CALL:
+        code = (PyObject *)PyFrame_GetCode(frame);
+        on_call(t, code, frame->f_frame);
+        Py_DECREF(code);
+        return 0;
     case PyTrace_RETURN:
         code = (PyObject *)PyFrame_GetCode(frame);
-        on_code(t, what == PyTrace_CALL ? EV_CALL : (arg == NULL ? EV_UNWIND : EV_RETURN), code);
+        on_code(t, arg == NULL ? EV_UNWIND : EV_RETURN, code);
         Py_DECREF(code);
         return 0;
     case PyTrace_C_CALL:
@@ -1064,7 +1409,7 @@ find_live(Tracer *t, PyObject *seq, int32_t lt)
         if (!(idx & IGNORED_FLAG)) {
             tmp[found].frame = f;
             tmp[found].gen = (PyGenObject *)Py_XNewRef((PyObject *)frame_generator(f));
-            tmp[found].idx = (uint32_t)idx;
+            tmp[found].idx = (uint32_t)idx & IDX_MASK;
             found++;
         }
         f = f->previous;
@@ -1172,7 +1517,7 @@ eval_frame(PyThreadState *tstate, struct _PyInterpreterFrame *f, int throwflag)
     tl_busy = 1;
     if (APROF_UNLIKELY(t->nlive != 0) && tstate == t->live_tstate)
         close_left_live(t, f);
-    on_code(t, EV_CALL, (PyObject *)co);
+    on_call(t, (PyObject *)co, f);
     tl_busy = 0;
     Py_INCREF(co); /* the frame's own reference goes when it is popped */
     tl_depth++;
@@ -1291,7 +1636,7 @@ hook_py_start(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw
 {
     if (!hook_args(self, args, nargsf, kwnames, 2))
         return NULL;
-    return switch_off_if_own(on_code(HOOK_TRACER(self), EV_CALL, args[0]));
+    return switch_off_if_own(on_call(HOOK_TRACER(self), args[0], current_iframe(args[0])));
 }
 
 /* PY_THROW cannot be switched off (sys.monitoring raises if asked). */
@@ -1300,7 +1645,7 @@ hook_py_throw(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kw
 {
     if (!hook_args(self, args, nargsf, kwnames, 2))
         return NULL;
-    on_code(HOOK_TRACER(self), EV_CALL, args[0]);
+    on_call(HOOK_TRACER(self), args[0], current_iframe(args[0]));
     Py_RETURN_NONE;
 }
 
@@ -1415,12 +1760,12 @@ static int
 Tracer_init(Tracer *t, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"rf_state", "recorder",   "lt_var",  "thread_lt", "ignore_prefix",
-                             "max_events", "c_calls", NULL};
+                             "max_events", "c_calls", "instance_ids", NULL};
     PyObject *rf_var, *recorder, *lt_var, *thread_lt, *prefix;
     Py_ssize_t max_events = 0;
-    int c_calls = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOU|np", kwlist, &rf_var, &recorder, &lt_var, &thread_lt, &prefix,
-                                     &max_events, &c_calls))
+    int c_calls = 1, instance_ids = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOU|npp", kwlist, &rf_var, &recorder, &lt_var, &thread_lt, &prefix,
+                                     &max_events, &c_calls, &instance_ids))
         return -1;
     if (!PyContextVar_CheckExact(rf_var) || !PyContextVar_CheckExact(lt_var)) {
         PyErr_SetString(PyExc_TypeError, "Tracer: rf_state and lt_var must be ContextVars");
@@ -1438,6 +1783,7 @@ Tracer_init(Tracer *t, PyObject *args, PyObject *kwds)
     t->global = recorder == Py_None;
     t->max_events = max_events;
     t->c_calls = c_calls;
+    t->instance_ids = instance_ids;
     if (t->objs == NULL && (t->objs = PyList_New(0)) == NULL)
         return -1;
     t->gen = next_gen++;
@@ -1465,6 +1811,9 @@ Tracer_traverse(Tracer *t, visitproc visit, void *arg)
     Py_VISIT(t->pos);
     Py_VISIT(t->neg);
     Py_VISIT(t->prev_thread_hook);
+    Py_VISIT(t->serials);
+    for (size_t i = 0; i < t->inst_size; i++)
+        Py_VISIT(t->inst[i].wr);
     for (int i = 0; i < t->nthreads; i++)
         Py_VISIT(t->threads[i].last_vars);
 #if !APROF_MONITORING
@@ -1486,6 +1835,7 @@ Tracer_clear(Tracer *t)
     Py_CLEAR(t->pos);
     Py_CLEAR(t->neg);
     Py_CLEAR(t->prev_thread_hook);
+    inst_release(t);
     for (int i = 0; i < t->nthreads; i++)
         Py_CLEAR(t->threads[i].last_vars);
 #if !APROF_MONITORING
@@ -1508,6 +1858,7 @@ Tracer_dealloc(Tracer *t)
     release_threads(t);
     PyMem_Free(t->buf);
     PyMem_Free(t->table);
+    PyMem_Free(t->recv_first);
     Py_TYPE(t)->tp_free((PyObject *)t);
 }
 
@@ -1556,7 +1907,7 @@ Tracer_start(Tracer *t, PyObject *initial)
             break;
         }
         if (!(idx & IGNORED_FLAG))
-            write_event(t, tl_tidx, EV_CALL, idx, t->start_ns);
+            write_event(t, tl_tidx, EV_CALL, idx & IDX_MASK, t->start_ns);
     }
     if (lt < 0) {
         t->active = 0;
@@ -1657,6 +2008,10 @@ Tracer_take(Tracer *t, PyObject *Py_UNUSED(ignored))
     PyMem_Free(t->table);
     t->table = NULL;
     t->table_size = t->table_used = 0;
+    PyMem_Free(t->recv_first);
+    t->recv_first = NULL;
+    t->recv_cap = 0;
+    inst_release(t);
     release_threads(t);
     t->gen = next_gen++; /* thread-local marks of this run are stale now */
     return Py_BuildValue("(NNK)", data, objs, (unsigned long long)start);
@@ -1721,13 +2076,33 @@ append_end(PyObject *lst, Py_ssize_t idx, uint64_t t, PyObject *tid, PyObject *e
     return r;
 }
 
+/* The name of a method frame of code `code` on receiver `recv` (object
+ * indexes), cached in `cache`; recv_name(code, recv) names it. Borrowed
+ * from the cache, NULL on error. */
+static PyObject *
+receiver_name(PyObject *cache, PyObject *recv_name, uint64_t code, uint64_t recv)
+{
+    PyObject *key = PyLong_FromUnsignedLongLong((code << 32) | recv);
+    if (key == NULL)
+        return NULL;
+    PyObject *name = PyDict_GetItemWithError(cache, key);
+    if (name == NULL && !PyErr_Occurred()) {
+        PyObject *made = PyObject_CallFunction(recv_name, "KK", (unsigned long long)code, (unsigned long long)recv);
+        if (made != NULL && PyDict_SetItem(cache, key, made) == 0)
+            name = made;
+        Py_XDECREF(made); /* the cache holds it */
+    }
+    Py_DECREF(key);
+    return name;
+}
+
 static PyObject *
 ctracer_replay(PyObject *module, PyObject *args)
 {
     Py_buffer buf;
-    PyObject *names, *lts, *scope;
+    PyObject *names, *lts, *scope, *recv_name;
     unsigned long long start;
-    if (!PyArg_ParseTuple(args, "y*O!O!KU", &buf, &PyList_Type, &names, &PyList_Type, &lts, &start, &scope))
+    if (!PyArg_ParseTuple(args, "y*O!O!KUO", &buf, &PyList_Type, &names, &PyList_Type, &lts, &start, &scope, &recv_name))
         return NULL;
     Py_ssize_t nobj = PyList_GET_SIZE(names);
     if (PyList_GET_SIZE(lts) != nobj) {
@@ -1736,13 +2111,20 @@ ctracer_replay(PyObject *module, PyObject *args)
         return NULL;
     }
     Stack *stacks = PyMem_Calloc(nobj ? nobj : 1, sizeof(Stack));
+    /* per code object: its default receiver (+1), the first EV_RECV seen */
+    uint32_t *recv_default = PyMem_Calloc(nobj ? nobj : 1, sizeof(uint32_t));
+    PyObject *recv_cache = PyDict_New();
     int32_t cur[MAX_THREADS];
     for (int i = 0; i < MAX_THREADS; i++)
         cur[i] = -1;
-    if (stacks == NULL) {
+    if (stacks == NULL || recv_default == NULL || recv_cache == NULL) {
+        PyMem_Free(stacks);
+        PyMem_Free(recv_default);
+        Py_XDECREF(recv_cache);
         PyBuffer_Release(&buf);
         return PyErr_NoMemory();
     }
+    uint64_t pending_recv = 0; /* +1, from the EV_RECV right before a CALL */
     const RawEvent *ev = (const RawEvent *)buf.buf;
     Py_ssize_t n = buf.len / (Py_ssize_t)sizeof(RawEvent);
     uint64_t t = start;
@@ -1762,11 +2144,26 @@ ctracer_replay(PyObject *module, PyObject *args)
             pending_exc = PyList_GET_ITEM(names, (Py_ssize_t)p);
             continue;
         }
+        if (tag == EV_RECV) {
+            pending_recv = p + 1;
+            continue;
+        }
         if (tag == EV_SWITCH) {
             if (PyList_GET_ITEM(lts, (Py_ssize_t)p) != Py_None)
                 cur[tidx] = (int32_t)p;
             continue;
         }
+        /* a CALL's receiver: the RECV right before it, else its code's
+         * default (set by the code's first RECV, as the tracer did) */
+        uint64_t recv = 0;
+        if (tag == EV_CALL) {
+            recv = pending_recv;
+            if (recv == 0)
+                recv = recv_default[p];
+            else if (recv_default[p] == 0)
+                recv_default[p] = (uint32_t)recv;
+        }
+        pending_recv = 0;
         int32_t lt = cur[tidx];
         if (lt < 0)
             continue;
@@ -1777,6 +2174,10 @@ ctracer_replay(PyObject *module, PyObject *args)
             PyObject *name = PyList_GET_ITEM(names, (Py_ssize_t)p);
             if (name == Py_None)
                 continue;
+            if (recv != 0 && (name = receiver_name(recv_cache, recv_name, p, recv - 1)) == NULL) {
+                ok = 0;
+                break;
+            }
             if (st->n == st->cap) {
                 Py_ssize_t cap = st->cap ? st->cap * 2 : 64;
                 uint64_t *k = PyMem_Realloc(st->keys, cap * sizeof(uint64_t));
@@ -1824,10 +2225,38 @@ ctracer_replay(PyObject *module, PyObject *args)
         PyMem_Free(stacks[i].idxs);
     }
     PyMem_Free(stacks);
+    PyMem_Free(recv_default);
+    Py_DECREF(recv_cache);
     PyBuffer_Release(&buf);
     if (!ok)
         return NULL;
     Py_RETURN_NONE;
+}
+
+#if !APROF_MONITORING
+static int
+noop_profile_func(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg)
+{
+    return 0;
+}
+#endif
+
+/* _noop_profile(on): the floor of the 3.11 tracer with C calls, for the
+ * bench: a C profile function that returns at once (what any profile
+ * function costs 3.11 before it does anything). */
+static PyObject *
+ctracer_noop_profile(PyObject *module, PyObject *on)
+{
+#if !APROF_MONITORING
+    int r = PyObject_IsTrue(on);
+    if (r < 0)
+        return NULL;
+    PyEval_SetProfile(r ? noop_profile_func : NULL, NULL);
+    Py_RETURN_NONE;
+#else
+    PyErr_SetString(PyExc_RuntimeError, "_noop_profile: 3.11 only (3.12+: register do-nothing sys.monitoring callbacks)");
+    return NULL;
+#endif
 }
 
 /* Is the interpreter's frame evaluator another tool's (PEP 523)? Then the
@@ -1847,6 +2276,7 @@ static PyMethodDef module_methods[] = {
     {"foreign_frame_evaluator", ctracer_foreign_frame_evaluator, METH_NOARGS,
      "A description of another tool's PEP 523 frame evaluator, or None."},
     {"replay", (PyCFunction)ctracer_replay, METH_VARARGS, "Replay's inner loop (see aprof/_post/_replay.py)."},
+    {"_noop_profile", ctracer_noop_profile, METH_O, "3.11: a do-nothing C profile function (the bench's floor)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1895,7 +2325,8 @@ static PyTypeObject TracerType = {
 static struct PyModuleDef ctracer_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "aprof._ctracer",
-    .m_doc = "aprof's C hot path: the Python tracer (SPEC 8.1) and the range fast path (SPEC 3).",
+    .m_doc = "aprof's C hot path: the Python tracer (SPEC 8.1), the range fast path (SPEC 3), consolidation (SPEC 6) and "
+             "the sampler (SPEC 8.4).",
     .m_size = -1,
     .m_methods = module_methods,
 };
@@ -1911,8 +2342,10 @@ PyInit__ctracer(void)
 #endif
     detect_tsc();
     str_recorder = PyUnicode_InternFromString("recorder");
+    str_enabled = PyUnicode_InternFromString("enabled");
+    str_locals_tail = PyUnicode_InternFromString("<locals>");
     str_co_filename = PyUnicode_InternFromString("co_filename");
-    if (str_recorder == NULL || str_co_filename == NULL)
+    if (str_recorder == NULL || str_enabled == NULL || str_locals_tail == NULL || str_co_filename == NULL)
         return NULL;
 #if APROF_MONITORING
     PyObject *sys = PyImport_ImportModule("sys");
@@ -1932,7 +2365,8 @@ PyInit__ctracer(void)
         return NULL;
     if (PyModule_AddObjectRef(m, "Tracer", (PyObject *)&TracerType) < 0 ||
         PyModule_AddIntConstant(m, "EVENT_BYTES", (long)sizeof(RawEvent)) < 0 ||
-        aprof_ranges_init(m) < 0 || aprof_events_init(m) < 0 || aprof_tasks_init(m) < 0) {
+        aprof_ranges_init(m) < 0 || aprof_events_init(m) < 0 || aprof_tasks_init(m) < 0 ||
+        aprof_sampler_init(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

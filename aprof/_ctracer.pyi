@@ -13,7 +13,11 @@ twin ``aprof._core._tracer_py``. Both write the same packed format, which
   the logical thread at object index ``payload``), 8 TIME (``payload`` is an
   absolute ``perf_counter_ns`` value; written when a gap exceeds 32 bits),
   9 EXC (3.12+: right before an UNWIND, payload = object index of the
-  exception's type).
+  exception's type), 10 RECV (right before the CALL of a method frame:
+  payload = object index of the receiver's class, or with ``instance_ids``
+  of a ``(class, serial)`` tuple; written only when it differs from the
+  first RECV of the same code, which replay applies to the CALLs without
+  one).
 """
 
 from collections.abc import Callable, Sequence
@@ -27,8 +31,18 @@ def foreign_frame_evaluator() -> str | None:
     """A description of another tool's PEP 523 frame evaluator, if one is
     installed (3.11; always None on 3.12+, where the tracer uses none)."""
 
-def replay(data: bytes, names: list[str | None], lts: list[tuple[list[Any], int] | None], start_ns: int, scope: str, /) -> None:
-    """The inner loop of ``aprof._post._replay.replay`` (documented there), in C."""
+def replay(
+    data: bytes,
+    names: list[str | None],
+    lts: list[tuple[list[Any], int] | None],
+    start_ns: int,
+    scope: str,
+    recv_name: Callable[[int, int], str],
+    /,
+) -> None:
+    """The inner loop of ``aprof._post._replay.replay`` (documented there), in
+    C. ``recv_name(code_index, receiver_index)`` names a method frame on a
+    receiver (called once per pair)."""
 
 class Tracer:
     """Records Python calls and returns (and C calls) of one profile.
@@ -52,6 +66,10 @@ class Tracer:
             profile function (the twin keeps the profile function and drops
             the C events); on 3.12+ it changes nothing here (the driver
             registers no CALL, C_RETURN or C_RAISE callbacks).
+        instance_ids: Describe a method call's receiver by instance
+            (class, serial) instead of by class (RECV events). The twin
+            reads receivers on 3.13+ only (earlier, reading a frame's
+            locals from Python leaves a snapshot of them on the frame).
     """
 
     def __init__(
@@ -63,6 +81,7 @@ class Tracer:
         ignore_prefix: str,
         max_events: int = 0,
         c_calls: bool = True,
+        instance_ids: bool = False,
     ) -> None: ...
     @property
     def dropped(self) -> int: ...
@@ -258,3 +277,75 @@ def chrome_plain(
 ) -> tuple[str, int]:
     """The Chrome ``X`` lines, joined by ``",\\n"``, of the run of plain ranges
     starting at ``events[i]`` (at most ``limit``), and the index after it."""
+
+# The sampler (aprof/_csampler.c); the twin is aprof/_core/_sampler_py.py,
+# the driver aprof/_core/_sampler.py.
+
+class Sampler:
+    """Task-aware stack samples of the profiled threads, every ``interval``
+    seconds (SPEC 8.4), taken by one engine thread shared by every running
+    sampler (see the comments in ``aprof/_csampler.c``).
+
+    Args:
+        rf_state: The ``RF_STATE`` context variable: a thread is sampled when
+            its current context has recording on and, unless ``recorder`` is
+            None (global scope), ``recorder`` as its recorder.
+        recorder: The profile's recorder, or None for every context.
+        lt_var: The context variable a task publishes ``(LogicalThread,
+            os_thread_ident)`` in; otherwise a sample is the OS thread's own.
+        ignore_prefix: Frames of code whose file starts with this (aprof's)
+            are left out of stacks.
+        interval: Seconds between samples, 1e-5 to 60 (ValueError otherwise).
+        waits: ``(file suffix, qualname)`` of frames where a loop or a pool
+            waits: a thread outside any task with one on top is idle.
+        max_samples: Keep at most this many samples (0: no limit); later
+            ones are counted in :attr:`dropped`.
+
+    Raw format (:meth:`take`): each sample is three unsigned 64-bit words:
+    the time (``perf_counter_ns``); the stack node (bits 0-31) and the time
+    since the sampler's previous tick (bits 32-63); the logical thread
+    (bits 0-31: an object index, or ``1 << 31 | slot`` for the OS thread
+    in that slot's own), the slot (bits 32-47) and flags (bits 48-63: 1
+    idle). Nodes are pairs of unsigned 32-bit words (parent node, object
+    index of the code, or of None for frames left out past 1,024); node 0
+    is the empty stack.
+    """
+
+    def __init__(
+        self,
+        rf_state: ContextVar[Any],
+        recorder: object | None,
+        lt_var: ContextVar[Any],
+        ignore_prefix: str,
+        interval: float,
+        waits: tuple[tuple[str, str], ...],
+        max_samples: int = 0,
+    ) -> None: ...
+    @property
+    def count(self) -> int: ...
+    @property
+    def dropped(self) -> int: ...
+    @property
+    def idle(self) -> int: ...
+    @property
+    def active(self) -> bool: ...
+    @property
+    def start_ns(self) -> int: ...
+    def start(self) -> None:
+        """Start sampling (RuntimeError if started before)."""
+    def stop(self) -> None:
+        """Stop sampling (idempotent); the last sampler stops the engine thread."""
+    def take(self) -> tuple[bytes, bytes, list[Any], list[int]]:
+        """Hand over ``(samples, nodes, objects, thread idents by slot)`` once, after stop."""
+
+def _sampler_after_fork() -> None:
+    """In a forked child: reset the engine; the child's samplers sample nothing."""
+
+def _sampler_stats() -> tuple[int, int, int, int, int]:
+    """``(ticks, ticks sampled by the main thread, by the engine thread, ns
+    spent sampling, ns the engine waited for the GIL)`` since the process
+    started (the bench reads it)."""
+
+def _noop_profile(on: bool, /) -> None:
+    """3.11, for the bench's floor: install (or remove) a C profile function
+    that does nothing on this thread. On 3.12+ it raises RuntimeError."""

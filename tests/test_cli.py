@@ -149,8 +149,10 @@ def test_ctrl_c_still_writes_the_trace(tmp_path: Path) -> None:
         (["report", "garbage.json"], "'garbage.json' is not a session, a Chrome trace or an HTML report"),
         (["convert", "nothere.json", "out.html"], "no such file 'nothere.json'"),
         (["convert", "garbage.json", "out.html"], "'garbage.json' is not a session"),
-        (["run", "--max-events", "5", "s.py"], "--max-events limits the Python tracer's events: add --python-tracer"),
+        (["run", "--max-events", "5", "s.py"], "--max-events limits the Python tracer's events and the samples: add --python-tracer or --sample"),
         (["run", "--no-c-calls", "s.py"], "--no-c-calls changes what the Python tracer records: add --python-tracer"),
+        (["run", "--c-calls", "s.py"], "--c-calls changes what the Python tracer records: add --python-tracer"),
+        (["run", "--python-tracer", "--c-calls", "--no-c-calls", "s.py"], "--c-calls and --no-c-calls contradict"),
     ],
 )
 def test_bad_input_is_one_line_naming_it(tmp_path: Path, args: list[str], message: str) -> None:
@@ -310,15 +312,24 @@ def test_run_python_tracer_puts_calls_on_the_calling_tasks_track(tmp_path: Path,
     assert "worker" in tracks[crunch[0]["pid"], crunch[0]["tid"]]
 
 
-def test_run_no_c_calls_records_the_python_frames_only(tmp_path: Path) -> None:
-    # SPEC 10.1, 8.1: --no-c-calls keeps the Python calls (crunch() on the
-    # worker's track) and records no C call.
-    events = _trace_of_prog(tmp_path, "asyncio", "--python-tracer", "--no-c-calls", "--no-summary")["traceEvents"]
+@pytest.mark.parametrize("flags", [(), ("--no-c-calls",)])
+def test_run_python_tracer_records_the_python_frames_only_by_default(tmp_path: Path, flags: tuple[str, ...]) -> None:
+    # SPEC 10.1, 8.1: Python frames only is the default (--no-c-calls, kept
+    # as an alias, changes nothing): crunch() on the worker's track, no C call.
+    events = _trace_of_prog(tmp_path, "asyncio", "--python-tracer", *flags, "--no-summary")["traceEvents"]
     tracks = _tracks_by_tid(events)
     calls = [e for e in events if e.get("ph") == "X" and e.get("cat") == "python_function"]
     (crunch,) = [e for e in calls if e["name"].endswith(": crunch")]
     assert "worker" in tracks[crunch["pid"], crunch["tid"]]
     assert not [e["name"] for e in calls if e["name"].startswith("<built-in")]
+
+
+def test_run_c_calls_records_the_c_functions_too(tmp_path: Path) -> None:
+    # SPEC 10.1, 8.1: --c-calls opts in to the C calls Python code makes.
+    events = _trace_of_prog(tmp_path, "asyncio", "--python-tracer", "--c-calls", "--no-summary")["traceEvents"]
+    calls = [e for e in events if e.get("ph") == "X" and e.get("cat") == "python_function"]
+    assert [e for e in calls if e["name"].endswith(": crunch")]
+    assert [e["name"] for e in calls if e["name"].startswith("<built-in")]
 
 
 def test_run_max_events_keeps_the_first_events_and_counts_the_rest(tmp_path: Path) -> None:

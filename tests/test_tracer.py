@@ -29,10 +29,10 @@ PY = aprof.RecordScope.PYTHON_FUNCTION
 HERE = "test_tracer.py"
 
 
-def _use(which: str) -> Iterator[ModuleType]:
+def _use(which: str, c_calls: bool | None = None) -> Iterator[ModuleType]:
     module = _tracer_py if which == "python" else require_c_extension()
     _tracer._forced = module
-    _tracer._forced_c_calls = False if which == "c, no C calls" else None
+    _tracer._forced_c_calls = True if which == "c, C calls" else c_calls
     try:
         yield module
     finally:
@@ -40,18 +40,18 @@ def _use(which: str) -> Iterator[ModuleType]:
         _tracer._forced_c_calls = None
 
 
-@pytest.fixture(params=["c", "python", "c, no C calls"])
+@pytest.fixture(params=["c", "python", "c, C calls"])
 def impl(request: pytest.FixtureRequest) -> Iterator[ModuleType]:
-    """The tracer implementation, and on the C one with and without C calls
-    (``c_calls=False`` records Python frames through another hook on 3.11:
-    a frame evaluator; on 3.12+ it drops the CALL events)."""
+    """The tracer implementation with its defaults (Python frames only, which
+    on 3.11 the C tracer records through a frame evaluator), and the C one
+    with C calls (the profile function on 3.11, CALL events on 3.12+)."""
     yield from _use(request.param)
 
 
 @pytest.fixture(params=["c", "python"])
 def impl_cc(request: pytest.FixtureRequest) -> Iterator[ModuleType]:
     """The tracer implementation, recording C calls (for the tests of them)."""
-    yield from _use(request.param)
+    yield from _use(request.param, c_calls=True)
 
 
 def py_events(prof: aprof.profile, name_part: str | None = None) -> list[aprof.FunctionEvent]:
@@ -159,17 +159,36 @@ def test_global_scope_traces_every_thread(impl: ModuleType) -> None:
     assert [e.track for e in evs] == ["plain-thread"]
 
 
-def test_c_calls_are_recorded(impl_cc: ModuleType) -> None:
-    # SPEC 8.1: "(and C calls)"
+def test_c_calls_are_recorded_when_asked(impl_cc: ModuleType) -> None:
+    # SPEC 8.1: "C calls only with c_calls=True"
     def uses_builtins() -> int:
         return len(sorted([3, 1, 2]))
 
     with aprof.profile(python_tracer=True) as prof:
         uses_builtins()
-    (outer,) = [e for e in py_events(prof, HERE) if short(e) == "test_c_calls_are_recorded.<locals>.uses_builtins"]
+    (outer,) = [e for e in py_events(prof, HERE) if short(e) == "test_c_calls_are_recorded_when_asked.<locals>.uses_builtins"]
     names = {c.name for c in outer.children}
     assert "<built-in method len>" in names
     assert "<built-in method sorted>" in names
+
+
+@pytest.mark.parametrize("which", ["c", "python"])
+def test_python_frames_only_is_the_default(which: str) -> None:
+    # SPEC 8.1: "Python frames only is the default"
+    def uses_builtins() -> int:
+        return len(sorted([3, 1, 2]))
+
+    use = _use(which)
+    next(use)
+    try:
+        assert aprof.profile(python_tracer=True).c_calls is False
+        with aprof.profile(python_tracer=True) as prof:
+            uses_builtins()
+    finally:
+        use.close()
+    (outer,) = [e for e in py_events(prof, HERE) if short(e).endswith("<locals>.uses_builtins")]
+    assert outer.children == []
+    assert not [e for e in py_events(prof) if e.name.startswith("<built-in")]
 
 
 def test_parity_between_c_and_python(impl: ModuleType) -> None:
@@ -277,7 +296,7 @@ def test_a_recursion_deeper_than_the_c_stack_is_traced_whole(impl: ModuleType) -
     assert len(evs) == n + 1
     assert not [e for e in evs if e.unfinished]
     assert all(inner.parent is outer for outer, inner in zip(evs, evs[1:], strict=False))
-    evaluator = impl is not _tracer_py and _tracer._forced_c_calls is False and sys.version_info < (3, 12)
+    evaluator = impl is not _tracer_py and not _tracer._forced_c_calls and sys.version_info < (3, 12)
     assert any("ran the C stack low" in str(w.message) for w in caught) == evaluator
 
 
@@ -431,9 +450,9 @@ def test_a_bounded_buffer_keeps_exactly_the_first_max_events(impl: ModuleType) -
     t.start([leaf.__code__] * 25)
     t.stop()
     assert t.count == 10
-    # 16 dropped, plus on 3.11 the C call to t.stop() itself, which the
-    # profile function installed by start() sees.
-    assert t.dropped == 16 + (sys.version_info < (3, 12) and impl is not _tracer_py)
+    # 16 dropped; the C call to t.stop() itself, which 3.11's profile
+    # function sees, is aprof's own method and not recorded.
+    assert t.dropped == 16
 
 
 @pytest.mark.skipif(sys.version_info < (3, 12), reason="sys.monitoring is new in 3.12")
@@ -854,3 +873,193 @@ def test_without_the_extension_everything_runs_in_python_with_one_warning(tmp_pa
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "ok"
+
+
+# -- the recording switch (SPEC 3.4; issue 15 item 4) ------------------------
+
+
+@pytest.mark.parametrize("scope", ["context", "global"])
+def test_recording_switched_off_records_no_calls(impl: ModuleType, scope: str) -> None:
+    # SPEC 3.4, 8.1: nothing records while recording is off, the tracer
+    # included; it records again once the guard exits.
+    with aprof.profile(python_tracer=True, scope=scope) as prof:  # type: ignore[arg-type]
+        leaf()
+        with aprof.DisableRecordFunctionGuard():
+            middle()
+            fib(3)
+        leaf()
+    names = [short(e) for e in py_events(prof, HERE)]
+    assert names.count("leaf") == 2
+    assert "middle" not in names
+    assert "fib" not in names
+
+
+def test_a_thread_with_recording_off_is_not_traced_by_a_global_profile(impl: ModuleType) -> None:
+    # SPEC 3.4, 5.3: a global tracer skips a thread whose context switched
+    # recording off, and keeps tracing the others.
+    def off() -> None:
+        aprof.enable_record_function(False)
+        middle()
+
+    with aprof.profile(python_tracer=True, scope="global") as prof:
+        t = threading.Thread(target=off, name="switched-off")
+        t.start()
+        t.join()
+        leaf()
+    # off() itself started with recording on; nothing it called is traced.
+    assert [short(e) for e in py_events(prof, HERE) if e.track == "switched-off"] == [
+        "test_a_thread_with_recording_off_is_not_traced_by_a_global_profile.<locals>.off"
+    ]
+    assert [short(e) for e in py_events(prof, HERE)].count("leaf") == 1
+
+
+def test_tasks_spawned_while_recording_is_off_are_not_traced(impl: ModuleType, backend: Backend) -> None:
+    # SPEC 3.4, 8.1: a task spawned while recording is off inherits "off".
+    def in_child() -> int:
+        return 2
+
+    async def child() -> None:
+        in_child()
+        await backend.checkpoint()
+        in_child()
+
+    async def main() -> aprof.profile:
+        async with aprof.profile(python_tracer=True) as prof:
+            with aprof.DisableRecordFunctionGuard():
+                async with backend.group() as g:
+                    g.start_soon(child)
+            leaf()
+        return prof
+
+    prof = backend.run(main)
+    names = [short(e) for e in py_events(prof, HERE)]
+    assert "leaf" in names
+    assert not [n for n in names if "in_child" in n or n.endswith("child")]
+
+
+def test_aprofs_own_c_methods_are_not_recorded_as_c_calls(impl_cc: ModuleType) -> None:
+    # SPEC 8.1 (issue 15 item 9): record_function's __enter__/__exit__ are
+    # aprof's own (in C with the extension), not the program's C calls.
+    with aprof.profile(python_tracer=True) as prof:
+        with aprof.record_function("r"):
+            leaf()
+        r = aprof.record_function("explicit")
+        r.__enter__()
+        r.__exit__(None, None, None)
+    assert [e.name for e in prof.events() if e.scope is aprof.RecordScope.USER_SCOPE] == ["r", "explicit"]
+    builtins = [e.name for e in py_events(prof) if e.name.startswith("<built-in")]
+    assert not [n for n in builtins if "__exit__" in n or "__enter__" in n or "record_function" in n], builtins
+
+
+# -- method frames (issue 15 item 8) -----------------------------------------
+
+
+class Layer:
+    def __call__(self, x: int) -> int:
+        return self.forward(x)
+
+    def forward(self, x: int) -> int:
+        return x
+
+    @classmethod
+    def make(cls) -> Layer:
+        return cls()
+
+
+class Linear(Layer):
+    pass
+
+
+class Conv(Layer):
+    def forward(self, x: int) -> int:
+        return x + 1
+
+
+def _names_receivers(impl: ModuleType) -> bool:
+    # The twin reads a frame's first argument through 3.13's f_locals proxy;
+    # before 3.13 it would leave a snapshot of every local on the frame.
+    return impl is not _tracer_py or sys.version_info >= (3, 13)
+
+
+def test_method_frames_name_the_receivers_class(impl: ModuleType) -> None:
+    # Issue 15 item 8, SPEC 8.1: one method's code is shared by the classes
+    # that inherit it; a frame run on another class than the defining one
+    # says which (the defining class's own calls keep their plain name).
+    with aprof.profile(python_tracer=True) as prof:
+        for layer in (Layer(), Linear(), Conv(), Linear()):
+            layer(1)
+        Linear.make()
+    calls = [short(e) for e in py_events(prof, HERE) if "Layer." in e.name or "Conv." in e.name]
+    if not _names_receivers(impl):
+        assert calls.count("Layer.__call__") == 4
+        return
+    assert calls == [
+        "Layer.__call__", "Layer.forward",
+        "Layer.__call__ [Linear]", "Layer.forward [Linear]",
+        "Layer.__call__ [Conv]", "Conv.forward",
+        "Layer.__call__ [Linear]", "Layer.forward [Linear]",
+        "Layer.make [Linear]",
+    ]  # fmt: skip
+
+
+def test_instance_ids_name_each_instance(impl: ModuleType) -> None:
+    # Issue 15 item 8: instance_ids=True numbers the instances of each class
+    # in order of first sight (the seed's module attribution); an instance
+    # that died does not lend its number to a new one at the same address.
+    a, b = Linear(), Linear()
+    with aprof.profile(python_tracer=True, instance_ids=True) as prof:
+        a(1)
+        b(1)
+        a(1)
+        Conv()(1)
+        for _ in range(3):
+            Layer()(1)  # each made and dropped: a new instance every time
+    calls = [short(e) for e in py_events(prof, HERE) if short(e).startswith("Layer.__call__")]
+    if not _names_receivers(impl):
+        assert calls == ["Layer.__call__"] * 7
+        return
+    assert calls == [
+        "Layer.__call__ [Linear#0]", "Layer.__call__ [Linear#1]", "Layer.__call__ [Linear#0]",
+        "Layer.__call__ [Conv#0]", "Layer.__call__ [Layer#0]", "Layer.__call__ [Layer#1]", "Layer.__call__ [Layer#2]",
+    ]  # fmt: skip
+
+
+def test_instance_ids_keep_no_instance_alive(impl: ModuleType) -> None:
+    # SPEC 12, 15.6: naming instances holds no reference to them.
+    import weakref
+
+    layer = Linear()
+    ref = weakref.ref(layer)
+    with aprof.profile(python_tracer=True, instance_ids=True):
+        layer(1)
+        del layer
+        assert ref() is None
+
+
+def test_instance_ids_must_be_a_bool() -> None:
+    with pytest.raises(TypeError, match="instance_ids"):
+        aprof.profile(python_tracer=True, instance_ids=1)  # type: ignore[arg-type]
+
+
+def test_coroutine_methods_keep_their_receiver_across_steps(impl: ModuleType) -> None:
+    # Issue 15 item 8 with PY_RESUME: each step of a method coroutine is a
+    # slice named with its receiver.
+    import asyncio
+
+    class Handler:
+        async def handle(self) -> None:
+            await asyncio.sleep(0)
+
+    class Special(Handler):
+        pass
+
+    async def main() -> aprof.profile:
+        async with aprof.profile(python_tracer=True) as prof:
+            await Special().handle()
+        return prof
+
+    prof = asyncio.run(main())
+    steps = [short(e) for e in py_events(prof, HERE) if "handle" in e.name]
+    assert len(steps) == 2
+    if _names_receivers(impl):
+        assert set(steps) == {"test_coroutine_methods_keep_their_receiver_across_steps.<locals>.Handler.handle [Special]"}

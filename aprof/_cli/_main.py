@@ -78,9 +78,18 @@ def _parser() -> argparse.ArgumentParser:
         help="do not record bare thread-pool jobs (run_in_executor, ThreadPoolExecutor.submit) as executor ranges linked to the task that submitted them (on by default; they run in their own context either way)",
     )
     run.add_argument("--with-stack", action="store_true", help="attach the Python stack to each range")
-    run.add_argument("--python-tracer", action="store_true", help="record every Python function call and return (and C calls), on the tracks of the tasks that made them")
-    run.add_argument("--no-c-calls", action="store_true", help="with --python-tracer, record Python frames only: much cheaper (on 3.11 several times)")
-    run.add_argument("--max-events", type=_positive_int, metavar="N", help="with --python-tracer, keep the first N raw tracer events and count the rest as dropped")
+    run.add_argument("--python-tracer", action="store_true", help="record every Python function call and return, on the tracks of the tasks that made them")
+    run.add_argument("--c-calls", action="store_true", help="with --python-tracer, record the C functions Python code calls too (costs more: on 3.11 several times)")
+    run.add_argument("--no-c-calls", action="store_true", help="with --python-tracer, Python frames only: the default now, accepted so older command lines still run")
+    run.add_argument("--max-events", type=_positive_int, metavar="N", help="with --python-tracer or --sample, keep the first N raw tracer events (and N samples) and count the rest as dropped")
+    run.add_argument(
+        "--sample",
+        nargs="?",
+        const=0.001,
+        type=_sample_interval,
+        metavar="INTERVAL",
+        help="take a stack sample of every thread running the program every INTERVAL seconds (default 0.001), each on its task's track",
+    )
     run.add_argument(
         "--loop-block-threshold",
         type=_positive_seconds,
@@ -146,8 +155,25 @@ def _split_run(argv: list[str]) -> tuple[list[str], list[str]]:
         if word in _RUN_VALUE_OPTIONS:
             i += 2
             continue
+        if word == "--sample":
+            # Its interval is optional: a bare --sample before the script
+            # means the default (argparse would take the script's name).
+            if _is_number(argv[i + 1] if i + 1 < len(argv) else ""):
+                i += 2
+            else:
+                argv = [*argv[:i], "--sample=0.001", *argv[i + 1 :]]
+                i += 1
+            continue
         i += 1
     return argv, []
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _positive_int(text: str) -> int:
@@ -167,6 +193,16 @@ def _positive_seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}") from None
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return value
+
+
+def _sample_interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds from 0.00001 to 60, got {text!r}") from None
+    if not 1e-5 <= value <= 60:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds from 0.00001 to 60, got {text!r}")
     return value
 
 
@@ -275,7 +311,8 @@ class _Finish:
         except (OSError, ValueError, TypeError) as exc:
             print(f"aprof: {exc}", file=sys.stderr)
             return code or 1
-        print(f"aprof: wrote {self.shown} ({len(session.events())} events on {len(session.tracks())} tracks)", file=sys.stderr)
+        sampled = f", {len(session.samples)} samples" if session.samples is not None else ""
+        print(f"aprof: wrote {self.shown} ({len(session.events())} events{sampled} on {len(session.tracks())} tracks)", file=sys.stderr)
         return code
 
 
@@ -306,10 +343,14 @@ def _run(args: argparse.Namespace) -> int:
         raise _UsageError("run: give a script (aprof run script.py) or a module (aprof run -m module)")
     if args.target and not Path(args.target).is_file():
         raise _UsageError(f"run: cannot find script {args.target!r}")
-    if args.max_events is not None and not args.python_tracer:
-        raise _UsageError("run: --max-events limits the Python tracer's events: add --python-tracer")
+    if args.max_events is not None and not (args.python_tracer or args.sample is not None):
+        raise _UsageError("run: --max-events limits the Python tracer's events and the samples: add --python-tracer or --sample")
+    if args.c_calls and not args.python_tracer:
+        raise _UsageError("run: --c-calls changes what the Python tracer records: add --python-tracer")
     if args.no_c_calls and not args.python_tracer:
         raise _UsageError("run: --no-c-calls changes what the Python tracer records: add --python-tracer")
+    if args.c_calls and args.no_c_calls:
+        raise _UsageError("run: --c-calls and --no-c-calls contradict each other: give one")
     out, shown = _output_path(args)
 
     prog = args.module or args.target
@@ -323,7 +364,8 @@ def _run(args: argparse.Namespace) -> int:
         with_stack=args.with_stack,
         python_tracer=args.python_tracer,
         max_events=args.max_events,
-        c_calls=not args.no_c_calls,
+        sample_interval=args.sample,
+        c_calls=args.c_calls,
         loop_block_threshold=None if args.no_loop_block else args.loop_block_threshold,
     )
     undo: list[Callable[[], None]] = []

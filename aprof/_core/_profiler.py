@@ -29,6 +29,7 @@ from ._callbacks import RF_STATE, AprofWarning, RecordFunctionCallback
 from ._debug_info import DEBUG_INFO, DebugInfoKind, SlotRef
 from ._record_function import RecordFunction, get_default_node_id
 from ._recorder import ProfilerState, Recorder
+from ._sampler import SamplerRun, check_interval
 from ._schedule import ProfilerAction, check_schedule
 from ._threads import current_logical_thread
 from ._tracer import TracerRun
@@ -61,18 +62,32 @@ class profile:
     Args:
         record_inputs: Keep ``repr()`` of each range's inputs (never the objects).
         with_stack: Attach the Python call stack at each range's start.
-        python_tracer: Record every Python call and return (and C calls) in
-            the profiled logical threads (SPEC 8.1): each call is a
+        python_tracer: Record every Python call and return (and, with
+            ``c_calls``, C calls) in the profiled logical threads (SPEC
+            8.1): each call is a
             ``PYTHON_FUNCTION`` range on the track of the task or thread
             that ran it.
         max_events: With ``python_tracer``, keep at most this many raw
             tracer events (16 bytes each); later ones are not recorded and
-            are counted in ``session.dropped``. ``None``: no limit.
-        c_calls: With ``python_tracer``, record C calls too (the default,
-            SPEC 8.1). ``False`` records Python frames only, at a fraction
-            of the cost: on 3.11 through a frame evaluator (PEP 523) instead
-            of the profile function that slows every instruction, on 3.12+
-            without ``sys.monitoring``'s CALL events.
+            are counted in ``session.dropped``. With ``sample_interval``, at
+            most this many samples too (24 bytes each, counted in
+            ``session.samples.dropped``). ``None``: no limit.
+        sample_interval: Take a stack sample of every thread running the
+            profiled work every this many seconds (SPEC 8.4), each charged
+            to the task or thread that was running (``session.samples``).
+            ``None`` (the default): no sampling.
+        c_calls: With ``python_tracer``, record the C functions Python code
+            calls too (SPEC 8.1). Off by default: Python frames only cost a
+            fraction of it (on 3.11 the tracer then uses a frame evaluator,
+            PEP 523, instead of the profile function that slows every
+            instruction; on 3.12+ it registers no ``sys.monitoring`` CALL
+            events).
+        instance_ids: With ``python_tracer``, name each method frame after
+            the instance it ran on (``Module.__call__ [Linear#1]``: class,
+            and serial per class in order of first sight), as the seed's
+            module attribution does. Without it a method frame names the
+            receiver's class when that is not the class defining the
+            method (``Module.__call__ [Linear]``).
         profile_memory: Record allocations (not built yet).
         tasks: Record every spawned task as a TASK range on its own track.
         loop_block_threshold: Record every stretch in which one step or
@@ -89,7 +104,8 @@ class profile:
     Raises:
         TypeError: an option has the wrong type (unknown options are
             rejected by Python itself, naming the option).
-        ValueError: ``scope`` is not ``"context"`` or ``"global"``.
+        ValueError: ``scope`` is not ``"context"`` or ``"global"``, or
+            ``sample_interval`` is not a number of seconds in 0.00001..60.
         NotImplementedError: an option whose feature is not built yet.
         RuntimeError: (at start) ``python_tracer`` cannot hook the
             interpreter: another profiler holds the hook, or another
@@ -114,7 +130,9 @@ class profile:
         with_stack: bool = False,
         python_tracer: bool = False,
         max_events: int | None = None,
-        c_calls: bool = True,
+        sample_interval: float | None = None,
+        c_calls: bool = False,
+        instance_ids: bool = False,
         profile_memory: bool = False,
         tasks: bool = True,
         scope: Literal["context", "global"] = "context",
@@ -130,7 +148,9 @@ class profile:
         if max_events is not None and (isinstance(max_events, bool) or not isinstance(max_events, int) or max_events <= 0):
             raise ValueError(f"profile: option 'max_events' must be an int > 0 or None, got {max_events!r}")
         self.max_events = max_events
+        self.sample_interval = check_interval(sample_interval)
         self.c_calls = _check_bool("c_calls", c_calls)
+        self.instance_ids = _check_bool("instance_ids", instance_ids)
         if _check_bool("profile_memory", profile_memory):
             raise NotImplementedError("profile: option 'profile_memory' is not built yet")
         if scope not in _SCOPES:
@@ -164,6 +184,7 @@ class profile:
         self._task_hooks: list[Callable[[], None]] = []
         self._session: Session | None = None
         self._tracer: TracerRun | None = None
+        self._sampler: SamplerRun | None = None
         # Stops not finished yet (a KeyboardInterrupt landed in one): the
         # next stop(), step(), start() or read of the results finishes them.
         self._stopping: list[_Stopping] = []
@@ -247,7 +268,9 @@ class profile:
             # Checked first, so that a refused start (another tool holds the
             # hook, RELIABILITY FA-08) leaves nothing to undo; started last,
             # so aprof's own set-up is not traced.
-            tracer = TracerRun(recorder if self.scope == "context" else None, self.max_events or 0, self.c_calls)
+            tracer = TracerRun(
+                recorder if self.scope == "context" else None, self.max_events or 0, self.c_calls, self.instance_ids
+            )
             tracer.check()
         if self.scope == "global":
             self._global_handle = _callbacks.add_global_callback(_global_callback(recorder))
@@ -283,6 +306,15 @@ class profile:
                 self._session = None
                 raise
             self._tracer = tracer
+        if self.sample_interval is not None:
+            sampler = SamplerRun(recorder if self.scope == "context" else None, self.sample_interval, self.max_events or 0)
+            try:
+                sampler.start()
+            except BaseException:
+                self._finish()
+                self._session = None
+                raise
+            self._sampler = sampler
 
     def stop(self) -> profile:
         """Stop recording and consolidate the events.
@@ -339,8 +371,8 @@ class profile:
             undo.append(functools.partial(_callbacks.remove_callback, handle))
         else:
             undo.append(functools.partial(self._restore_context, recorder, self._slot, self._prev_recorder, self._prev_slot))
-        self._stopping.append(_Stopping(state, recorder, self._tracer, undo, consolidate, notify))
-        self._state = self._recorder = self._tracer = None
+        self._stopping.append(_Stopping(state, recorder, self._tracer, self._sampler, undo, consolidate, notify))
+        self._state = self._recorder = self._tracer = self._sampler = None
         self._task_hooks = []
         self._global_handle = None
         self._slot = self._prev_recorder = self._prev_slot = None
@@ -357,6 +389,8 @@ class profile:
 
                 # Re-runnable: it reads the raw lists and empties them last.
                 self._session = Session.from_state(stop.state)
+                if stop.sampler is not None:
+                    stop.sampler.attach(self._session, stop.state.node_id)
             del self._stopping[0]
             if stop.notify:
                 self._trace_ready()
@@ -490,13 +524,14 @@ class _Stopping:
     the raw lists without changing them.
     """
 
-    __slots__ = ("consolidate", "marks", "notify", "recorder", "state", "taken", "tracer", "undo")
+    __slots__ = ("consolidate", "marks", "notify", "recorder", "sampler", "state", "taken", "tracer", "undo")
 
     def __init__(
         self,
         state: ProfilerState,
         recorder: Recorder,
         tracer: TracerRun | None,
+        sampler: SamplerRun | None,
         undo: list[Callable[[], None]],
         consolidate: bool,
         notify: bool,
@@ -504,6 +539,7 @@ class _Stopping:
         self.state = state
         self.recorder = recorder
         self.tracer = tracer
+        self.sampler = sampler
         self.undo = undo
         self.consolidate = consolidate
         self.notify = notify
@@ -515,6 +551,8 @@ class _Stopping:
         state, tracer = self.state, self.tracer
         if tracer is not None:
             tracer.stop()  # idempotent
+        if self.sampler is not None:
+            self.sampler.stop()  # idempotent
         if state.running:
             state.stop_ns = perf_counter_ns()
             state.running = False

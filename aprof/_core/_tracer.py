@@ -20,6 +20,7 @@ import os
 import sys
 import threading
 import warnings
+from collections.abc import Callable
 from contextvars import ContextVar, Token
 from types import CodeType
 from typing import TYPE_CHECKING, Any, Final
@@ -31,7 +32,7 @@ from ._threads import LogicalThread, _thread_lt, current_logical_thread
 if TYPE_CHECKING:
     from ._recorder import ProfilerState, Recorder
 
-__all__ = ["TRACER_LT", "TracerRun", "implementation", "publish_task"]
+__all__ = ["APROF_DIR", "TRACER_LT", "TracerRun", "implementation", "publish_task"]
 
 #: (task's LogicalThread, OS thread ident) in a task's own context, or None.
 TRACER_LT: ContextVar[tuple[LogicalThread, int] | None] = ContextVar("aprof.tracer_lt", default=None)
@@ -39,9 +40,21 @@ TRACER_LT: ContextVar[tuple[LogicalThread, int] | None] = ContextVar("aprof.trac
 _get_ident = threading.get_ident
 
 
+#: Running samplers (aprof._core._sampler): tasks publish themselves for them too.
+sampling: list[object] = []
+#: Running tracers and samplers: non-empty while tasks must publish
+#: themselves (the asyncio task hooks' C step reads it).
+publishing: list[object] = []
+#: Called with each task that publishes itself (the pure-Python sampler's).
+publish_hooks: list[Callable[[LogicalThread], None]] = []
+
+
 def publish_task(lt: LogicalThread) -> None:
-    """Tell the tracer that the current context is ``lt``'s (call in the task's first step)."""
+    """Tell the tracer and the sampler that the current context is ``lt``'s
+    (call in the task's first step, in the task's own context)."""
     TRACER_LT.set((lt, _get_ident()))
+    for hook in publish_hooks:
+        hook(lt)
 
 
 #: aprof's own files: their frames (and the C calls they make) are not traced.
@@ -59,8 +72,9 @@ _running: list[TracerRun] = []  # at most one
 
 
 def running() -> bool:
-    """Whether a Python tracer records now (task hooks publish their task only then)."""
-    return bool(_running)
+    """Whether a Python tracer or a sampler runs now (task hooks publish
+    their task only then)."""
+    return bool(publishing)
 
 
 _forced: Any = None  # tests: force one implementation (module), None: choose
@@ -151,13 +165,19 @@ class TracerRun:
         c_calls: Record C calls too (else Python frames only, which on 3.11
             the C tracer records through a PEP 523 frame evaluator instead
             of a profile function, and on 3.12+ without the CALL events).
+        instance_ids: Name method frames after their receiver instance
+            (class and serial), not only its class.
     """
 
-    def __init__(self, recorder: Recorder | None, max_events: int = 0, c_calls: bool = True) -> None:
+    def __init__(
+        self, recorder: Recorder | None, max_events: int = 0, c_calls: bool = False, instance_ids: bool = False
+    ) -> None:
         impl = implementation()
         self.impl = impl
         self.c_calls = c_calls if _forced_c_calls is None else _forced_c_calls
-        self.tracer = impl.Tracer(RF_STATE, recorder, TRACER_LT, _starting_thread_lt, APROF_DIR, max_events, self.c_calls)
+        self.tracer = impl.Tracer(
+            RF_STATE, recorder, TRACER_LT, _starting_thread_lt, APROF_DIR, max_events, self.c_calls, instance_ids
+        )
         self._token: Token[tuple[LogicalThread, int] | None] | None = None
         self._tool: int | None = None
         self._forked = False
@@ -217,6 +237,7 @@ class TracerRun:
             raise
         self._token = token
         _running.append(self)
+        publishing.append(self)
         if tool is not None:
             mon = _mon()
             mon.use_tool_id(tool, _TOOL_NAME)
@@ -260,6 +281,7 @@ class TracerRun:
             )
         if self in _running:
             _running.remove(self)
+            publishing.remove(self)
         token, self._token = self._token, None
         if token is not None:
             try:

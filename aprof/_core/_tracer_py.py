@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import weakref
 from array import array
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
@@ -30,8 +31,16 @@ EV_CRAISE: Final = 6
 EV_SWITCH: Final = 7
 EV_TIME: Final = 8
 EV_EXC: Final = 9
+EV_RECV: Final = 10
 
 _IGNORED: Final = 1 << 31
+_SELF_FLAG: Final = 1 << 30  # a method: first argument `self`
+_CLS_FLAG: Final = 1 << 29  # a classmethod: first argument `cls`
+_IDX: Final = (1 << 29) - 1
+#: 3.13+ reads a frame's first local through its f_locals proxy (PEP 667);
+#: before, f_locals makes a snapshot dict on the frame that keeps every
+#: local alive with it, so the twin does not name receivers there.
+_RECEIVERS: Final = sys.version_info >= (3, 13)
 #: sys.monitoring.DISABLE (3.12+; the monitoring callbacks run only there).
 _DISABLE: Final = getattr(getattr(sys, "monitoring", None), "DISABLE", None)
 _MAX_THREADS: Final = 4096
@@ -65,6 +74,29 @@ _BUILTIN: Final = type(len)
 _METHOD_DESCR: Final = type(list.append)
 
 
+def _method_flags(code: CodeType) -> int:
+    """``_SELF_FLAG`` for a method (first argument ``self``) defined in a
+    class body, ``_CLS_FLAG`` for a classmethod (``cls``), else 0 (as in C)."""
+    if code.co_argcount < 1 or not code.co_varnames:
+        return 0
+    flag = {"self": _SELF_FLAG, "cls": _CLS_FLAG}.get(code.co_varnames[0], 0)
+    owner, dot, _ = code.co_qualname.rpartition(".")
+    return flag if dot and owner and not owner.endswith("<locals>") else 0
+
+
+def _is_aprof_method(callable: object) -> bool:
+    """A method of one of aprof's own classes (``record_function.__exit__``
+    on the C ``RangeCore``): aprof's bookkeeping, not the program's C call."""
+    owner = getattr(callable, "__objclass__", None)
+    if owner is None:
+        receiver = getattr(callable, "__self__", None)
+        name = getattr(callable, "__name__", None)
+        if receiver is None or name is None:
+            return False
+        owner = next((c for c in type(receiver).__mro__ if name in vars(c)), None)
+    return owner is not None and getattr(owner, "__module__", "").startswith("aprof")
+
+
 class Tracer:
     """See ``aprof/_ctracer.pyi``."""
 
@@ -77,10 +109,15 @@ class Tracer:
         ignore_prefix: str,
         max_events: int = 0,
         c_calls: bool = True,
+        instance_ids: bool = False,
     ) -> None:
         if max_events < 0:
             raise ValueError("Tracer: max_events must be >= 0")
         self._c_calls = bool(c_calls)
+        self._instance_ids = bool(instance_ids)
+        self._recv_first: dict[int, int] = {}
+        self._instances: dict[int, tuple[weakref.ref[Any], int]] = {}
+        self._serials: dict[type, int] = {}
         self._rf = rf_state
         self._recorder = recorder
         self._global = recorder is None
@@ -120,14 +157,17 @@ class Tracer:
     # -- the per-event path -------------------------------------------------
 
     def _in_context(self) -> bool:
-        if self._global:
-            return True
+        # Recording on in this context (SPEC 3.4) and, in context scope, the
+        # profile's recorder: both fields of the immutable RFState, cached by
+        # its identity as in C.
         v = self._rf.get(None)
+        if v is None:
+            return self._global
         if v is self._pos:
             return True
-        if v is self._neg or v is None:
+        if v is self._neg:
             return False
-        ok = getattr(v, "recorder", None) is self._recorder
+        ok = bool(getattr(v, "enabled", False)) and (self._global or getattr(v, "recorder", None) is self._recorder)
         if ok:
             self._pos = v
         else:
@@ -144,7 +184,11 @@ class Tracer:
     def _code_index(self, code: CodeType) -> int:
         v = self._index.get(code)
         if v is None:
-            v = self._add(code, code, bool(self._prefix) and code.co_filename.startswith(self._prefix))
+            if self._prefix and code.co_filename.startswith(self._prefix):
+                v = self._add(code, code, True)
+            else:
+                v = self._add(code, code, False) | _method_flags(code)
+                self._index[code] = v
         return v
 
     def _obj_index(self, obj: object) -> int:
@@ -199,16 +243,60 @@ class Tracer:
         if lt != ts.cur_lt:
             ts.cur_lt = lt
             self._push(EV_SWITCH, ts.tidx, lt, now)
-        self._push(tag, ts.tidx, idx, now)
+        self._push(tag, ts.tidx, idx & _IDX, now)
 
-    def _on_code(self, tag: int, code: CodeType) -> bool:
-        """Record a frame event; True if the code is aprof's own (not recorded)."""
+    def _on_code(self, tag: int, code: CodeType, frame: Any = None) -> bool:
+        """Record a frame event; True if the code is aprof's own (not recorded).
+
+        ``frame``: the frame a CALL enters (3.13+), for a method's receiver.
+        """
         if not self._active or not self._in_context():
             return False
         now = perf_counter_ns()
         idx = self._code_index(code)
+        if idx & (_SELF_FLAG | _CLS_FLAG) and frame is not None and not idx & _IGNORED:
+            self._receiver(idx, frame, now)
         self._record(tag, idx, now)
         return bool(idx & _IGNORED)
+
+    def _receiver(self, idx: int, frame: Any, now: int) -> None:
+        # As in C (aprof/_ctracer.c, "Method receivers"): a RECV before the
+        # CALL, unless it is the code's first receiver again.
+        names = frame.f_code.co_varnames
+        recv = frame.f_locals.get(names[0]) if names else None
+        if recv is None:
+            return
+        if idx & _CLS_FLAG:
+            if not isinstance(recv, type):
+                return
+            r = self._obj_index(recv)
+        elif self._instance_ids:
+            r = self._instance_index(recv)
+        else:
+            r = self._obj_index(type(recv))
+        code = idx & _IDX
+        first = self._recv_first.get(code)
+        if first == r:
+            return
+        if first is None:
+            self._recv_first[code] = r
+        self._record(EV_RECV, r, now)
+
+    def _instance_index(self, obj: object) -> int:
+        entry = self._instances.get(id(obj))
+        if entry is not None and entry[0]() is obj:
+            return entry[1]
+        try:
+            wr = weakref.ref(obj)
+        except TypeError:  # no weak references to it: described by its class
+            return self._obj_index(type(obj))
+        cls = type(obj)
+        serial = self._serials.get(cls, 0)
+        self._serials[cls] = serial + 1
+        idx = len(self._objs)
+        self._objs.append((cls, serial))
+        self._instances[id(obj)] = (wr, idx)
+        return idx
 
     def _on_cfunc(self, tag: int, caller: CodeType, callable: object) -> bool:
         """Record a C call event; True if the caller is aprof's own code (not recorded)."""
@@ -222,7 +310,7 @@ class Tracer:
             return True
         v = self._index.get(key)
         if v is None:
-            v = self._add(key, (key, "<built-in>", 0), False)
+            v = self._add(key, (key, "<built-in>", 0), _is_aprof_method(callable))
         self._record(tag, v, now)
         return False
 
@@ -256,12 +344,12 @@ class Tracer:
     # PY_UNWIND, C_RETURN and C_RAISE do not allow it.
 
     def py_start(self, code: CodeType, offset: int, /) -> Any:
-        return _DISABLE if self._on_code(EV_CALL, code) else None
+        return _DISABLE if self._on_code(EV_CALL, code, sys._getframe(1) if _RECEIVERS else None) else None
 
     py_resume = py_start
 
     def py_throw(self, code: CodeType, offset: int, exc: BaseException, /) -> Any:
-        self._on_code(EV_CALL, code)
+        self._on_code(EV_CALL, code, sys._getframe(1) if _RECEIVERS else None)
 
     def py_return(self, code: CodeType, offset: int, retval: object, /) -> Any:
         return _DISABLE if self._on_code(EV_RETURN, code) else None
@@ -339,6 +427,9 @@ class Tracer:
         self._objs = []
         self._index = {}
         self._threads = {}
+        self._recv_first = {}
+        self._instances = {}
+        self._serials = {}
         return data, objs, self._start_ns
 
 

@@ -149,14 +149,20 @@ def chrome_trace_chunks(session: Session, batch: int = 4096) -> Iterator[str]:
     events = session.events()
     spawners = {(ev._t.node_id, ev._r[R_FWD]) for ev in events if ev._r[R_FWD] and ev._r[R_SEQ] > 0}
     run_base = 0
-    if any(t.steps for t in tracks):
+    if any(t.steps for t in tracks) or session.samples is not None:
+        # Rows of their own, with 32-bit tids: a task's running row is
+        # run_base + its id, a track's sampled row 2 * run_base + its id.
         run_base = running_tid_base([t.id for t in tracks] + [tid for _, tid in spawners])
+        if session.samples is not None and 2 * run_base + max((t.id for t in tracks), default=0) > UINT32_MAX:
+            raise ValueError("export_chrome_trace: thread ids leave no 32-bit room for the sampled rows")
     other = {"producer": "aprof", "aprof_version": session.metadata.get("aprof_version"), "dropped": session.metadata.get("dropped", 0), "start_ns": base}
     for field in ("stop_ns", "unix_offset_ns"):  # for readers: the profile's end, the wall clock
         if field in session.metadata:
             other[field] = session.metadata[field]
     if run_base:
         other["running_tid_base"] = run_base  # for readers: which rows are task steps
+    if session.samples is not None:  # SPEC 8.4: the samples whole, for readers
+        other["aprof_samples"] = session.samples.to_json()
     yield _dumps(other)
     yield ',"traceEvents":[\n'
     # Trace events are gathered as lines and joined with ",\n" a batch at a
@@ -302,9 +308,35 @@ def chrome_trace_chunks(session: Session, batch: int = 4096) -> Iterator[str]:
                 s0 = (task_steps[k] - base) / 1000.0
                 d = (task_steps[k + 1] - task_steps[k]) / 1000.0
                 emit(f'{{"ph":"X","name":"running","cat":"step",{rwhere},"ts":{s0:.3f},"dur":{d:.3f}}}')
+    _sampled_rows(session, track_pids, base, 2 * run_base, emit)
     if lines:
         yield joined + ",\n".join(lines)
     yield "\n]}\n"
+
+
+def _sampled_rows(session: Session, track_pids: dict[int, Any], base: int, row_base: int, emit: Any) -> None:
+    """Stack samples (SPEC 8.4) on a row of their own under each track,
+    named ``<track> sampled``, category ``sampled``: a flame chart over time,
+    apart from the traced ranges."""
+    from .._post._samples import sampled_slices
+
+    if session.samples is None:
+        return
+    named: set[int] = set()
+    labels = {t.id: t.name if t.kind == "thread" else f"{t.name} [{t.kind}]" for t in session.tracks()}
+    for tid, name, t0, t1 in sampled_slices(session):
+        pid = track_pids.get(tid, 0)
+        where = f'"pid":{pid},"tid":{row_base + tid}'
+        if tid not in named:
+            named.add(tid)
+            emit(f'{{"ph":"M","name":"thread_name",{where},"args":{{"name":{_dumps(labels.get(tid, str(tid)) + " sampled")}}}}}')
+        # Slices of one row abut: the end a reader computes (ts + dur, in
+        # floats) must not pass the next slice's ts, or it reads as overlap.
+        ts, end = round((t0 - base) / 1000.0, 3), round((t1 - base) / 1000.0, 3)
+        dur = round(end - ts, 3)
+        if ts + dur > end:
+            dur = round(dur - 0.001, 3)
+        emit(f'{{"ph":"X","name":{_dumps(name)},"cat":"sampled",{where},"ts":{ts:.3f},"dur":{max(dur, 0.0):.3f}}}')
 
 
 def export_chrome_trace(session: Session, path: str | PathLike[str]) -> None:

@@ -10,6 +10,9 @@ The file is UTF-8. A name holding a lone surrogate (``os.fsdecode`` of bytes
 that are not UTF-8, such as a file name) is written with Python's escape for
 it, ``\\udce9``: the surrogate itself has no UTF-8 encoding, and writing its
 bytes anyway makes a file that other tools refuse.
+
+Stack samples (SPEC 8.4) follow under a ``[sampled]`` root, so a flame
+graph keeps traced and sampled time apart.
 """
 
 from __future__ import annotations
@@ -65,6 +68,28 @@ def folded_lines(session: Session) -> Iterator[str]:
         us = ns // 1000
         if us > 0:
             yield f"{stack} {us}\n"
+    yield from sampled_folded_lines(session)
+
+
+def sampled_folded_lines(session: Session) -> Iterator[str]:
+    """The session's stack samples (SPEC 8.4) as folded lines, apart from the
+    ranges: under a ``[sampled]`` root, then the tasks that spawned the
+    sample's task, its track, and the frames; the value is the sampled time
+    in microseconds."""
+    from .._post._samples import SAMPLED_ROOT, sampled_stacks, spawn_chains
+
+    if session.samples is None:
+        return
+    chains = spawn_chains(session)
+    names = {t.id: t.name for t in session._tracks.values()}
+    totals: dict[str, int] = {}
+    for tid, stack, ns in sampled_stacks(session):
+        line = ";".join(_frame(f) for f in (SAMPLED_ROOT, *chains.get(tid, ()), names.get(tid, str(tid)), *stack))
+        totals[line] = totals.get(line, 0) + ns
+    for line, ns in totals.items():
+        us = ns // 1000
+        if us > 0:
+            yield f"{line} {us}\n"
 
 
 def export_folded(session: Session, path: str | PathLike[str]) -> None:

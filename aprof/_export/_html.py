@@ -83,9 +83,13 @@ def _stitched(session: Session) -> list[Any]:
 
 def _data_json(session: Session) -> str:
     doc = compact_document(session)
-    rows = sorted(session.key_averages(), key=lambda r: r.total_ns, reverse=True)[:_SUMMARY_ROWS]
-    # The CLI's columns; min and max come last so older readers' indexes hold.
-    doc["summary"] = [[r.key, r.count, r.total_ns, r.self_ns, r.running_ns, r.waiting_ns, r.min_ns, r.max_ns] for r in rows]
+    rows = sorted(session.key_averages(), key=lambda r: (r.total_ns, r.sampled_ns), reverse=True)[:_SUMMARY_ROWS]
+    # The CLI's columns; min, max and the sampled ones come last so older
+    # readers' indexes hold.
+    doc["summary"] = [
+        [r.key, r.count, r.total_ns, r.self_ns, r.running_ns, r.waiting_ns, r.min_ns, r.max_ns, r.samples, r.sampled_ns]
+        for r in rows
+    ]
     doc["stitched"] = _stitched(session)
     doc["library_dirs"] = _library_dirs()
     try:

@@ -111,6 +111,7 @@ def speedscope_document(session: Session) -> dict[str, Any]:
                 "events": events,
             }
         )
+    profiles += _sampled_profiles(session, frame_of)
     active = 0
     for track, segs in stitched_timelines(session, changed_only=True):
         if not active:
@@ -136,6 +137,41 @@ def speedscope_document(session: Session) -> dict[str, Any]:
         "activeProfileIndex": active,
         "exporter": f"aprof {_version.__version__}",
     }
+
+
+def _sampled_profiles(session: Session, frame_of: dict[str, int]) -> list[dict[str, Any]]:
+    """One ``sampled`` profile per track with stack samples (SPEC 8.4),
+    named ``<track> (<id>) [sampled]``: apart from the traced ``evented``
+    ones. Weights are the sampled time in nanoseconds."""
+    samples = session.samples
+    if samples is None:
+        return []
+    per_track: dict[int, tuple[list[list[int]], list[int], list[int]]] = {}
+    for i in range(len(samples)):
+        if samples.idle[i]:
+            continue
+        stacks, weights, times = per_track.setdefault(samples.thread_id[i], ([], [], []))
+        stacks.append([frame_of.setdefault(name, len(frame_of)) for name in samples.stack(i)])
+        weights.append(samples.weight_ns[i])
+        times.append(samples.time_ns[i])
+    out = []
+    for track in session.tracks():
+        got = per_track.get(track.id)
+        if got is None:
+            continue
+        stacks, weights, times = got
+        out.append(
+            {
+                "type": "sampled",
+                "name": f"{track.name} ({track.id}) [sampled]",
+                "unit": "nanoseconds",
+                "startValue": times[0] - weights[0],
+                "endValue": times[-1],
+                "samples": stacks,
+                "weights": weights,
+            }
+        )
+    return out
 
 
 def export_speedscope(session: Session, path: str | PathLike[str]) -> None:

@@ -431,7 +431,7 @@ if _ext is not None:
     CallSoonHook: Any = _ext.CallSoonHook
     _ext._tasks_setup(
         TaskThread, _TASK_ATTR, _CTask, _PyTask, _PY_STEP, _PY_WAKEUP,
-        _first_scheduled, _first_step, _task_done, _eager_started, _tracer._running,
+        _first_scheduled, _first_step, _task_done, _eager_started, _tracer.publishing,
     )  # fmt: skip
 else:
     CallSoonHook = _PyCallSoonHook

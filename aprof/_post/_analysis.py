@@ -27,10 +27,15 @@ class FunctionEventAvg:
     ``max_step_ns`` is the longest single step of the group's tasks (how long
     one of them held the loop at once; 0 for other rows); ``queued_ns`` and
     ``queued_count`` sum the time executor jobs waited from submit to start.
+    ``samples``, ``sampled_ns`` and ``self_sampled_ns`` come from stack
+    samples (SPEC 8.4), never from ranges: for a function, the samples with
+    it on the stack and with it on top; for a range, task or executor job,
+    the samples taken on its track while it ran; for a track, its samples.
     """
 
     __slots__ = (
-        "count", "key", "max_ns", "max_step_ns", "min_ns", "queued_count", "queued_ns", "running_ns", "self_ns",
+        "count", "key", "max_ns", "max_step_ns", "min_ns", "queued_count", "queued_ns", "running_ns", "sampled_ns",
+        "samples", "self_ns", "self_sampled_ns",
         "stack", "total_ns", "waiting_ns",
     )  # fmt: skip
 
@@ -47,6 +52,9 @@ class FunctionEventAvg:
         self.max_step_ns = 0
         self.queued_ns = 0
         self.queued_count = 0
+        self.samples = 0
+        self.sampled_ns = 0
+        self.self_sampled_ns = 0
 
     @property
     def mean_ns(self) -> float:
@@ -99,6 +107,9 @@ _SORT_KEYS: Final[dict[str, Callable[[FunctionEventAvg], Any]]] = {
     "waiting": lambda r: -r.waiting_ns,
     "max_step": lambda r: -r.max_step_ns,
     "queued": lambda r: -r.queued_mean_ns,
+    "samples": lambda r: -r.samples,
+    "sampled": lambda r: -r.sampled_ns,
+    "self_sampled": lambda r: -r.self_sampled_ns,
     "name": lambda r: r.key,
 }
 
@@ -109,6 +120,9 @@ class EventAverages:
     def __init__(self, rows: list[FunctionEventAvg], group_by: str) -> None:
         self._rows = rows
         self.group_by = group_by
+        #: Samples of a loop waiting for I/O (SPEC 8.4): counted, charged to no row.
+        self.idle_samples = 0
+        self.idle_ns = 0
 
     def __iter__(self) -> Iterator[FunctionEventAvg]:
         return iter(self._rows)
@@ -152,6 +166,9 @@ class EventAverages:
             header.append("Max step")
         if show_queued:
             header.append("Queued")
+        show_samples = any(r.samples for r in self._rows)
+        if show_samples:
+            header += ["Samples", "Sampled", "Self sampled"]
         body = []
         for r in rows:
             label = r.key if len(r.key) <= 60 else r.key[:57] + "..."
@@ -163,6 +180,8 @@ class EventAverages:
                 cells.append(_fmt(r.max_step_ns) if r.max_step_ns else "-")
             if show_queued:
                 cells.append(_fmt(r.queued_mean_ns) if r.queued_count else "-")
+            if show_samples:
+                cells += [str(r.samples), _fmt(r.sampled_ns), _fmt(r.self_sampled_ns)]
             body.append(cells)
         widths = [max(len(h), *(len(c[i]) for c in body)) if body else len(h) for i, h in enumerate(header)]
         line = "-" * (sum(widths) + 2 * (len(widths) - 1))
@@ -173,6 +192,11 @@ class EventAverages:
             return "  ".join([first, *rest]).rstrip()
 
         out = [line, fmt_row(header), line, *(fmt_row(c) for c in body), line]
+        if show_samples or self.idle_samples:
+            out.append(
+                "Count..Max: traced ranges and calls; Samples, Sampled: stack samples (SPEC 8.4)"
+                + (f"; idle (a loop waiting for I/O): {self.idle_samples} samples, {_fmt(self.idle_ns)}" if self.idle_samples else "")
+            )
         return "\n".join(out)
 
     def __str__(self) -> str:
@@ -231,7 +255,60 @@ def key_averages(session: Session, group_by: str = "name") -> EventAverages:
         if row is None:
             row = rows[k] = FunctionEventAvg(label, stack)
         row.add(ev)
-    return EventAverages(list(rows.values()), group_by)
+    averages = EventAverages(list(rows.values()), group_by)
+    _add_samples(session, averages, rows, group_by, tracks)
+    return averages
+
+
+
+def _add_samples(
+    session: Session, averages: EventAverages, rows: dict[Any, FunctionEventAvg], group_by: str, tracks: dict[int, Any]
+) -> None:
+    """The sampled columns (SPEC 8.4): see :class:`FunctionEventAvg`."""
+    from ._samples import sampled_totals, samples_within
+
+    totals = sampled_totals(session)
+    if totals is None or group_by == "stack":
+        return
+    samples = session.samples
+    assert samples is not None
+    averages.idle_samples, averages.idle_ns = samples.idle_count, samples.idle_ns
+    if group_by == "track":
+        for tid, (count, ns) in totals.by_track.items():
+            row = rows.get(tid)
+            if row is None:
+                t = session._tracks.get(tid)
+                row = rows[tid] = FunctionEventAvg(f"{t.name if t else tid} ({tid})")
+                averages._rows.append(row)
+            row.samples, row.sampled_ns = count, ns
+        return
+    # Ranges (not traced Python calls: those are matched by name below),
+    # tasks and executor jobs: the samples on their track while they ran.
+    for ev in session.events():
+        if ev.is_instant or ev.is_async or ev.scope is RecordScope.PYTHON_FUNCTION:
+            continue
+        count, ns = samples_within(totals, ev.thread_id, ev.start_ns, ev.end_ns)
+        if not count:
+            continue
+        if ev.scope is RecordScope.TASK and ev.extra and ev.extra.get("coro"):
+            k: Any = (RecordScope.TASK, f"task {ev.extra['coro']}")
+        elif ev.scope is RecordScope.EXECUTOR:
+            k = (RecordScope.EXECUTOR, f"executor {ev.name}")
+        else:
+            k = ev.name
+        row = rows.get(k)
+        if row is not None:
+            row.samples += count
+            row.sampled_ns += ns
+    # Functions: the samples with the function on the stack (and on top).
+    for name, (count, ns, _self_count, self_ns) in totals.by_name.items():
+        row = rows.get(name)
+        if row is None:
+            row = rows[name] = FunctionEventAvg(name)
+            averages._rows.append(row)
+        row.samples += count
+        row.sampled_ns += ns
+        row.self_sampled_ns += self_ns
 
 
 def max_step_ns(steps: Any) -> int:

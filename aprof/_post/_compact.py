@@ -17,6 +17,8 @@ duration in nanoseconds (start relative to ``metadata.start_ns``), the index
 of its parent event (-1 for none), indexes into ``names`` and ``scopes``,
 flag bits (``F_*``) and an index into ``details`` (-1 when the event has
 nothing beyond those fields). Task steps are relative nanoseconds too.
+Stack samples, when the profile sampled, are under ``"samples"``
+(:func:`compact_samples`).
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ def compact_document(session: Session) -> dict[str, Any]:
             track_index[ev.thread_id], ev.start_ns - base, ev.duration_ns, parent,
             name_i, scope_i, flags, len(details) - 1 if d is not None else -1,
         )  # fmt: skip
-    return {
+    doc = {
         "format": FORMAT,
         "version": VERSION,
         "metadata": session.metadata,
@@ -97,6 +99,56 @@ def compact_document(session: Session) -> dict[str, Any]:
         "events": flat,
         "details": details,
     }
+    if session.samples is not None:
+        doc["samples"] = compact_samples(session, base, track_index)
+    return doc
+
+
+def compact_samples(session: Session, base: int, track_index: dict[int, int]) -> dict[str, Any]:
+    """The stack samples (SPEC 8.4) for the report: the stack trie as
+    :class:`aprof.Samples` keeps it, and five integers per sample (track
+    index, time relative to the start, weight, stack node, idle), plus each
+    track's spawn chain (the names of the tracks that spawned it)."""
+    from ._samples import spawn_chains
+
+    smp = session.samples
+    assert smp is not None
+    flat: list[int] = []
+    for tid, t, w, node, idle in zip(smp.thread_id, smp.time_ns, smp.weight_ns, smp.node, smp.idle, strict=True):
+        flat += (track_index[tid], t - base, w, node, idle)
+    chains = spawn_chains(session)
+    return {
+        "frames": smp.frames,
+        "parents": smp.parents,
+        "frame_ids": smp.frame_ids,
+        "samples": flat,
+        "interval_ns": smp.interval_ns,
+        "dropped": smp.dropped,
+        "chains": [list(chains.get(t.id, ())) for t in session.tracks()],
+    }
+
+
+def _samples_from_compact(doc: dict[str, Any], base: int, tracks: list[Track]) -> Any:
+    from ._samples import Samples
+
+    flat = doc["samples"]
+    if len(flat) % 5:
+        raise ValueError(f"sample array of length {len(flat)} is not a multiple of 5")
+    cols: list[list[int]] = [[], [], [], [], []]
+    for i in range(0, len(flat), 5):
+        ti, t, w, node, idle = (int(v) for v in flat[i : i + 5])
+        cols[0].append(tracks[ti].id)
+        cols[1].append(base + t)
+        cols[2].append(w)
+        cols[3].append(node)
+        cols[4].append(idle)
+    return Samples.from_json(
+        {
+            "frames": doc["frames"], "parents": doc["parents"], "frame_ids": doc["frame_ids"],
+            "thread_id": cols[0], "time_ns": cols[1], "weight_ns": cols[2], "node": cols[3], "idle": cols[4],
+            "interval_ns": doc["interval_ns"], "dropped": doc.get("dropped", 0),
+        }
+    )  # fmt: skip
 
 
 def _index(i: int, n: int, what: str) -> int:
@@ -161,4 +213,5 @@ def session_from_compact(doc: dict[str, Any]) -> Session:
         parents.append(parent)
     check_parent_indexes(parents, len(events))
     link_parents(events, parents)
-    return Session(events, {t.id: t for t in tracks}, metadata)
+    samples = _samples_from_compact(doc["samples"], base, tracks) if doc.get("samples") is not None else None
+    return Session(events, {t.id: t for t in tracks}, metadata, samples)

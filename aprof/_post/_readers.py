@@ -160,6 +160,8 @@ def read_chrome_trace(doc: dict[str, Any] | list[Any]) -> Session:
             continue
         pid, tid = e.get("pid"), e.get("tid")
         start = ns(e.get("ts", 0))
+        if ph == "X" and e.get("cat") == "sampled":
+            continue  # samples' rows: the samples come back whole from otherData (below)
         if ph == "X" and isinstance(tid, int) and tid >= run_base and e.get("cat") == "step":
             steps_of.setdefault((pid, tid - run_base), []).append((start, start + round(float(e.get("dur", 0)) * 1000)))
             continue
@@ -233,7 +235,23 @@ def read_chrome_trace(doc: dict[str, Any] | list[Any]) -> Session:
     }
     if _int_or(other.get("unix_offset_ns"), None) is not None:
         metadata["unix_offset_ns"] = other["unix_offset_ns"]
-    return Session(events, {t.id: t for t in tracks.values()}, metadata)
+    samples = _samples_of(other, labels, track_for)
+    return Session(events, {t.id: t for t in tracks.values()}, metadata, samples)
+
+
+def _samples_of(other: dict[str, Any], labels: dict[tuple[Any, Any], str], track_for: Any) -> Any:
+    """aprof's stack samples, kept whole in ``otherData`` (SPEC 8.4), with a
+    track for each of their threads (one may have only samples)."""
+    from ._samples import Samples
+
+    doc = other.get("aprof_samples")
+    if doc is None:
+        return None
+    samples = Samples.from_json(doc)
+    pid_of = {tid: pid for pid, tid in labels}
+    for tid in set(samples.thread_id):
+        track_for(pid_of.get(tid), tid)
+    return samples
 
 
 def _int_or(value: Any, default: Any) -> Any:

@@ -13,7 +13,11 @@ order, keeping one call stack per logical thread:
   matching call (a frame that was on the stack when a task started, say) is
   skipped;
 * records still open at the end are left open: consolidation closes them at
-  the stop time and flags them ``unfinished``.
+  the stop time and flags them ``unfinished``;
+* a RECV names the receiver of the method CALL right after it: its class, or
+  with ``instance_ids`` the instance (class and serial). The first RECV of a
+  code is its default: a later CALL of that code without a RECV had the
+  same receiver (the tracer writes only the changes).
 
 The records are appended to the profile's per-logical-thread lists in the
 recorder's own tuple format, so consolidation nests Python calls and ranges
@@ -33,6 +37,7 @@ from .._core._tracer_py import (  # the packed format's tags, one definition (th
     EV_CALL,
     EV_CCALL,
     EV_EXC,
+    EV_RECV,
     EV_SWITCH,
     EV_TIME,
     EV_UNWIND,
@@ -91,6 +96,36 @@ def _describe(obj: Any, prefixes: list[str]) -> str:
     return repr(obj)
 
 
+def _class_name(cls: Any) -> str:
+    name = getattr(cls, "__qualname__", None)
+    return name if isinstance(name, str) else getattr(cls, "__name__", "?")
+
+
+def describe_receiver(code: CodeType, recv: Any, prefixes: list[str]) -> str:
+    """The name of a method frame of ``code`` called on ``recv`` (issue 15 item 8).
+
+    ``recv`` is the receiver's class, or with ``instance_ids`` a ``(class,
+    serial)`` pair. A method called on the class that defines it keeps its
+    plain name; on another class (a subclass inheriting it) the class is
+    added; an instance gets its class and serial:
+
+    * ``mod.py(3): Module.__call__`` (a ``Module``),
+    * ``mod.py(3): Module.__call__ [Linear]`` (a ``Linear(Module)``),
+    * ``mod.py(3): Module.__call__ [Linear#1]`` (the second ``Linear`` seen).
+    """
+    base = _describe(code, prefixes)
+    owner = code.co_qualname.rpartition(".")[0]
+    # A class defined in the same function as the method's class is named
+    # without that function's "f.<locals>." prefix, which the frame shows.
+    scope = owner[: owner.rfind("<locals>.") + len("<locals>.")] if "<locals>." in owner else ""
+    cls = _class_name(recv[0] if isinstance(recv, tuple) else recv)
+    if scope and cls.startswith(scope):
+        cls = cls[len(scope) :]
+    if isinstance(recv, tuple):
+        return f"{base} [{cls}#{recv[1]}]"
+    return base if cls == owner[len(scope) :] else f"{base} [{cls}]"
+
+
 def replay(data: bytes, objs: list[Any], start_ns: int, state: ProfilerState, fast: Any = None) -> None:
     """Append the tracer's calls to ``state``'s per-logical-thread lists.
 
@@ -111,7 +146,11 @@ def replay(data: bytes, objs: list[Any], start_ns: int, state: ProfilerState, fa
                 lts[i] = (state.list_for(obj), obj.id)
             else:
                 names[i] = _describe(obj, prefixes)
-        fast(data, names, lts, start_ns, _SCOPE)
+
+        def recv_name(code: int, recv: int) -> str:
+            return describe_receiver(objs[code], objs[recv], prefixes)
+
+        fast(data, names, lts, start_ns, _SCOPE, recv_name)
         return
     _replay_py(data, objs, start_ns, state)
 
@@ -129,19 +168,35 @@ def _replay_py(data: bytes, objs: list[Any], start_ns: int, state: ProfilerState
     cur: list[tuple[list[Any], list[int], list[int], int] | None] = [None] * 4096
     scope = _SCOPE
     pending_exc: str | None = None  # from an EXC event, for the UNWIND right after it
+    pending_recv = -1  # from a RECV event, for the CALL right after it
+    recv_default: dict[int, int] = {}  # code index -> its first receiver (see above)
+    recv_names: dict[tuple[int, int], str] = {}
     t = start_ns
     it = iter(words)
     for w, p in zip(it, it, strict=True):
         t += w >> 32
         tag = w & 15
         if tag == EV_CALL or tag == EV_CCALL:  # noqa: SIM109 - two compares beat a tuple here
+            # A CALL's receiver: the RECV right before it, else its code's
+            # default (its first RECV, as the tracer wrote it).
+            recv, pending_recv = pending_recv, -1
+            if tag == EV_CALL:
+                if recv < 0:
+                    recv = recv_default.get(p, -1)
+                else:
+                    recv_default.setdefault(p, recv)
             ctx = cur[(w >> 4) & 0xFFF]
             if ctx is None:
                 continue
             lst = ctx[0]
-            name = cache[p]
-            if name is None:
-                name = cache[p] = _describe(objs[p], prefixes)
+            if recv >= 0:
+                name = recv_names.get((p, recv))
+                if name is None:
+                    name = recv_names[p, recv] = describe_receiver(objs[p], objs[recv], prefixes)
+            else:
+                name = cache[p]
+                if name is None:
+                    name = cache[p] = _describe(objs[p], prefixes)
             ctx[1].append(p)
             ctx[2].append(len(lst))
             lst.append((name, scope, t, None))
@@ -157,6 +212,8 @@ def _replay_py(data: bytes, objs: list[Any], start_ns: int, state: ProfilerState
             t = p
         elif tag == EV_EXC:
             pending_exc = _describe(objs[p], prefixes)
+        elif tag == EV_RECV:
+            pending_recv = p
         else:  # a return of some kind (an UNWIND names its exception)
             exc = pending_exc if tag == EV_UNWIND else None
             pending_exc = None

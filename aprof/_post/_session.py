@@ -26,6 +26,7 @@ from .._core._callbacks import RecordScope
 from .._core._recorder import KIND_INSTANT, KIND_RANGE, R_START, ProfilerState
 from .._export._files import atomic_write_text, check_output_path
 from ._events import FunctionEvent, Track, consolidate, link_parents, make_event
+from ._samples import Samples
 from ._validate import check_parent_indexes, decompress, parse_json, validate_session
 
 if TYPE_CHECKING:
@@ -50,10 +51,14 @@ class Session:
     analysis and export methods as a stopped :class:`aprof.profile`.
     """
 
-    def __init__(self, events: list[FunctionEvent], tracks: dict[int, Track], metadata: dict[str, Any]) -> None:
+    def __init__(
+        self, events: list[FunctionEvent], tracks: dict[int, Track], metadata: dict[str, Any], samples: Samples | None = None
+    ) -> None:
         self._events = events
         self._tracks = tracks
         self.metadata = metadata
+        #: The stack samples (SPEC 8.4), or None when the profile did not sample.
+        self.samples = samples
 
     @classmethod
     def from_state(cls, state: ProfilerState) -> Session:
@@ -192,7 +197,7 @@ class Session:
             d = e.to_dict()
             d["parent"] = index.get(id(e.parent), -1) if e.parent is not None else -1
             rows.append([d[f] for f in _FIELDS])
-        return {
+        doc = {
             "format": FORMAT,
             "version": VERSION,
             "metadata": self.metadata,
@@ -200,6 +205,9 @@ class Session:
             "fields": list(_FIELDS),
             "events": rows,
         }
+        if self.samples is not None:
+            doc["samples"] = self.samples.to_json()
+        return doc
 
     def __repr__(self) -> str:
         return f"<aprof.Session {len(self._events)} events on {len(self._tracks)} tracks>"
@@ -349,4 +357,9 @@ def _from_json(doc: dict[str, Any]) -> Session:
     check_parent_indexes(parents, len(events))
     link_parents(events, parents)
     metadata = doc["metadata"]
-    return Session(events, tracks, dict(metadata) if type(metadata) is dict else metadata)
+    samples = Samples.from_json(doc["samples"]) if doc.get("samples") is not None else None
+    if samples is not None:
+        for tid in set(samples.thread_id):
+            if tid not in tracks:
+                raise ValueError(f"samples: a sample is on track {tid}, which the session does not have")
+    return Session(events, tracks, dict(metadata) if type(metadata) is dict else metadata, samples)
