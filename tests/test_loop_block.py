@@ -317,7 +317,8 @@ def test_a_sample_read_across_a_deschedule_is_dropped() -> None:
         return "t", True
 
     never = lambda: False  # noqa: E731
-    kept = _Watch(blocks, me, prompt, never, never)._sample()
+    # (this test's own read can be descheduled on a busy machine too: a few tries)
+    kept = next((s for s in (_Watch(blocks, me, prompt, never, never)._sample() for _ in range(50)) if s is not None), None)
     assert kept is not None
     assert any(f[2].endswith("test_a_sample_read_across_a_deschedule_is_dropped") for f in kept.frames)
     assert _Watch(blocks, me, descheduled, never, never)._sample() is None
