@@ -851,3 +851,16 @@ def test_loop_closed_with_pending_tasks_in_ranges(
     complaints = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(complaints) == 3
     assert all("destroyed but it is pending" in m for m in complaints)
+
+
+def test_no_profile_option_is_a_stub() -> None:
+    # SPEC 5.1: every option profile() accepts does what it says; none only
+    # raises NotImplementedError (profile_memory did, and was removed).
+    import inspect
+
+    for name, param in inspect.signature(aprof.profile).parameters.items():
+        if isinstance(param.default, bool):
+            prof = aprof.profile(**{name: not param.default})
+            assert getattr(prof, name) is (not param.default), name
+    with pytest.raises(TypeError, match="profile_memory"):
+        aprof.profile(profile_memory=True)  # type: ignore[call-arg]

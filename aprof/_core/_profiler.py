@@ -88,7 +88,6 @@ class profile:
             module attribution does. Without it a method frame names the
             receiver's class when that is not the class defining the
             method (``Module.__call__ [Linear]``).
-        profile_memory: Record allocations (not built yet).
         tasks: Record every spawned task as a TASK range on its own track.
         loop_block_threshold: Record every stretch in which one step or
             callback held the event loop longer than this many seconds, with
@@ -106,7 +105,6 @@ class profile:
             rejected by Python itself, naming the option).
         ValueError: ``scope`` is not ``"context"`` or ``"global"``, or
             ``sample_interval`` is not a number of seconds in 0.00001..60.
-        NotImplementedError: an option whose feature is not built yet.
         RuntimeError: (at start) ``python_tracer`` cannot hook the
             interpreter: another profiler holds the hook, or another
             profile's tracer is running.
@@ -133,7 +131,6 @@ class profile:
         sample_interval: float | None = None,
         c_calls: bool = False,
         instance_ids: bool = False,
-        profile_memory: bool = False,
         tasks: bool = True,
         scope: Literal["context", "global"] = "context",
         loop_block_threshold: float | None = None,
@@ -151,8 +148,6 @@ class profile:
         self.sample_interval = check_interval(sample_interval)
         self.c_calls = _check_bool("c_calls", c_calls)
         self.instance_ids = _check_bool("instance_ids", instance_ids)
-        if _check_bool("profile_memory", profile_memory):
-            raise NotImplementedError("profile: option 'profile_memory' is not built yet")
         if scope not in _SCOPES:
             raise ValueError(f"profile: option 'scope' must be 'context' or 'global', got {scope!r}")
         if node_id is not None and (isinstance(node_id, bool) or not isinstance(node_id, int) or node_id < 0):
