@@ -453,15 +453,17 @@ def test_check_count_refuses_what_the_bytes_cannot_hold() -> None:
 
 # -- Any mutation of a valid file: a clear error, or a session that works ---
 
-any_json = st.recursive(
+_scalar = (
     st.none()
     | st.booleans()
     | st.integers(min_value=-(2**70), max_value=2**70)
     | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=5),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
-    max_leaves=6,
+    | st.text(max_size=5)
 )
+# Two levels of nesting spelled out, not st.recursive: its leaf budget made
+# Hypothesis's replay draw differently (FlakyStrategyDefinition in CI).
+_shallow = _scalar | st.lists(_scalar, max_size=3) | st.dictionaries(st.text(max_size=3), _scalar, max_size=3)
+any_json = _shallow | st.lists(_shallow, max_size=3) | st.dictionaries(st.text(max_size=3), _shallow, max_size=3)
 
 
 @pytest.fixture(scope="module")
@@ -469,7 +471,9 @@ def valid_doc(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return _session(tmp_path_factory.mktemp("valid"))[1]
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# database=None: the valid session differs between runs (task names, times),
+# so examples saved by an earlier run would replay against another document.
+@settings(max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_a_mutated_session_loads_and_exports_or_is_refused(
     valid_doc: dict[str, Any], tmp_path: Path, data: st.DataObject

@@ -65,6 +65,9 @@ MIN_LIMIT: Final = 64 << 20
 #: The deepest JSON nesting any reader accepts. A session nests 5 levels
 #: (document, events, event, stack, frame), a Chrome trace about as many.
 MAX_JSON_DEPTH: Final = 64
+#: Track (logical thread) ids and node ids are below this: the Chrome
+#: export gives each track two more rows, at 32-bit ids above every track's.
+MAX_TRACK_ID: Final = 10**8
 
 _CHUNK: Final = 1 << 20
 _I64_MIN: Final = -(1 << 63)
@@ -321,6 +324,8 @@ def _check_track(t: Track) -> None:
     what = f"track {t.id!r}"
     if not _is_int(t.id):
         raise ValueError(f"{what} has an id that is not a 64-bit integer")
+    if not 0 <= t.id < MAX_TRACK_ID:
+        raise ValueError(f"{what} has an id outside 0..{MAX_TRACK_ID - 1:,}")
     if type(t.name) is not str:
         raise ValueError(f"{what} has a name that is not a string: {t.name!r}")
     if type(t.kind) is not str:
@@ -328,6 +333,8 @@ def _check_track(t: Track) -> None:
     for field in ("os_thread_id", "node_id"):
         if not _is_int(getattr(t, field)):
             raise ValueError(f"{what} has {field} {getattr(t, field)!r}, not a 64-bit integer")
+    if not 0 <= t.node_id < MAX_TRACK_ID:
+        raise ValueError(f"{what} has node_id {t.node_id!r}, outside 0..{MAX_TRACK_ID - 1:,}")
     if t.steps is not None:
         _check_steps(t.steps, what)
 
@@ -394,6 +401,11 @@ def _check_record(i: int, r: list[Any], checked_steps: set[int]) -> None:
         and (args is None or type(args) is str)
     ):
         raise ValueError(_record_problem(i, r))
+    if not 0 <= fwd < MAX_TRACK_ID or not (end_lt is None or 0 <= end_lt < MAX_TRACK_ID):
+        raise ValueError(
+            f"{_what(i, name)} names a thread outside 0..{MAX_TRACK_ID - 1:,} "
+            f"(forward_thread_id {fwd!r}, end_thread_id {end_lt!r})"
+        )
     if inputs is not None and (type(inputs) is not tuple or any(type(x) is not str for x in inputs)):
         raise ValueError(f"{_what(i, name)} has inputs {inputs!r}, not a list of strings")
     if stack is not None:
@@ -474,6 +486,8 @@ def validate_session(events: list[FunctionEvent], tracks: Mapping[int, Track], m
             caller adds the file name.
     """
     _check_metadata(metadata)
+    assert type(metadata) is dict  # checked above
+    profile_start = metadata["start_ns"]
     checked_steps: set[int] = set()
     for t in tracks.values():
         _check_track(t)
@@ -492,7 +506,8 @@ def validate_session(events: list[FunctionEvent], tracks: Mapping[int, Track], m
     for i, ev in enumerate(events):
         r = ev._r
         t = ev._t
-        if t is not track:
+        same_track = t is track
+        if not same_track:
             tid = t.id
             if tracks.get(tid) is not t:
                 raise ValueError(f"event {i} ({r[R_NAME][:80]!r}) is on track {tid!r}, which the file does not list")
@@ -504,7 +519,9 @@ def validate_session(events: list[FunctionEvent], tracks: Mapping[int, Track], m
             if track is not None:
                 done_tracks.add(track.id)
             track = t
-        elif r[R_START] < prev_start:
+        if r[R_START] < profile_start:
+            raise ValueError(f"event {i} ({r[R_NAME][:80]!r}) starts before the profile started (metadata start_ns)")
+        if same_track and r[R_START] < prev_start:
             raise ValueError(f"event {i} ({r[R_NAME][:80]!r}) starts before the event listed before it on its track")
         prev_start = r[R_START]
         parent = ev.parent
