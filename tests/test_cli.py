@@ -536,6 +536,39 @@ asyncio.run(main())
 """
 
 
+TO_THREAD_PROGRAM = """
+import asyncio, contextvars, time
+
+request = contextvars.ContextVar("request", default="none")
+
+def resize(n):
+    time.sleep(0.01)
+    return request.get()
+
+async def main():
+    request.set("r1")
+    print("seen", await asyncio.gather(*(asyncio.to_thread(resize, i) for i in range(3))))
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("runtime", ["asyncio", "uvloop"])
+def test_to_thread_under_aprof_run_is_one_executor_range_per_call(tmp_path: Path, runtime: str) -> None:
+    # SPEC 7.4, 15.6: asyncio.to_thread hands the pool a job aprof already
+    # wraps (the to_thread wrapper); following bare executor work must not
+    # wrap it again (it did: two EXECUTOR ranges per call). The job still
+    # sees the caller's context, as asyncio.to_thread promises.
+    program = TO_THREAD_PROGRAM if runtime == "asyncio" else TO_THREAD_PROGRAM.replace("asyncio.run(main())", "import uvloop\nuvloop.run(main())")
+    (tmp_path / "tt.py").write_text(program)
+    proc = run_aprof("run", "-o", "t.json", "tt.py", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "seen ['r1', 'r1', 'r1']" in proc.stdout
+    events = validate_trace(tmp_path / "t.json")["traceEvents"]
+    jobs = [e for e in events if e.get("cat") == "executor" and e.get("ph") == "X"]
+    assert [e["name"] for e in jobs] == ["resize"] * 3
+
+
 @pytest.mark.parametrize("runtime", ["asyncio", "uvloop"])
 def test_bare_run_in_executor_is_followed_without_changing_its_context(tmp_path: Path, runtime: str) -> None:
     # Issue 16 item 7, SPEC 7.4, 15.6: under `aprof run`, bare

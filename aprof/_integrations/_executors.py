@@ -22,27 +22,19 @@ import functools
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from time import perf_counter_ns
 from typing import Any
 
-from .._core._propagation import _run_executor_range, _Wrapped
-from .._core._record_function import next_sequence_nr
-from .._core._threads import current_logical_thread, stepping
+from .._core._propagation import _InWorker, _run_executor_range, _Wrapped
 
 __all__ = ["follow_executors"]
 
 
-class _Followed:
+class _Followed(_InWorker):
     """A job handed to a thread pool: runs ``fn`` as an EXECUTOR range, in
-    the worker's own context."""
+    the worker's own context (the link to the submitter is taken as the
+    ``to_thread`` wrappers take it)."""
 
-    __slots__ = ("__wrapped__", "_fwd", "_seq", "_submit_ns")
-
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        self.__wrapped__ = fn
-        self._fwd = (stepping.lt or current_logical_thread()).id
-        self._seq = next_sequence_nr()
-        self._submit_ns = perf_counter_ns()
+    __slots__ = ()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         fn = self.__wrapped__
@@ -53,9 +45,6 @@ class _Followed:
             return ctx_run(_run_executor_range, func, (*rest, *args), {**fn.keywords, **kwargs}, self._fwd, self._seq, self._submit_ns)
         return _run_executor_range(fn, args, kwargs, self._fwd, self._seq, self._submit_ns)
 
-    def __repr__(self) -> str:
-        return repr(self.__wrapped__)
-
 
 def _is_context_run(fn: Any) -> bool:
     return isinstance(getattr(fn, "__self__", None), contextvars.Context) and getattr(fn, "__name__", "") == "run"
@@ -65,11 +54,11 @@ def _already_followed(fn: Any) -> bool:
     """aprof's own wrappers record the range already (``to_thread`` hands
     ``partial(ctx.run, wrapped)`` to the pool)."""
     while True:
-        if isinstance(fn, (_Wrapped, _Followed)):
+        if isinstance(fn, (_Wrapped, _InWorker)):  # _Followed is an _InWorker
             return True
         if not isinstance(fn, functools.partial):
             return False
-        if fn.args and isinstance(fn.args[0], (_Wrapped, _Followed)):
+        if fn.args and isinstance(fn.args[0], (_Wrapped, _InWorker)):
             return True
         fn = fn.func
 
