@@ -507,3 +507,63 @@ def test_fifty_thousand_tasks_stay_responsive(page: Page, tmp_path: Path, reques
     assert rows == 1000
     assert "of 50001 rows" in page.eval("document.getElementById('tracks-note').textContent")
     assert page.console_errors() == []
+
+
+def _table_rows(page: Page, table_id: str) -> list[list[str]]:
+    return page.eval(f"Array.from(document.querySelectorAll('#{table_id} tbody tr')).map(tr => Array.from(tr.children).map(td => td.textContent))")  # type: ignore[no-any-return]
+
+
+def test_summary_sections_are_tables_that_say_what_the_text_says(backend, page: Page, tmp_path: Path) -> None:
+    # SPEC 9.2 (issue 16 item 1, HTML side): the slowest tasks and the
+    # longest waits are tables above the timeline, from the same records as
+    # the text summary; a section with nothing to say stays hidden.
+    async def fast() -> None:
+        await backend.sleep(0.005)
+
+    async def slow_child() -> None:
+        await backend.sleep(0.15)
+
+    async def parent() -> None:
+        async with backend.group() as g:
+            for _ in range(3):
+                g.start_soon(fast)
+            g.start_soon(slow_child)
+
+    async def main() -> aprof.profile:
+        async with aprof.profile() as prof:
+            async with backend.group() as g:
+                g.start_soon(parent)
+        return prof
+
+    prof = backend.run(main)
+    out = tmp_path / "r.html"
+    prof.export_html(out)
+    open_report(page, out)
+    summary = prof.summary(limit=20)
+    slowest = _table_rows(page, "slowest-table")
+    assert [(r[0], r[1]) for r in slowest] == [(t.name, t.coro) for t in summary.slowest_tasks]
+    assert slowest[0][1].endswith("parent")
+    waits = {r[1].rsplit(".", 1)[-1]: r for r in _table_rows(page, "waits-table")}
+    assert waits["parent"][3].startswith("task ")
+    assert waits["parent"][3].rstrip(")").endswith("slow_child")
+    assert page.eval("document.getElementById('queueing').hidden") is True  # no executor jobs
+    assert page.eval("document.getElementById('slowest').hidden") is False
+
+
+def test_executor_queueing_is_a_table(page: Page, tmp_path: Path) -> None:
+    # SPEC 9.2 (issue 16 item 1, HTML side): the scenario with a slow
+    # executor job, under `aprof run -o report.html`: the page shows the
+    # jobs that queued behind it, as the text does.
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "r.html"
+    proc = subprocess.run(
+        [sys.executable, "-m", "aprof", "run", "-o", str(out), "examples/slow_executor_job.py"],
+        cwd=root, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    open_report(page, out)
+    queueing = {r[0]: r for r in _table_rows(page, "queueing-table")}
+    assert queueing["resize"][1] == "12"
+    assert "resize: 12 jobs" in proc.stderr
+    waits = _table_rows(page, "waits-table")
+    assert any(r[0] == "request-3" and r[3] == "executor job render_report" for r in waits), waits

@@ -40,6 +40,7 @@ __all__ = ["export_html", "html_chunks"]
 SUFFIXES = (".html", ".htm")
 _PLACEHOLDER = "{{APROF_DATA}}"
 _SUMMARY_ROWS = 500
+_SECTION_ROWS = 20  # rows of each summary section the page shows (the text shows 5)
 _FLAME_NODES = 20_000  # the stitched flame graph keeps its largest nodes
 _APROF_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
@@ -81,6 +82,24 @@ def _stitched(session: Session) -> list[Any]:
     return out
 
 
+def _sections(session: Session) -> dict[str, list[list[Any]]]:
+    """The summary's sections that the page shows as tables, from the same
+    records as the text (``Session.summary``), so both say the same."""
+    s = session.summary(limit=_SECTION_ROWS)
+    return {
+        "slowest_tasks": [
+            [t.name, t.coro, t.track_id, t.total_ns, t.running_ns, t.waiting_ns, t.max_step_ns, t.outcome, t.spawned_at or ""]
+            for t in s.slowest_tasks
+        ],
+        "longest_waits": [
+            [w.task, w.coro, w.track_id, w.duration_ns, w.what, w.where, w.blocked_ns, w.blocked_by] for w in s.longest_waits
+        ],
+        "executor_queueing": [
+            [q.function, q.jobs, q.queued_mean_ns, q.queued_max_ns, q.run_mean_ns] for q in s.executor_queueing
+        ],
+    }
+
+
 def _data_json(session: Session) -> str:
     doc = compact_document(session)
     rows = sorted(session.key_averages(), key=lambda r: (r.total_ns, r.sampled_ns), reverse=True)[:_SUMMARY_ROWS]
@@ -91,6 +110,7 @@ def _data_json(session: Session) -> str:
         for r in rows
     ]
     doc["stitched"] = _stitched(session)
+    doc["sections"] = _sections(session)
     doc["library_dirs"] = _library_dirs()
     try:
         doc["cwd"] = os.path.join(os.getcwd(), "")
