@@ -92,15 +92,12 @@ def test_fan_out_with_one_slow_child(tmp_path: Path) -> None:
 
 def test_lock_held_across_a_slow_await(tmp_path: Path) -> None:
     # update_cache (the refresh task) holds the lock while it waits; the
-    # readers wait as long. Where each task's await chain is recorded, the
-    # readers' waits name the lock and the line in read().
+    # readers wait as long. (Naming the lock needs the await chain recorded
+    # at each step, issue 16 item 3, not wired into the task hooks yet.)
     s = run_default("lock_held_across_await", tmp_path)
     assert "'refresh' (update_cache)" in s["Slowest tasks"]
     assert "task 'refresh' (update_cache) waited" in s["Longest waits"]
     assert re.search(r"'reader-\d' \(read\)", s["Slowest tasks"])
-    if " on asyncio." in s["Longest waits"]:  # per-wait records (issue 16 item 3) present
-        assert re.search(r"task 'reader-\d' \(read\) waited on asyncio\.Lock\.acquire at examples/lock_held_across_await\.py:\d+ read", s["Longest waits"])
-        assert re.search(r"task 'refresh' \(update_cache\) waited on asyncio\.sleep at examples/lock_held_across_await\.py:\d+ fetch_remote", s["Longest waits"])
 
 
 def test_trio_task_blocking_the_run(tmp_path: Path) -> None:
