@@ -19,7 +19,8 @@ machine is quiet::
         --trio-src trio-0.35.0 --anyio-src anyio-4.16.0 --out /tmp/wild312
 
 ``VENV`` needs aprof installed and the suites' test dependencies (anyio's
-``test`` group, trio's test requirements); the sdists give the tests and
+``test`` group, trio's test requirements: its tool tests import ``isort``
+and ``yaml``); the sdists give the tests and
 their configuration (``pip download --no-binary anyio --no-deps
 anyio==X``; set ``SETUPTOOLS_SCM_PRETEND_VERSION_FOR_ANYIO=X`` so pip can
 read its version). A suite whose source is not given is skipped.
@@ -141,7 +142,9 @@ def run_cpython(py: str, out: Path, timeout: float) -> dict[str, dict[str, str]]
     for mode, extra in {"pytest": [], "pytest --aprof": [f"--aprof={out / 'cpython-traces'}"]}.items():
         junit = out / f"cpython-{mode.replace(' ', '-')}.xml"
         cmd = [py, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--pyargs", *mods, f"--junitxml={junit}", *extra]
-        code, dt = run(cmd, Path.cwd(), out / f"cpython-{mode.replace(' ', '-')}.log", timeout)
+        # From the output directory: pytest must not pick up the settings of
+        # the project it was started from (aprof's own make warnings errors).
+        code, dt = run(cmd, out, out / f"cpython-{mode.replace(' ', '-')}.log", timeout)
         runs[mode] = junit_outcomes(junit)
         print(f"  cpython {mode}: exit {code}, {len(runs[mode])} tests, {dt:.0f} s", flush=True)  # noqa: T201 - a command-line script
     return runs
@@ -156,8 +159,6 @@ def run_pytest_suite(name: str, py: str, src: Path, args: list[str], out: Path, 
     }
     for mode, head in modes.items():
         junit = out / f"{name}-{mode.replace(' ', '-')}.xml"
-        # The test paths first: `aprof run -m pytest -q ...` is refused by
-        # aprof's command line (an option right after the module name).
         cmd = [*head, *args, "-p", "no:cacheprovider", "-q", f"--junitxml={junit}"]
         code, dt = run(cmd, src, out / f"{name}-{mode.replace(' ', '-')}.log", timeout)
         runs[mode] = junit_outcomes(junit)
