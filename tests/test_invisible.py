@@ -401,6 +401,24 @@ def test_a_finished_loop_dies_without_the_cyclic_gc_as_it_would_without_aprof(ru
     assert [e for e in prof.events() if e.scope is TASK]
 
 
+def test_a_finished_loop_is_freed_under_aprof_runs_defaults() -> None:
+    # SPEC 15.6, 7.5: what `aprof run` switches on (a global profile that
+    # watches every loop for blocks) must not keep a finished loop alive:
+    # the loop-block watch, its heartbeat on the loop and the list of
+    # watched loops hold it weakly (anyio's
+    # test_asyncio_run_does_not_leak_event_loop failed under `aprof run`).
+    # asyncio only: uvloop's loops cannot be weakly referenced, by aprof or
+    # by a test.
+    async def main() -> weakref.ref[Any]:
+        await asyncio.sleep(0)
+        return weakref.ref(asyncio.get_running_loop())
+
+    with aprof.profile(scope="global", loop_block_threshold=0.05):
+        ref = asyncio.run(main())
+        gc.collect()
+        assert ref() is None
+
+
 # ---------------------------------------------------------------------------
 # Item 15: exit status when a trio run fails before its first task
 # ---------------------------------------------------------------------------

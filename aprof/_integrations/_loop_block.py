@@ -239,45 +239,67 @@ class LoopBlocks:
     # -- watching ------------------------------------------------------------
 
     def watch_asyncio(self, loop: Any, start_task: Any = None) -> None:
-        """Watch an asyncio or uvloop loop, from its own thread."""
+        """Watch an asyncio or uvloop loop, from its own thread.
+
+        The watch holds the loop weakly (uvloop's loops cannot be weakly
+        referenced: those are held until the watch ends with them), so a
+        program that drops a finished loop sees it freed as without aprof
+        (SPEC 15.6): the watchdog thread, the heartbeat scheduled on the
+        loop and the cancel hook reach it only through ``loop_of``.
+        """
         import asyncio
 
+        loop_of = _weak(loop)
+        del loop
         start_ref = _weak(start_task)
         state = self.state
 
         def current(frames: list[Any]) -> tuple[str | None, bool]:
-            task = asyncio.current_task(loop)
+            lp = loop_of()
+            task = asyncio.current_task(lp) if lp is not None else None
             if task is None:
                 return None, False
             return str(task.get_name()), _task_is_ours(task, start_ref, state)
 
-        def paused() -> bool:
-            return loop.is_closed() or not loop.is_running()
+        def ended() -> bool:
+            lp = loop_of()
+            return lp is None or bool(lp.is_closed())
 
-        watch = _Watch(self, threading.get_ident(), current, paused, loop.is_closed)
-        handle: list[Any] = [None]
+        def paused() -> bool:
+            lp = loop_of()
+            return lp is None or lp.is_closed() or not lp.is_running()
+
+        watch = _Watch(self, threading.get_ident(), current, paused, ended)
+        handle: list[Any] = [None]  # the next heartbeat's handle, weakly (it holds the loop)
+
+        def schedule(callback: Callable[[], None]) -> None:
+            lp = loop_of()
+            if lp is not None and not watch.stopping:
+                handle[0] = _weak(lp.call_later(watch.interval_ns / 1e9, callback))
 
         def beat() -> None:
             watch.beat()
-            if not watch.stopping:
-                handle[0] = loop.call_later(watch.interval_ns / 1e9, beat)
+            schedule(beat)
 
         def first_beat() -> None:
             # The loop was not running yet (a global profile hooks loops as
             # asyncio.Runner makes them): the time before it ran is no block.
             watch.reset()
-            if not watch.stopping:
-                handle[0] = loop.call_later(watch.interval_ns / 1e9, beat)
+            schedule(beat)
 
-        if loop.is_running():
-            handle[0] = loop.call_later(watch.interval_ns / 1e9, beat)
+        lp = loop_of()
+        assert lp is not None  # the caller holds it
+        if lp.is_running():
+            handle[0] = _weak(lp.call_later(watch.interval_ns / 1e9, beat))
         else:
-            handle[0] = loop.call_soon(first_beat)
+            handle[0] = _weak(lp.call_soon(first_beat))
+        del lp
+
         def cancel() -> None:
-            h = handle[0]
-            if h is not None and not loop.is_closed():
+            h, lp = handle[0]() if handle[0] is not None else None, loop_of()
+            if h is not None and lp is not None and not lp.is_closed():
                 try:
-                    loop.call_soon_threadsafe(h.cancel)
+                    lp.call_soon_threadsafe(h.cancel)
                 except RuntimeError:
                     pass  # the loop closed meanwhile
 
@@ -565,12 +587,18 @@ def _watch_new_runs(blocks: LoopBlocks) -> list[Callable[[], None]]:
     if "asyncio" in sys.modules:
         from . import _asyncio
 
-        watched: list[Any] = []  # loops (uvloop's cannot be weakly referenced)
+        # The loops watched, weakly (uvloop's cannot be weakly referenced:
+        # those until they close): a program's finished loop is freed.
+        watched: list[Callable[[], Any]] = []
+
+        def _live(w: Callable[[], Any]) -> bool:
+            lp = w()
+            return lp is not None and not lp.is_closed()  # a closed loop is never handed out again
 
         def watch(loop: Any) -> None:
-            watched[:] = [w for w in watched if not w.is_closed()]  # a closed loop is never handed out again
-            if state.running and not any(w is loop for w in watched):
-                watched.append(loop)
+            watched[:] = [w for w in watched if _live(w)]
+            if state.running and not any(w() is loop for w in watched):
+                watched.append(_weak(loop))
                 blocks.watch_asyncio(loop)
 
         undo.append(_asyncio.on_new_loops(watch))
