@@ -155,8 +155,12 @@ def _runtime_patches() -> list[str]:
     return found
 
 
-def _aprof_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if getattr(t, "_aprof_owned", False) and t.is_alive()]
+def _aprof_threads() -> list[Any]:
+    from aprof._integrations._loop_block import live_watchdogs
+
+    found: list[Any] = [t for t in threading.enumerate() if getattr(t, "_aprof_owned", False) and t.is_alive()]
+    n = live_watchdogs()  # bare threads, not in threading.enumerate()
+    return found + [f"{n} loop-block watchdog(s)"] if n else found
 
 
 @pytest.fixture(autouse=True)

@@ -88,16 +88,21 @@ def test_bad_threshold_is_refused(bad: object) -> None:
         aprof.profile(loop_block_threshold=bad)  # type: ignore[arg-type]
 
 
-def test_watchdog_thread_ends_at_stop(backend) -> None:
-    # SPEC 7.5, 12: the watchdog is aprof's thread and does not outlive the profile
-    # (the autouse fixture also checks for aprof threads).
+def test_watchdog_thread_ends_at_stop_and_is_not_the_programs(backend) -> None:
+    # SPEC 7.5, 12, 15.6: the watchdog is aprof's thread, does not outlive
+    # the profile (the autouse fixture also checks), and is not among the
+    # program's threads (threading.enumerate, threading.active_count).
     import threading
 
+    from aprof._integrations._loop_block import live_watchdogs
+
     async def main() -> None:
+        before = threading.active_count(), [t.name for t in threading.enumerate()]
         async with aprof.profile(loop_block_threshold=0.05):
             await backend.sleep(0.01)
-            assert any(t.name == "aprof-loop-watchdog" for t in threading.enumerate())
-        assert not any(t.name == "aprof-loop-watchdog" and t.is_alive() for t in threading.enumerate())
+            assert live_watchdogs() == 1
+            assert (threading.active_count(), [t.name for t in threading.enumerate()]) == before
+        assert live_watchdogs() == 0
 
     backend.run(main)
 
@@ -259,10 +264,8 @@ def test_a_watch_ends_with_its_loop(runtime: str) -> None:
     # program that runs many loops one after the other keeps one watchdog
     # per live loop, not one per loop ever run.
     import asyncio
-    import threading
 
-    def watchdogs() -> int:
-        return sum(1 for t in threading.enumerate() if t.name == "aprof-loop-watchdog" and t.is_alive())
+    from aprof._integrations._loop_block import live_watchdogs as watchdogs
 
     async def block() -> None:
         await asyncio.sleep(0.001)
