@@ -402,10 +402,10 @@ def test_startup_is_folded_into_one_labelled_band(page: Page, tmp_path: Path) ->
     assert page.console_errors() == []
 
 
-def test_stitched_flame_graph_hangs_the_slow_child_under_its_parent(backend, page: Page, tmp_path: Path) -> None:
-    # SPEC 9.2 (issue 16 item 3, HTML side): the "who awaits whom" flame graph
-    # shows the child that held its parent up, under the parent's range; the
-    # flame graph by range has every range.
+def _parent_and_a_slow_child(backend) -> aprof.profile:
+    """A task ("fan out") that spawns a fast and a slow child ("fast work",
+    "slow work") and waits for both, profiled."""
+
     async def fast() -> None:  # wide enough to be drawn, done before the slow one
         with aprof.record_function("fast work"):
             await backend.sleep(0.01)
@@ -426,7 +426,14 @@ def test_stitched_flame_graph_hangs_the_slow_child_under_its_parent(backend, pag
                 g.start_soon(parent)
         return prof
 
-    prof = backend.run(main)
+    return backend.run(main)  # type: ignore[no-any-return]
+
+
+def test_stitched_flame_graph_hangs_the_slow_child_under_its_parent(backend, page: Page, tmp_path: Path) -> None:
+    # SPEC 9.2 (issue 16 item 3, HTML side): the "who awaits whom" flame graph
+    # shows the child that held its parent up, under the parent's range; the
+    # flame graph by range has every range.
+    prof = _parent_and_a_slow_child(backend)
     out = tmp_path / "r.html"
     prof.export_html(out)
     open_report(page, out)
@@ -437,11 +444,12 @@ def test_stitched_flame_graph_hangs_the_slow_child_under_its_parent(backend, pag
 
     stitched = nodes("stitched-box")
     depth = {name: d for name, d in stitched}
-    chain = [f"task {parent.__qualname__}", "fan out", f"task {slow.__qualname__}", "slow work"]
+    q = "task _parent_and_a_slow_child.<locals>."  # the coroutines' qualified names
+    chain = [f"{q}parent", "fan out", f"{q}slow", "slow work"]
     assert [depth.get(n) for n in chain] == [depth[chain[0]] + k for k in range(4)], stitched
-    assert f"task {fast.__qualname__}" not in depth
+    assert f"{q}fast" not in depth
     by_range = {name for name, _ in nodes("flame-box")}
-    assert {"fan out", "fast work", "slow work", f"task {fast.__qualname__}"} <= by_range
+    assert {"fan out", "fast work", "slow work", f"{q}fast"} <= by_range
     page.eval("document.getElementById('tab-ranges').click()")
     assert page.eval("document.getElementById('flame').dataset.showing") == "ranges"
     assert page.console_errors() == []
@@ -515,27 +523,9 @@ def _table_rows(page: Page, table_id: str) -> list[list[str]]:
 
 def test_summary_sections_are_tables_that_say_what_the_text_says(backend, page: Page, tmp_path: Path) -> None:
     # SPEC 9.2 (issue 16 item 1, HTML side): the slowest tasks and the
-    # longest waits are tables above the timeline, from the same records as
+    # longest waits are tables under the timeline, from the same records as
     # the text summary; a section with nothing to say stays hidden.
-    async def fast() -> None:
-        await backend.sleep(0.005)
-
-    async def slow_child() -> None:
-        await backend.sleep(0.15)
-
-    async def parent() -> None:
-        async with backend.group() as g:
-            for _ in range(3):
-                g.start_soon(fast)
-            g.start_soon(slow_child)
-
-    async def main() -> aprof.profile:
-        async with aprof.profile() as prof:
-            async with backend.group() as g:
-                g.start_soon(parent)
-        return prof
-
-    prof = backend.run(main)
+    prof = _parent_and_a_slow_child(backend)
     out = tmp_path / "r.html"
     prof.export_html(out)
     open_report(page, out)
@@ -545,7 +535,7 @@ def test_summary_sections_are_tables_that_say_what_the_text_says(backend, page: 
     assert slowest[0][1].endswith("parent")
     waits = {r[1].rsplit(".", 1)[-1]: r for r in _table_rows(page, "waits-table")}
     assert waits["parent"][3].startswith("task ")
-    assert waits["parent"][3].rstrip(")").endswith("slow_child")
+    assert waits["parent"][3].rstrip(")").endswith("slow")
     assert page.eval("document.getElementById('queueing').hidden") is True  # no executor jobs
     assert page.eval("document.getElementById('slowest').hidden") is False
 
