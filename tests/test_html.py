@@ -195,6 +195,16 @@ def test_foreign_chrome_trace_is_read(tmp_path: Path) -> None:
     assert session.tracks()[0].name == "worker"
 
 
+def test_a_foreign_traces_sampled_category_is_kept(tmp_path: Path) -> None:
+    # SPEC 10.1, 8.4: only aprof's own sampled rows are skipped on reading
+    # (their samples come back whole from otherData); another tool's slices
+    # in a category named "sampled" are ranges like any other.
+    out = tmp_path / "foreign.json"
+    out.write_text('[{"ph":"X","name":"tick","cat":"sampled","pid":7,"tid":3,"ts":0,"dur":10}]')
+    [tick] = read_profile(out).events()
+    assert (tick.name, tick.duration_ns) == ("tick", 10_000)
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [

@@ -160,7 +160,7 @@ def read_chrome_trace(doc: dict[str, Any] | list[Any]) -> Session:
             continue
         pid, tid = e.get("pid"), e.get("tid")
         start = ns(e.get("ts", 0))
-        if ph == "X" and e.get("cat") == "sampled":
+        if ph == "X" and own and e.get("cat") == "sampled":
             continue  # samples' rows: the samples come back whole from otherData (below)
         if ph == "X" and isinstance(tid, int) and tid >= run_base and e.get("cat") == "step":
             steps_of.setdefault((pid, tid - run_base), []).append((start, start + round(float(e.get("dur", 0)) * 1000)))
