@@ -63,6 +63,16 @@ def is_library_file(filename: str) -> bool:
 _library_cache: dict[str, bool] = {}
 
 
+def is_library_cached(filename: str) -> bool:
+    """:func:`is_library_file`, with the verdict per file name cached."""
+    lib = _library_cache.get(filename)
+    if lib is None:
+        if len(_library_cache) > 4096:
+            _library_cache.clear()
+        lib = _library_cache[filename] = is_library_file(filename)
+    return lib
+
+
 def user_site(skip: int = 0) -> Frame | None:
     """The nearest frame of the user's code above the caller's (``skip``
     more frames up): where a task was spawned or a job submitted, past

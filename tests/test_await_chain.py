@@ -219,12 +219,13 @@ def test_the_wait_log_merges_consecutive_waits_on_the_same_call() -> None:
     log = WaitLog()
     fetch = ("asyncio.sleep", "sleep", "db.py:9 Database.fetch", "orders.py:4 recent_orders")
     for i in range(360):
-        log.add(i * 10, i * 10 + 4, fetch)
+        log.add(i * 10, i * 10 + (6 if i == 100 else 4), fetch)  # the 101st is the longest
     log.add(4000, 4100, ("asyncio.Lock.acquire", "lock", "orders.py:9 save", ""))
     assert [r[2] for r in log.runs] == [360, 1]
     first = log.runs[0]
-    assert first[:5] == [0, 3594, 360, 360 * 4, 4]
-    assert first[5:] == list(fetch)
+    assert first[:5] == [0, 3594, 360, 359 * 4 + 6, 6]
+    assert first[5:9] == list(fetch)
+    assert first[9] == 1006  # when the longest wait ended: the summary's window for it
 
 
 def test_describe_task_takes_the_task_itself(backend) -> None:

@@ -30,7 +30,8 @@ of a dozen awaits costs a few microseconds.
 Per-wait records (what the summary reads): a ``TASK`` event's
 ``extra["waits"]`` is a list of runs of consecutive waits with the same
 ``(what, where)``, each ``[first_start_ns, last_end_ns, count, total_ns,
-max_ns, what, kind, where, caller]`` (see :class:`WaitLog`);
+max_ns, what, kind, where, caller, max_end_ns]`` (``max_end_ns``: when the
+longest of them ended; see :class:`WaitLog`);
 ``extra["waiting_on"]`` is ``[what, kind, where, caller]`` for a task still
 pending at stop.
 """
@@ -39,9 +40,10 @@ from __future__ import annotations
 
 import gc
 import os
+from types import CoroutineType, GeneratorType
 from typing import Any, Final
 
-from .._frames import is_library_file, short_path
+from .._frames import is_library_cached, short_path
 
 __all__ = ["Wait", "WaitLog", "describe_task", "describe_wait"]
 
@@ -51,7 +53,7 @@ _KINDS: Final = (
     (("sleep", "sleep_until", "sleep_forever"), "sleep"),
     (("to_thread", "run_in_executor", "run_sync"), "executor"),
     (("Semaphore", "Lock", "Condition", "CapacityLimiter", "ParkingLot"), "lock"),
-    (("Event.wait",), "event"),
+    (("Event.wait", "EventAdapter.wait"), "event"),
     (("Queue", "Channel", "MemoryObject", "receive", "send"), "queue"),
     (("TaskGroup", "Nursery", "gather", "wait_for", "as_completed", "asyncio.wait"), "children"),
     (("sock_", "Stream", "Socket", "wait_readable", "wait_writable", "read", "recv", "connect", "accept", "_SocketType"), "io"),
@@ -80,6 +82,11 @@ def _package(filename: str) -> str:
 
 def _frame_of(obj: Any) -> tuple[Any, Any]:
     """(code, frame) of a coroutine, generator or async generator; (None, None) otherwise."""
+    t = type(obj)
+    if t is CoroutineType:  # the common case, without the attribute probing
+        return obj.cr_code, obj.cr_frame
+    if t is GeneratorType:
+        return obj.gi_code, obj.gi_frame
     for code_attr, frame_attr in (("cr_code", "cr_frame"), ("gi_code", "gi_frame"), ("ag_code", "ag_frame")):
         code = getattr(obj, code_attr, None)
         if code is not None:
@@ -88,9 +95,31 @@ def _frame_of(obj: Any) -> tuple[Any, Any]:
 
 
 def _next_in_chain(obj: Any) -> Any:
+    if type(obj) is CoroutineType:
+        nxt = obj.cr_await
+        if type(nxt).__name__ not in _AGEN_AWAITABLES:
+            return nxt
     for attr in ("cr_await", "gi_yieldfrom", "ag_await"):
         if hasattr(obj, attr):
-            return getattr(obj, attr)
+            nxt = getattr(obj, attr)
+            if type(nxt).__name__ in _AGEN_AWAITABLES:
+                # `await agen.asend(...)` (what contextlib's
+                # asynccontextmanager does): the generator behind it.
+                return _agen_of(nxt) or nxt
+            return nxt
+    return None
+
+
+#: What ``anext()``/``asend()``/``athrow()`` of an async generator return.
+_AGEN_AWAITABLES: Final = frozenset({"async_generator_asend", "async_generator_athrow"})
+
+
+def _agen_of(awaitable: Any) -> Any:
+    """The async generator behind an ``asend``/``athrow`` awaitable (C
+    objects that expose it only to the GC's traversal)."""
+    for ref in gc.get_referents(awaitable):
+        if hasattr(ref, "ag_code"):
+            return ref
     return None
 
 
@@ -172,7 +201,7 @@ def describe_wait(coro: Any, task: Any = None) -> Wait | None:
         obj = nxt
     if not chain:
         return None
-    users = [i for i, (filename, _, _) in enumerate(chain) if not is_library_file(filename)]
+    users = [i for i, (filename, _, _) in enumerate(chain) if not is_library_cached(filename)]
     last_user = users[-1] if users else -1
     where = _label(chain[last_user]) if users else ""
     caller = _label(chain[users[-2]]) if len(users) > 1 else ""
@@ -182,8 +211,8 @@ def describe_wait(coro: Any, task: Any = None) -> Wait | None:
     entry = None
     below = chain[last_user + 1 :]
     for i, (filename, _, qualname) in enumerate(below):
-        if qualname.endswith("__aenter__") and i + 1 < len(below):
-            continue  # `async with lock:` -> the lock's acquire below
+        if i + 1 < len(below) and (qualname.endswith("__aenter__") or _is_contextlib(filename)):
+            continue  # `async with lock:` -> the lock's acquire below; contextlib's wrappers -> what they wrap
         entry = (filename, qualname)
         break
     if entry is None:
@@ -192,9 +221,7 @@ def describe_wait(coro: Any, task: Any = None) -> Wait | None:
         if described is None:
             return "an awaitable", "other", where, caller
         return described[0], described[1], where, caller
-    filename, qualname = entry
-    what = f"{_package(filename)}.{qualname}"
-    kind = _kind_of(what)
+    what, kind = _entry_name(entry)
     if kind in ("other", "children", "future"):
         described = _describe_future(fut)
         if described is not None and described[1] in ("task", "executor"):
@@ -205,14 +232,41 @@ def describe_wait(coro: Any, task: Any = None) -> Wait | None:
 def describe_task(task: Any) -> Wait | None:
     """What a pending asyncio or trio task waits on (for ``waiting_on`` at stop)."""
     get_coro = getattr(task, "get_coro", None)
-    if get_coro is not None:
-        return describe_wait(get_coro(), task)
-    coro = getattr(task, "coro", None)
-    return describe_wait(coro) if coro is not None else None
+    coro = get_coro() if get_coro is not None else getattr(task, "coro", None)
+    if coro is None or getattr(coro, "cr_running", False):
+        return None  # gone, or running now (the task that stops the profile): not waiting
+    return describe_wait(coro, task if get_coro is not None else None)
+
+
+def _is_contextlib(filename: str) -> bool:
+    return filename.endswith(f"{os.sep}contextlib.py")
+
+
+# The names are formatted once per call site (a wait is described on every
+# long wait of every task: the same few sites, over and over).
+_labels: dict[tuple[str, int, str], str] = {}
+_entries: dict[tuple[str, str], tuple[str, str]] = {}
+_MAX_CACHED: Final = 4096
 
 
 def _label(frame: tuple[str, int, str]) -> str:
-    return f"{short_path(frame[0])}:{frame[1]} {frame[2]}"
+    label = _labels.get(frame)
+    if label is None:
+        if len(_labels) >= _MAX_CACHED:
+            _labels.clear()
+        label = _labels[frame] = f"{short_path(frame[0])}:{frame[1]} {frame[2]}"
+    return label
+
+
+def _entry_name(entry: tuple[str, str]) -> tuple[str, str]:
+    """(what, kind) of the entry point at ``(filename, qualname)``."""
+    named = _entries.get(entry)
+    if named is None:
+        if len(_entries) >= _MAX_CACHED:
+            _entries.clear()
+        what = f"{_package(entry[0])}.{entry[1]}"
+        named = _entries[entry] = (what, _kind_of(what))
+    return named
 
 
 class WaitLog:
@@ -246,8 +300,9 @@ class WaitLog:
                 last[3] += waited
                 if waited > last[4]:
                     last[4] = waited
+                    last[9] = end_ns
                 return
-        runs.append([start_ns, end_ns, 1, waited, waited, what, kind, where, caller])
+        runs.append([start_ns, end_ns, 1, waited, waited, what, kind, where, caller, end_ns])
         if len(runs) > self.max_runs:
             # Drop the run with the shortest longest wait (never the open one).
             i = min(range(len(runs) - 1), key=lambda k: runs[k][4])
