@@ -45,6 +45,8 @@ static PyObject *on_task_done;         /* task_done(tt, task) */
 static PyObject *on_eager_step;        /* eager_started(task, spawner) -> TaskThread | None */
 static PyObject *on_first_scheduled;   /* first_scheduled(task, context) -> TaskThread | None */
 static PyObject *tracer_running;       /* aprof._core._tracer.publishing: running tracers and samplers */
+static PyObject *on_long_wait;         /* note_wait(tt, task, start_ns, end_ns): describe a long wait */
+static uint64_t long_wait_ns = 1000000; /* a step after a wait this long calls on_long_wait */
 
 static PyObject *str_self, *str_done, *str_append;
 static PyTypeObject *step_meth_wrapper_type; /* _asyncio.TaskStepMethWrapper, once seen */
@@ -385,6 +387,21 @@ after_step(StepCall *self)
     return r == NULL ? -1 : 0;
 }
 
+/* Call note_wait(tt, task, start, end); it reports its own failures. */
+static void
+note_long_wait(PyObject *tt, PyObject *task, uint64_t start, uint64_t end)
+{
+    PyObject *args[4] = {tt, task, PyLong_FromUnsignedLongLong(start), PyLong_FromUnsignedLongLong(end)};
+    PyObject *r = NULL;
+    if (args[2] != NULL && args[3] != NULL)
+        r = PyObject_Vectorcall(on_long_wait, args, 4, NULL);
+    if (r == NULL)
+        report_unraisable("await chain");
+    Py_XDECREF(r);
+    Py_XDECREF(args[2]);
+    Py_XDECREF(args[3]);
+}
+
 static PyObject *
 StepCall_vectorcall(StepCall *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
@@ -404,7 +421,17 @@ StepCall_vectorcall(StepCall *self, PyObject *const *args, size_t nargsf, PyObje
     PyObject *prev_lt = aprof_stepping_lt, *prev_ctx = aprof_stepping_ctx;
     aprof_stepping_lt = Py_NewRef(tt);
     aprof_stepping_ctx = PyThreadState_Get()->context;
-    if (steps_push(steps, now_ns()) < 0)
+    uint64_t start = now_ns();
+    if (APROF_LIKELY(Py_IS_TYPE(steps, &StepLogType))) {
+        StepLog *log = (StepLog *)steps;
+        if (log->n >= 2 && (log->n & 1) == 0 && start - log->v[log->n - 1] >= long_wait_ns) {
+            /* A long wait ends: say what it was on, while the coroutine
+             * still waits there (before the step runs). */
+            note_long_wait(tt, self->task, log->v[log->n - 1], start);
+            start = now_ns();
+        }
+    }
+    if (steps_push(steps, start) < 0)
         report_unraisable("step start");
     PyObject *result = PyObject_Vectorcall(self->cb, args, nargsf, kwnames);
     uint64_t end = now_ns();
@@ -1082,12 +1109,15 @@ member_offset(PyObject *cls, const char *name)
 static PyObject *
 tasks_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 11 || !PyType_Check(args[0]) || !PyType_Check(args[2]) || !PyList_CheckExact(args[10])) {
+    if (nargs != 13 || !PyType_Check(args[0]) || !PyType_Check(args[2]) || !PyList_CheckExact(args[10])) {
         PyErr_SetString(PyExc_TypeError,
                         "_tasks_setup(TaskThread, attr, Task, PyTask, py_step, py_wakeup, first_scheduled, first_step, "
-                        "task_done, eager_started, tracer_running)");
+                        "task_done, eager_started, tracer_running, note_wait, long_wait_ns)");
         return NULL;
     }
+    unsigned long long wait_ns = PyLong_AsUnsignedLongLong(args[12]);
+    if (wait_ns == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
     Py_ssize_t steps = member_offset(args[0], "steps"), state = member_offset(args[0], "_state");
     if (steps < 0 || state < 0)
         return NULL;
@@ -1107,13 +1137,15 @@ tasks_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_XSETREF(on_task_done, Py_NewRef(args[8]));
     Py_XSETREF(on_eager_step, Py_NewRef(args[9]));
     Py_XSETREF(tracer_running, Py_NewRef(args[10]));
+    Py_XSETREF(on_long_wait, Py_NewRef(args[11]));
+    long_wait_ns = (uint64_t)wait_ns;
     Py_RETURN_NONE;
 }
 
 static PyMethodDef tasks_functions[] = {
     {"_tasks_setup", (PyCFunction)(void (*)(void))tasks_setup, METH_FASTCALL,
      "Give the task hooks TaskThread, the task attribute name, the Task classes, the Python Task's step "
-     "functions, the Python callbacks and the tracer's list of runs."},
+     "functions, the Python callbacks, the tracer's list of runs, and the long-wait callback and threshold."},
     {"_watch_eager", watch_eager, METH_O, "Watch asyncio's current-task table for eager steps (None: stop)."},
     {NULL, NULL, 0, NULL},
 };

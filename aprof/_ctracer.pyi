@@ -230,13 +230,15 @@ class AddHook:
 def _tasks_setup(
     task_thread: type, attr: str, task: type, py_task: type | None, py_step: Any, py_wakeup: Any,
     first_scheduled: Callable[[Any, Any], Any], first_step: Callable[[Any], None],
-    task_done: Callable[[Any, Any], None], eager_started: Callable[[Any, Any], Any], tracer_running: list[Any], /,
+    task_done: Callable[[Any, Any], None], eager_started: Callable[[Any, Any], Any], tracer_running: list[Any],
+    note_wait: Callable[[Any, Any, int, int], None], long_wait_ns: int, /,
 ) -> None:
     """Give the task hooks ``TaskThread`` (whose ``steps`` and ``_state``
     slots they read), the task attribute name, the C and Python
     Task classes, the Python Task's step and wakeup functions, the Python
-    callbacks and the tracer's list of running tracers (called once, at
-    import)."""
+    callbacks, the tracer's list of running tracers, and ``note_wait``,
+    called before a step that starts ``long_wait_ns`` or more after the
+    task's last one ended (called once, at import)."""
 
 def _watch_eager(table: dict[Any, Any] | None, /) -> bool:
     """Watch asyncio's current-task table for eager first steps (3.12+;

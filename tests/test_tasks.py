@@ -653,6 +653,168 @@ def test_running_never_exceeds_the_span_of_nested_ranges(backend: Backend) -> No
 
 
 # ---------------------------------------------------------------------------
+# Issue 16 items 3 and 7: what a task waited on, where it was spawned
+# ---------------------------------------------------------------------------
+
+
+def _lock(backend: Backend) -> Any:
+    if backend.is_anyio:
+        import anyio
+
+        return anyio.Lock()
+    if backend.is_trio:
+        import trio
+
+        return trio.Lock()
+    return asyncio.Lock()
+
+
+def _event(backend: Backend) -> Any:
+    if backend.is_anyio:
+        import anyio
+
+        return anyio.Event()
+    if backend.is_trio:
+        import trio
+
+        return trio.Event()
+    return asyncio.Event()
+
+
+def test_a_long_wait_is_described_when_the_task_resumes(backend: Backend) -> None:
+    # SPEC 7.3 (issue 16 item 3): a step that starts 1 ms or more after the
+    # task's last one records what the task waited on, walked from its
+    # await chain before it resumed: here a lock its spawner held for 30 ms.
+    # Short waits (checkpoints) are not described.
+    lock = _lock(backend)
+
+    async def reader() -> None:
+        for _ in range(5):
+            await backend.checkpoint()
+        async with lock:
+            pass
+
+    async def main() -> aprof.profile:
+        async with aprof.profile() as prof:
+            async with lock:
+                async with named_group(backend) as spawn:
+                    spawn(reader, name="reader")
+                    await backend.sleep(0.03)
+                    lock.release()  # let the reader in while the group waits
+                    try:
+                        await backend.sleep(0)
+                    finally:
+                        await lock.acquire()  # for the `async with` to release
+        return prof
+
+    prof = backend.run(main)
+    task = one(prof.events(), "reader")
+    waits = task.extra["waits"]
+    assert len(waits) == 1, waits  # the checkpoints were shorter than 1 ms
+    first_start, last_end, count, total, longest, what, kind, where, caller, longest_end = waits[0]
+    assert (count, kind) == (1, "lock"), waits
+    package = "anyio" if backend.is_anyio else "trio" if backend.is_trio else "asyncio"
+    assert what.startswith(f"{package}."), what
+    assert "Lock" in what, what
+    assert where.startswith("tests/test_tasks.py:"), where
+    assert where.endswith(" test_a_long_wait_is_described_when_the_task_resumes.<locals>.reader"), where
+    assert longest == total == last_end - first_start >= 25_000_000
+    assert longest_end == last_end
+    # It is the wait between two of the task's steps (the walk's own time
+    # is charged to the wait: the step starts just after it).
+    steps = task.extra["steps"]
+    assert any(
+        steps[i] == first_start and 0 <= steps[i + 1] - last_end < 5_000_000 for i in range(1, len(steps) - 1, 2)
+    ), (steps, waits[0])
+    (line,) = [w for w in prof.summary(limit=20).longest_waits if w.task == "reader"]
+    assert (line.kind, line.where) == ("lock", where)
+
+
+def test_spawn_site_is_the_users_line(backend: Backend) -> None:
+    # Issue 16 item 7: each task carries the nearest user frame above its
+    # spawn (create_task, start_soon and the runtime's own frames skipped).
+    async def child() -> None:
+        await backend.checkpoint()
+
+    async def main() -> aprof.profile:
+        async with aprof.profile() as prof:
+            async with named_group(backend) as spawn:
+                spawn(child, name="child")
+        return prof
+
+    prof = backend.run(main)
+    site = one(prof.events(), "child").extra["spawn_site"]
+    assert site[0] == __file__
+    assert site[2] == "named_group.<locals>.<lambda>"  # the line that called create_task / start_soon
+    lines = Path(__file__).read_text().splitlines()
+    assert "lambda fn, *args, name:" in lines[site[1] - 1]
+
+
+def test_a_task_pending_at_stop_says_what_it_waits_on(backend: Backend) -> None:
+    # Issue 16 item 7: a task still waiting when the profile stops carries
+    # what it waits on then (extra["waiting_on"]); the summary names it.
+    ev = _event(backend)
+
+    async def parked() -> None:
+        await ev.wait()
+
+    async def main() -> aprof.profile:
+        async with named_group(backend) as spawn:
+            async with aprof.profile() as prof:
+                spawn(parked, name="parked")
+                await backend.sleep(0.01)
+            ev.set()
+        return prof
+
+    prof = backend.run(main)
+    task = one(prof.events(), "parked")
+    assert task.extra["outcome"] == "unfinished"
+    what, kind, where, _ = task.extra["waiting_on"]
+    assert kind == "event", task.extra["waiting_on"]
+    assert "Event" in what, what
+    assert what.endswith(".wait"), what
+    assert where.endswith("test_a_task_pending_at_stop_says_what_it_waits_on.<locals>.parked"), where
+    (pending,) = prof.summary().pending
+    assert pending.waiting_on == f"{what} at {where}"
+
+
+def test_a_failing_await_chain_walk_never_breaks_the_task(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    # SPEC 12: aprof's own failure in the walk is one AprofWarning; the task
+    # runs on and its steps are still timed.
+    from aprof._integrations import _tasks
+
+    def broken(task: Any) -> None:
+        raise RuntimeError("walk failed")
+
+    monkeypatch.setattr(_tasks, "describe_task", broken)
+    monkeypatch.setattr(_tasks, "_warned", set())
+
+    async def sleeper() -> int:
+        for _ in range(3):
+            await backend.sleep(0.005)
+        return 7
+
+    results: list[int] = []
+
+    async def keep(fn: Callable[[], Coroutine[Any, Any, int]]) -> None:
+        results.append(await fn())
+
+    async def main() -> aprof.profile:
+        async with aprof.profile() as prof:
+            async with named_group(backend) as spawn:
+                spawn(keep, sleeper, name="sleeper")
+        return prof
+
+    with pytest.warns(aprof.AprofWarning, match="await chain") as caught:
+        prof = backend.run(main)
+    assert results == [7]
+    assert len([w for w in caught if "await chain" in str(w.message)]) == 1
+    task = one(prof.events(), "sleeper")
+    assert len(task.extra["steps"]) >= 8
+    assert "waits" not in task.extra
+
+
+# ---------------------------------------------------------------------------
 # tasks=False, and what the hooks leave behind
 # ---------------------------------------------------------------------------
 

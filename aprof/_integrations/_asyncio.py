@@ -43,18 +43,18 @@ import os
 import sys
 import threading
 import types
-import warnings
 import weakref
 from collections.abc import Callable
 from time import perf_counter_ns
 from typing import Any, Final
 
 from .._core import _native, _threads, _tracer
-from .._core._callbacks import AprofWarning
 from .._core._propagation import hook_to_thread
 from .._core._recorder import ProfilerState
 from .._core._threads import LogicalThread, stepping
-from ._tasks import TaskThread, coro_qualname, states_in
+from ._await_chain import WaitLog
+from ._tasks import TaskThread, coro_qualname, note_wait, states_in
+from ._tasks import report as _report
 
 __all__ = ["hook_loop", "hook_new_loops", "install", "on_new_loops", "running_loop"]
 
@@ -81,22 +81,13 @@ def _registry() -> Any:
 # Recording: creation, eager first steps, ends
 # ---------------------------------------------------------------------------
 
-_warned: set[str] = set()
 #: getattr default: a task aprof has not seen (its attribute is absent; None
 #: once seen and not recorded).
 _UNSEEN: Final = object()
 
 
-def _report(where: str, exc: BaseException) -> None:
-    """aprof's own bookkeeping failed: say so once, never raise into the program."""
-    if where in _warned:
-        return
-    _warned.add(where)
-    try:
-        warnings.warn(f"aprof: recording asyncio tasks failed ({where}): {exc!r}", AprofWarning, stacklevel=2)
-    except Exception:  # warnings turned into errors: still never into the program
-        pass
-
+#: A step after a wait this long has its await chain described (WaitLog.min_ns).
+_WAIT_MIN_NS: Final = WaitLog.min_ns
 
 _ASYNCIO_DIR: Final = os.path.dirname(os.path.abspath(asyncio.__file__)) + os.sep
 
@@ -341,7 +332,12 @@ class _PyStepCall:
             _first_step(tt)
         prev_lt, prev_task = stepping._lt, stepping._task
         stepping.publish(tt, task)
-        steps.append(perf_counter_ns())
+        now = perf_counter_ns()
+        n = len(steps)
+        if n and not n % 2 and now - steps[-1] >= _WAIT_MIN_NS:
+            note_wait(tt, task, steps[-1], now)  # before the step: the coroutine still waits
+            now = perf_counter_ns()
+        steps.append(now)
         try:
             return cb(*args)
         finally:
@@ -431,7 +427,7 @@ if _ext is not None:
     CallSoonHook: Any = _ext.CallSoonHook
     _ext._tasks_setup(
         TaskThread, _TASK_ATTR, _CTask, _PyTask, _PY_STEP, _PY_WAKEUP,
-        _first_scheduled, _first_step, _task_done, _eager_started, _tracer.publishing,
+        _first_scheduled, _first_step, _task_done, _eager_started, _tracer.publishing, note_wait, _WAIT_MIN_NS,
     )  # fmt: skip
 else:
     CallSoonHook = _PyCallSoonHook

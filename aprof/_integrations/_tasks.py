@@ -17,13 +17,24 @@ array. A finished task so keeps no object of its own and no logical thread
 object per running task, not a handful.
 
 Finished record: ``(id, name, kind, os_thread_id, coro, spawn_ns, seq, fwd,
-end_ns, outcome, exception_name, steps)`` (see :data:`TASK_RECORD_FIELDS`).
+end_ns, outcome, exception_name, steps, waits, spawn_site)`` (see
+:data:`TASK_RECORD_FIELDS`).
+
+What a task waited on (issue 16 item 3): when one of its steps starts after
+a wait of at least :attr:`WaitLog.min_ns <aprof._integrations._await_chain.WaitLog.min_ns>`,
+the step hook calls :func:`note_wait` before the step runs (the coroutine is
+still suspended where it waited), which walks the await chain and adds the
+wait to the task's :class:`~aprof._integrations._await_chain.WaitLog`. Only
+long waits pay for the walk (a few microseconds); shorter steps cost nothing
+more. ``spawn_site`` is the user's frame that spawned the task, taken at
+spawn (a walk of a few frames).
 """
 
 from __future__ import annotations
 
 import gc
 import types
+import warnings
 from array import array
 from collections import deque
 from collections.abc import Callable
@@ -32,17 +43,20 @@ from time import perf_counter_ns
 from typing import Any, Final
 
 from .._core import _native, _record_function, _threads
-from .._core._callbacks import EMPTY_RF_STATE, RF_STATE, RFState
+from .._core._callbacks import EMPTY_RF_STATE, RF_STATE, AprofWarning, RFState
 from .._core._recorder import ProfilerState, Recorder
 from .._core._threads import LogicalThread, current_logical_thread, stepping
+from .._frames import Frame, user_site
+from ._await_chain import Wait, WaitLog, describe_task
 
-__all__ = ["TASK_RECORD_FIELDS", "TaskThread", "global_task_recorders", "states_for", "states_in"]
+__all__ = ["TASK_RECORD_FIELDS", "TaskThread", "global_task_recorders", "note_wait", "states_for", "states_in"]
 
 #: Recorders of running global-scope profiles that record tasks.
 global_task_recorders: list[Recorder] = []
 
 TASK_RECORD_FIELDS: Final = (
     "id", "name", "kind", "os_thread_id", "coro", "spawn_ns", "seq", "fwd", "end_ns", "outcome", "exception", "steps",
+    "waits", "spawn_site",
 )  # fmt: skip
 
 #: Typecode of the step arrays: unsigned 64-bit. perf_counter_ns() values are
@@ -107,13 +121,15 @@ class TaskThread(LogicalThread):
     :meth:`finished` once; after that the object holds no profile.
     """
 
-    __slots__ = ("_idx", "_more", "_state", "coro_name", "fwd", "seq", "spawn_ns", "steps")
+    __slots__ = ("_idx", "_more", "_state", "coro_name", "fwd", "seq", "spawn_ns", "spawn_site", "steps", "waits")
 
     coro_name: str
     fwd: int
     seq: int
     spawn_ns: int
+    spawn_site: Frame | None  # the user's frame that spawned it
     steps: Any  # array(STEPS_TYPECODE), or DISCARD_STEPS once no running profile records the task
+    waits: WaitLog | None  # its long waits, once it had one
 
     def __init__(
         self,
@@ -135,6 +151,8 @@ class TaskThread(LogicalThread):
         self.fwd = spawner.id
         self.seq = next(_sequence_numbers)
         self.steps = new_steps()
+        self.waits = None
+        self.spawn_site = user_site()
         self._more: list[tuple[ProfilerState, int]] | None = None
         self._state: ProfilerState | None = None
         self._idx = 0
@@ -171,9 +189,10 @@ class TaskThread(LogicalThread):
             exact = array(STEPS_TYPECODE)
             exact.frombytes(steps)  # the C StepLog: one copy of its bytes
             steps = exact
+        waits = self.waits
         rec = (
             self.id, self.name, self.kind, self.os_thread_id, self.coro_name, self.spawn_ns, self.seq, self.fwd,
-            end_ns, outcome, exc_name, steps,
+            end_ns, outcome, exc_name, steps, waits.runs if waits is not None else None, self.spawn_site,
         )  # fmt: skip
         _put(st, self._idx, self, rec)
         more = self._more
@@ -183,6 +202,7 @@ class TaskThread(LogicalThread):
             self._more = None
         self._state = None
         self.steps = DISCARD_STEPS  # the record has them now
+        self.waits = None
 
     def stopped(self) -> None:
         """A profile recording the task stopped while it runs: stop keeping
@@ -191,6 +211,18 @@ class TaskThread(LogicalThread):
         if not any(ps is not None and ps.running for ps in profiles):
             self.steps = DISCARD_STEPS
             self._state = self._more = None
+
+    def waiting_on(self) -> Wait | None:
+        """What the task, still pending, waits on now (None if it is gone,
+        running, or not waiting on anything aprof can name)."""
+        ref = self._task_ref
+        task = ref() if ref is not None else None
+        if task is None:
+            return None
+        try:
+            return describe_task(task)
+        except Exception:  # an odd task or coroutine: nothing to say
+            return None
 
     def adopt(self, lt: LogicalThread) -> None:
         """Become ``lt``, the logical thread a lookup made for this task
@@ -212,6 +244,37 @@ class TaskThread(LogicalThread):
 
     def __repr__(self) -> str:
         return f"<TaskThread {self.id} {self.kind} {self.name!r}>"
+
+
+def note_wait(tt: TaskThread, task: Any, start_ns: int, end_ns: int) -> None:
+    """(step hooks) ``task`` waited from ``start_ns`` to ``end_ns`` and its
+    next step is about to run: add what it waited on to its log. Never
+    raises into the program."""
+    try:
+        wait = describe_task(task)
+        if wait is None:
+            return
+        log = tt.waits
+        if log is None:
+            log = tt.waits = WaitLog()
+        log.add(start_ns, end_ns, wait)
+    except Exception as exc:  # aprof's bug: reported, the step runs on
+        report("await chain", exc)
+
+
+_warned: set[str] = set()
+
+
+def report(where: str, exc: BaseException) -> None:
+    """aprof's own task bookkeeping failed: say so once per kind, never
+    raise into the program."""
+    if where in _warned:
+        return
+    _warned.add(where)
+    try:
+        warnings.warn(f"aprof: recording tasks failed ({where}): {exc!r}", AprofWarning, stacklevel=2)
+    except Exception:  # warnings turned into errors: still never into the program
+        pass
 
 
 def _put(state: ProfilerState, idx: int, task: TaskThread, rec: tuple[Any, ...]) -> None:

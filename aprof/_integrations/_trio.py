@@ -23,7 +23,8 @@ import trio
 from .._core import _tracer
 from .._core._propagation import hook_to_thread
 from .._core._threads import stepping
-from ._tasks import TaskThread, coro_qualname, states_in
+from ._await_chain import WaitLog
+from ._tasks import TaskThread, coro_qualname, note_wait, states_in
 
 __all__ = ["install_instrument", "uninstall_instrument"]
 
@@ -84,7 +85,13 @@ class TaskInstrument(trio.abc.Instrument):
         tt = self._tasks.get(task)
         stepping.lt = tt
         if tt is not None:
-            tt.steps.append(perf_counter_ns())
+            steps = tt.steps
+            now = perf_counter_ns()
+            n = len(steps)
+            if n and not n % 2 and now - steps[-1] >= WaitLog.min_ns:
+                note_wait(tt, task, steps[-1], now)  # before the step: the coroutine still waits
+                now = perf_counter_ns()
+            steps.append(now)
 
     def after_task_step(self, task: trio.lowlevel.Task) -> None:
         # Cleared whatever the task: its last step ends after task_exited

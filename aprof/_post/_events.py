@@ -507,8 +507,9 @@ def _task_events(task_records: Iterable[Any], stop_ns: int) -> dict[int, tuple[T
     """
     out: dict[int, tuple[Track, list[Any]]] = {}
     for t in list(task_records):  # a snapshot
+        waiting_on = None
         if type(t) is tuple:
-            tid, name, kind, os_tid, coro, spawn_ns, seq, fwd, end_ns, outcome, exc, steps = t
+            tid, name, kind, os_tid, coro, spawn_ns, seq, fwd, end_ns, outcome, exc, steps, waits, site = t
             flat = list(steps)
         else:
             tid, kind, os_tid, coro, spawn_ns, seq, fwd = t.id, t.kind, t.os_thread_id, t.coro_name, t.spawn_ns, t.seq, t.fwd
@@ -516,10 +517,19 @@ def _task_events(task_records: Iterable[Any], stop_ns: int) -> dict[int, tuple[T
             end_ns = exc = None
             outcome = "unfinished"
             flat = _steps_until(list(t.steps), stop_ns)
+            log, site = t.waits, t.spawn_site
+            waits = log.runs if log is not None else None
+            waiting_on = t.waiting_on()
             t.stopped()
         if len(flat) % 2:  # finished mid-step
             flat.append(end_ns)
         extra = {"coro": coro, "spawn_ns": spawn_ns, "steps": flat, "outcome": outcome}
+        if site is not None:
+            extra["spawn_site"] = list(site)
+        if waits:
+            extra["waits"] = [run[:] for run in waits if run[0] < stop_ns]
+        if waiting_on is not None:
+            extra["waiting_on"] = list(waiting_on)
         rec = [name, _TASK, spawn_ns, end_ns, None, exc, None, seq, fwd, None, None, KIND_RANGE, extra]
         track = Track(tid, name, kind, os_tid, 0)
         track.steps = flat
