@@ -79,7 +79,10 @@ def test_cpu_starved_heartbeat(tmp_path: Path) -> None:
     s = run_default("starved_heartbeat", tmp_path)
     assert re.search(r"task 'stats' \(stats_loop\) at examples/starved_heartbeat\.py:\d+ compute_stats|stats_loop tasks, e\.g\. 'stats', at examples/starved_heartbeat\.py:\d+ compute_stats", s["What blocked the loop"]), s["What blocked the loop"]
     assert "compute_stats" in s["Where the loop was held"]
-    assert re.search(r"task heartbeat waited; the loop was blocked .* mostly by 'stats' \(stats_loop\)", s["Longest waits"]), s["Longest waits"]
+    assert re.search(
+        r"task heartbeat waited on asyncio\.sleep at examples/starved_heartbeat\.py:\d+ heartbeat; the loop was blocked .* mostly by 'stats' \(stats_loop\)",
+        s["Longest waits"],
+    ), s["Longest waits"]
 
 
 def test_fan_out_with_one_slow_child(tmp_path: Path) -> None:
@@ -91,13 +94,15 @@ def test_fan_out_with_one_slow_child(tmp_path: Path) -> None:
 
 
 def test_lock_held_across_a_slow_await(tmp_path: Path) -> None:
-    # update_cache (the refresh task) holds the lock while it waits; the
-    # readers wait as long. (Naming the lock needs the await chain recorded
-    # at each step, issue 16 item 3, not wired into the task hooks yet.)
+    # update_cache (the refresh task) holds the lock while it waits on
+    # fetch_remote; the readers wait as long, on the lock (issue 16 item 3:
+    # the await chain, recorded when a step starts after a long wait).
     s = run_default("lock_held_across_await", tmp_path)
     assert "'refresh' (update_cache)" in s["Slowest tasks"]
-    assert "task 'refresh' (update_cache) waited" in s["Longest waits"]
-    assert re.search(r"'reader-\d' \(read\)", s["Slowest tasks"])
+    waits = s["Longest waits"]
+    assert re.search(r"task 'refresh' \(update_cache\) waited on asyncio\.sleep at examples/lock_held_across_await\.py:\d+ fetch_remote", waits), waits
+    assert re.search(r"task 'reader-\d' \(read\) waited on asyncio\.Lock\.acquire at examples/lock_held_across_await\.py:\d+ read", waits), waits
+    assert re.search(r"'reader-\d' \(read\), spawned at examples/lock_held_across_await\.py:\d+ main", s["Slowest tasks"])
 
 
 def test_trio_task_blocking_the_run(tmp_path: Path) -> None:

@@ -634,11 +634,19 @@ def _longest_waits(
         coro = str(extra.get("coro") or "")
         best: tuple[int, int, str, str, str] | None = None  # (duration, end, what, kind, where)
         for run in extra.get("waits") or ():
-            # [first_start, last_end, count, total, max, what, kind, where, caller]
+            # [first_start, last_end, count, total, max, what, kind, where, caller, max_end]
             if best is None or int(run[4]) > best[0]:
-                best = (int(run[4]), int(run[1]), str(run[5]), str(run[6]), str(run[7]))
+                max_end = run[9] if len(run) > 9 else run[1]
+                best = (int(run[4]), int(max_end), str(run[5]), str(run[6]), str(run[7]))
         if best is None:
             best = _longest_gap(t, executors.get(t.thread_id, ()), children.get(t.thread_id, ()))
+        elif best[3] in ("children", "future", "other"):
+            # A task group, a gather or a bare future (an executor job's,
+            # once done, no longer says it is one): the job or the child
+            # that ended as the wait did, if there is one.
+            named = _what_ended(best[1] - best[0], best[1], executors.get(t.thread_id, ()), children.get(t.thread_id, ()))
+            if named is not None:
+                best = (best[0], best[1], named[0], named[1], best[4])
         if best is None or best[0] < _WAIT_MIN_NS:
             continue
         duration, end, what, kind, where = best
@@ -646,6 +654,13 @@ def _longest_waits(
         out.append(WaitLine(t.name, coro, t.thread_id, duration, what, kind, where, blocked, by))
     out.sort(key=lambda w: -w.duration_ns)
     return out
+
+
+def _last_child(children: Any, start: int, end: int) -> FunctionEvent | None:
+    """The child task that ended last in [start, end], near its end."""
+    slack = max(1_000_000, (end - start) // 20)
+    ended = [c for c in children if start <= c.end_ns <= end and end - c.end_ns <= slack]
+    return max(ended, key=lambda c: c.end_ns) if ended else None
 
 
 def _longest_gap(
@@ -663,16 +678,24 @@ def _longest_gap(
     if best is None:
         return None
     gap, start, end = best
-    slack = max(1_000_000, gap // 20)
+    named = _what_ended(start, end, executors, children)
+    what, kind = named if named is not None else ("", "")
+    return gap, end, what, kind, ""
+
+
+def _what_ended(start: int, end: int, executors: Any, children: Any) -> tuple[str, str] | None:
+    """(what, kind) a task waiting from ``start`` to ``end`` likely waited
+    on: an executor job it submitted that ended in the wait, or the child
+    task that ended last, just before it resumed."""
+    slack = max(1_000_000, (end - start) // 20)
     for e in executors:
         submit = (e.extra or {}).get("submit_ns")
         if isinstance(submit, int) and start - slack <= submit <= end and e.end_ns <= end:
-            return gap, end, f"executor job {e.name}", "executor", ""
-    ended = [c for c in children if start <= c.end_ns <= end and end - c.end_ns <= slack]
-    if ended:
-        c = max(ended, key=lambda c: c.end_ns)
-        return gap, end, f"task {task_label(c.name, (c.extra or {}).get('coro'))}", "task", ""
-    return gap, end, "", "", ""
+            return f"executor job {e.name}", "executor"
+    c = _last_child(children, start, end)
+    if c is not None:
+        return f"task {task_label(c.name, (c.extra or {}).get('coro'))}", "task"
+    return None
 
 
 def _queueing(events: list[FunctionEvent]) -> list[QueueLine]:
@@ -748,34 +771,49 @@ def _most(counts: dict[str, int]) -> str | None:
 
 def _repeats(events: list[FunctionEvent], tasks: list[FunctionEvent], by_track: dict[int, FunctionEvent]) -> list[RepeatLine]:
     out: list[RepeatLine] = []
-    for t in tasks:
-        extra = t.extra or {}
-        coro = str(extra.get("coro") or "")
-        for run in extra.get("waits") or ():
-            if int(run[2]) >= REPEAT_MIN:
-                where, caller = str(run[7]), str(run[8]) if len(run) > 8 else ""
-                place = f"{_function_of(where)}" if where else coro
-                if caller:
-                    place += f", called from {_function_of(caller)}"
-                out.append(RepeatLine(t.name, coro, int(run[2]), int(run[3]), str(run[5]), place))
     # Ranges: a run of same-named siblings, each of which waited.
+    covered: dict[int, list[tuple[int, int]]] = {}  # track -> spans of those runs
     for e in events:
         kids = e.children
         if len(kids) < REPEAT_MIN:
             continue
         run_name: str | None = None
         run = total = 0
+        first: FunctionEvent | None = None
+        last: FunctionEvent | None = None
         for k in [*kids, None]:
             waited = k is not None and (k.waiting_ns or 0) > 0 and not k.is_instant
             if k is not None and waited and k.name == run_name:
                 run += 1
                 total += k.duration_ns
+                last = k
                 continue
-            if run_name is not None and run >= REPEAT_MIN:
+            if run_name is not None and run >= REPEAT_MIN and first is not None and last is not None:
                 task = by_track.get(e.thread_id)
                 coro = str((task.extra or {}).get("coro") or "") if task is not None else ""
                 out.append(RepeatLine(e.track, coro, run, total, run_name, e.name))
+                covered.setdefault(e.thread_id, []).append((first.start_ns, last.end_ns))
             run_name, run, total = (k.name, 1, k.duration_ns) if k is not None and waited else (None, 0, 0)
+            first = last = k
+    # Await chains: a run of waits on the same call at the same line, unless
+    # a run of ranges above already says it, or it is a loop's own sleep
+    # (pacing or polling, not a repeated query).
+    for t in tasks:
+        extra = t.extra or {}
+        coro = str(extra.get("coro") or "")
+        spans = covered.get(t.thread_id, ())
+        for run in extra.get("waits") or ():
+            if int(run[2]) < REPEAT_MIN:
+                continue
+            where, caller = str(run[7]), str(run[8]) if len(run) > 8 else ""
+            if str(run[6]) == "sleep" and not caller:
+                continue
+            if any(lo <= int(run[0]) and int(run[1]) <= hi for lo, hi in spans):
+                continue
+            place = f"{_function_of(where)}" if where else coro
+            if caller:
+                place += f", called from {_function_of(caller)}"
+            out.append(RepeatLine(t.name, coro, int(run[2]), int(run[3]), str(run[5]), place))
     # Executor jobs handed over one after another by one task.
     jobs: dict[tuple[int, str], list[FunctionEvent]] = {}
     for e in events:
