@@ -353,6 +353,7 @@ typedef struct {
     PyObject *cb;   /* the step or wakeup */
     PyObject *task;
     PyObject *tt;   /* the task's TaskThread */
+    uint64_t ready; /* when the loop was asked to run it: the task's wait ended */
     vectorcallfunc vectorcall;
 } StepCall;
 
@@ -424,10 +425,12 @@ StepCall_vectorcall(StepCall *self, PyObject *const *args, size_t nargsf, PyObje
     uint64_t start = now_ns();
     if (APROF_LIKELY(Py_IS_TYPE(steps, &StepLogType))) {
         StepLog *log = (StepLog *)steps;
-        if (log->n >= 2 && (log->n & 1) == 0 && start - log->v[log->n - 1] >= long_wait_ns) {
-            /* A long wait ends: say what it was on, while the coroutine
-             * still waits there (before the step runs). */
-            note_long_wait(tt, self->task, log->v[log->n - 1], start);
+        uint64_t last_end = log->n >= 2 && (log->n & 1) == 0 ? log->v[log->n - 1] : self->ready;
+        if (self->ready > last_end && self->ready - last_end >= long_wait_ns) {
+            /* A long wait ended when the step was scheduled (the time it
+             * then sat in the loop's queue is the loop's, not the wait's):
+             * say what it was on, while the coroutine still waits there. */
+            note_long_wait(tt, self->task, last_end, self->ready);
             start = now_ns();
         }
     }
@@ -475,6 +478,7 @@ StepCall_new_for(PyObject *cb, PyObject *task, PyObject *tt)
     self->cb = Py_NewRef(cb);
     self->task = Py_NewRef(task);
     self->tt = Py_NewRef(tt);
+    self->ready = now_ns();
     self->vectorcall = (vectorcallfunc)StepCall_vectorcall;
     PyObject_GC_Track(self);
     return (PyObject *)self;

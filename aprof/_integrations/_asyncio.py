@@ -318,12 +318,13 @@ def _close_eager_steps(task: Any = None) -> None:
 class _PyStepCall:
     """A recorded task's step or wakeup, timed (twin of ``_ctasks.c`` StepCall)."""
 
-    __slots__ = ("_cb", "_task", "_tt")
+    __slots__ = ("_cb", "_ready", "_task", "_tt")
 
     def __init__(self, cb: Any, task: Any, tt: TaskThread) -> None:
         self._cb = cb
         self._task = task
         self._tt = tt
+        self._ready = perf_counter_ns()  # the task's wait ended: the loop was asked to run it
 
     def __call__(self, *args: Any) -> Any:
         tt, task, cb = self._tt, self._task, self._cb
@@ -332,12 +333,12 @@ class _PyStepCall:
             _first_step(tt)
         prev_lt, prev_task = stepping._lt, stepping._task
         stepping.publish(tt, task)
-        now = perf_counter_ns()
         n = len(steps)
-        if n and not n % 2 and now - steps[-1] >= _WAIT_MIN_NS:
-            note_wait(tt, task, steps[-1], now)  # before the step: the coroutine still waits
-            now = perf_counter_ns()
-        steps.append(now)
+        if n and not n % 2 and self._ready - steps[-1] >= _WAIT_MIN_NS:
+            # The wait ended when the step was scheduled (its time in the
+            # loop's queue is the loop's); the coroutine still waits there.
+            note_wait(tt, task, steps[-1], self._ready)
+        steps.append(perf_counter_ns())
         try:
             return cb(*args)
         finally:

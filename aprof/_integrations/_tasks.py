@@ -20,9 +20,10 @@ Finished record: ``(id, name, kind, os_thread_id, coro, spawn_ns, seq, fwd,
 end_ns, outcome, exception_name, steps, waits, spawn_site)`` (see
 :data:`TASK_RECORD_FIELDS`).
 
-What a task waited on (issue 16 item 3): when one of its steps starts after
-a wait of at least :attr:`WaitLog.min_ns <aprof._integrations._await_chain.WaitLog.min_ns>`,
-the step hook calls :func:`note_wait` before the step runs (the coroutine is
+What a task waited on (issue 16 item 3): when a task is made runnable again
+(the loop is asked to run its step; trio's ``task_scheduled``) at least
+:attr:`WaitLog.min_ns <aprof._integrations._await_chain.WaitLog.min_ns>`
+after its last step ended, the next step's hook calls :func:`note_wait` before the step runs (the coroutine is
 still suspended where it waited), which walks the await chain and adds the
 wait to the task's :class:`~aprof._integrations._await_chain.WaitLog`. Only
 long waits pay for the walk (a few microseconds); shorter steps cost nothing
@@ -121,13 +122,14 @@ class TaskThread(LogicalThread):
     :meth:`finished` once; after that the object holds no profile.
     """
 
-    __slots__ = ("_idx", "_more", "_state", "coro_name", "fwd", "seq", "spawn_ns", "spawn_site", "steps", "waits")
+    __slots__ = ("_idx", "_more", "_state", "coro_name", "fwd", "ready_ns", "seq", "spawn_ns", "spawn_site", "steps", "waits")
 
     coro_name: str
     fwd: int
     seq: int
     spawn_ns: int
     spawn_site: Frame | None  # the user's frame that spawned it
+    ready_ns: int  # (trio) when it was last made runnable: its wait ended
     steps: Any  # array(STEPS_TYPECODE), or DISCARD_STEPS once no running profile records the task
     waits: WaitLog | None  # its long waits, once it had one
 
@@ -152,6 +154,7 @@ class TaskThread(LogicalThread):
         self.seq = next(_sequence_numbers)
         self.steps = new_steps()
         self.waits = None
+        self.ready_ns = 0
         self.spawn_site = user_site()
         self._more: list[tuple[ProfilerState, int]] | None = None
         self._state: ProfilerState | None = None

@@ -86,12 +86,17 @@ class TaskInstrument(trio.abc.Instrument):
         stepping.lt = tt
         if tt is not None:
             steps = tt.steps
-            now = perf_counter_ns()
             n = len(steps)
-            if n and not n % 2 and now - steps[-1] >= WaitLog.min_ns:
-                note_wait(tt, task, steps[-1], now)  # before the step: the coroutine still waits
-                now = perf_counter_ns()
-            steps.append(now)
+            if n and not n % 2 and tt.ready_ns - steps[-1] >= WaitLog.min_ns:
+                # The wait ended when trio made the task runnable (its time
+                # in the run queue is the run loop's); it still waits there.
+                note_wait(tt, task, steps[-1], tt.ready_ns)
+            steps.append(perf_counter_ns())
+
+    def task_scheduled(self, task: trio.lowlevel.Task) -> None:
+        tt = self._tasks.get(task)
+        if tt is not None:
+            tt.ready_ns = perf_counter_ns()
 
     def after_task_step(self, task: trio.lowlevel.Task) -> None:
         # Cleared whatever the task: its last step ends after task_exited

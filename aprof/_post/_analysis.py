@@ -657,9 +657,13 @@ def _longest_waits(
 
 
 def _last_child(children: Any, start: int, end: int) -> FunctionEvent | None:
-    """The child task that ended last in [start, end], near its end."""
+    """The child task that ended last in [start, end], near its end.
+
+    A wait ends when the task is made runnable, which trio does as the
+    last child exits, before the child's own end is stamped: a child that
+    ended just after ``end`` (within the slack) counts."""
     slack = max(1_000_000, (end - start) // 20)
-    ended = [c for c in children if start <= c.end_ns <= end and end - c.end_ns <= slack]
+    ended = [c for c in children if start <= c.end_ns <= end + slack and end - c.end_ns <= slack]
     return max(ended, key=lambda c: c.end_ns) if ended else None
 
 
@@ -690,7 +694,7 @@ def _what_ended(start: int, end: int, executors: Any, children: Any) -> tuple[st
     slack = max(1_000_000, (end - start) // 20)
     for e in executors:
         submit = (e.extra or {}).get("submit_ns")
-        if isinstance(submit, int) and start - slack <= submit <= end and e.end_ns <= end:
+        if isinstance(submit, int) and start - slack <= submit <= end and e.end_ns <= end + slack:
             return f"executor job {e.name}", "executor"
     c = _last_child(children, start, end)
     if c is not None:
