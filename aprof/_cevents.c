@@ -628,6 +628,574 @@ fail:
 /* Module glue                                                                */
 /* ------------------------------------------------------------------------ */
 
+/* ------------------------------------------------------------------------ */
+/* Session columns: the binary format's writer and reader                    */
+/* ------------------------------------------------------------------------ */
+
+/* aprof/_post/_binary.py has the format and the pure-Python twins
+ * (_py_columns, _py_events + validate_session). The columns are native
+ * endian here; Python swaps them on a big-endian machine. */
+
+/* Event address -> index, for one call (open addressing, never shrinks). */
+typedef struct {
+    const void **keys;
+    int32_t *vals;
+    size_t mask;
+} PtrIndex;
+
+static int
+ptrindex_init(PtrIndex *m, Py_ssize_t n)
+{
+    size_t size = 16;
+    while (size < (size_t)n * 2)
+        size <<= 1;
+    m->keys = PyMem_Calloc(size, sizeof(void *));
+    m->vals = PyMem_Malloc(size * sizeof(int32_t));
+    m->mask = size - 1;
+    if (m->keys == NULL || m->vals == NULL) {
+        PyMem_Free(m->keys);
+        PyMem_Free(m->vals);
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+static void
+ptrindex_put(PtrIndex *m, const void *key, int32_t val)
+{
+    size_t j = hash_ptr(key, m->mask);
+    while (m->keys[j] != NULL && m->keys[j] != key)
+        j = (j + 1) & m->mask;
+    m->keys[j] = key;
+    m->vals[j] = val;
+}
+
+static int32_t
+ptrindex_get(const PtrIndex *m, const void *key)
+{
+    size_t j = hash_ptr(key, m->mask);
+    while (m->keys[j] != NULL) {
+        if (m->keys[j] == key)
+            return m->vals[j];
+        j = (j + 1) & m->mask;
+    }
+    return -1;
+}
+
+static void
+ptrindex_free(PtrIndex *m)
+{
+    PyMem_Free(m->keys);
+    PyMem_Free(m->vals);
+}
+
+/* An int slot of a record as int64; a clear error for anything else. */
+static int
+slot_i64(PyObject *rec, Py_ssize_t slot, Py_ssize_t i, const char *field, int64_t *out)
+{
+    PyObject *v = PyList_GET_ITEM(rec, slot);
+    if (!PyLong_Check(v)) {
+        PyErr_Format(PyExc_ValueError, "event %zd has %s %R, not an integer", i, field, v);
+        return -1;
+    }
+    long long x = PyLong_AsLongLong(v);
+    if (x == -1 && PyErr_Occurred())
+        return -1;
+    *out = x;
+    return 0;
+}
+
+#define N_COLUMNS 10
+static const int column_widths[N_COLUMNS] = {8, 8, 8, 8, 8, 4, 4, 4, 1, 1};
+enum { COL_START, COL_END, COL_END_LT, COL_SEQ, COL_FWD, COL_NAME, COL_TRACK, COL_PARENT, COL_SCOPE, COL_KIND };
+
+/* A column as the file stores it (_binary.py, "Columns"): each value
+ * less the one before it (COL_START) or less its start (COL_END), modulo
+ * 2**64, then byte-shuffled: byte 0 (the least significant) of every
+ * value, then byte 1, and so on, so the high bytes, nearly all equal,
+ * make long runs that zlib packs small and fast. */
+static PyObject *
+encode_column(const void *vals, const int64_t *starts, Py_ssize_t n, int c)
+{
+    int width = column_widths[c];
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * width);
+    if (out == NULL)
+        return NULL;
+    uint8_t *o = (uint8_t *)PyBytes_AS_STRING(out);
+    if (width == 1) {
+        memcpy(o, vals, (size_t)n);
+        return out;
+    }
+    uint64_t prev = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t v = width == 8 ? (uint64_t)((const int64_t *)vals)[i] : (uint64_t)(uint32_t)((const int32_t *)vals)[i];
+        uint64_t x = v;
+        if (c == COL_START) {
+            x = v - prev;
+            prev = v;
+        }
+        else if (c == COL_END)
+            x = v - (uint64_t)starts[i];
+        for (int k = 0; k < width; k++)
+            o[(Py_ssize_t)k * n + i] = (uint8_t)(x >> (8 * k));
+    }
+    return out;
+}
+
+/* encode_column undone, into vals (n values of the column's width). */
+static void
+decode_column(const uint8_t *in, void *vals, const int64_t *starts, Py_ssize_t n, int c)
+{
+    int width = column_widths[c];
+    if (width == 1) {
+        memcpy(vals, in, (size_t)n);
+        return;
+    }
+    uint64_t prev = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t x = 0;
+        for (int k = 0; k < width; k++)
+            x |= (uint64_t)in[(Py_ssize_t)k * n + i] << (8 * k);
+        if (c == COL_START)
+            x = prev = prev + x;
+        else if (c == COL_END)
+            x += (uint64_t)starts[i];
+        if (width == 8)
+            ((int64_t *)vals)[i] = (int64_t)x;
+        else
+            ((int32_t *)vals)[i] = (int32_t)(uint32_t)x;
+    }
+}
+
+/* session_columns(events, track_index, scopes) -> (start_ns, end_ns,
+ * end_thread_id, sequence_nr, forward_thread_id, name, track, parent,
+ * scope, kind, names, rare): the first ten the column blocks as the file
+ * stores them (encode_column), names the distinct names in order of first
+ * use, rare the indexes of the events with an exception, args, inputs,
+ * stack or extra. track_index maps each Track to its index; scopes lists
+ * the RecordScope members, in the order the scope column counts them. */
+static PyObject *
+session_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyList_Check(args[0]) || !PyDict_Check(args[1]) || !PyList_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "session_columns(events: list, track_index: dict, scopes: list)");
+        return NULL;
+    }
+    PyObject *events = args[0], *track_index = args[1], *scope_list = args[2];
+    Py_ssize_t n = PyList_GET_SIZE(events);
+    if (n > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "%zd events are more than the format's %d", n, INT32_MAX);
+        return NULL;
+    }
+    PyObject *cols[N_COLUMNS] = {NULL};
+    void *buf[N_COLUMNS] = {NULL};
+    PyObject *names = PyList_New(0), *name_ids = PyDict_New(), *rare = PyList_New(0), *result = NULL;
+    PtrIndex index = {NULL, NULL, 0}; /* built on first need */
+    if (names == NULL || name_ids == NULL || rare == NULL)
+        goto done;
+    for (int c = 0; c < N_COLUMNS; c++)
+        if ((buf[c] = PyMem_Malloc((size_t)(n > 0 ? n : 1) * (size_t)column_widths[c])) == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    int64_t *start = buf[COL_START], *end = buf[COL_END], *end_lt = buf[COL_END_LT], *seq = buf[COL_SEQ],
+            *fwd = buf[COL_FWD];
+    int32_t *name = buf[COL_NAME], *track = buf[COL_TRACK], *parent = buf[COL_PARENT];
+    uint8_t *scope = buf[COL_SCOPE], *kind = buf[COL_KIND];
+    Py_ssize_t n_scopes = PyList_GET_SIZE(scope_list);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *ev = PyList_GET_ITEM(events, i);
+        if (!PyObject_TypeCheck(ev, &EventCoreType)) {
+            PyErr_Format(PyExc_TypeError, "event %zd is a %.100s, not a FunctionEvent", i, Py_TYPE(ev)->tp_name);
+            goto done;
+        }
+    }
+    PyObject *last_track = NULL;
+    int32_t last_track_id = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        EventCore *ev = (EventCore *)PyList_GET_ITEM(events, i);
+        PyObject *rec = ev->r;
+        if (rec == NULL || !PyList_CheckExact(rec) || PyList_GET_SIZE(rec) != R_SIZE) {
+            PyErr_Format(PyExc_ValueError, "event %zd has a record of the wrong shape", i);
+            goto done;
+        }
+        if (slot_i64(rec, R_START, i, "start_ns", &start[i]) < 0 || slot_i64(rec, R_END, i, "end_ns", &end[i]) < 0 ||
+            slot_i64(rec, R_SEQ, i, "sequence_nr", &seq[i]) < 0 ||
+            slot_i64(rec, R_FWD, i, "forward_thread_id", &fwd[i]) < 0)
+            goto done;
+        if (PyList_GET_ITEM(rec, R_END_LT) == Py_None)
+            end_lt[i] = -1;
+        else if (slot_i64(rec, R_END_LT, i, "end_thread_id", &end_lt[i]) < 0)
+            goto done;
+        int64_t k;
+        if (slot_i64(rec, R_KIND, i, "kind", &k) < 0)
+            goto done;
+        if (k < 0 || k > 255) {
+            PyErr_Format(PyExc_ValueError, "event %zd has kind flags %lld aprof does not know", i, (long long)k);
+            goto done;
+        }
+        kind[i] = (uint8_t)k;
+        /* the name, interned */
+        PyObject *nm = PyList_GET_ITEM(rec, R_NAME);
+        if (!PyUnicode_Check(nm)) {
+            PyErr_Format(PyExc_ValueError, "event %zd has a name that is not a string: %R", i, nm);
+            goto done;
+        }
+        PyObject *id = PyDict_GetItemWithError(name_ids, nm);
+        if (id == NULL) {
+            if (PyErr_Occurred())
+                goto done;
+            PyObject *nid = PyLong_FromSsize_t(PyList_GET_SIZE(names));
+            if (nid == NULL || PyDict_SetItem(name_ids, nm, nid) < 0 || PyList_Append(names, nm) < 0) {
+                Py_XDECREF(nid);
+                goto done;
+            }
+            name[i] = (int32_t)(PyList_GET_SIZE(names) - 1);
+            Py_DECREF(nid);
+        }
+        else
+            name[i] = (int32_t)PyLong_AsLong(id);
+        /* the scope (its index in scope_list: a few members, compared by
+         * identity, not through the enum's Python __hash__) and the track */
+        PyObject *sc = PyList_GET_ITEM(rec, R_SCOPE);
+        Py_ssize_t si = 0;
+        while (si < n_scopes && PyList_GET_ITEM(scope_list, si) != sc)
+            si++;
+        if (si == n_scopes || si > 255) {
+            PyErr_Format(PyExc_ValueError, "event %zd has scope %R, not a RecordScope", i, sc);
+            goto done;
+        }
+        scope[i] = (uint8_t)si;
+        if (ev->t != last_track) {
+            PyObject *ti = ev->t == NULL ? NULL : PyDict_GetItemWithError(track_index, ev->t);
+            if (ti == NULL) {
+                if (!PyErr_Occurred())
+                    PyErr_Format(PyExc_ValueError, "event %zd is on a track the session does not list", i);
+                goto done;
+            }
+            last_track = ev->t;
+            last_track_id = (int32_t)PyLong_AsLong(ti);
+        }
+        track[i] = last_track_id;
+        /* The parent, as an index: a nested range's is the event before
+         * it or one of that one's ancestors (a walk of a few steps, where a
+         * table lookup would miss the cache); a spawned task's or an async
+         * range's, on another track, is looked up in a table of all. */
+        parent[i] = -1;
+        if (ev->parent != NULL && ev->parent != Py_None) {
+            int32_t j = (int32_t)i - 1;
+            for (int steps = 0; j >= 0 && steps < 32; steps++, j = parent[j])
+                if (PyList_GET_ITEM(events, j) == ev->parent)
+                    break;
+            if (j >= 0 && PyList_GET_ITEM(events, j) == ev->parent)
+                parent[i] = j;
+            else {
+                if (index.keys == NULL) {
+                    if (ptrindex_init(&index, n) < 0)
+                        goto done;
+                    for (Py_ssize_t k = 0; k < n; k++)
+                        ptrindex_put(&index, PyList_GET_ITEM(events, k), (int32_t)k);
+                }
+                if ((parent[i] = ptrindex_get(&index, ev->parent)) < 0) {
+                    PyErr_Format(PyExc_ValueError, "event %zd has a parent that is not an event of this session", i);
+                    goto done;
+                }
+            }
+        }
+        if (PyList_GET_ITEM(rec, R_EXC) != Py_None || PyList_GET_ITEM(rec, R_ARGS) != Py_None ||
+            PyList_GET_ITEM(rec, R_INPUTS) != Py_None || PyList_GET_ITEM(rec, R_STACK) != Py_None ||
+            PyList_GET_ITEM(rec, R_EXTRA) != Py_None) {
+            PyObject *ix = PyLong_FromSsize_t(i);
+            if (ix == NULL || PyList_Append(rare, ix) < 0) {
+                Py_XDECREF(ix);
+                goto done;
+            }
+            Py_DECREF(ix);
+        }
+    }
+    for (int c = 0; c < N_COLUMNS; c++)
+        if ((cols[c] = encode_column(buf[c], start, n, c)) == NULL)
+            goto done;
+    result = PyTuple_New(N_COLUMNS + 2);
+    if (result == NULL)
+        goto done;
+    for (int c = 0; c < N_COLUMNS; c++) {
+        PyTuple_SET_ITEM(result, c, cols[c]);
+        cols[c] = NULL;
+    }
+    PyTuple_SET_ITEM(result, N_COLUMNS, Py_NewRef(names));
+    PyTuple_SET_ITEM(result, N_COLUMNS + 1, Py_NewRef(rare));
+done:
+    for (int c = 0; c < N_COLUMNS; c++) {
+        Py_XDECREF(cols[c]);
+        PyMem_Free(buf[c]);
+    }
+    Py_XDECREF(names);
+    Py_XDECREF(name_ids);
+    Py_XDECREF(rare);
+    ptrindex_free(&index);
+    return result;
+}
+
+/* A column argument: bytes of exactly n * width bytes. */
+static const char *
+column_arg(PyObject *b, Py_ssize_t n, Py_ssize_t width, int c)
+{
+    if (!PyBytes_Check(b) || PyBytes_GET_SIZE(b) != n * width) {
+        PyErr_Format(PyExc_ValueError, "column %d is not %zd bytes", c, n * width);
+        return NULL;
+    }
+    return PyBytes_AS_STRING(b);
+}
+
+/* "event i ('name...')": for messages. */
+static PyObject *
+event_label(Py_ssize_t i, PyObject *name)
+{
+    PyObject *cut = PyUnicode_Substring(name, 0, 80);
+    if (cut == NULL)
+        return NULL;
+    PyObject *label = PyUnicode_FromFormat("event %zd (%R)", i, cut);
+    Py_DECREF(cut);
+    return label;
+}
+
+static void
+event_error(Py_ssize_t i, PyObject *name, const char *what)
+{
+    PyObject *label = event_label(i, name);
+    if (label != NULL)
+        PyErr_Format(PyExc_ValueError, "%U %s", label, what);
+    Py_XDECREF(label);
+}
+
+/* session_events(names, scopes, tracks, columns, profile_start, max_thread_id)
+ * -> events: the events of a binary session, linked and checked. columns is
+ * the ten column blocks in session_columns' order (native endian); the
+ * indexes in them were checked against names, scopes, tracks and the event
+ * count by the caller. Checks what validate_session checks of the fixed
+ * fields and the links (times, flags, thread ids, track grouping and order,
+ * nesting, cycles), with its messages; the rare fields are the caller's. */
+static PyObject *
+session_events(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (event_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "aprof: _events_setup() was not called");
+        return NULL;
+    }
+    if (nargs != 6 || !PyList_Check(args[0]) || !PyList_Check(args[1]) || !PyList_Check(args[2]) ||
+        !PyTuple_Check(args[3]) || PyTuple_GET_SIZE(args[3]) != N_COLUMNS) {
+        PyErr_SetString(PyExc_TypeError, "session_events(names: list, scopes: list, tracks: list, columns: tuple, "
+                                         "profile_start: int, max_thread_id: int)");
+        return NULL;
+    }
+    PyObject *names = args[0], *scopes_list = args[1], *tracks = args[2], *columns = args[3];
+    long long profile_start = PyLong_AsLongLong(args[4]), max_tid = PyLong_AsLongLong(args[5]);
+    if ((profile_start == -1 || max_tid == -1) && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t n = PyBytes_Check(PyTuple_GET_ITEM(columns, COL_KIND)) ? PyBytes_GET_SIZE(PyTuple_GET_ITEM(columns, COL_KIND)) : -1;
+    const char *col[N_COLUMNS];
+    for (int c = 0; c < N_COLUMNS; c++)
+        if ((col[c] = column_arg(PyTuple_GET_ITEM(columns, c), n, column_widths[c], c)) == NULL)
+            return NULL;
+    PyObject *events = NULL;
+    uint8_t *state = NULL;
+    int32_t *chain = NULL;
+    void *buf[N_COLUMNS] = {NULL};
+    for (int c = 0; c < N_COLUMNS; c++)
+        if ((buf[c] = PyMem_Malloc((size_t)(n > 0 ? n : 1) * (size_t)column_widths[c])) == NULL) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+    for (int c = 0; c < N_COLUMNS; c++) /* COL_START first: COL_END needs it */
+        decode_column((const uint8_t *)col[c], buf[c], buf[COL_START], n, c);
+    const int64_t *start = buf[COL_START], *end = buf[COL_END], *end_lt = buf[COL_END_LT], *seq = buf[COL_SEQ],
+                  *fwd = buf[COL_FWD];
+    const int32_t *name = buf[COL_NAME], *track = buf[COL_TRACK], *parent = buf[COL_PARENT];
+    const uint8_t *scope = buf[COL_SCOPE], *kind = buf[COL_KIND];
+    Py_ssize_t n_names = PyList_GET_SIZE(names), n_scopes = PyList_GET_SIZE(scopes_list),
+               n_tracks = PyList_GET_SIZE(tracks);
+    events = PyList_New(n);
+    state = PyMem_Calloc((size_t)(n_tracks > n ? n_tracks : n) + 1, 1);
+    chain = PyMem_Malloc(((size_t)n + 1) * sizeof(int32_t));
+    if (events == NULL || state == NULL || chain == NULL) {
+        if (events != NULL)
+            PyErr_NoMemory();
+        goto fail;
+    }
+    /* Build and check each event's own fields, and the track grouping. */
+    int32_t cur_track = -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const char *table = NULL;
+        long long bad = 0, lo = 0, top = 0;
+        if (name[i] < 0 || name[i] >= n_names)
+            table = "a name index", bad = name[i], top = n_names;
+        else if (scope[i] >= n_scopes)
+            table = "a scope index", bad = scope[i], top = n_scopes;
+        else if (track[i] < 0 || track[i] >= n_tracks)
+            table = "a track index", bad = track[i], top = n_tracks;
+        else if (parent[i] < -1 || parent[i] >= n)
+            table = "a parent index", bad = parent[i], lo = -1, top = n;
+        if (table != NULL) {
+            PyErr_Format(PyExc_ValueError, "event %zd has %s %lld outside %lld..%lld", i, table, bad, lo, top - 1);
+            goto fail;
+        }
+        PyObject *nm = PyList_GET_ITEM(names, name[i]);
+        if (start[i] > end[i]) {
+            char what[120];
+            PyOS_snprintf(what, sizeof what, "ends before it starts (end_ns %lld < start_ns %lld)",
+                          (long long)end[i], (long long)start[i]);
+            event_error(i, nm, what);
+            goto fail;
+        }
+        if (kind[i] & ~(KIND_INSTANT | FLAG_UNFINISHED | FLAG_ASYNC)) {
+            char what[80];
+            PyOS_snprintf(what, sizeof what, "has kind flags %d aprof does not know", (int)kind[i]);
+            event_error(i, nm, what);
+            goto fail;
+        }
+        if ((kind[i] & KIND_INSTANT) && end[i] != start[i]) {
+            char what[80];
+            PyOS_snprintf(what, sizeof what, "is an instant with a duration (%lld ns)", (long long)(end[i] - start[i]));
+            event_error(i, nm, what);
+            goto fail;
+        }
+        if (fwd[i] < 0 || fwd[i] >= max_tid || end_lt[i] < -1 || end_lt[i] >= max_tid) {
+            PyObject *label = event_label(i, nm);
+            if (label != NULL) {
+                PyObject *lt = end_lt[i] == -1 ? Py_NewRef(Py_None) : PyLong_FromLongLong(end_lt[i]);
+                if (lt != NULL)
+                    PyErr_Format(PyExc_ValueError,
+                                 "%U names a thread outside 0..%lld (forward_thread_id %lld, end_thread_id %R)",
+                                 label, max_tid - 1, (long long)fwd[i], lt);
+                Py_XDECREF(lt);
+                Py_DECREF(label);
+            }
+            goto fail;
+        }
+        if (start[i] < profile_start) {
+            event_error(i, nm, "starts before the profile started (metadata start_ns)");
+            goto fail;
+        }
+        if (track[i] != cur_track) {
+            if (state[track[i]]) {
+                PyObject *t = PyList_GET_ITEM(tracks, track[i]);
+                PyObject *tid = PyObject_GetAttrString(t, "id");
+                PyObject *label = event_label(i, nm);
+                if (tid != NULL && label != NULL)
+                    PyErr_Format(PyExc_ValueError,
+                                 "%U is on track %R, whose events came earlier: the events are not grouped by track",
+                                 label, tid);
+                Py_XDECREF(tid);
+                Py_XDECREF(label);
+                goto fail;
+            }
+            if (cur_track >= 0)
+                state[cur_track] = 1;
+            cur_track = track[i];
+        }
+        else if (start[i] < start[i - 1]) {
+            event_error(i, nm, "starts before the event listed before it on its track");
+            goto fail;
+        }
+        PyObject *rec = PyList_New(R_SIZE);
+        if (rec == NULL)
+            goto fail;
+        for (Py_ssize_t s = 0; s < R_SIZE; s++)
+            PyList_SET_ITEM(rec, s, Py_NewRef(Py_None));
+        set_slot(rec, R_NAME, Py_NewRef(nm));
+        set_slot(rec, R_SCOPE, Py_NewRef(PyList_GET_ITEM(scopes_list, scope[i])));
+        PyObject *v;
+#define SET_INT(slot, x)                       \
+    if ((v = PyLong_FromLongLong(x)) == NULL) { \
+        Py_DECREF(rec);                        \
+        goto fail;                             \
+    }                                          \
+    set_slot(rec, slot, v)
+        SET_INT(R_START, start[i]);
+        SET_INT(R_END, end[i]);
+        if (end_lt[i] != -1) {
+            SET_INT(R_END_LT, end_lt[i]);
+        }
+        SET_INT(R_SEQ, seq[i]);
+        SET_INT(R_FWD, fwd[i]);
+        SET_INT(R_KIND, kind[i]);
+#undef SET_INT
+        /* Strings, ints, None and the scope: no cycle can pass through it
+         * (the rare fields the caller adds are plain JSON values). */
+        PyObject_GC_UnTrack(rec);
+        EventCore *ev = (EventCore *)event_type->tp_alloc(event_type, 0);
+        if (ev == NULL) {
+            Py_DECREF(rec);
+            goto fail;
+        }
+        ev->r = rec;
+        ev->t = Py_NewRef(PyList_GET_ITEM(tracks, track[i]));
+        ev->children = Py_NewRef(no_children);
+        ev->parent = Py_NewRef(Py_None);
+        PyList_SET_ITEM(events, i, (PyObject *)ev);
+    }
+    /* Link parents and children: an async range, or one on another track,
+     * has a parent but is not its child; a child lies within its parent. */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int32_t p = parent[i];
+        if (p < 0)
+            continue;
+        EventCore *ev = (EventCore *)PyList_GET_ITEM(events, i), *pe = (EventCore *)PyList_GET_ITEM(events, p);
+        Py_SETREF(ev->parent, Py_NewRef(pe));
+        if (!(kind[i] & FLAG_ASYNC) && track[p] == track[i]) {
+            if (start[i] < start[p] || end[i] > end[p]) {
+                PyObject *cl = event_label(i, PyList_GET_ITEM(names, name[i]));
+                PyObject *pl = event_label(p, PyList_GET_ITEM(names, name[p]));
+                if (cl != NULL && pl != NULL)
+                    PyErr_Format(PyExc_ValueError, "%U is nested in %U but outside its time", cl, pl);
+                Py_XDECREF(cl);
+                Py_XDECREF(pl);
+                goto fail;
+            }
+            if (add_child(pe, ev) < 0)
+                goto fail;
+        }
+    }
+    /* No event is its own ancestor: each chain is followed once
+     * (state: 0 unseen, 1 on the chain being walked, 2 known to end). */
+    memset(state, 0, (size_t)n + 1);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t len = 0;
+        int32_t cur = (int32_t)i;
+        while (cur >= 0 && state[cur] != 2) {
+            if (state[cur] == 1) {
+                PyObject *label = event_label(cur, PyList_GET_ITEM(names, name[cur]));
+                if (label != NULL)
+                    PyErr_Format(PyExc_ValueError,
+                                 parent[cur] == cur ? "%U is its own parent"
+                                                    : "%U is its own ancestor (a cycle of parent links)",
+                                 label);
+                Py_XDECREF(label);
+                goto fail;
+            }
+            state[cur] = 1;
+            chain[len++] = cur;
+            cur = parent[cur];
+        }
+        for (Py_ssize_t k = 0; k < len; k++)
+            state[chain[k]] = 2;
+    }
+    PyMem_Free(state);
+    PyMem_Free(chain);
+    for (int c = 0; c < N_COLUMNS; c++)
+        PyMem_Free(buf[c]);
+    return events;
+fail:
+    PyMem_Free(state);
+    PyMem_Free(chain);
+    for (int c = 0; c < N_COLUMNS; c++)
+        PyMem_Free(buf[c]);
+    Py_XDECREF(events); /* unfilled slots are NULL: list_dealloc skips them */
+    return NULL;
+}
+
 /* _events_setup(FunctionEvent, no_children, scopes, start_key, layout):
  * layout is (R_NAME, ..., R_EXTRA, KIND_INSTANT, FLAG_UNFINISHED,
  * FLAG_ASYNC, ASYNC_SAME_THREAD) as Python defines them. */
@@ -680,6 +1248,10 @@ static PyMethodDef event_functions[] = {
      "ones with a forward thread to linked)."},
     {"chrome_plain", (PyCFunction)(void (*)(void))chrome_plain, METH_FASTCALL,
      "The Chrome trace lines of a run of plain ranges, and the index after it."},
+    {"session_columns", (PyCFunction)(void (*)(void))session_columns, METH_FASTCALL,
+     "A session's column blocks, names and rare-event indexes (the binary format's writer)."},
+    {"session_events", (PyCFunction)(void (*)(void))session_events, METH_FASTCALL,
+     "The events of a binary session's columns, linked and checked (the binary format's reader)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -64,6 +64,17 @@ int aprof_ranges_init(PyObject *module);
 extern APROF_TLS PyObject *aprof_stepping_lt;
 extern APROF_TLS PyObject *aprof_stepping_ctx;
 
+/* The slot of an object's address in an open-addressing table of mask + 1
+ * slots (a power of two): Fibonacci hashing of the address, whose low bits
+ * are alignment. */
+static APROF_INLINE size_t
+hash_ptr(const void *p, size_t mask)
+{
+    uint64_t x = (uint64_t)(uintptr_t)p;
+    x = (x >> 4) * 0x9E3779B97F4A7C15ull;
+    return (size_t)(x >> 32) & mask;
+}
+
 /* _ctasks.c: add StepLog, StepCall, CallSoonHook and the task hooks' set-up
  * functions to the module. Returns -1 with an exception set on failure. */
 int aprof_tasks_init(PyObject *module);

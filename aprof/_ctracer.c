@@ -255,14 +255,6 @@ static PyObject *str_locals_tail;
 static PyObject *str_co_filename;
 static Tracer *running_tracer = NULL; /* at most one at a time */
 
-static APROF_INLINE size_t
-hash_ptr(void *p, size_t mask)
-{
-    uint64_t x = (uint64_t)(uintptr_t)p;
-    x = (x >> 4) * 0x9E3779B97F4A7C15ull;
-    return (size_t)(x >> 32) & mask;
-}
-
 static int
 table_grow(Tracer *t)
 {

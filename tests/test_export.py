@@ -26,6 +26,7 @@ import pytest
 
 import aprof
 
+from .sessionfiles import v1_document
 from .tracecheck import load_trace, validate_trace
 
 USER = aprof.RecordScope.USER_SCOPE
@@ -219,9 +220,8 @@ def test_two_nodes_are_two_processes(tmp_path: Path) -> None:
         t = threading.Thread(target=aprof.wrap(lambda: aprof.mark("other")), name="other-node")
         t.start()
         t.join()
-    prof.save(tmp_path / "s.aprof")
-    # Move the thread's track to node 4, through the session file's own field list.
-    doc = json.loads(gzip.decompress((tmp_path / "s.aprof").read_bytes()))
+    # Move the thread's track to node 4, through the (version 1) session file's own field list.
+    doc = v1_document(prof)
     fields = doc["fields"]
     moved = {t["id"] for t in doc["tracks"] if t["name"] == "other-node"}
     assert len(moved) == 1

@@ -23,6 +23,7 @@ import pytest
 
 import aprof
 
+from .sessionfiles import save_v1, v1_bytes, v1_document
 from .tracecheck import validate_trace
 
 USER = aprof.RecordScope.USER_SCOPE
@@ -616,18 +617,33 @@ def test_save_load_round_trip_keeps_every_field_and_the_tree(backend, tmp_path: 
     assert _snapshot(aprof.load(tmp_path / "again.aprof")) == original
 
 
-def test_save_writes_a_gzip_file_and_accepts_str_paths(tmp_path: Path) -> None:
-    # SPEC 6.5: str and Path both work; the file is compact (gzip).
+def test_save_writes_a_binary_session_and_accepts_str_paths(tmp_path: Path) -> None:
+    # SPEC 6.5: str and Path both work; the file is the binary format,
+    # version 2 (docs/how-it-works.md).
     with aprof.profile() as prof:
         with aprof.record_function("r"):
             pass
     path = str(tmp_path / "s.aprof")
     prof.save(path)
     raw = Path(path).read_bytes()
-    assert raw[:2] == b"\x1f\x8b"
-    doc = json.loads(gzip.decompress(raw))
-    assert doc["format"] == "aprof-session"
+    assert raw[:8] == b"\x89APROF\r\n"
+    assert int.from_bytes(raw[8:12], "little") == 2
     assert [e.name for e in aprof.load(path).events()] == ["r"]
+
+
+def test_version_1_files_still_load(tmp_path: Path) -> None:
+    # SPEC 6.5: a session saved by an aprof before the binary format
+    # (gzip-compressed JSON, version 1) loads to the same session.
+    with aprof.profile() as prof:
+        with aprof.record_function("outer", args="a=1"):
+            aprof.mark("here")
+    save_v1(prof, tmp_path / "old.aprof")
+    old = aprof.load(tmp_path / "old.aprof")
+    assert [e.to_dict() for e in old.events()] == [e.to_dict() for e in prof.events()]
+    # and convert writes it anew in the current format
+    old.save(tmp_path / "new.aprof")
+    assert (tmp_path / "new.aprof").read_bytes()[:8] == b"\x89APROF\r\n"
+    assert [e.to_dict() for e in aprof.load(tmp_path / "new.aprof").events()] == [e.to_dict() for e in prof.events()]
 
 
 # -- BI-07: load on files that are not whole sessions ------------------------
@@ -640,7 +656,19 @@ def _session_bytes(tmp_path: Path) -> bytes:
                 pass
     prof.save(tmp_path / "good.aprof")
     prof.export_chrome_trace(tmp_path / "chrome.json")
-    return (tmp_path / "good.aprof").read_bytes()
+    # The damage below is done to a version 1 file (gzip, JSON), or, for the
+    # "v2-" kinds, to the binary file just saved.
+    return v1_bytes(v1_document(prof))
+
+
+def _v2(tmp: Path) -> bytes:
+    return (tmp / "good.aprof").read_bytes()
+
+
+def _v2_with(tmp: Path, offset: int, value: bytes) -> bytes:
+    raw = bytearray(_v2(tmp))
+    raw[offset : offset + len(value)] = value
+    return bytes(raw)
 
 
 def _cprofile_dump(path: Path) -> bytes:
@@ -682,6 +710,12 @@ BAD_FILES = {
     }).encode(),
     "viztracer": lambda good, tmp: json.dumps({"traceEvents": [], "viztracer_metadata": {"version": "0.16"}}).encode(),
     "cprofile-stats": lambda good, tmp: _cprofile_dump(tmp / "stats.prof"),
+    "v2-cut-at-half": lambda good, tmp: _v2(tmp)[: len(_v2(tmp)) // 2],
+    "v2-last-byte-cut": lambda good, tmp: _v2(tmp)[:-1],
+    "v2-magic-only": lambda good, tmp: _v2(tmp)[:8],
+    "v2-future-version": lambda good, tmp: _v2_with(tmp, 8, (999).to_bytes(4, "little")),
+    "v2-huge-header-length": lambda good, tmp: _v2_with(tmp, 12, (2**32 - 1).to_bytes(4, "little")),
+    "v2-flipped-last-byte": lambda good, tmp: _v2(tmp)[:-1] + bytes([_v2(tmp)[-1] ^ 0xFF]),
 }  # fmt: skip
 
 

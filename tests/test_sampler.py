@@ -28,6 +28,7 @@ import aprof
 from aprof._core import _sampler, _sampler_py
 
 from .conftest import Backend, require_c_extension
+from .sessionfiles import v1_bytes, v1_document, v2_bytes, v2_parts
 from .test_html import chromium as chromium  # the fixture, for the report test
 from .tracecheck import validate_trace
 
@@ -402,15 +403,22 @@ def test_samples_round_trip_through_the_session_file(tmp_path: Path) -> None:
         (lambda s: s.update(thread_id=[424242] * len(s["thread_id"])), "track 424242"),
     ],
 )
-def test_damaged_samples_in_a_session_file_are_refused(tmp_path: Path, damage: Any, message: str) -> None:
-    # SPEC 6.5, 12: a damaged file is a ValueError naming it and the problem.
-    import gzip
-
+@pytest.mark.parametrize("version", [1, 2])
+def test_damaged_samples_in_a_session_file_are_refused(tmp_path: Path, damage: Any, message: str, version: int) -> None:
+    # SPEC 6.5, 12: a damaged file is a ValueError naming it and the problem,
+    # in either version of the session format.
     session = _sampled_session()
-    session.save(tmp_path / "s.aprof")
-    doc = json.loads(gzip.decompress((tmp_path / "s.aprof").read_bytes()))
-    damage(doc["samples"])
-    (tmp_path / "bad.aprof").write_bytes(gzip.compress(json.dumps(doc).encode()))
+    if version == 1:
+        doc = v1_document(session)
+        damage(doc["samples"])
+        (tmp_path / "bad.aprof").write_bytes(v1_bytes(doc))
+    else:
+        session.save(tmp_path / "s.aprof")
+        header, blocks = v2_parts((tmp_path / "s.aprof").read_bytes())
+        samples = json.loads(blocks["samples"])
+        damage(samples)
+        blocks["samples"] = json.dumps(samples).encode()
+        (tmp_path / "bad.aprof").write_bytes(v2_bytes(header, blocks))
     with pytest.raises(ValueError, match=message) as info:
         aprof.load(tmp_path / "bad.aprof")
     assert "bad.aprof" in str(info.value)

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from os import PathLike
 from pathlib import Path
 
-__all__ = ["atomic_write_text", "check_output_path"]
+__all__ = ["atomic_write_bytes", "atomic_write_text", "check_output_path"]
 
 
 def check_output_path(path: object, what: str, suffixes: tuple[str, ...]) -> Path:
@@ -56,6 +56,15 @@ def atomic_write_text(path: Path, chunks: Iterable[str], *, compress: bool, what
     # Every format escapes what UTF-8 cannot hold (JSON's \udcXX, the folded
     # format's Python escape); "backslashreplace" is the safety net that keeps
     # any file valid UTF-8 should a lone surrogate still get here.
+    _atomic_write(path, (c.encode("utf-8", "backslashreplace") for c in chunks), compress=compress, what=what)
+
+
+def atomic_write_bytes(path: Path, chunks: Iterable[bytes], *, what: str) -> None:
+    """:func:`atomic_write_text` for binary chunks, written as they are."""
+    _atomic_write(path, chunks, compress=False, what=what)
+
+
+def _atomic_write(path: Path, chunks: Iterable[bytes], *, compress: bool, what: str) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as raw:
@@ -64,10 +73,10 @@ def atomic_write_text(path: Path, chunks: Iterable[str], *, compress: bool, what
             if compress:
                 with gzip.GzipFile(filename=path.name[:-3], mode="wb", fileobj=raw, compresslevel=6, mtime=0) as gz:
                     for chunk in chunks:
-                        gz.write(chunk.encode("utf-8", "backslashreplace"))
+                        gz.write(chunk)
             else:
                 for chunk in chunks:
-                    raw.write(chunk.encode("utf-8", "backslashreplace"))
+                    raw.write(chunk)
             raw.flush()
         os.replace(tmp, path)
     except OSError as exc:

@@ -4,16 +4,17 @@ A :class:`Session` is what post-processing works on: events, tracks and
 metadata. ``profile.stop()`` builds one; :func:`load` reads one back from a
 file written by ``save()``, with the same analysis and export methods.
 
-The session file is gzip-compressed JSON: ``{"format": "aprof-session",
-"version": 1, "metadata": {...}, "tracks": [...], "events": [[...], ...]}``,
-one array per event in the order of ``_FIELDS``, with ``parent`` as an index
-into the event list.
+``save()`` writes the binary, columnar format of :mod:`._binary` (version
+2). :func:`load` also reads version 1, gzip-compressed JSON: ``{"format":
+"aprof-session", "version": 1, "metadata": {...}, "tracks": [...],
+"events": [[...], ...]}``, one array per event in the order of ``_FIELDS``,
+with ``parent`` as an index into the event list; ``_to_json`` still builds
+that document (a session embedded in an HTML report, tests).
 """
 
 from __future__ import annotations
 
 import gc
-import json
 import os
 import sys
 import time
@@ -24,7 +25,8 @@ from typing import TYPE_CHECKING, Any, Final
 from .. import _version
 from .._core._callbacks import RecordScope
 from .._core._recorder import KIND_INSTANT, KIND_RANGE, R_START, ProfilerState
-from .._export._files import atomic_write_text, check_output_path
+from .._export._files import atomic_write_bytes, check_output_path
+from ._binary import MAGIC, read_binary, write_binary
 from ._events import FunctionEvent, Track, consolidate, link_parents, make_event
 from ._samples import Samples
 from ._validate import check_parent_indexes, decompress, parse_json, validate_session
@@ -183,12 +185,15 @@ class Session:
     def save(self, path: str | PathLike[str]) -> None:
         """Write the whole session to ``path`` (``.aprof``) for :func:`aprof.load`.
 
+        The file is the binary, columnar format (version 2, see
+        docs/how-it-works.md), compressed with zlib.
+
         Raises:
             TypeError, ValueError, OSError: the path is unusable; the message
                 names it and nothing is written.
         """
         p = check_output_path(path, "save", SUFFIXES)
-        atomic_write_text(p, [json.dumps(self._to_json(), allow_nan=False)], compress=True, what="save")
+        atomic_write_bytes(p, write_binary(self), what="save")
 
     def _to_json(self) -> dict[str, Any]:
         index = {id(e): i for i, e in enumerate(self._events)}
@@ -267,6 +272,11 @@ def load(path: str | PathLike[str]) -> Session:
         raise IsADirectoryError(f"load: {where} is a directory, not a session file") from None
     if not raw:
         raise ValueError(f"load: {where} is empty, not an aprof session")
+    if raw.startswith(MAGIC):
+        try:
+            return read_binary(raw)
+        except ValueError as exc:
+            raise ValueError(f"load: {where} {exc}") from None
     try:
         doc = parse_json(decompress(raw))
     except ValueError as exc:

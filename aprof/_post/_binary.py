@@ -1,0 +1,569 @@
+"""The binary session format: ``.aprof`` version 2 (SPEC 6.5).
+
+A session is written as columns, one typed array per field, not as one
+JSON object per event: a million events are a few dozen megabytes of
+arrays that ``array.tobytes()`` and ``array.frombytes()`` move in one call
+each, where version 1 (gzip-compressed JSON, still read) built and parsed a
+dict per event.
+
+Layout (every integer little-endian)::
+
+    offset  size  field
+    0       8     magic b"\\x89APROF\\r\\n"
+    8       4     version: 2
+    12      4     H: the header's length in bytes
+    16      4     CRC-32 of the header
+    20      H     header: UTF-8 JSON (below)
+    20+H          the blocks, back to back, each where the header says
+
+The header is ``{"count": N, "compression": "zlib" | "none", "scopes":
+[...], "metadata": {...}, "tracks": [...], "blocks": [{"name", "offset",
+"size", "raw_size", "crc32"}, ...]}``: ``offset`` counts from the end of
+the header, ``size`` is the stored (maybe compressed) length, ``raw_size``
+the length after inflating, ``crc32`` the stored bytes' checksum. Blocks:
+
+=====================  ======  ==================================================
+name                   type    one value per event (in the session's order)
+=====================  ======  ==================================================
+``start_ns``           int64   start time (``perf_counter_ns``)
+``end_ns``             int64   end time
+``end_thread_id``      int64   the logical thread it ended on, -1 for its own
+``sequence_nr``        int64   sequence number
+``forward_thread_id``  int64   the logical thread that spawned it
+``name``               int32   index into the ``names`` block
+``track``              int32   index into the header's ``tracks``
+``parent``             int32   index of its parent event, -1 for none
+``scope``              uint8   index into the header's ``scopes``
+``kind``               uint8   flags: 1 instant, 2 unfinished, 4 async
+``names``              JSON    the distinct names, each once
+``rare``               JSON    ``[index, exception, args, inputs, stack, extra]``
+                               for the events that have any of these
+``samples``            JSON    the stack samples (only when the profile sampled)
+=====================  ======  ==================================================
+
+Reading treats the file as hostile: every length, offset and index is
+checked against the file before anything is allocated for it, a block is
+inflated only up to the size its column needs (``count`` times the item
+size), checksums are compared, and the session is then validated whole by
+:func:`~aprof._post._validate.validate_session`, as version 1 files are.
+A damaged file is a ``ValueError`` naming the file and what is wrong.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import struct
+import sys
+import zlib
+from array import array
+from collections.abc import Callable, Iterator
+from itertools import accumulate, chain
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any, Final, TypeGuard
+
+from .._core import _native
+from .._core._callbacks import RecordScope
+from .._core._recorder import (
+    FLAG_ASYNC,
+    R_ARGS,
+    R_END,
+    R_END_LT,
+    R_EXC,
+    R_EXTRA,
+    R_FWD,
+    R_INPUTS,
+    R_KIND,
+    R_NAME,
+    R_SCOPE,
+    R_SEQ,
+    R_STACK,
+    R_START,
+)
+from ._events import _NO_CHILDREN, FunctionEvent, Track
+from ._samples import Samples
+from ._validate import (
+    MAX_RATIO,
+    MAX_TRACK_ID,
+    MIN_LIMIT,
+    _check_metadata,
+    _check_record,
+    _check_track,
+    parse_json,
+    validate_session,
+)
+
+if TYPE_CHECKING:
+    from ._session import Session
+
+__all__ = ["MAGIC", "VERSION", "read_binary", "write_binary"]
+
+MAGIC: Final = b"\x89APROF\r\n"
+VERSION: Final = 2
+_PREFIX: Final = struct.Struct("<8sIII")  # magic, version, header length, header CRC-32
+#: The largest header a file may declare: metadata and track names, not events.
+MAX_HEADER: Final = 64 << 20
+#: zlib level 1: most of the size saving of level 6 (the columns are
+#: repetitive), at several times the speed.
+_ZLIB_LEVEL: Final = 1
+#: A stored block inflates at most this many times its size (zlib's own limit is about 1,032).
+_MAX_RATIO: Final = 1100
+
+# (block name, array type code, item size): the fixed-width columns, in file order.
+_COLUMNS: Final = (
+    ("start_ns", "q", 8),
+    ("end_ns", "q", 8),
+    ("end_thread_id", "q", 8),
+    ("sequence_nr", "q", 8),
+    ("forward_thread_id", "q", 8),
+    ("name", "i", 4),
+    ("track", "i", 4),
+    ("parent", "i", 4),
+    ("scope", "B", 1),
+    ("kind", "B", 1),
+)
+_START: Final = 0
+_END: Final = 1
+_INT32_MAX: Final = 2**31 - 1
+_SCOPES: Final = tuple(s.value for s in RecordScope)
+
+
+# -- writing ------------------------------------------------------------------
+
+
+def _le(col: array[int]) -> bytes:
+    if sys.byteorder != "little":
+        col = array(col.typecode, col)
+        col.byteswap()
+    return col.tobytes()
+
+
+_MASK: Final = (1 << 64) - 1
+_UNSIGNED: Final = {"q": "Q", "i": "I"}
+
+
+def _encode(col: array[int], c: int, starts: array[int] | None) -> bytes:
+    """Column ``c`` as the file stores it (the extension's ``encode_column``):
+    start times as differences from the previous, end times less their
+    start (modulo 2**64), then byte-shuffled."""
+    _, typecode, width = _COLUMNS[c]
+    if width == 1:
+        return bytes(col)
+    mask = (1 << (8 * width)) - 1
+    if c == _START:
+        vals = [(v - p) & mask for p, v in zip(chain((0,), col), col, strict=False)]
+    elif c == _END:
+        assert starts is not None
+        vals = [(v - s) & mask for v, s in zip(col, starts, strict=True)]
+    else:
+        vals = [v & mask for v in col]
+    raw = _le(array(_UNSIGNED[typecode], vals))
+    return b"".join(raw[k::width] for k in range(width))
+
+
+def _decode(data: bytes, c: int, n: int, starts: array[int] | None) -> array[int]:
+    """:func:`_encode` undone: column ``c`` of ``n`` values."""
+    _, typecode, width = _COLUMNS[c]
+    if width == 1:
+        return array("B", data)
+    shuffled = bytearray(n * width)
+    for k in range(width):
+        shuffled[k::width] = data[k * n : (k + 1) * n]
+    u = array(_UNSIGNED[typecode])
+    u.frombytes(shuffled)
+    if sys.byteorder != "little":
+        u.byteswap()
+    if c == _START:
+        u = array("Q", [x & _MASK for x in accumulate(u)])
+    elif c == _END:
+        assert starts is not None
+        u = array("Q", [(x + s) & _MASK for x, s in zip(u, starts, strict=True)])
+    out = array(typecode)
+    out.frombytes(u.tobytes())  # the same bits, read as signed
+    return out
+
+
+def _columns(session: Session) -> Iterator[tuple[str, bytes]]:
+    """The session's blocks, (name, raw bytes), in file order."""
+    events = session._events
+    n = len(events)
+    if n > _INT32_MAX:
+        raise ValueError(f"save: {n:,} events are more than the format's {_INT32_MAX:,}")
+    ext = _native.extension
+    if ext is None:
+        yield from _py_columns(session)
+        return
+    track_index = {t: i for i, t in enumerate(session._tracks.values())}
+    *cols, names, rare = ext.session_columns(events, track_index, [RecordScope(v) for v in _SCOPES])
+    for (name, _, _), data in zip(_COLUMNS, cols, strict=True):
+        yield name, data
+    yield "names", _json(names)
+    yield "rare", _json([_rare_row(i, events[i]._r) for i in rare])
+    if session.samples is not None:
+        yield "samples", _json(session.samples.to_json())
+
+
+def _rare_row(i: int, r: list[Any]) -> list[Any]:
+    return [
+        i,
+        r[R_EXC],
+        r[R_ARGS],
+        None if r[R_INPUTS] is None else list(r[R_INPUTS]),
+        None if r[R_STACK] is None else [list(f) for f in r[R_STACK]],
+        r[R_EXTRA],
+    ]
+
+
+def _py_columns(session: Session) -> Iterator[tuple[str, bytes]]:
+    """:func:`_columns` in Python (the extension's ``session_columns``)."""
+    events = session._events
+    recs = [e._r for e in events]
+    starts = array("q", map(itemgetter(R_START), recs))
+    yield "start_ns", _encode(starts, 0, None)
+    yield "end_ns", _encode(array("q", map(itemgetter(R_END), recs)), 1, starts)
+    yield "end_thread_id", _encode(array("q", [-1 if (t := r[R_END_LT]) is None else t for r in recs]), 2, None)
+    yield "sequence_nr", _encode(array("q", map(itemgetter(R_SEQ), recs)), 3, None)
+    yield "forward_thread_id", _encode(array("q", map(itemgetter(R_FWD), recs)), 4, None)
+    names: dict[str, int] = {}
+    intern = names.setdefault
+    yield "name", _encode(array("i", [intern(r[R_NAME], len(names)) for r in recs]), 5, None)
+    track_index = {id(t): i for i, t in enumerate(session._tracks.values())}
+    yield "track", _encode(array("i", [track_index[id(e._t)] for e in events]), 6, None)
+    index = {id(e): i for i, e in enumerate(events)}
+    yield "parent", _encode(array("i", [-1 if (p := e.parent) is None else index[id(p)] for e in events]), 7, None)
+    del index
+    scope_index = {RecordScope(v): i for i, v in enumerate(_SCOPES)}
+    yield "scope", bytes([scope_index[r[R_SCOPE]] for r in recs])
+    yield "kind", bytes(map(itemgetter(R_KIND), recs))
+    yield "names", _json(list(names))
+    rare = [
+        _rare_row(i, r)
+        for i, r in enumerate(recs)
+        if r[R_EXC] is not None
+        or r[R_ARGS] is not None
+        or r[R_INPUTS] is not None
+        or r[R_STACK] is not None
+        or r[R_EXTRA] is not None
+    ]
+    yield "rare", _json(rare)
+    if session.samples is not None:
+        yield "samples", _json(session.samples.to_json())
+
+
+def _json(doc: Any) -> bytes:
+    # The text escapes what UTF-8 cannot hold (\udcXX); allow_nan=False: a
+    # NaN would make the file unreadable by any strict JSON reader.
+    return json.dumps(doc, allow_nan=False, separators=(",", ":")).encode("utf-8")
+
+
+def write_binary(session: Session, compression: str = "zlib") -> Iterator[bytes]:
+    """The session as a version 2 file, in chunks (prefix and header first).
+
+    Raises:
+        ValueError: the session has more events than the format holds, or a
+            value JSON cannot hold (a NaN in an ``extra``).
+    """
+    blocks: list[dict[str, Any]] = []
+    stored: list[bytes] = []
+    offset = 0
+    for name, raw in _columns(session):
+        data = zlib.compress(raw, _ZLIB_LEVEL) if compression == "zlib" else raw
+        blocks.append(
+            {"name": name, "offset": offset, "size": len(data), "raw_size": len(raw), "crc32": zlib.crc32(data)}
+        )
+        stored.append(data)
+        offset += len(data)
+    header = _json(
+        {
+            "count": len(session._events),
+            "compression": compression,
+            "scopes": list(_SCOPES),
+            "metadata": session.metadata,
+            "tracks": [t.to_dict() for t in session._tracks.values()],
+            "blocks": blocks,
+        }
+    )
+    yield _PREFIX.pack(MAGIC, VERSION, len(header), zlib.crc32(header))
+    yield header
+    yield from stored
+
+
+# -- reading ------------------------------------------------------------------
+
+
+def _fail(what: str) -> ValueError:
+    return ValueError(f"is a damaged aprof session: {what}")
+
+
+def _header(raw: bytes) -> tuple[dict[str, Any], memoryview]:
+    """The header, and the body the blocks' offsets count from."""
+    if len(raw) < _PREFIX.size:
+        raise ValueError(f"is truncated: {len(raw)} bytes, shorter than the {_PREFIX.size}-byte start of a session")
+    _, version, size, crc = _PREFIX.unpack_from(raw)
+    if version != VERSION:
+        raise ValueError(f"is an aprof session of version {version}; this aprof reads versions 1 and {VERSION}")
+    if size > min(MAX_HEADER, len(raw) - _PREFIX.size):
+        raise _fail(f"its header claims {size:,} bytes, but the file has {len(raw) - _PREFIX.size:,} after its start")
+    text = raw[_PREFIX.size : _PREFIX.size + size]
+    if zlib.crc32(text) != crc:
+        raise _fail("its header's checksum does not match (the file was changed or cut)")
+    header = parse_json(text, "has a header that is not JSON")
+    if type(header) is not dict:
+        raise _fail("its header is not an object")
+    return header, memoryview(raw)[_PREFIX.size + size :]
+
+
+def _blocks(header: dict[str, Any], body: memoryview, count: int) -> dict[str, bytes]:
+    """Every block, checked and inflated, by name."""
+    compression = header.get("compression")
+    if compression not in ("zlib", "none"):
+        raise _fail(f"compression {compression!r} is not 'zlib' or 'none'")
+    listed = header.get("blocks")
+    if type(listed) is not list:
+        raise _fail("the header has no list of blocks")
+    sizes = {name: count * item for name, _, item in _COLUMNS}
+    out: dict[str, bytes] = {}
+    for b in listed:
+        if type(b) is not dict:
+            raise _fail(f"a block entry is {b!r}, not an object")
+        name = b.get("name")
+        if type(name) is not str or name in out:
+            raise _fail(f"block name {name!r} is not a string, or is listed twice")
+        offset, size, raw_size, crc = (b.get(k) for k in ("offset", "size", "raw_size", "crc32"))
+        if not (_is_count(offset) and _is_count(size) and _is_count(raw_size) and _is_count(crc)):
+            raise _fail(f"block {name!r} has an offset, size, raw_size or crc32 that is not a count")
+        if offset + size > len(body):
+            raise _fail(f"block {name!r} ends at byte {offset + size:,} of {len(body):,}: the file is truncated")
+        want = sizes.get(name)
+        if want is not None and raw_size != want:
+            raise _fail(f"block {name!r} has {raw_size:,} bytes, not the {want:,} that {count:,} events need")
+        if want is None and compression == "zlib" and raw_size > max(MIN_LIMIT, MAX_RATIO * size):
+            # The JSON blocks have the same bound as compressed version 1 files.
+            raise _fail(f"block {name!r} claims to inflate {size:,} bytes to {raw_size:,}: refused as a likely bomb")
+        data = body[offset : offset + size]
+        if zlib.crc32(data) != crc:
+            raise _fail(f"block {name!r}'s checksum does not match (the file was changed or cut)")
+        out[name] = _inflate(name, data, raw_size) if compression == "zlib" else bytes(data)
+        if len(out[name]) != raw_size:
+            raise _fail(f"block {name!r} holds {len(out[name]):,} bytes, not the {raw_size:,} its entry says")
+    missing = [name for name in (*sizes, "names", "rare") if name not in out]
+    if missing:
+        raise _fail(f"it has no {', '.join(repr(m) for m in missing)} block")
+    return out
+
+
+def _is_count(v: object) -> TypeGuard[int]:
+    return type(v) is int and v >= 0
+
+
+def _inflate(name: str, data: memoryview, raw_size: int) -> bytes:
+    if raw_size > _MAX_RATIO * max(len(data), 1):
+        raise _fail(f"block {name!r} claims to inflate {len(data):,} bytes to {raw_size:,}, more than zlib can")
+    d = zlib.decompressobj()
+    try:
+        out = d.decompress(data, raw_size)
+    except zlib.error as exc:
+        raise _fail(f"block {name!r} is corrupt zlib data ({exc})") from None
+    if not d.eof or d.unconsumed_tail or d.unused_data:
+        raise _fail(f"block {name!r} does not inflate to exactly {raw_size:,} bytes")
+    return out
+
+
+def _in_range(col: array[int] | bytes, lo: int, hi: int, what: str) -> None:
+    """Every value of ``col`` is in ``lo..hi - 1``."""
+    if col and (min(col) < lo or max(col) >= hi):
+        bad = next(v for v in col if not lo <= v < hi)
+        raise _fail(f"{what} {bad} is outside 0..{hi - 1}" if lo == 0 else f"{what} {bad} is outside {lo}..{hi - 1}")
+
+
+def _json_block(blocks: dict[str, bytes], name: str) -> Any:
+    return parse_json(blocks[name], f"has a {name!r} block that is not JSON")
+
+
+def _frames(stack: Any) -> Any:
+    if type(stack) is list and all(type(f) is list for f in stack):
+        return tuple(tuple(f) for f in stack)
+    return stack  # validate_session names what is wrong with it
+
+
+def read_binary(raw: bytes) -> Session:
+    """The session in a version 2 file's bytes, validated whole.
+
+    Raises:
+        ValueError: the file is truncated, corrupt or not a valid session;
+            the message says what is wrong (the caller adds the file name).
+    """
+    from ._session import Session
+
+    header, body = _header(raw)
+    count = header.get("count")
+    if type(count) is not int or not 0 <= count <= _INT32_MAX:
+        raise _fail(f"count {count!r} is not a number of events")
+    if count * sum(item for _, _, item in _COLUMNS) > _MAX_RATIO * len(body) + 64:
+        raise _fail(f"it declares {count:,} events, more than its {len(body):,} bytes can hold")
+    scopes = header.get("scopes")
+    if type(scopes) is not list or not scopes:
+        raise _fail("the header lists no scopes")
+    try:
+        scope_of = [RecordScope(s) for s in scopes]
+    except (ValueError, TypeError):
+        raise _fail(f"scopes {scopes!r} are not all scopes this aprof knows") from None
+    tracks_doc = header.get("tracks")
+    if type(tracks_doc) is not list:
+        raise _fail("the header lists no tracks")
+    tracks: dict[int, Track] = {}
+    track_list: list[Track] = []
+    try:
+        for t in tracks_doc:
+            tid = t["id"]
+            if type(tid) is not int or tid in tracks:
+                raise _fail(f"track id {tid!r} is not an int, or is listed twice")
+            track = tracks[tid] = Track(tid, t["name"], t["kind"], t["os_thread_id"], t["node_id"])
+            track_list.append(track)
+    except (KeyError, TypeError) as exc:
+        raise _fail(f"a track entry is incomplete ({type(exc).__name__}: {exc})") from None
+    blocks = _blocks(header, body, count)
+    names = _json_block(blocks, "names")
+    if type(names) is not list:
+        raise _fail("the 'names' block is not a list")
+    bad = next((x for x in names if type(x) is not str), None)
+    if bad is not None:
+        raise _fail(f"the 'names' block has a name that is not a string: {str(bad)[:80]}")
+    metadata = header.get("metadata")
+    rare = _json_block(blocks, "rare")
+    ext = _native.extension
+    cols = [blocks[name] for name, _, _ in _COLUMNS]
+    # A million linked objects would set off the cyclic GC many times over,
+    # each pass walking every event so far: paused, as at stop.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        if ext is not None:
+            events = _c_events(ext, cols, names, scope_of, track_list, metadata, rare)
+        else:
+            events = _py_events(cols, count, names, scope_of, track_list, rare)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    for row in rare:  # a task's running/waiting time comes from its steps, as at stop
+        ev = events[row[0]]  # (an extra is a rare field: _fill_rare checked the index)
+        extra = ev._r[R_EXTRA]
+        if extra is not None and ev._r[R_SCOPE] is RecordScope.TASK and type(extra) is dict:
+            steps = extra.get("steps")
+            if steps is not None:
+                ev._t.steps = steps
+    samples = None
+    if "samples" in blocks:
+        try:
+            samples = Samples.from_json(_json_block(blocks, "samples"))
+        except ValueError as exc:
+            raise _fail(str(exc)) from None
+        for tid in set(samples.thread_id):
+            if tid not in tracks:
+                raise _fail(f"samples: a sample is on track {tid}, which the session does not have")
+    try:
+        if ext is not None:
+            # The extension checked the fixed fields and the links; the rest
+            # is what validate_session checks besides.
+            _check_metadata(metadata)
+            checked_steps: set[int] = set()
+            for t in track_list:
+                _check_track(t)
+                if t.steps is not None:
+                    checked_steps.add(id(t.steps))
+            for row in rare:
+                _check_record(row[0], events[row[0]]._r, checked_steps)
+        else:
+            validate_session(events, tracks, metadata)
+    except ValueError as exc:
+        raise ValueError(f"is not a valid aprof session: {exc}") from None
+    assert type(metadata) is dict  # checked above
+    return Session(events, tracks, dict(metadata), samples)
+
+
+def _c_events(
+    ext: Any,
+    cols: list[bytes],
+    names: list[str],
+    scope_of: list[RecordScope],
+    tracks: list[Track],
+    metadata: Any,
+    rare: Any,
+) -> list[FunctionEvent]:
+    """The events, built, linked and checked by the extension."""
+    start = metadata.get("start_ns") if type(metadata) is dict else None
+    if type(start) is not int:
+        raise ValueError(f"is not a valid aprof session: metadata start_ns is {start!r}, not an integer time")
+    try:
+        events: list[FunctionEvent] = ext.session_events(names, scope_of, tracks, tuple(cols), start, MAX_TRACK_ID)
+    except ValueError as exc:
+        raise ValueError(f"is not a valid aprof session: {exc}") from None
+    _fill_rare(len(events), lambda i: events[i]._r, rare)
+    return events
+
+
+def _py_events(
+    cols: list[bytes], n: int, names: list[str], scope_of: list[RecordScope], track_list: list[Track], rare: Any
+) -> list[FunctionEvent]:
+    """:func:`_c_events` in Python; validate_session checks them after."""
+    starts = _decode(cols[_START], _START, n, None)
+    start, end, end_lt, seq, fwd, name_col, track_col, parent_col, scope_col, kind = (
+        _decode(data, c, n, starts) for c, data in enumerate(cols)
+    )
+    _in_range(name_col, 0, len(names), "a name index")
+    _in_range(track_col, 0, len(track_list), "a track index")
+    _in_range(parent_col, -1, n, "a parent index")
+    _in_range(scope_col, 0, len(scope_of), "a scope index")
+    recs = [
+        [names[a], scope_of[b], s, e, None if t == -1 else t, None, None, q, f, None, None, k, None]
+        for a, b, s, e, t, q, f, k in zip(name_col, scope_col, start, end, end_lt, seq, fwd, kind, strict=True)
+    ]
+    _fill_rare(len(recs), recs.__getitem__, rare)
+    return _events(recs, track_list, track_col, parent_col)
+
+
+def _fill_rare(n: int, record: Callable[[int], list[Any]], rare: Any) -> None:
+    """Put the rare fields into the records (``record(i)`` is event i's)."""
+    if type(rare) is not list:
+        raise _fail("the 'rare' block is not a list")
+    last = -1
+    for row in rare:
+        if type(row) is not list or len(row) != 6:
+            raise _fail(f"a 'rare' entry is {str(row)[:80]}, not [index, exception, args, inputs, stack, extra]")
+        i, exc, args, inputs, stack, extra = row
+        if type(i) is not int or not last < i < n:
+            raise _fail(f"a 'rare' entry names event {i!r}: not an event after {last}")
+        last = i
+        r = record(i)
+        r[R_EXC] = exc
+        r[R_ARGS] = args
+        r[R_INPUTS] = tuple(inputs) if type(inputs) is list else inputs
+        r[R_STACK] = _frames(stack)
+        r[R_EXTRA] = extra
+
+
+def _events(
+    recs: list[list[Any]], tracks: list[Track], track_col: array[int], parent_col: array[int]
+) -> list[FunctionEvent]:
+    """The events over ``recs``, linked as the columns say: an async range,
+    or one on another track, has a parent but is not its child."""
+    new = FunctionEvent.__new__
+    events: list[FunctionEvent] = []
+    append = events.append
+    for r, t in zip(recs, track_col, strict=True):
+        ev = new(FunctionEvent)
+        ev._r = r
+        ev._t = tracks[t]
+        ev.parent = None
+        ev.children = _NO_CHILDREN
+        append(ev)
+    for ev, p in zip(events, parent_col, strict=True):
+        if p >= 0:
+            parent = events[p]
+            ev.parent = parent
+            if not ev._r[R_KIND] & FLAG_ASYNC and parent._t is ev._t:
+                if parent.children is _NO_CHILDREN:
+                    parent.children = [ev]
+                else:
+                    parent.children.append(ev)
+    return events
