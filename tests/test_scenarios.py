@@ -120,6 +120,12 @@ def test_task_leak(tmp_path: Path) -> None:
     count = int(pending.splitlines()[0].rsplit(" ", 1)[1].replace(",", ""))
     assert count >= 200, pending
     assert re.search(r"^\s+[\d,]+\s+EventBus\._deliver", pending, re.M), pending
+    # Issue 16 item 7: the leak reads with its spawn site and what the tasks wait on.
+    assert re.search(
+        r"EventBus\._deliver, spawned at examples/task_leak\.py:\d+ EventBus\.publish, "
+        r"waiting on asyncio\.Queue\.put at examples/task_leak\.py:\d+ EventBus\._deliver",
+        pending,
+    ), pending
 
 
 @pytest.mark.parametrize("example", ["blocking_handler", "trio_blocking_task"])
