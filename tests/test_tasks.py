@@ -838,7 +838,13 @@ def test_a_failing_await_chain_walk_never_breaks_the_task(backend: Backend, monk
     assert results == [7]
     assert len([w for w in caught if "await chain" in str(w.message)]) == 1
     task = one(prof.events(), "sleeper")
-    assert len(task.extra["steps"]) >= 8
+    # Four steps: the first and one after each sleep. The pure-Python twin
+    # does not time an eager task's first step when nothing in it asks for
+    # the task (docs/guide.md, eager tasks): three there.
+    from aprof._core import _native
+
+    untimed_first = backend.name == "asyncio-eager" and _native.extension is None
+    assert len(task.extra["steps"]) == (6 if untimed_first else 8)
     assert "waits" not in task.extra
 
 
