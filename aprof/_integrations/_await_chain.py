@@ -185,7 +185,12 @@ def describe_wait(coro: Any, task: Any = None) -> Wait | None:
         chain as ``file:line function``, ``caller`` the user frame above it
         ("" if none).
     """
-    chain: list[tuple[str, int, str]] = []  # (file, line, qualname), outermost first
+    # The chain's frames as (code, instruction offset): the key of what the
+    # frames say (entry point, where, caller), worked out once per distinct
+    # chain. The same few call sites wait over and over; offsets, unlike
+    # line numbers, cost nothing to read.
+    frames: list[Any] = []  # the frame objects, outermost first
+    key: list[Any] = []
     obj = coro
     leaf: Any = None
     for _ in range(_MAX_DEPTH):
@@ -193,40 +198,56 @@ def describe_wait(coro: Any, task: Any = None) -> Wait | None:
         if code is None:
             leaf = obj
             break
-        line = frame.f_lineno if frame is not None else code.co_firstlineno
-        chain.append((code.co_filename, line or 0, code.co_qualname))
+        frames.append(frame)
+        key.append(code)
+        key.append(frame.f_lasti if frame is not None else -1)
         nxt = _next_in_chain(obj)
         if nxt is None:
             break
         obj = nxt
-    if not chain:
+    if not frames:
         return None
+    k = tuple(key)
+    sites = _sites.get(k)
+    if sites is None:
+        if len(_sites) >= _MAX_CACHED:
+            _sites.clear()
+        sites = _sites[k] = _sites_of(key[::2], frames)
+    entry_name, where, caller = sites
+    if entry_name is not None and entry_name[1] not in ("other", "children", "future"):
+        return entry_name[0], entry_name[1], where, caller
+    # The user's code awaits a future itself (or a call whose kind says
+    # little): the future it waits on names a child task or an executor job.
+    fut = getattr(task, "_fut_waiter", None) if task is not None else None
+    if fut is None:
+        fut = _future_of(leaf)
+    described = _describe_future(fut)
+    if entry_name is None:
+        if described is None:
+            return "an awaitable", "other", where, caller
+        return described[0], described[1], where, caller
+    if described is not None and described[1] in ("task", "executor"):
+        return described[0], described[1], where, caller
+    return entry_name[0], entry_name[1], where, caller
+
+
+def _sites_of(codes: list[Any], frames: list[Any]) -> tuple[tuple[str, str] | None, str, str]:
+    """((what, kind) of the entry point or None, where, caller) of a chain
+    of frames, outermost first (the part of a wait its frames decide)."""
+    chain = [
+        (code.co_filename, (frame.f_lineno if frame is not None else code.co_firstlineno) or 0, code.co_qualname)
+        for code, frame in zip(codes, frames, strict=True)
+    ]
     users = [i for i, (filename, _, _) in enumerate(chain) if not is_library_cached(filename)]
     last_user = users[-1] if users else -1
     where = _label(chain[last_user]) if users else ""
     caller = _label(chain[users[-2]]) if len(users) > 1 else ""
-    fut = getattr(task, "_fut_waiter", None) if task is not None else None
-    if fut is None:
-        fut = _future_of(leaf)
-    entry = None
     below = chain[last_user + 1 :]
     for i, (filename, _, qualname) in enumerate(below):
         if i + 1 < len(below) and (qualname.endswith("__aenter__") or _is_contextlib(filename)):
             continue  # `async with lock:` -> the lock's acquire below; contextlib's wrappers -> what they wrap
-        entry = (filename, qualname)
-        break
-    if entry is None:
-        # The user's code awaits a future (or a bare yield) itself.
-        described = _describe_future(fut)
-        if described is None:
-            return "an awaitable", "other", where, caller
-        return described[0], described[1], where, caller
-    what, kind = _entry_name(entry)
-    if kind in ("other", "children", "future"):
-        described = _describe_future(fut)
-        if described is not None and described[1] in ("task", "executor"):
-            return described[0], described[1], where, caller
-    return what, kind, where, caller
+        return _entry_name((filename, qualname)), where, caller
+    return None, where, caller
 
 
 def describe_task(task: Any) -> Wait | None:
@@ -245,6 +266,7 @@ def _is_contextlib(filename: str) -> bool:
 # The names are formatted once per call site (a wait is described on every
 # long wait of every task: the same few sites, over and over).
 _labels: dict[tuple[str, int, str], str] = {}
+_sites: dict[tuple[Any, ...], tuple[tuple[str, str] | None, str, str]] = {}
 _entries: dict[tuple[str, str], tuple[str, str]] = {}
 _MAX_CACHED: Final = 4096
 
