@@ -368,6 +368,51 @@ def test_key_averages_by_name_match_events(backend) -> None:
     assert len(rows) == 3 + len(task_rows)
 
 
+def test_key_averages_by_name_adds_every_event_as_add_would(backend) -> None:
+    # SPEC 6.4 (issue 17): the one-pass aggregation by name gives the rows,
+    # in the order, and with every field, that adding the events one by one
+    # gives: plain ranges, ranges on task tracks, tasks, executor jobs.
+    from aprof._post._analysis import FunctionEventAvg
+
+    def work() -> None:
+        with aprof.record_function("in-thread"):
+            pass
+
+    async def worker(i: int) -> None:
+        with aprof.record_function("in-task"):
+            await backend.sleep(0.001 * i)
+
+    async def main() -> aprof.profile:
+        async with aprof.profile() as prof:
+            await backend.to_thread(work)
+            for _ in range(3):
+                with aprof.record_function("outer"), aprof.record_function("inner"):
+                    aprof.mark("instant")
+            async with backend.group() as g:
+                for i in range(3):
+                    g.start_soon(worker, i)
+        return prof
+
+    prof = backend.run(main)
+    expected: dict[Any, FunctionEventAvg] = {}
+    for ev in prof.events():
+        if ev.is_instant:
+            continue
+        extra = ev.extra or {}
+        if ev.scope is aprof.RecordScope.TASK and extra.get("coro"):
+            label = f"task {extra['coro']}"
+        elif ev.scope is aprof.RecordScope.EXECUTOR:
+            label = f"executor {ev.name}"
+        else:
+            label = ev.name
+        key = (ev.scope, label) if label != ev.name else label
+        expected.setdefault(key, FunctionEventAvg(label)).add(ev)
+    rows = list(prof.key_averages())
+    fields = ("key", "count", "total_ns", "self_ns", "min_ns", "max_ns", "running_ns", "waiting_ns", "max_step_ns", "queued_ns", "queued_count")
+    assert [[getattr(r, f) for f in fields] for r in rows] == [[getattr(r, f) for f in fields] for r in expected.values()]
+    assert any(r.running_ns for r in rows if not r.key.startswith("task "))  # ranges on task tracks were there
+
+
 def test_key_averages_by_track_match_events(backend) -> None:
     # SPEC 6.4: group_by="track" gives one row per logical thread.
     prof = backend.run(_synthetic, backend)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from .._core._callbacks import RecordScope
+from .._core._recorder import KIND_INSTANT, R_END, R_EXTRA, R_KIND, R_NAME, R_SCOPE, R_START
 from .._frames import format_frame, innermost_user_frame, shown_stack
 from ._events import FunctionEvent
 
@@ -222,7 +223,9 @@ def key_averages(session: Session, group_by: str = "name") -> EventAverages:
         raise ValueError(f"key_averages: unknown group_by {group_by!r}; expected one of {', '.join(GROUP_BY)}")
     rows: dict[Any, FunctionEventAvg] = {}
     tracks = {t.id: t for t in session.tracks()}
-    for ev in session.events():
+    if group_by == "name":
+        _by_name(session._events, rows)
+    for ev in session.events() if group_by != "name" else ():
         if ev.is_instant:
             continue
         if group_by == "name":
@@ -259,6 +262,62 @@ def key_averages(session: Session, group_by: str = "name") -> EventAverages:
     _add_samples(session, averages, rows, group_by, tracks)
     return averages
 
+
+
+#: Scopes whose rows key_averages names by more than the event's name.
+_NAMED_APART: Final = (RecordScope.TASK, RecordScope.LOOP_BLOCK, RecordScope.EXECUTOR)
+
+
+def _by_name(events: list[FunctionEvent], rows: dict[Any, FunctionEventAvg]) -> None:
+    """key_averages' rows by name, in one pass over the raw records: a
+    plain range (no extra, not on a task's track) is added inline, with
+    no property call; every other event through :meth:`FunctionEventAvg.add`,
+    so the rows and their order are the same as event by event."""
+    get = rows.get
+    for ev in events:
+        r = ev._r
+        if r[R_KIND] & KIND_INSTANT:
+            continue
+        scope = r[R_SCOPE]
+        extra = r[R_EXTRA]
+        if extra is not None or scope in _NAMED_APART or ev._t.steps is not None:
+            if scope is RecordScope.TASK and extra and extra.get("coro"):
+                # Tasks are named one by one (Task-7, ...): group them by coroutine.
+                label = f"task {extra['coro']}"
+                k: Any = (RecordScope.TASK, label)
+            elif scope is RecordScope.LOOP_BLOCK and extra and extra.get("coro"):
+                # Named after the blocking task: grouped by its coroutine, as tasks are.
+                label = f"loop blocked by task {extra['coro']}"
+                k = (RecordScope.LOOP_BLOCK, label)
+            elif scope is RecordScope.EXECUTOR:
+                # Named after the function handed over, which may also be the
+                # name of a range inside it: keep the two rows apart.
+                label = f"executor {r[R_NAME]}"
+                k = (RecordScope.EXECUTOR, label)
+            else:
+                k = label = r[R_NAME]
+            row = get(k)
+            if row is None:
+                row = rows[k] = FunctionEventAvg(label)
+            row.add(ev)
+            continue
+        name = r[R_NAME]
+        row = get(name)
+        if row is None:
+            row = rows[name] = FunctionEventAvg(name)
+        d = r[R_END] - r[R_START]
+        children = ev.children
+        own = d
+        for c in children:
+            cr = c._r
+            own -= cr[R_END] - cr[R_START]
+        if row.count == 0 or d < row.min_ns:
+            row.min_ns = d
+        if d > row.max_ns:
+            row.max_ns = d
+        row.count += 1
+        row.total_ns += d
+        row.self_ns += own
 
 
 def _add_samples(
