@@ -768,21 +768,26 @@ decode_column(const uint8_t *in, void *vals, const int64_t *starts, Py_ssize_t n
     }
 }
 
-/* session_columns(events, track_index, scopes) -> (start_ns, end_ns,
- * end_thread_id, sequence_nr, forward_thread_id, name, track, parent,
- * scope, kind, names, rare): the first ten the column blocks as the file
- * stores them (encode_column), names the distinct names in order of first
+/* session_columns(events, track_index, scopes, encode) -> (start_ns,
+ * end_ns, end_thread_id, sequence_nr, forward_thread_id, name, track,
+ * parent, scope, kind, names, rare): the first ten the column blocks, as
+ * the file stores them (encode_column) or, without encode, as plain native
+ * arrays (for the exporters), names the distinct names in order of first
  * use, rare the indexes of the events with an exception, args, inputs,
  * stack or extra. track_index maps each Track to its index; scopes lists
  * the RecordScope members, in the order the scope column counts them. */
 static PyObject *
 session_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3 || !PyList_Check(args[0]) || !PyDict_Check(args[1]) || !PyList_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "session_columns(events: list, track_index: dict, scopes: list)");
+    if (nargs != 4 || !PyList_Check(args[0]) || !PyDict_Check(args[1]) || !PyList_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError,
+                         "session_columns(events: list, track_index: dict, scopes: list, encode: bool)");
         return NULL;
     }
     PyObject *events = args[0], *track_index = args[1], *scope_list = args[2];
+    int encode = PyObject_IsTrue(args[3]);
+    if (encode < 0)
+        return NULL;
     Py_ssize_t n = PyList_GET_SIZE(events);
     if (n > INT32_MAX) {
         PyErr_Format(PyExc_ValueError, "%zd events are more than the format's %d", n, INT32_MAX);
@@ -914,9 +919,12 @@ session_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             Py_DECREF(ix);
         }
     }
-    for (int c = 0; c < N_COLUMNS; c++)
-        if ((cols[c] = encode_column(buf[c], start, n, c)) == NULL)
+    for (int c = 0; c < N_COLUMNS; c++) {
+        cols[c] = encode ? encode_column(buf[c], start, n, c)
+                         : PyBytes_FromStringAndSize((const char *)buf[c], n * column_widths[c]);
+        if (cols[c] == NULL)
             goto done;
+    }
     result = PyTuple_New(N_COLUMNS + 2);
     if (result == NULL)
         goto done;

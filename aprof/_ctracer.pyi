@@ -280,9 +280,12 @@ def chrome_plain(
     """The Chrome ``X`` lines, joined by ``",\\n"``, of the run of plain ranges
     starting at ``events[i]`` (at most ``limit``), and the index after it."""
 
-def session_columns(events: list[Any], track_index: dict[Any, int], scopes: list[Any], /) -> tuple[Any, ...]:
-    """``_binary._py_columns``: the ten column blocks as the file stores
-    them, the distinct names, and the indexes of the events with rare fields."""
+def session_columns(
+    events: list[Any], track_index: dict[Any, int], scopes: list[Any], encode: bool, /
+) -> tuple[Any, ...]:
+    """``_binary._py_columns``: the ten column blocks (as the file stores
+    them, or plain native arrays without ``encode``), the distinct names,
+    and the indexes of the events with rare fields."""
 
 def session_events(
     names: list[str], scopes: list[Any], tracks: list[Any], columns: tuple[bytes, ...], profile_start: int,

@@ -324,3 +324,54 @@ def test_damaged_speedscope_and_folded_files_name_themselves(tmp_path: Path, nam
     with pytest.raises(ValueError, match=re.escape(message)) as info:
         read_profile(bad)
     assert str(bad) in str(info.value)
+
+
+def test_the_html_reports_document_is_the_same_from_c_and_python(backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    # SPEC 9.2 (issue 17): the report's compact event array, built from the
+    # extension's columns, says for every event what the event-by-event
+    # path says: track, times, parent, name, scope, flags and details.
+    from aprof._core import _native
+    from aprof._post._compact import compact_document
+
+    from .conftest import require_c_extension
+
+    require_c_extension()
+
+    def work(x: int) -> int:
+        with aprof.record_function("in-thread", args=f"x={x}"):
+            return x
+
+    async def child(i: int) -> None:
+        with aprof.record_function(f"child-{i}"):
+            await backend.sleep(0.001)
+        await backend.to_thread(work, i)
+
+    async def main() -> aprof.profile:
+        async with aprof.profile() as prof:
+            with aprof.record_function("outer"):
+                aprof.mark("here")
+                async with backend.group() as g:
+                    for i in range(3):
+                        g.start_soon(child, i)
+            try:
+                with aprof.record_function("fails"):
+                    raise KeyError("x")
+            except KeyError:
+                pass
+        return prof
+
+    session = backend.run(main).session
+
+    def rows(doc: dict[str, Any]) -> list[tuple[Any, ...]]:
+        flat, names, scopes, details = doc["events"], doc["names"], doc["scopes"], doc["details"]
+        return [
+            (*flat[i : i + 4], names[flat[i + 4]], scopes[flat[i + 5]], flat[i + 6], details[flat[i + 7]] if flat[i + 7] >= 0 else None)
+            for i in range(0, len(flat), 8)
+        ]
+
+    from_c = compact_document(session)
+    monkeypatch.setattr(_native, "extension", None)
+    from_python = compact_document(session)
+    assert rows(from_c) == rows(from_python)
+    assert any(r[7] is not None for r in rows(from_c))  # details were there to compare
+    assert any(r[6] for r in rows(from_c))  # and flags

@@ -194,7 +194,7 @@ def _columns(session: Session) -> Iterator[tuple[str, bytes]]:
         yield from _py_columns(session)
         return
     track_index = {t: i for i, t in enumerate(session._tracks.values())}
-    *cols, names, rare = ext.session_columns(events, track_index, [RecordScope(v) for v in _SCOPES])
+    *cols, names, rare = ext.session_columns(events, track_index, [RecordScope(v) for v in _SCOPES], True)
     for (name, _, _), data in zip(_COLUMNS, cols, strict=True):
         yield name, data
     yield "names", _json(names)

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Final
 
+from .._core import _native
 from .._core._callbacks import RecordScope
-from .._core._recorder import KIND_INSTANT, KIND_RANGE
+from .._core._recorder import FLAG_ASYNC, FLAG_UNFINISHED, KIND_INSTANT, KIND_RANGE
 from ._events import FunctionEvent, Track, link_parents, make_event
 from ._validate import check_parent_indexes
 
@@ -69,6 +70,75 @@ def compact_document(session: Session) -> dict[str, Any]:
     base = int(session.metadata.get("start_ns", 0))
     tracks = session.tracks()
     track_index = {t.id: i for i, t in enumerate(tracks)}
+    ext = _native.extension
+    if ext is not None:
+        flat, name_list, scope_list, details = _c_events(ext, session, tracks, base)
+    else:
+        flat, name_list, scope_list, details = _py_events(session, track_index, base)
+    doc = {
+        "format": FORMAT,
+        "version": VERSION,
+        "metadata": session.metadata,
+        "names": name_list,
+        "scopes": scope_list,
+        "tracks": [
+            {**t.to_dict(), "steps": [s - base for s in t.steps] if t.steps is not None else None} for t in tracks
+        ],
+        "events": flat,
+        "details": details,
+    }
+    if session.samples is not None:
+        doc["samples"] = compact_samples(session, base, track_index)
+    return doc
+
+
+#: Record kind bits (1 instant, 2 unfinished, 4 async) -> the document's F_* flags.
+_FLAGS: Final = bytes(
+    (F_INSTANT if k & KIND_INSTANT else 0) | (F_UNFINISHED if k & FLAG_UNFINISHED else 0) | (F_ASYNC if k & FLAG_ASYNC else 0)
+    for k in range(256)
+)
+
+
+def _c_events(ext: Any, session: Session, tracks: list[Track], base: int) -> tuple[list[int], list[str], list[str], list[dict[str, Any]]]:
+    """The flat event array from the extension's plain columns: one pass in
+    C, then a slice assignment per field; only the events that have details
+    go through :func:`_details`."""
+    events = session._events
+    n = len(events)
+    scopes = list(RecordScope)
+    cols = ext.session_columns(events, {t: i for i, t in enumerate(tracks)}, scopes, False)
+    start, end, end_lt, seq, fwd = (memoryview(c).cast("q") for c in cols[:5])
+    name, track, parent = (memoryview(c).cast("i") for c in cols[5:8])
+    scope, kind, names, rare = cols[8], cols[9], cols[10], cols[11]
+    own = [tracks[t].id for t in track] if any(v != -1 for v in end_lt) else None
+    with_details = set(rare)
+    with_details.update(i for i, v in enumerate(seq) if v != -1)
+    with_details.update(i for i, v in enumerate(fwd) if v)
+    if own is not None:
+        with_details.update(i for i, v in enumerate(end_lt) if v != -1 and v != own[i])
+    details: list[dict[str, Any]] = []
+    detail = [-1] * n
+    for i in sorted(with_details):
+        d = _details(events[i])
+        if d is not None:
+            detail[i] = len(details)
+            details.append(d)
+    flat: list[int] = [0] * (STRIDE * n)
+    flat[0::STRIDE] = track.tolist()
+    flat[1::STRIDE] = [s - base for s in start]
+    flat[2::STRIDE] = [e - s for e, s in zip(end, start, strict=True)]
+    flat[3::STRIDE] = parent.tolist()
+    flat[4::STRIDE] = name.tolist()
+    flat[5::STRIDE] = list(scope)
+    flat[6::STRIDE] = list(kind.translate(_FLAGS))
+    flat[7::STRIDE] = detail
+    return flat, names, [s.value for s in scopes], details
+
+
+def _py_events(
+    session: Session, track_index: dict[int, int], base: int
+) -> tuple[list[int], list[str], list[str], list[dict[str, Any]]]:
+    """:func:`_c_events` event by event (the pure-Python path)."""
     names: dict[str, int] = {}
     scopes: dict[str, int] = {}
     events = session.events()
@@ -87,21 +157,7 @@ def compact_document(session: Session) -> dict[str, Any]:
             track_index[ev.thread_id], ev.start_ns - base, ev.duration_ns, parent,
             name_i, scope_i, flags, len(details) - 1 if d is not None else -1,
         )  # fmt: skip
-    doc = {
-        "format": FORMAT,
-        "version": VERSION,
-        "metadata": session.metadata,
-        "names": list(names),
-        "scopes": list(scopes),
-        "tracks": [
-            {**t.to_dict(), "steps": [s - base for s in t.steps] if t.steps is not None else None} for t in tracks
-        ],
-        "events": flat,
-        "details": details,
-    }
-    if session.samples is not None:
-        doc["samples"] = compact_samples(session, base, track_index)
-    return doc
+    return flat, list(names), list(scopes), details
 
 
 def compact_samples(session: Session, base: int, track_index: dict[int, int]) -> dict[str, Any]:

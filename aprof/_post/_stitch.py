@@ -46,7 +46,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Final
 
 from .._core._callbacks import RecordScope
-from .._core._recorder import FLAG_ASYNC, KIND_INSTANT, R_END, R_FWD, R_KIND, R_SCOPE, R_SEQ, R_START
+from .._core._recorder import FLAG_ASYNC, KIND_INSTANT, R_END, R_EXTRA, R_FWD, R_KIND, R_NAME, R_SCOPE, R_SEQ, R_START
 
 if TYPE_CHECKING:
     from ._events import FunctionEvent, Track
@@ -68,14 +68,18 @@ Segment = tuple[int, int, tuple[str, ...]]
 
 def _label(ev: FunctionEvent) -> str:
     # The summary's names (aprof._export._labels.frame_label, kept here too so
-    # post-processing does not import the exporters).
-    if ev.scope is RecordScope.TASK:
-        coro = ev.extra.get("coro") if ev.extra else None
+    # post-processing does not import the exporters). Read from the raw
+    # record: this runs once per range of the flame graph.
+    r = ev._r
+    scope = r[R_SCOPE]
+    if scope is RecordScope.TASK:
+        extra = r[R_EXTRA]
+        coro = extra.get("coro") if extra else None
         if coro:
             return f"task {coro}"
-    elif ev.scope is RecordScope.EXECUTOR:
-        return f"executor {ev.name}"
-    return ev.name
+    elif scope is RecordScope.EXECUTOR:
+        return f"executor {r[R_NAME]}"
+    return r[R_NAME]  # type: ignore[no-any-return]
 
 
 class _Link:
