@@ -1204,6 +1204,174 @@ fail:
     return NULL;
 }
 
+/* ------------------------------------------------------------------------ */
+/* name_totals: key_averages by name, for plain ranges                       */
+/* ------------------------------------------------------------------------ */
+
+typedef struct {
+    int64_t first, count, total, self, min, max;
+} NameRow;
+
+/* The duration of an event's record; -1 with an exception set if its
+ * times are not ints. */
+static int
+record_duration(PyObject *rec, int64_t *out)
+{
+    int64_t s, e;
+    if (slot_i64(rec, R_START, -1, "start_ns", &s) < 0 || slot_i64(rec, R_END, -1, "end_ns", &e) < 0)
+        return -1;
+    if (__builtin_sub_overflow(e, s, out)) {
+        PyErr_SetString(PyExc_OverflowError, "a duration does not fit 64 bits");
+        return -1;
+    }
+    return 0;
+}
+
+/* name_totals(events, apart, steps_of) -> (names, first, count, total, self,
+ * min, max, others): _analysis._by_name's sums for the plain ranges (not
+ * instants; scope not in `apart`, no extra, on a track whose steps_of(track)
+ * is None), one row per name in order of first use (first: the index of
+ * its first event); others the indexes of the other ranges, which the
+ * caller adds one by one. OverflowError if a sum passes 64 bits. */
+static PyObject *
+name_totals(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyList_Check(args[0]) || !PyTuple_Check(args[1]) || !PyCallable_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "name_totals(events: list, apart: tuple, steps_of: callable)");
+        return NULL;
+    }
+    PyObject *events = args[0], *apart = args[1], *steps_of = args[2];
+    PyObject *ids = PyDict_New(), *names = PyList_New(0), *others = PyList_New(0), *result = NULL;
+    NameRow *rows = NULL;
+    Py_ssize_t n_rows = 0, cap = 0;
+    PyObject *last_track = NULL;
+    int last_plain_track = 0;
+    if (ids == NULL || names == NULL || others == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(events); i++) {
+        PyObject *obj = PyList_GET_ITEM(events, i);
+        if (!PyObject_TypeCheck(obj, &EventCoreType)) {
+            PyErr_Format(PyExc_TypeError, "event %zd is a %.100s, not a FunctionEvent", i, Py_TYPE(obj)->tp_name);
+            goto done;
+        }
+        EventCore *ev = (EventCore *)obj;
+        PyObject *rec = ev->r;
+        if (rec == NULL || !PyList_CheckExact(rec) || PyList_GET_SIZE(rec) != R_SIZE) {
+            PyErr_Format(PyExc_ValueError, "event %zd has a record of the wrong shape", i);
+            goto done;
+        }
+        int64_t kind;
+        if (slot_i64(rec, R_KIND, i, "kind", &kind) < 0)
+            goto done;
+        if (kind & KIND_INSTANT)
+            continue;
+        if (ev->t != last_track) {
+            PyObject *steps = PyObject_CallOneArg(steps_of, ev->t);
+            if (steps == NULL)
+                goto done;
+            last_plain_track = steps == Py_None;
+            Py_DECREF(steps);
+            last_track = ev->t;
+        }
+        int plain = last_plain_track && PyList_GET_ITEM(rec, R_EXTRA) == Py_None;
+        for (Py_ssize_t k = 0; plain && k < PyTuple_GET_SIZE(apart); k++)
+            if (PyList_GET_ITEM(rec, R_SCOPE) == PyTuple_GET_ITEM(apart, k))
+                plain = 0;
+        if (!plain) {
+            PyObject *ix = PyLong_FromSsize_t(i);
+            if (ix == NULL || PyList_Append(others, ix) < 0) {
+                Py_XDECREF(ix);
+                goto done;
+            }
+            Py_DECREF(ix);
+            continue;
+        }
+        PyObject *name = PyList_GET_ITEM(rec, R_NAME);
+        PyObject *id = PyDict_GetItemWithError(ids, name);
+        Py_ssize_t row;
+        if (id != NULL)
+            row = PyLong_AsSsize_t(id);
+        else {
+            if (PyErr_Occurred())
+                goto done;
+            if (n_rows == cap) {
+                Py_ssize_t ncap = cap ? cap * 2 : 64;
+                NameRow *nr = PyMem_Realloc(rows, (size_t)ncap * sizeof(NameRow));
+                if (nr == NULL) {
+                    PyErr_NoMemory();
+                    goto done;
+                }
+                rows = nr;
+                cap = ncap;
+            }
+            row = n_rows;
+            PyObject *rid = PyLong_FromSsize_t(row);
+            if (rid == NULL || PyDict_SetItem(ids, name, rid) < 0 || PyList_Append(names, name) < 0) {
+                Py_XDECREF(rid);
+                goto done;
+            }
+            Py_DECREF(rid);
+            rows[row] = (NameRow){.first = i, .count = 0, .total = 0, .self = 0, .min = 0, .max = 0};
+            n_rows++;
+        }
+        int64_t d, own;
+        if (record_duration(rec, &d) < 0)
+            goto done;
+        own = d;
+        if (ev->children != NULL && PyList_Check(ev->children)) {
+            for (Py_ssize_t c = 0; c < PyList_GET_SIZE(ev->children); c++) {
+                PyObject *ch = PyList_GET_ITEM(ev->children, c);
+                int64_t cd;
+                if (!PyObject_TypeCheck(ch, &EventCoreType) || ((EventCore *)ch)->r == NULL) {
+                    PyErr_Format(PyExc_TypeError, "event %zd has a child that is not a FunctionEvent", i);
+                    goto done;
+                }
+                if (record_duration(((EventCore *)ch)->r, &cd) < 0)
+                    goto done;
+                if (__builtin_sub_overflow(own, cd, &own))
+                    goto overflow;
+            }
+        }
+        NameRow *r = &rows[row];
+        if (r->count == 0 || d < r->min)
+            r->min = d;
+        if (d > r->max)
+            r->max = d;
+        r->count++;
+        if (__builtin_add_overflow(r->total, d, &r->total) || __builtin_add_overflow(r->self, own, &r->self))
+            goto overflow;
+    }
+    PyObject *cols[6];
+    for (int c = 0; c < 6; c++) {
+        if ((cols[c] = PyList_New(n_rows)) == NULL) {
+            for (int k = 0; k < c; k++)
+                Py_DECREF(cols[k]);
+            goto done;
+        }
+        for (Py_ssize_t k = 0; k < n_rows; k++) {
+            NameRow *r = &rows[k];
+            int64_t v = c == 0 ? r->first : c == 1 ? r->count : c == 2 ? r->total : c == 3 ? r->self : c == 4 ? r->min : r->max;
+            PyObject *o = PyLong_FromLongLong(v);
+            if (o == NULL) {
+                for (int j = 0; j <= c; j++)
+                    Py_DECREF(cols[j]);
+                goto done;
+            }
+            PyList_SET_ITEM(cols[c], k, o);
+        }
+    }
+    result = Py_BuildValue("(ONNNNNNO)", names, cols[0], cols[1], cols[2], cols[3], cols[4], cols[5], others);
+    goto done;
+overflow:
+    PyErr_SetString(PyExc_OverflowError, "a sum of durations does not fit 64 bits");
+done:
+    Py_XDECREF(ids);
+    Py_XDECREF(names);
+    Py_XDECREF(others);
+    PyMem_Free(rows);
+    return result;
+}
+
 /* _events_setup(FunctionEvent, no_children, scopes, start_key, layout):
  * layout is (R_NAME, ..., R_EXTRA, KIND_INSTANT, FLAG_UNFINISHED,
  * FLAG_ASYNC, ASYNC_SAME_THREAD) as Python defines them. */
@@ -1258,6 +1426,8 @@ static PyMethodDef event_functions[] = {
      "The Chrome trace lines of a run of plain ranges, and the index after it."},
     {"session_columns", (PyCFunction)(void (*)(void))session_columns, METH_FASTCALL,
      "A session's column blocks, names and rare-event indexes (the binary format's writer)."},
+    {"name_totals", (PyCFunction)(void (*)(void))name_totals, METH_FASTCALL,
+     "key_averages by name: the sums of the plain ranges, and the indexes of the others."},
     {"session_events", (PyCFunction)(void (*)(void))session_events, METH_FASTCALL,
      "The events of a binary session's columns, linked and checked (the binary format's reader)."},
     {NULL, NULL, 0, NULL},

@@ -287,6 +287,13 @@ def session_columns(
     them, or plain native arrays without ``encode``), the distinct names,
     and the indexes of the events with rare fields."""
 
+def name_totals(
+    events: list[Any], apart: tuple[Any, ...], steps_of: Callable[[Any], Any], /
+) -> tuple[list[str], list[int], list[int], list[int], list[int], list[int], list[int], list[int]]:
+    """``_analysis._by_name``'s pass over the plain ranges: per name in order
+    of first use, (first event, count, total, self, min, max), and the
+    indexes of the other ranges."""
+
 def session_events(
     names: list[str], scopes: list[Any], tracks: list[Any], columns: tuple[bytes, ...], profile_start: int,
     max_thread_id: int, /,
