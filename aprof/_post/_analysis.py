@@ -69,15 +69,19 @@ class FunctionEventAvg:
         """Average time an executor job of the group waited to start (0 if none)."""
         return self.queued_ns / self.queued_count if self.queued_count else 0.0
 
+    def add_totals(self, count: int, total_ns: int, self_ns: int, min_ns: int, max_ns: int) -> None:
+        """Add ``count`` ranges by their sums, shortest and longest."""
+        if self.count == 0 or min_ns < self.min_ns:
+            self.min_ns = min_ns
+        if max_ns > self.max_ns:
+            self.max_ns = max_ns
+        self.count += count
+        self.total_ns += total_ns
+        self.self_ns += self_ns
+
     def add(self, ev: FunctionEvent) -> None:
         d = ev.duration_ns
-        if self.count == 0 or d < self.min_ns:
-            self.min_ns = d
-        if d > self.max_ns:
-            self.max_ns = d
-        self.count += 1
-        self.total_ns += d
-        self.self_ns += ev.self_duration_ns
+        self.add_totals(1, d, ev.self_duration_ns, d, d)
         if ev.running_ns is not None:
             self.running_ns += ev.running_ns
         if ev.waiting_ns is not None:
@@ -292,13 +296,7 @@ def _by_name(events: list[FunctionEvent], rows: dict[Any, FunctionEventAvg]) -> 
                 row = rows.get(name)
                 if row is None:
                     row = rows[name] = FunctionEventAvg(name)
-                if row.count == 0 or low[j] < row.min_ns:
-                    row.min_ns = low[j]
-                if high[j] > row.max_ns:
-                    row.max_ns = high[j]
-                row.count += count[j]
-                row.total_ns += total[j]
-                row.self_ns += own[j]
+                row.add_totals(count[j], total[j], own[j], low[j], high[j])
             return
     get = rows.get
     for ev in events:
@@ -317,13 +315,7 @@ def _by_name(events: list[FunctionEvent], rows: dict[Any, FunctionEventAvg]) -> 
         for c in ev.children:
             cr = c._r
             own_ns -= cr[R_END] - cr[R_START]
-        if row.count == 0 or d < row.min_ns:
-            row.min_ns = d
-        if d > row.max_ns:
-            row.max_ns = d
-        row.count += 1
-        row.total_ns += d
-        row.self_ns += own_ns
+        row.add_totals(1, d, own_ns, d, d)
 
 
 def _steps_of(track: Any) -> Any:
