@@ -1,10 +1,11 @@
 """The binary session format: ``.aprof`` version 2 (SPEC 6.5).
 
 A session is written as columns, one typed array per field, not as one
-JSON object per event: a million events are a few dozen megabytes of
-arrays that ``array.tobytes()`` and ``array.frombytes()`` move in one call
-each, where version 1 (gzip-compressed JSON, still read) built and parsed a
-dict per event.
+JSON object per event: the extension reads every event's record once and
+writes the columns (``session_columns`` in ``_cevents.c``), and reads them
+back into linked, checked events in one pass (``session_events``), where
+version 1 (gzip-compressed JSON, still read) built and parsed a dict per
+event. :func:`_py_columns` and :func:`_py_events` are the pure-Python twins.
 
 Layout (every integer little-endian)::
 
@@ -25,8 +26,9 @@ the length after inflating, ``crc32`` the stored bytes' checksum. Blocks:
 =====================  ======  ==================================================
 name                   type    one value per event (in the session's order)
 =====================  ======  ==================================================
-``start_ns``           int64   start time (``perf_counter_ns``)
-``end_ns``             int64   end time
+``start_ns``           int64   start time (``perf_counter_ns``), stored as the
+                               difference from the previous event's
+``end_ns``             int64   end time, stored as the duration
 ``end_thread_id``      int64   the logical thread it ended on, -1 for its own
 ``sequence_nr``        int64   sequence number
 ``forward_thread_id``  int64   the logical thread that spawned it
@@ -41,11 +43,18 @@ name                   type    one value per event (in the session's order)
 ``samples``            JSON    the stack samples (only when the profile sampled)
 =====================  ======  ==================================================
 
+Differences are taken modulo 2**64 (any int64 values round-trip). Each
+multi-byte column is then byte-shuffled, byte 0 (least significant) of
+every value first, then byte 1, and so on (:func:`_encode`): the high
+bytes, nearly all equal, become long runs, which zlib packs small and
+fast. Each block is compressed on its own.
+
 Reading treats the file as hostile: every length, offset and index is
 checked against the file before anything is allocated for it, a block is
 inflated only up to the size its column needs (``count`` times the item
-size), checksums are compared, and the session is then validated whole by
-:func:`~aprof._post._validate.validate_session`, as version 1 files are.
+size), checksums are compared, and the session is checked as
+:func:`~aprof._post._validate.validate_session` checks version 1 files
+(the extension checks the fixed fields and links while it builds them).
 A damaged file is a ``ValueError`` naming the file and what is wrong.
 """
 
@@ -106,7 +115,8 @@ MAX_HEADER: Final = 64 << 20
 #: zlib level 1: most of the size saving of level 6 (the columns are
 #: repetitive), at several times the speed.
 _ZLIB_LEVEL: Final = 1
-#: A stored block inflates at most this many times its size (zlib's own limit is about 1,032).
+#: zlib inflates a stream to at most about 1,032 times its size: what a
+#: file's size can justify (the event count it declares, a block's size).
 _MAX_RATIO: Final = 1100
 
 # (block name, array type code, item size): the fixed-width columns, in file order.
