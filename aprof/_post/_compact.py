@@ -110,12 +110,12 @@ def _c_events(ext: Any, session: Session, tracks: list[Track], base: int) -> tup
     start, end, end_lt, seq, fwd = (memoryview(c).cast("q") for c in cols[:5])
     name, track, parent = (memoryview(c).cast("i") for c in cols[5:8])
     scope, kind, names, rare = cols[8], cols[9], cols[10], cols[11]
-    own = [tracks[t].id for t in track] if any(v != -1 for v in end_lt) else None
+    # _details says more than the columns for these: rare fields, a sequence
+    # number, a spawner, or an end on another thread.
     with_details = set(rare)
     with_details.update(i for i, v in enumerate(seq) if v != -1)
     with_details.update(i for i, v in enumerate(fwd) if v)
-    if own is not None:
-        with_details.update(i for i, v in enumerate(end_lt) if v != -1 and v != own[i])
+    with_details.update(i for i, v in enumerate(end_lt) if v != -1 and v != tracks[track[i]].id)
     details: list[dict[str, Any]] = []
     detail = [-1] * n
     for i in sorted(with_details):
