@@ -192,6 +192,40 @@ def test_longest_wait_of_a_parent_is_its_slow_child(backend) -> None:
         assert t.running_ns + t.waiting_ns == t.total_ns
 
 
+@pytest.mark.parametrize("runner", ["asyncio", "uvloop"])
+def test_an_executor_job_submitted_early_in_a_long_step_is_what_the_wait_was_on(runner: str) -> None:
+    # Issue 16 item 3: once an executor job's future is done it no longer
+    # says what it was, so the summary looks for the job the task submitted.
+    # The job is found when it was submitted anywhere in the step before
+    # the wait, here 20 ms before that step ended (a thread pool starting a
+    # worker can take that long), not only just before the wait.
+    def render() -> None:
+        time.sleep(0.03)
+
+    async def handle() -> None:
+        loop = asyncio.get_running_loop()
+        job = loop.run_in_executor(None, aprof.wrap(render))
+        time.sleep(0.02)  # the step goes on after the submit
+        await job
+
+    async def main() -> aprof.profile:
+        async with aprof.profile() as prof:
+            await asyncio.get_running_loop().create_task(handle())
+        return prof
+
+    if runner == "uvloop":
+        import uvloop
+
+        prof = uvloop.run(main())
+    else:
+        prof = asyncio.run(main())
+    waits = {w.coro.rsplit(".", 1)[-1]: w for w in prof.summary(limit=10).longest_waits}
+    wait = waits["handle"]
+    assert wait.kind == "executor", wait
+    assert wait.what.startswith("executor job "), wait
+    assert wait.what.endswith(".render"), wait
+
+
 def test_tasks_still_pending_when_the_profile_stops(backend) -> None:
     # Issue 16 item 7: tasks that had not finished are counted, grouped by coroutine.
     async def deliver(release: Any) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
@@ -733,7 +734,10 @@ def _longest_waits(
             # A task group, a gather or a bare future (an executor job's,
             # once done, no longer says it is one): the job or the child
             # that ended as the wait did, if there is one.
-            named = _what_ended(best[1] - best[0], best[1], executors.get(t.thread_id, ()), children.get(t.thread_id, ()))
+            start = best[1] - best[0]
+            named = _what_ended(
+                start, best[1], executors.get(t.thread_id, ()), children.get(t.thread_id, ()), _step_before(t, start)
+            )
             if named is not None:
                 best = (best[0], best[1], named[0], named[1], best[4])
         if best is None or best[0] < _WAIT_MIN_NS:
@@ -771,19 +775,33 @@ def _longest_gap(
     if best is None:
         return None
     gap, start, end = best
-    named = _what_ended(start, end, executors, children)
+    named = _what_ended(start, end, executors, children, _step_before(t, start))
     what, kind = named if named is not None else ("", "")
     return gap, end, what, kind, ""
 
 
-def _what_ended(start: int, end: int, executors: Any, children: Any) -> tuple[str, str] | None:
+def _step_before(t: FunctionEvent, wait_start: int) -> int | None:
+    """When the step of task ``t`` that ended at ``wait_start`` began (a wait
+    starts as a step ends), or None."""
+    steps = (t.extra or {}).get("steps") or ()
+    i = bisect_left(steps, wait_start)
+    if i < len(steps) and i % 2 == 1 and steps[i] == wait_start:
+        return int(steps[i - 1])
+    return None
+
+
+def _what_ended(
+    start: int, end: int, executors: Any, children: Any, step_start: int | None = None
+) -> tuple[str, str] | None:
     """(what, kind) a task waiting from ``start`` to ``end`` likely waited
-    on: an executor job it submitted that ended in the wait, or the child
-    task that ended last, just before it resumed."""
+    on: an executor job it submitted in the step before the wait (from
+    ``step_start``, when known) or during it, that ended in the wait; or
+    the child task that ended last, just before it resumed."""
     slack = max(1_000_000, (end - start) // 20)
+    since = start - slack if step_start is None else min(start - slack, step_start)
     for e in executors:
         submit = (e.extra or {}).get("submit_ns")
-        if isinstance(submit, int) and start - slack <= submit <= end and e.end_ns <= end + slack:
+        if isinstance(submit, int) and since <= submit <= end and e.end_ns <= end + slack:
             return f"executor job {e.name}", "executor"
     c = _last_child(children, start, end)
     if c is not None:
