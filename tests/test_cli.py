@@ -87,6 +87,11 @@ def test_session_output_and_report(tmp_path: Path) -> None:
     assert report.returncode == 0, report.stderr
     row = next(line for line in report.stdout.splitlines() if line.startswith("step"))
     assert row.split()[1] == "3"
+    # A session file under another name is still recognised by its bytes.
+    (tmp_path / "s.aprof").rename(tmp_path / "session.bin")
+    renamed = run_aprof("report", "session.bin", cwd=tmp_path)
+    assert renamed.returncode == 0, renamed.stderr
+    assert renamed.stdout == report.stdout
 
 
 @pytest.mark.parametrize("fmt", [".json", ".json.gz", ".html", ".aprof"])

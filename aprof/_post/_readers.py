@@ -27,6 +27,7 @@ from .._core._recorder import KIND_INSTANT, KIND_RANGE
 from ._compact import FORMAT as COMPACT_FORMAT
 from ._compact import session_from_compact
 from ._events import FunctionEvent, Track, add_child, make_event
+from ._binary import MAGIC as SESSION_MAGIC
 from ._session import FORMAT as SESSION_FORMAT
 from ._session import Session, load, session_from_document
 from ._stitch import STITCHED_SUFFIX  # profiles that are views of the others: skipped
@@ -58,6 +59,8 @@ def read_profile(path: str | PathLike[str]) -> Session:
     if p.name.lower().endswith(".aprof"):
         return load(p)  # its own, more precise errors
     raw = p.read_bytes()
+    if raw.startswith(SESSION_MAGIC):  # a binary session under another name
+        return load(p)
     where = repr(str(p))
     try:
         raw = decompress(raw)
