@@ -24,10 +24,10 @@ from typing import Any
 
 from .._core._callbacks import RecordScope
 from .._core._recorder import KIND_INSTANT, KIND_RANGE
+from ._binary import MAGIC as SESSION_MAGIC
 from ._compact import FORMAT as COMPACT_FORMAT
 from ._compact import session_from_compact
 from ._events import FunctionEvent, Track, add_child, make_event
-from ._binary import MAGIC as SESSION_MAGIC
 from ._session import FORMAT as SESSION_FORMAT
 from ._session import Session, load, session_from_document
 from ._stitch import STITCHED_SUFFIX  # profiles that are views of the others: skipped
