@@ -17,6 +17,8 @@ import os
 import re
 import stat
 import threading
+import time
+import warnings
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -732,3 +734,118 @@ def test_task_tracks_say_what_the_summary_calls_them(backend, tmp_path: Path) ->
     assert key in label or child.__qualname__ in task.track  # trio names tasks after the function already
     back = read_profile(tmp_path / "t.json")
     assert {t.name for t in back.tracks()} == {t.name for t in prof.session.tracks()}
+
+
+# -- Issue 17 item 3: traces too large for the viewer ------------------------------
+
+
+def _many_short_and_a_few_long(backend: Any) -> aprof.profile:
+    async def child(i: int) -> None:
+        with aprof.record_function("long-in-task"):
+            await backend.sleep(0.002)
+
+    async def main() -> aprof.profile:
+        async with aprof.profile() as prof:
+            for _ in range(300):
+                with aprof.record_function("short"):
+                    pass
+                aprof.mark("tick")
+            for _ in range(5):
+                with aprof.record_function("long"):
+                    time.sleep(0.002)
+            async with backend.group() as g:
+                for i in range(3):
+                    g.start_soon(child, i)
+        return prof
+
+    return backend.run(main)
+
+
+def test_a_capped_trace_keeps_the_longest_events_and_says_what_it_dropped(backend: Any, tmp_path: Path) -> None:
+    # SPEC 9.1 (issue 17 item 3): max_events cuts a trace a viewer cannot
+    # load whole to its longest events: tasks always, then the longest
+    # ranges; instants and the shortest ranges go. otherData says so, and
+    # the trace (arrows included) is still valid.
+    prof = _many_short_and_a_few_long(backend)
+    events = prof.events()
+    assert len(events) > 600
+    prof.export_chrome_trace(tmp_path / "capped.json", max_events=20)
+    trace = validate_trace(tmp_path / "capped.json")
+    capped = trace["otherData"]["capped"]
+    kept = [e for e in trace["traceEvents"] if e["ph"] in ("X", "i", "b") and e.get("cat") not in ("spawn", "step")]
+    assert capped["events"] == len(events)
+    assert capped["kept"] == len(kept) <= 20
+    assert capped["dropped"] == len(events) - len(kept)
+    names = [e["name"] for e in kept]
+    assert names.count("long") == 5
+    assert names.count("long-in-task") == 3
+    assert "tick" not in names
+    assert sum(1 for e in kept if e.get("cat") == "task") == 3  # every task is kept
+    assert len(kept) == 20  # the budget is filled with the longest of the short ranges
+    # The short ranges kept are no shorter, to a power of two, than any
+    # dropped (ranked by power of two, then first come within the last).
+    base = trace["otherData"]["start_ns"]
+    kept_ts = {round(e["ts"], 3) for e in kept if e["name"] == "short"}
+    shorts = [e for e in events if e.name == "short"]
+    kept_bits = [e.duration_ns.bit_length() for e in shorts if round((e.start_ns - base) / 1000.0, 3) in kept_ts]
+    dropped_bits = [e.duration_ns.bit_length() for e in shorts if round((e.start_ns - base) / 1000.0, 3) not in kept_ts]
+    assert kept_bits
+    assert dropped_bits
+    assert min(kept_bits) >= max(dropped_bits)
+    assert capped["shortest_kept_ns"] == min(e.duration_ns for e in events if e.name == "short" and round((e.start_ns - base) / 1000.0, 3) in kept_ts)
+    # A cap above the event count writes everything, with no "capped".
+    prof.export_chrome_trace(tmp_path / "whole.json", max_events=10**6)
+    assert "capped" not in load_trace(tmp_path / "whole.json")["otherData"]
+
+
+def test_a_large_trace_is_written_whole_with_a_warning_naming_the_cap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # SPEC 9.1, 12: past what Perfetto's UI loads comfortably, the trace is
+    # still written whole, and an AprofWarning says how to cap it.
+    from aprof._export import _chrome
+
+    monkeypatch.setattr(_chrome, "LARGE_TRACE", 50)
+    with aprof.profile() as prof:
+        for _ in range(60):
+            with aprof.record_function("r"):
+                pass
+    with pytest.warns(aprof.AprofWarning, match=r"60 events.*max_events=N.*--max-events N"):
+        prof.export_chrome_trace(tmp_path / "big.json")
+    assert sum(1 for e in load_trace(tmp_path / "big.json")["traceEvents"] if e["ph"] == "X") == 60
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        prof.export_chrome_trace(tmp_path / "cut.json", max_events=10)  # asked for: no warning
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "10", True])
+def test_max_events_must_be_a_positive_int(bad: Any, tmp_path: Path) -> None:
+    # SPEC 12: a clear error naming the argument; nothing is written.
+    with aprof.profile() as prof:
+        with aprof.record_function("r"):
+            pass
+    with pytest.raises(ValueError, match="max_events"):
+        prof.export_chrome_trace(tmp_path / "t.json", max_events=bad)
+    assert not (tmp_path / "t.json").exists()
+
+
+def test_convert_caps_a_chrome_trace_and_refuses_the_option_for_other_formats(tmp_path: Path) -> None:
+    # SPEC 10.1: `aprof convert IN OUT.json --max-events N`.
+    import subprocess
+    import sys
+
+    with aprof.profile() as prof:
+        for _ in range(50):
+            with aprof.record_function("r"):
+                pass
+    prof.save(tmp_path / "s.aprof")
+
+    def convert(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "aprof", "convert", *args], cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)
+
+    ok = convert("s.aprof", "t.json", "--max-events", "10")
+    assert ok.returncode == 0, ok.stderr
+    assert "capped to the longest 10" in ok.stderr
+    assert load_trace(tmp_path / "t.json")["otherData"]["capped"]["kept"] <= 10
+    refused = convert("s.aprof", "t.html", "--max-events", "10")
+    assert refused.returncode == 2, refused.stderr
+    assert "--max-events applies to Chrome traces" in refused.stderr
+    assert not (tmp_path / "t.html").exists()

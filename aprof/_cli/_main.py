@@ -129,6 +129,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     convert.add_argument("input", help="the file to read: .aprof, .json, .json.gz or .html")
     convert.add_argument("output", help=f"the file to write; format from the name: {', '.join(_FORMATS)}")
+    convert.add_argument(
+        "--max-events",
+        type=_positive_int,
+        metavar="N",
+        help="for a Chrome trace: keep the N longest events (tasks, executor jobs and loop blocks always), for a viewer that cannot load them all",
+    )
     return p
 
 
@@ -233,7 +239,13 @@ def _output_path(args: argparse.Namespace) -> tuple[Path, str]:
     return _checked_output(name), name
 
 
-def _write(session: Session, out: Path) -> None:
+def _is_chrome(out: Path) -> bool:
+    """Whether :func:`_write` writes ``out`` as a Chrome trace."""
+    name = out.name.lower()
+    return not name.endswith((".aprof", ".speedscope.json", ".folded", ".html"))
+
+
+def _write(session: Session, out: Path, max_events: int | None = None) -> None:
     name = out.name.lower()
     if name.endswith(".aprof"):
         session.save(out)
@@ -244,7 +256,7 @@ def _write(session: Session, out: Path) -> None:
     elif name.endswith(".html"):
         session.export_html(out)
     else:
-        session.export_chrome_trace(out)
+        session.export_chrome_trace(out, max_events)
 
 
 class _Finish:
@@ -445,11 +457,17 @@ def _report(args: argparse.Namespace) -> int:
 def _convert(args: argparse.Namespace) -> int:
     session = _read("convert", args.input)
     out = _checked_output(args.output)
+    if args.max_events is not None and not _is_chrome(out):
+        raise _UsageError(f"convert: --max-events applies to Chrome traces (.json, .json.gz), not {args.output!r}")
     try:
-        _write(session, out)
+        _write(session, out, args.max_events)
     except (OSError, ValueError, TypeError) as exc:
         raise _UsageError(f"convert: {exc}") from None
-    print(f"aprof: wrote {args.output} ({len(session.events())} events on {len(session.tracks())} tracks)", file=sys.stderr)
+    written = len(session.events())
+    note = ""
+    if args.max_events is not None and written > args.max_events:
+        note = f", capped to the longest {args.max_events:,}"
+    print(f"aprof: wrote {args.output} ({written} events on {len(session.tracks())} tracks{note})", file=sys.stderr)
     return 0
 
 

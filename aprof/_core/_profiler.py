@@ -475,9 +475,10 @@ class profile:
         """What was slow, in which task, and why (see :meth:`aprof.Session.summary`)."""
         return self.session.summary(limit)
 
-    def export_chrome_trace(self, path: str | PathLike[str]) -> None:
-        """Write a Chrome/Perfetto trace (``.json`` or ``.json.gz``) (SPEC 9.1)."""
-        self.session.export_chrome_trace(path)
+    def export_chrome_trace(self, path: str | PathLike[str], max_events: int | None = None) -> None:
+        """Write a Chrome/Perfetto trace (``.json`` or ``.json.gz``) (SPEC 9.1);
+        ``max_events`` caps it to the longest events (see ``Session``)."""
+        self.session.export_chrome_trace(path, max_events)
 
     def export_speedscope(self, path: str | PathLike[str]) -> None:
         """Write a speedscope file (``.speedscope.json``) (SPEC 9.2)."""

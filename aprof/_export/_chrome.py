@@ -31,11 +31,12 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from .._core import _native
-from .._core._callbacks import RecordScope
+from .._core._callbacks import AprofWarning, RecordScope
 from .._core._recorder import (
     FLAG_ASYNC,
     FLAG_UNFINISHED,
@@ -68,6 +69,13 @@ __all__ = ["export_chrome_trace", "chrome_trace_chunks"]
 
 SUFFIXES = (".json", ".json.gz")
 UINT32_MAX = 2**32 - 1
+#: Past this many events a trace is some 200 MB of JSON or more, which
+#: Perfetto's UI (it parses the trace inside the browser tab) loads slowly,
+#: or not at all: writing one warns, and ``max_events`` caps it.
+LARGE_TRACE = 2_000_000
+#: Scopes a capped trace always keeps: the structure (tasks, executor jobs,
+#: loop blocks) the arrows and the summary hang on.
+_KEPT_SCOPES = frozenset({RecordScope.TASK, RecordScope.EXECUTOR, RecordScope.LOOP_BLOCK})
 # The category of the zero-length slices flow arrows start on.
 LINK_CATEGORY = "spawn"
 
@@ -140,8 +148,9 @@ def _event_args(r: list[Any], tid: int, steps: list[int] | None) -> str:
     return _dumps(args) if args else ""
 
 
-def chrome_trace_chunks(session: Session, batch: int = 4096) -> Iterator[str]:
-    """The trace as a stream of JSON text chunks (about ``batch`` events each)."""
+def chrome_trace_chunks(session: Session, batch: int = 4096, capped: dict[str, int] | None = None) -> Iterator[str]:
+    """The trace as a stream of JSON text chunks (about ``batch`` events
+    each); ``capped`` (from :func:`cap_events`) goes into ``otherData``."""
     base = session.metadata["start_ns"]
     pids = {int(k): v for k, v in session.metadata.get("pids", {}).items()}
     yield '{"displayTimeUnit":"ms","otherData":'
@@ -161,6 +170,8 @@ def chrome_trace_chunks(session: Session, batch: int = 4096) -> Iterator[str]:
             other[field] = session.metadata[field]
     if run_base:
         other["running_tid_base"] = run_base  # for readers: which rows are task steps
+    if capped is not None:
+        other["capped"] = capped
     if session.samples is not None:  # SPEC 8.4: the samples whole, for readers
         other["aprof_samples"] = session.samples.to_json()
     yield _dumps(other)
@@ -339,12 +350,78 @@ def _sampled_rows(session: Session, track_pids: dict[int, Any], base: int, row_b
         emit(f'{{"ph":"X","name":{_dumps(name)},"cat":"sampled",{where},"ts":{ts:.3f},"dur":{max(dur, 0.0):.3f}}}')
 
 
-def export_chrome_trace(session: Session, path: str | PathLike[str]) -> None:
+def cap_events(session: Session, max_events: int) -> tuple[Session, dict[str, int]]:
+    """``session`` with at most ``max_events`` events, and what was dropped.
+
+    Tasks, executor jobs and loop blocks are always kept (a session with
+    more of them than ``max_events`` keeps those alone); of the rest, the
+    longest: instants go first, then the shortest ranges. Durations are
+    ranked by their power of two, and within the last power kept, the first
+    events in the session's order, so the pass is linear.
+    """
+    from .._post._session import Session
+
+    events = session._events
+    keep_scopes = _KEPT_SCOPES
+    kept_always = sum(1 for ev in events if ev._r[R_SCOPE] in keep_scopes)
+    budget = max(0, max_events - kept_always)
+    buckets = [0] * 66  # by bit length of the duration; instants (0) first to go
+    for ev in events:
+        r = ev._r
+        if r[R_SCOPE] not in keep_scopes:
+            buckets[(r[R_END] - r[R_START]).bit_length()] += 1
+    # The shortest bucket kept whole, then how many of the one below it fit.
+    room = budget
+    cut = len(buckets)
+    while cut > 0 and buckets[cut - 1] <= room:
+        cut -= 1
+        room -= buckets[cut]
+    partial = cut - 1  # the bucket that is kept in part (room of its events)
+    kept: list[Any] = []
+    shortest = None
+    for ev in events:
+        r = ev._r
+        if r[R_SCOPE] not in keep_scopes:
+            b = (r[R_END] - r[R_START]).bit_length()
+            if b < partial or (b == partial and room <= 0):
+                continue
+            if b == partial:
+                room -= 1
+            d = r[R_END] - r[R_START]
+            if shortest is None or d < shortest:
+                shortest = d
+        kept.append(ev)
+    info = {"events": len(events), "kept": len(kept), "dropped": len(events) - len(kept), "shortest_kept_ns": shortest or 0}
+    return Session(kept, session._tracks, session.metadata, session.samples), info
+
+
+def export_chrome_trace(session: Session, path: str | PathLike[str], max_events: int | None = None) -> None:
     """Write ``session`` as a Chrome trace; gzip when the name ends in .gz.
 
+    With ``max_events``, a larger session is cut to that many events (see
+    :func:`cap_events`), and ``otherData.capped`` says what was dropped.
+    Without it, a trace of more than :data:`LARGE_TRACE` events is written
+    whole with an ``AprofWarning``.
+
     Raises:
-        TypeError, ValueError, OSError: see ``check_output_path``; every
-            message names the path.
+        TypeError, ValueError, OSError: ``max_events`` is not an int >= 1,
+            or see ``check_output_path``; every message names the path.
     """
+    if max_events is not None and (type(max_events) is not int or max_events < 1):
+        raise ValueError(f"export_chrome_trace: max_events must be an int >= 1 or None, got {max_events!r}")
     p = check_output_path(path, "export_chrome_trace", SUFFIXES)
-    atomic_write_text(p, chrome_trace_chunks(session), compress=p.name.lower().endswith(".gz"), what="export_chrome_trace")
+    capped = None
+    n = len(session._events)
+    if max_events is not None and n > max_events:
+        session, capped = cap_events(session, max_events)
+    elif max_events is None and n > LARGE_TRACE:
+        warnings.warn(
+            f"aprof: {str(p)!r} holds {n:,} events, more than Perfetto's UI loads comfortably "
+            f"({LARGE_TRACE:,}); export_chrome_trace(path, max_events=N) or "
+            "`aprof convert SESSION.aprof OUT.json --max-events N` keeps the N longest",
+            AprofWarning,
+            stacklevel=3,
+        )
+    atomic_write_text(
+        p, chrome_trace_chunks(session, capped=capped), compress=p.name.lower().endswith(".gz"), what="export_chrome_trace"
+    )

@@ -137,11 +137,16 @@ class Session:
             raise ValueError(f"summary: limit must be an int >= 1, got {limit!r}")
         return summarize(self, limit)
 
-    def export_chrome_trace(self, path: str | PathLike[str]) -> None:
-        """Write a Chrome/Perfetto trace; gzip when the path ends in ``.gz``."""
+    def export_chrome_trace(self, path: str | PathLike[str], max_events: int | None = None) -> None:
+        """Write a Chrome/Perfetto trace; gzip when the path ends in ``.gz``.
+
+        ``max_events`` caps a large session to its longest events (tasks,
+        executor jobs and loop blocks always kept); without it, a trace of
+        more than 2,000,000 events is written whole with an ``AprofWarning``.
+        """
         from .._export._chrome import export_chrome_trace
 
-        export_chrome_trace(self, path)
+        export_chrome_trace(self, path, max_events)
 
     def export_speedscope(self, path: str | PathLike[str]) -> None:
         """Write a speedscope file (``.speedscope.json``), one profile per track (SPEC 9.2)."""
