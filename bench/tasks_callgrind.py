@@ -13,8 +13,10 @@ measurements (plain and aprof, N and N/2 tasks) and prints the marginal
 instructions per task: ``((aprof N - aprof N/2) - (plain N - plain N/2)) /
 (N/2)``, which cancels what does not grow with the number of tasks.
 
-The executor work runs on threads, whose instructions callgrind counts too;
-the thread pool's start-up is the same in every run.
+Callgrind keeps its collection state per thread, so only the loop's thread
+(the one inside ``eval()``) is counted: the executor's worker threads, and
+what aprof records on them, are not (``bench/ranges_callgrind.py`` says
+more, and counts the sampler's engine thread on request).
 """
 
 from __future__ import annotations
