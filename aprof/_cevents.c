@@ -886,14 +886,16 @@ session_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         /* The parent, as an index: a nested range's is the event before
          * it or one of that one's ancestors (a walk of a few steps, where a
          * table lookup would miss the cache); a spawned task's or an async
-         * range's, on another track, is looked up in a table of all. */
+         * range's, on another track, is looked up in a table of all. The
+         * walk follows parent[] only where it is filled in, below i: an
+         * event's parent on another track may come later in the list. */
         parent[i] = -1;
         if (ev->parent != NULL && ev->parent != Py_None) {
             int32_t j = (int32_t)i - 1;
-            for (int steps = 0; j >= 0 && steps < 32; steps++, j = parent[j])
+            for (int steps = 0; j >= 0 && j < i && steps < 32; steps++, j = parent[j])
                 if (PyList_GET_ITEM(events, j) == ev->parent)
                     break;
-            if (j >= 0 && PyList_GET_ITEM(events, j) == ev->parent)
+            if (j >= 0 && j < i && PyList_GET_ITEM(events, j) == ev->parent)
                 parent[i] = j;
             else {
                 if (index.keys == NULL) {

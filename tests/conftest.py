@@ -126,7 +126,7 @@ def backend(request: pytest.FixtureRequest) -> Backend:
 
 
 def _runtime_patches() -> list[str]:
-    """Hooks a global profile installs until its stop: asyncio.Runner, trio.run,
+    """Hooks a global profile installs until its stop: asyncio.Runner, trio's setup_runner,
     trio's post-import finder, the to_thread wrappers."""
     import asyncio.runners
 
@@ -137,12 +137,9 @@ def _runtime_patches() -> list[str]:
         found.append("asyncio.Runner._lazy_init")
     if any(isinstance(f, _trio_runs._PatchAfterImport) for f in sys.meta_path):
         found.append("the trio import hook")
-    trio = sys.modules.get("trio")
-    if trio is not None:
-        if hasattr(trio.run, "__aprof_original__"):
-            found.append("trio.run")
-        if hasattr(trio.lowlevel.start_guest_run, "__aprof_original__"):
-            found.append("trio.lowlevel.start_guest_run")
+    trio_run = sys.modules.get("trio._core._run")
+    if trio_run is not None and hasattr(trio_run.setup_runner, "__aprof_original__"):
+        found.append("trio's setup_runner")
     if _propagation._to_thread_users:
         found.append("the to_thread wrappers")
     import asyncio.tasks

@@ -509,3 +509,65 @@ def test_worker_thread_is_left_alone() -> None:
         t.join()
     assert names == ["mine"]
     assert t.name == "mine"
+
+
+# ---------------------------------------------------------------------------
+# trio runs under a global profile: no public name replaced, no task added
+# (trio's own suite under `aprof run` / `pytest --aprof`, tests/wild)
+# ---------------------------------------------------------------------------
+
+
+def test_trio_public_functions_stay_trios_own() -> None:
+    # SPEC 15.6: a global profile hooks new trio runs without replacing
+    # trio.run or trio.lowlevel.start_guest_run (trio's
+    # test_core_is_properly_reexported failed under `pytest --aprof`).
+    import trio
+    import trio._core
+
+    with aprof.profile(scope="global"):
+        assert trio.run is trio._core.run
+        assert trio.lowlevel.start_guest_run is trio._core.start_guest_run
+    assert trio.run is trio._core.run
+
+
+def test_trio_loop_block_watch_adds_no_task_and_no_deadline() -> None:
+    # SPEC 15.6, 7.5: the loop-block watch `aprof run` switches on adds no
+    # task and no deadline to a trio run, so wait_all_tasks_blocked with a
+    # cushion returns as it would without aprof (trio's
+    # test_host_wakeup_doesnt_trigger_wait_all_tasks_blocked hung, and
+    # test_guest_warns_if_abandoned failed, under `aprof run`).
+    import trio
+    import trio.testing
+
+    async def main() -> tuple[int, float, bool]:
+        await trio.sleep(0.01)
+        stats = trio.lowlevel.current_statistics()
+        with trio.move_on_after(3) as scope:
+            await trio.testing.wait_all_tasks_blocked(cushion=0.2)
+        return stats.tasks_living, stats.seconds_to_next_deadline, scope.cancelled_caught
+
+    plain = trio.run(main)
+    with aprof.profile(scope="global", loop_block_threshold=0.05):
+        profiled = trio.run(main)
+    assert plain == profiled == (3, float("inf"), False)
+
+
+def test_trio_loop_blocks_are_still_found_without_a_heartbeat() -> None:
+    # SPEC 7.5: with the watch an instrument, a step that holds the run is
+    # still a block, with its stack.
+    import trio
+
+    async def hog() -> None:
+        await trio.sleep(0)
+        time.sleep(0.2)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(hog)
+
+    with aprof.profile(scope="global", loop_block_threshold=0.05) as prof:
+        trio.run(main)
+    blocks = [e for e in prof.events() if e.scope is aprof.RecordScope.LOOP_BLOCK]
+    assert len(blocks) == 1
+    assert blocks[0].name.endswith("hog")
+    assert blocks[0].duration_ns >= 150_000_000

@@ -12,6 +12,7 @@ import asyncio
 import json
 import re
 import struct
+import time
 import tracemalloc
 from array import array
 from collections.abc import Callable
@@ -242,3 +243,37 @@ def test_a_file_claiming_a_huge_block_allocates_nothing_for_it(
     finally:
         tracemalloc.stop()
     assert peak < 50 * len(bad) + (1 << 20), peak
+
+
+def test_parents_listed_after_their_children_round_trip(backend: Any, tmp_path: Path) -> None:
+    # SPEC 6.5: a spawned task's or a submitted job's parent is a range on
+    # another track, which may come later in the event list than the
+    # child. Saving finds such parents too (the writer's walk back through
+    # the previous events' parents must not follow a parent index it has
+    # not written yet: that read uninitialised memory, and crashed on 3.13).
+    def job() -> None:
+        with aprof.record_function("in-job"):
+            time.sleep(0.001)
+
+    async def child(i: int) -> None:
+        with aprof.record_function(f"in-task-{i}"):
+            await backend.to_thread(aprof.wrap(job))
+
+    async def main() -> aprof.profile:
+        async with aprof.profile() as prof:
+            for _ in range(3):
+                with aprof.record_function("spawner"):
+                    async with backend.group() as g:
+                        for i in range(4):
+                            g.start_soon(child, i)
+        return prof
+
+    prof = backend.run(main)
+    events = prof.events()
+    index = {id(e): i for i, e in enumerate(events)}
+    parents = [index.get(id(e.parent), -1) for e in events]
+    assert any(p > i for i, p in enumerate(parents)), parents  # the case under test is there
+    prof.save(tmp_path / "s.aprof")
+    loaded = aprof.load(tmp_path / "s.aprof").events()
+    index2 = {id(e): i for i, e in enumerate(loaded)}
+    assert [index2.get(id(e.parent), -1) for e in loaded] == parents

@@ -350,7 +350,6 @@ class LoopBlocks:
         """Watch the current trio run, from inside it."""
         import trio
 
-        token = trio.lowlevel.current_trio_token()
         # trio keeps its current task in a thread-local of the loop thread,
         # which the watchdog cannot read. The task that started the profile
         # is recognised by its coroutine's frame on the sampled stack; the
@@ -362,27 +361,41 @@ class LoopBlocks:
                 return str(start_task.name), True
             return None, False
 
-        watch = _Watch(self, threading.get_ident(), current, lambda: False, lambda: watch.ended)
-        scope = trio.CancelScope()
+        # No heartbeat task: a task in the run, waking every interval, would
+        # be seen by the program (SPEC 15.6): current_statistics() counts it,
+        # its deadline changes every I/O wait's timeout (and what a MockClock
+        # autojumps to), and wait_all_tasks_blocked(cushion > interval) would
+        # never return. An instrument beats instead, at the scheduler's own
+        # checkpoints: after every task step, and around every I/O wait
+        # (idle: no block), so a stretch longer than the threshold between
+        # two checkpoints is one step, callback or instrument that held the run.
+        idle = [False]
+        watch = _Watch(self, threading.get_ident(), current, lambda: idle[0], lambda: watch.ended)
 
-        async def heartbeat() -> None:
-            try:
-                with scope:
-                    while True:
-                        await trio.sleep(watch.interval_ns / 1e9)
-                        watch.beat()
-            finally:
+        class _Beat:  # a duck-typed trio.abc.Instrument
+            def after_task_step(self, task: Any) -> None:
+                if watch.stopping:
+                    trio.lowlevel.remove_instrument(self)
+                    return
+                watch.beat()
+
+            def before_io_wait(self, timeout: float) -> None:
+                if watch.stopping:
+                    trio.lowlevel.remove_instrument(self)
+                    return
+                watch.beat()
+                idle[0] = True
+
+            def after_io_wait(self, timeout: float) -> None:
+                idle[0] = False
+                watch.reset()
+
+            def after_run(self) -> None:
                 watch.ended = True
 
-        trio.lowlevel.spawn_system_task(heartbeat, name="aprof loop-block heartbeat")
-
-        def cancel() -> None:
-            try:
-                token.run_sync_soon(scope.cancel)
-            except trio.RunFinishedError:
-                pass
-
-        watch.cancel_heartbeat = cancel
+        # Nothing to cancel at stop: the instrument takes itself out at its
+        # next call (waking the run to remove it would be seen, as above).
+        trio.lowlevel.add_instrument(_Beat())
         watch.start()
         self.watches.append(watch)
 
@@ -643,15 +656,9 @@ def _watch_new_runs(blocks: LoopBlocks) -> list[Callable[[], None]]:
         undo.append(_asyncio.on_new_loops(watch))
 
     def watch_trio_run() -> Callable[[], None]:
-        # Not from before_run itself: the heartbeat is a system task, and
-        # the run has no system nursery yet.
-        import trio
-
-        def begin() -> None:
-            if state.running and not blocks._finished:
-                blocks.watch_trio()
-
-        trio.lowlevel.current_trio_token().run_sync_soon(begin)
+        # From before_run: the watch is an instrument, added in place.
+        if state.running and not blocks._finished:
+            blocks.watch_trio()
         return lambda: None  # finish() stops every watch
 
     undo.append(_on_new_trio_runs(watch_trio_run))

@@ -4,7 +4,8 @@ A global profile started before the program's ``trio.run`` (or anyio's trio
 backend, or a guest run) cannot add its instrument from inside the run the
 way a profile started in the run does. Instead, while at least one listener
 is registered, ``trio.run`` and ``trio.lowlevel.start_guest_run`` pass one
-more instrument, whose ``before_run`` calls every listener inside the new run
+more instrument (through trio's private ``trio._core._run.setup_runner``,
+which both call: no public name of trio changes), whose ``before_run`` calls every listener inside the new run
 (where ``trio.lowlevel.add_instrument`` and ``current_trio_token`` work).
 
 trio is not imported here: if the program has not imported it yet, a
@@ -30,7 +31,7 @@ Listener = Callable[[], None]
 
 _lock = threading.Lock()
 _listeners: list[Listener] = []
-_originals: dict[str, Any] = {}  # "run" / "start_guest_run" -> trio's function while patched
+_originals: dict[str, Any] = {}  # "setup_runner" -> trio's function while patched
 _finder: _PatchAfterImport | None = None
 
 
@@ -48,9 +49,13 @@ class _RunStart:
 
 
 def _with_run_start(original: Callable[..., Any]) -> Callable[..., Any]:
+    # trio's private ``setup_runner(clock, instruments, ...)``, which both
+    # ``trio.run`` and ``start_guest_run`` call through their module's
+    # globals: patching it leaves every public name of trio as it is
+    # (SPEC 15.6: ``trio.run is trio._core.run`` stays true).
     @functools.wraps(original)
-    def patched(*args: Any, instruments: Sequence[Any] = (), **kwargs: Any) -> Any:
-        return original(*args, instruments=(*instruments, _RunStart()), **kwargs)
+    def patched(clock: Any, instruments: Sequence[Any], *args: Any, **kwargs: Any) -> Any:
+        return original(clock, (*instruments, _RunStart()), *args, **kwargs)
 
     patched.__aprof_original__ = original  # type: ignore[attr-defined]
     return patched
@@ -60,18 +65,18 @@ def _patch(trio: ModuleType) -> None:
     # Under _lock.
     if _originals:
         return
-    _originals["run"] = trio.run
-    _originals["start_guest_run"] = trio.lowlevel.start_guest_run
-    trio.run = _with_run_start(trio.run)  # type: ignore[attr-defined]
-    trio.lowlevel.start_guest_run = _with_run_start(trio.lowlevel.start_guest_run)
+    run_module = sys.modules.get("trio._core._run")
+    if run_module is None:
+        return
+    _originals["setup_runner"] = run_module.setup_runner
+    run_module.setup_runner = _with_run_start(run_module.setup_runner)  # type: ignore[attr-defined]
 
 
 def _unpatch() -> None:
     # Under _lock.
-    trio = sys.modules.get("trio")
-    if trio is not None and _originals:
-        trio.run = _originals["run"]  # type: ignore[attr-defined]
-        trio.lowlevel.start_guest_run = _originals["start_guest_run"]
+    run_module = sys.modules.get("trio._core._run")
+    if run_module is not None and _originals:
+        run_module.setup_runner = _originals["setup_runner"]  # type: ignore[attr-defined]
     _originals.clear()
 
 
@@ -127,8 +132,8 @@ def _remove_finder() -> None:
 def on_new_trio_runs(listener: Listener) -> Callable[[], None]:
     """Call ``listener()`` inside every trio run that starts from now on.
 
-    Returns the undo action: the last one restores ``trio.run`` and
-    ``start_guest_run`` (a run already going keeps its instrument, which does
+    Returns the undo action: the last one restores trio's ``setup_runner``
+    (a run already going keeps its instrument, which does
     nothing once its listeners are gone).
     """
     global _finder
