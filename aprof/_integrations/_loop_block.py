@@ -372,7 +372,7 @@ class LoopBlocks:
         idle = [False]
         watch = _Watch(self, threading.get_ident(), current, lambda: idle[0], lambda: watch.ended)
 
-        class _Beat:  # a duck-typed trio.abc.Instrument
+        class _Beat(trio.abc.Instrument):
             def after_task_step(self, task: Any) -> None:
                 if watch.stopping:
                     trio.lowlevel.remove_instrument(self)

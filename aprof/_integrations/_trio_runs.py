@@ -20,9 +20,12 @@ import importlib.abc
 import importlib.machinery
 import sys
 import threading
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
+
+from .._core._callbacks import AprofWarning
 
 __all__ = ["on_new_trio_runs"]
 
@@ -54,8 +57,12 @@ def _with_run_start(original: Callable[..., Any]) -> Callable[..., Any]:
     # globals: patching it leaves every public name of trio as it is
     # (SPEC 15.6: ``trio.run is trio._core.run`` stays true).
     @functools.wraps(original)
-    def patched(clock: Any, instruments: Sequence[Any], *args: Any, **kwargs: Any) -> Any:
-        return original(clock, (*instruments, _RunStart()), *args, **kwargs)
+    def patched(*args: Any, **kwargs: Any) -> Any:
+        if "instruments" in kwargs:
+            kwargs["instruments"] = (*kwargs["instruments"], _RunStart())
+        else:
+            args = (args[0], (*args[1], _RunStart()), *args[2:])
+        return original(*args, **kwargs)
 
     patched.__aprof_original__ = original  # type: ignore[attr-defined]
     return patched
@@ -66,7 +73,15 @@ def _patch(trio: ModuleType) -> None:
     if _originals:
         return
     run_module = sys.modules.get("trio._core._run")
-    if run_module is None:
+    if run_module is None or not callable(getattr(run_module, "setup_runner", None)):
+        # A trio without it (0.26 to 0.35 have it): runs that start later
+        # are not seen; a profile started inside a run still is.
+        warnings.warn(
+            f"aprof: this trio ({getattr(trio, '__version__', '?')}) has no setup_runner: a global profile "
+            "cannot follow trio runs that start after it (start the profile inside the run)",
+            AprofWarning,
+            stacklevel=2,
+        )
         return
     _originals["setup_runner"] = run_module.setup_runner
     run_module.setup_runner = _with_run_start(run_module.setup_runner)  # type: ignore[attr-defined]
