@@ -21,7 +21,6 @@ more, and counts the sampler's engine thread on request).
 
 from __future__ import annotations
 
-import asyncio
 import re
 import subprocess
 import sys
@@ -32,40 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def run(variant: str, n: int) -> None:
-    import contextvars
+    """One fan-out, counted inside ``eval()``: ``bench/ranges_callgrind.py``'s
+    ``fan-tasks`` (``aprof``) or ``fan-plain`` (``plain``) case."""
+    from ranges_callgrind import run_fan
 
-    import tasks as bench  # bench/tasks.py: the same workload
-
-    loop = asyncio.new_event_loop()
-    loop.run_until_complete(loop.run_in_executor(None, bench.sync_work, b"warm"))  # the pool starts outside the count
-    wrap: Any = bench.identity
-    prof: Any = None
-    if variant == "aprof":
-        import aprof
-
-        prof = aprof.profile()
-        wrap = aprof.wrap
-
-        async def start() -> contextvars.Context:
-            prof.start()
-            return contextvars.copy_context()  # carries the profile
-
-        ctx = loop.run_until_complete(start())
-    else:
-        ctx = contextvars.copy_context()
-    # Only this line is counted (--toggle-collect=builtin_eval).
-    eval(  # noqa: S307
-        "loop.run_until_complete(loop.create_task(bench.fan_out(n, wrap), context=ctx))",
-        {"loop": loop, "bench": bench, "n": n, "wrap": wrap, "ctx": ctx},
-    )
-    if prof is not None:
-
-        async def stop() -> None:
-            prof.stop()
-
-        loop.run_until_complete(stop())
-    loop.run_until_complete(loop.shutdown_default_executor())
-    loop.close()
+    run_fan("fan-tasks" if variant == "aprof" else "fan-plain", n)
 
 
 def count(variant: str, n: int, python: str) -> int:
