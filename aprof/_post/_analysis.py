@@ -232,39 +232,23 @@ def key_averages(session: Session, group_by: str = "name") -> EventAverages:
     tracks = {t.id: t for t in session.tracks()}
     if group_by == "name":
         _by_name(session._events, rows)
-    for ev in session.events() if group_by != "name" else ():
-        if ev.is_instant:
-            continue
-        if group_by == "name":
-            if ev.scope is RecordScope.TASK and ev.extra and ev.extra.get("coro"):
-                # Tasks are named one by one (Task-7, ...): group them by coroutine.
-                label = f"task {ev.extra['coro']}"
-                k: Any = (RecordScope.TASK, label)
-            elif ev.scope is RecordScope.LOOP_BLOCK and ev.extra and ev.extra.get("coro"):
-                # Named after the blocking task: grouped by its coroutine, as tasks are.
-                label = f"loop blocked by task {ev.extra['coro']}"
-                k = (RecordScope.LOOP_BLOCK, label)
-            elif ev.scope is RecordScope.EXECUTOR:
-                # Named after the function handed over, which may also be the
-                # name of a range inside it: keep the two rows apart.
-                label = f"executor {ev.name}"
-                k = (RecordScope.EXECUTOR, label)
-            else:
-                k = label = ev.name
+    else:
+        for ev in session.events():
+            if ev.is_instant:
+                continue
             stack: tuple[tuple[str, int, str], ...] = ()
-        elif group_by == "track":
-            k = ev.thread_id
-            t = tracks.get(ev.thread_id)
-            label = f"{t.name if t else ev.track} ({ev.thread_id})"
-            stack = ()
-        else:
-            stack = tuple(ev.stack[:_STACK_DEPTH]) if ev.stack else ()
-            k = (ev.name, stack)
-            label = ev.name if not stack else f"{ev.name} @ {stack[0][0]}:{stack[0][1]}"
-        row = rows.get(k)
-        if row is None:
-            row = rows[k] = FunctionEventAvg(label, stack)
-        row.add(ev)
+            if group_by == "track":
+                k: Any = ev.thread_id
+                t = tracks.get(ev.thread_id)
+                label = f"{t.name if t else ev.track} ({ev.thread_id})"
+            else:
+                stack = tuple(ev.stack[:_STACK_DEPTH]) if ev.stack else ()
+                k = (ev.name, stack)
+                label = ev.name if not stack else f"{ev.name} @ {stack[0][0]}:{stack[0][1]}"
+            row = rows.get(k)
+            if row is None:
+                row = rows[k] = FunctionEventAvg(label, stack)
+            row.add(ev)
     averages = EventAverages(list(rows.values()), group_by)
     _add_samples(session, averages, rows, group_by, tracks)
     return averages
