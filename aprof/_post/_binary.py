@@ -74,7 +74,6 @@ from typing import TYPE_CHECKING, Any, Final, TypeGuard
 from .._core import _native
 from .._core._callbacks import RecordScope
 from .._core._recorder import (
-    FLAG_ASYNC,
     R_ARGS,
     R_END,
     R_END_LT,
@@ -89,7 +88,7 @@ from .._core._recorder import (
     R_STACK,
     R_START,
 )
-from ._events import _NO_CHILDREN, FunctionEvent, Track
+from ._events import FunctionEvent, Track, link_parents, make_event, stack_from_json
 from ._samples import Samples
 from ._validate import (
     MAX_RATIO,
@@ -390,12 +389,6 @@ def _json_block(blocks: dict[str, bytes], name: str) -> Any:
     return parse_json(blocks[name], f"has a {name!r} block that is not JSON")
 
 
-def _frames(stack: Any) -> Any:
-    if type(stack) is list and all(type(f) is list for f in stack):
-        return tuple(tuple(f) for f in stack)
-    return stack  # validate_session names what is wrong with it
-
-
 def read_binary(raw: bytes) -> Session:
     """The session in a version 2 file's bytes, validated whole.
 
@@ -529,7 +522,9 @@ def _py_events(
         for a, b, s, e, t, q, f, k in zip(name_col, scope_col, start, end, end_lt, seq, fwd, kind, strict=True)
     ]
     _fill_rare(len(recs), recs.__getitem__, rare)
-    return _events(recs, track_list, track_col, parent_col)
+    events = [make_event(r, track_list[t], False, False) for r, t in zip(recs, track_col, strict=True)]
+    link_parents(events, list(parent_col))
+    return events
 
 
 def _fill_rare(n: int, record: Callable[[int], list[Any]], rare: Any) -> None:
@@ -548,32 +543,5 @@ def _fill_rare(n: int, record: Callable[[int], list[Any]], rare: Any) -> None:
         r[R_EXC] = exc
         r[R_ARGS] = args
         r[R_INPUTS] = tuple(inputs) if type(inputs) is list else inputs
-        r[R_STACK] = _frames(stack)
+        r[R_STACK] = stack_from_json(stack)
         r[R_EXTRA] = extra
-
-
-def _events(
-    recs: list[list[Any]], tracks: list[Track], track_col: array[int], parent_col: array[int]
-) -> list[FunctionEvent]:
-    """The events over ``recs``, linked as the columns say: an async range,
-    or one on another track, has a parent but is not its child."""
-    new = FunctionEvent.__new__
-    events: list[FunctionEvent] = []
-    append = events.append
-    for r, t in zip(recs, track_col, strict=True):
-        ev = new(FunctionEvent)
-        ev._r = r
-        ev._t = tracks[t]
-        ev.parent = None
-        ev.children = _NO_CHILDREN
-        append(ev)
-    for ev, p in zip(events, parent_col, strict=True):
-        if p >= 0:
-            parent = events[p]
-            ev.parent = parent
-            if not ev._r[R_KIND] & FLAG_ASYNC and parent._t is ev._t:
-                if parent.children is _NO_CHILDREN:
-                    parent.children = [ev]
-                else:
-                    parent.children.append(ev)
-    return events

@@ -302,6 +302,14 @@ def make_event(rec: list[Any], track: Track, is_async: bool, unfinished: bool) -
     return ev
 
 
+def stack_from_json(stack: Any) -> Any:
+    """A stack read from a session file as a tuple of frame tuples; anything
+    else is left as it is for validate_session to name."""
+    if type(stack) is list and all(type(f) is list for f in stack):
+        return tuple(tuple(f) for f in stack)
+    return stack
+
+
 def add_child(parent: FunctionEvent, child: FunctionEvent) -> None:
     if parent.children is _NO_CHILDREN:
         parent.children = [child]

@@ -27,7 +27,7 @@ from .._core._callbacks import RecordScope
 from .._core._recorder import KIND_INSTANT, KIND_RANGE, R_START, ProfilerState
 from .._export._files import atomic_write_bytes, check_output_path
 from ._binary import MAGIC, read_binary, write_binary
-from ._events import FunctionEvent, Track, consolidate, link_parents, make_event
+from ._events import FunctionEvent, Track, consolidate, link_parents, make_event, stack_from_json
 from ._samples import Samples
 from ._validate import check_parent_indexes, decompress, parse_json, validate_session
 
@@ -322,14 +322,6 @@ def _flag(d: dict[str, Any], key: str) -> bool:
     return v
 
 
-def _frames(stack: Any) -> Any:
-    """A stack read from JSON as a tuple of frame tuples; anything else is
-    left as it is for validate_session to name."""
-    if type(stack) is list and all(type(f) is list for f in stack):
-        return tuple(tuple(f) for f in stack)
-    return stack
-
-
 def _from_json(doc: dict[str, Any]) -> Session:
     """Build the session as the document says, without coercing types:
     validate_session checks them all afterwards."""
@@ -360,7 +352,7 @@ def _from_json(doc: dict[str, Any]) -> Session:
         rec = [
             d["name"], RecordScope(d["scope"]), d["start_ns"], d["end_ns"],
             None if end_tid == tid else end_tid, d["exception"], d["args"], d["sequence_nr"],
-            d["forward_thread_id"], tuple(inputs) if type(inputs) is list else inputs, _frames(d["stack"]),
+            d["forward_thread_id"], tuple(inputs) if type(inputs) is list else inputs, stack_from_json(d["stack"]),
             KIND_INSTANT if _flag(d, "is_instant") else KIND_RANGE, d["extra"],
         ]  # fmt: skip
         e = make_event(rec, track, _flag(d, "is_async"), _flag(d, "unfinished"))
