@@ -23,9 +23,10 @@ end_ns, outcome, exception_name, steps, waits, spawn_site)`` (see
 What a task waited on (issue 16 item 3): when a task is made runnable again
 (the loop is asked to run its step; trio's ``task_scheduled``) at least
 :attr:`WaitLog.min_ns <aprof._integrations._await_chain.WaitLog.min_ns>`
-after its last step ended, the next step's hook calls :func:`note_wait` before the step runs (the coroutine is
-still suspended where it waited), which walks the await chain and adds the
-wait to the task's :class:`~aprof._integrations._await_chain.WaitLog`. Only
+after its last step ended, the next step's hook calls :func:`note_wait`
+before the step runs (the coroutine is still suspended where it waited),
+which walks the await chain and adds the wait to the task's
+:class:`~aprof._integrations._await_chain.WaitLog`. Only
 long waits pay for the walk (a few microseconds); shorter steps cost nothing
 more. ``spawn_site`` is the user's frame that spawned the task, taken at
 spawn (a walk of a few frames).
