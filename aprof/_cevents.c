@@ -1,19 +1,26 @@
 /*
- * aprof._ctracer, third part: consolidation at stop (SPEC 6.2, 6.3).
+ * aprof._ctracer, third part: consolidation at stop and the session's
+ * columns (SPEC 6.2, 6.3, 6.5).
  *
  * When a profile stops, every range's start and end tuples become one
  * consolidated record (a 13-slot list, layout R_* in
- * aprof/_core/_recorder.py) and one FunctionEvent, nested with a stack.
- * aprof/_post/_events.py holds the algorithm and its pure-Python twins
- * (_PyEventCore, _records_of, _sort_by_start, _nest); this file is the same
- * three steps in C, because at a million events the Python loops cost about
- * a microsecond per event and stop() has a budget of one second per million.
+ * aprof/_core/_recorder.py), and the records of each track are nested and
+ * written into the session's EventTable (aprof/_post/_table.py): ten typed
+ * columns, one value per event. aprof/_post/_events.py holds the algorithm
+ * and its pure-Python twins (_records_of, _sort_by_start, _nest); this
+ * file is the same steps in C, because at a million events the Python
+ * loops cost about a microsecond per event.
  *
- *   EventCore       FunctionEvent's four fields (_r, _t, children, parent);
- *                   FunctionEvent subclasses it with __slots__ = ().
+ *   EventView, ViewCache  FunctionEvent's fields (table, row), and the
+ *                   per-table cache that hands out one view per row.
  *   records_of()    pair one logical thread's start and end tuples.
  *   sort_by_start() put a track's records in start order if they are not.
- *   nest()          build the events of one track and link parents/children.
+ *   nest()          nest one track's records into the table's columns.
+ *   children_index() each event's children, from the parent column.
+ *   encode_column(), decode_column(), check_table()
+ *                   the binary session format's columns, and the checks
+ *                   of a table read from a file (aprof/_post/_binary.py).
+ *   name_totals()   key_averages by name over the columns.
  *   chrome_plain()  the Chrome trace lines of a run of plain ranges (the
  *                   exporter's common case; aprof/_export/_chrome.py).
  *
@@ -34,73 +41,238 @@ enum {
 enum { KIND_INSTANT = 1, FLAG_UNFINISHED = 2, FLAG_ASYNC = 4, ASYNC_SAME_THREAD = -1 };
 
 /* Set once by _events_setup(). */
-static PyTypeObject *event_type; /* aprof._post._events.FunctionEvent */
-static PyObject *no_children;    /* _events._NO_CHILDREN, shared by leaves */
+static PyObject *scope_tuple;    /* _table.SCOPES: the scope column's RecordScopes */
 static PyObject *scopes;         /* {scope value: RecordScope} */
 static PyObject *start_key;      /* operator.itemgetter(R_START) */
 static PyObject *str_submit_ns, *str_sort, *str_key, *minus_one, *zero;
 
 /* ------------------------------------------------------------------------ */
-/* EventCore                                                                  */
+/* EventView, ViewCache                                                       */
 /* ------------------------------------------------------------------------ */
+
+/* A FunctionEvent is a view of one row of its session's EventTable
+ * (aprof/_post/_table.py): the table and the row's index. A table's
+ * ViewCache hands out the view of a row, keeping a borrowed pointer to it
+ * while anything holds it, so asking twice gives the same object; the
+ * view clears its slot when it dies. Views hold the table and the cache;
+ * neither holds a view, so no cycle passes through a view. */
+
+typedef struct ViewCache ViewCache;
 
 typedef struct {
     PyObject_HEAD
-    PyObject *r;        /* the consolidated record (a list) */
-    PyObject *t;        /* its Track */
-    PyObject *children; /* list of FunctionEvent (no_children while a leaf) */
-    PyObject *parent;   /* FunctionEvent or None */
-} EventCore;
+    PyObject *tab;    /* the EventTable */
+    ViewCache *cache; /* the cache whose slot points here */
+    Py_ssize_t i;     /* the row */
+} EventView;
 
-static int
-EventCore_traverse(EventCore *self, visitproc visit, void *arg)
-{
-    Py_VISIT(self->r);
-    Py_VISIT(self->t);
-    Py_VISIT(self->children);
-    Py_VISIT(self->parent);
-    return 0;
-}
-
-static int
-EventCore_clear(EventCore *self)
-{
-    Py_CLEAR(self->r);
-    Py_CLEAR(self->t);
-    Py_CLEAR(self->children);
-    Py_CLEAR(self->parent);
-    return 0;
-}
+struct ViewCache {
+    PyObject_HEAD
+    PyTypeObject *cls; /* FunctionEvent */
+    EventView **slots; /* borrowed; NULL where no view is alive */
+    Py_ssize_t cap;
+};
 
 static void
-EventCore_dealloc(EventCore *self)
+EventView_dealloc(EventView *self)
 {
-    /* FunctionEvent's subtype_dealloc visits and releases the heap type and
-     * guards deep trees with the trashcan; this frees the fields. */
-    PyObject_GC_UnTrack(self);
-    EventCore_clear(self);
+    ViewCache *c = self->cache;
+    if (c != NULL && self->i >= 0 && self->i < c->cap && c->slots[self->i] == self)
+        c->slots[self->i] = NULL;
+    Py_XDECREF(self->tab);
+    Py_XDECREF((PyObject *)c);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static PyMemberDef EventCore_members[] = {
-    {"_r", T_OBJECT_EX, offsetof(EventCore, r), 0, NULL},
-    {"_t", T_OBJECT_EX, offsetof(EventCore, t), 0, NULL},
-    {"children", T_OBJECT_EX, offsetof(EventCore, children), 0, "Ranges nested directly in this one, on its track."},
-    {"parent", T_OBJECT_EX, offsetof(EventCore, parent), 0, "The enclosing range, or None."},
+static PyMemberDef EventView_members[] = {
+    {"_tab", T_OBJECT, offsetof(EventView, tab), READONLY, "The EventTable this event is a row of."},
+    {"_i", T_PYSSIZET, offsetof(EventView, i), READONLY, "The row."},
     {NULL},
 };
 
-static PyTypeObject EventCoreType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "aprof._ctracer.EventCore",
-    .tp_basicsize = sizeof(EventCore),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "FunctionEvent's fields (_r, _t, children, parent), in C.",
-    .tp_new = PyType_GenericNew,
-    .tp_dealloc = (destructor)EventCore_dealloc,
-    .tp_traverse = (traverseproc)EventCore_traverse,
-    .tp_clear = (inquiry)EventCore_clear,
-    .tp_members = EventCore_members,
+static PyTypeObject EventViewType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "aprof._ctracer.EventView",
+    .tp_basicsize = sizeof(EventView),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "FunctionEvent's fields (_tab, _i), in C: made by a ViewCache.",
+    .tp_dealloc = (destructor)EventView_dealloc,
+    .tp_members = EventView_members,
 };
+
+static PyObject *
+ViewCache_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PyObject *cls;
+    if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
+        PyErr_SetString(PyExc_TypeError, "ViewCache(cls) takes no keyword arguments");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "O!:ViewCache", &PyType_Type, &cls))
+        return NULL;
+    PyTypeObject *tp = (PyTypeObject *)cls;
+    if (!PyType_IsSubtype(tp, &EventViewType) || tp->tp_basicsize != EventViewType.tp_basicsize) {
+        PyErr_Format(PyExc_TypeError, "ViewCache: %s must subclass EventView with __slots__ = ()", tp->tp_name);
+        return NULL;
+    }
+    ViewCache *self = (ViewCache *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->cls = (PyTypeObject *)Py_NewRef(cls);
+    return (PyObject *)self;
+}
+
+static void
+ViewCache_dealloc(ViewCache *self)
+{
+    /* Every view holds the cache: none is alive here. */
+    PyMem_Free(self->slots);
+    Py_XDECREF(self->cls);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* get(tab, i) -> the view of row i of tab (the table that owns the cache;
+ * i is not checked against its length: the caller's job). */
+static PyObject *
+ViewCache_get(ViewCache *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "get(tab, i)");
+        return NULL;
+    }
+    Py_ssize_t i = PyLong_AsSsize_t(args[1]);
+    if (i < 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_IndexError, "event index out of range");
+        return NULL;
+    }
+    if (i >= self->cap) {
+        Py_ssize_t cap = self->cap ? self->cap * 2 : 1024;
+        if (cap <= i)
+            cap = i + 1;
+        EventView **slots = PyMem_Realloc(self->slots, (size_t)cap * sizeof(EventView *));
+        if (slots == NULL)
+            return PyErr_NoMemory();
+        memset(slots + self->cap, 0, (size_t)(cap - self->cap) * sizeof(EventView *));
+        self->slots = slots;
+        self->cap = cap;
+    }
+    EventView *v = self->slots[i];
+    if (v != NULL)
+        return Py_NewRef((PyObject *)v);
+    v = (EventView *)self->cls->tp_alloc(self->cls, 0);
+    if (v == NULL)
+        return NULL;
+    v->tab = Py_NewRef(args[0]);
+    v->cache = (ViewCache *)Py_NewRef((PyObject *)self);
+    v->i = i;
+    self->slots[i] = v;
+    return (PyObject *)v;
+}
+
+static PyMethodDef ViewCache_methods[] = {
+    {"get", (PyCFunction)(void (*)(void))ViewCache_get, METH_FASTCALL, "get(tab, i): the view of row i."},
+    {NULL},
+};
+
+static PyTypeObject ViewCacheType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "aprof._ctracer.ViewCache",
+    .tp_basicsize = sizeof(ViewCache),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "ViewCache(cls): the FunctionEvent views of one EventTable, one per row while held.",
+    .tp_new = ViewCache_new,
+    .tp_dealloc = (destructor)ViewCache_dealloc,
+    .tp_methods = ViewCache_methods,
+};
+
+/* ------------------------------------------------------------------------ */
+/* The table's columns, borrowed as buffers                                   */
+/* ------------------------------------------------------------------------ */
+
+#define N_COLUMNS 10
+static const int column_widths[N_COLUMNS] = {8, 8, 8, 8, 8, 4, 4, 4, 1, 1};
+static const char *const column_attrs[N_COLUMNS] = {"start", "end",   "end_lt", "seq",   "fwd",
+                                                    "name",  "track", "parent", "scope", "kind"};
+enum { COL_START, COL_END, COL_END_LT, COL_SEQ, COL_FWD, COL_NAME, COL_TRACK, COL_PARENT, COL_SCOPE, COL_KIND };
+
+typedef struct {
+    Py_buffer view[N_COLUMNS];
+    int got;
+    Py_ssize_t n;
+    int64_t *start, *end, *end_lt, *seq, *fwd;
+    int32_t *name, *track, *parent;
+    uint8_t *scope, *kind;
+} Cols;
+
+static void
+cols_release(Cols *t)
+{
+    for (int c = 0; c < t->got; c++)
+        PyBuffer_Release(&t->view[c]);
+    t->got = 0;
+}
+
+/* One buffer of `width`-byte items; its length in items, or -1. */
+static Py_ssize_t
+get_column(PyObject *obj, Py_buffer *view, int width, const char *what, int writable)
+{
+    if (PyObject_GetBuffer(obj, view, writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0)
+        return -1;
+    if (view->itemsize != width || view->len % width) {
+        PyErr_Format(PyExc_TypeError, "aprof: column %s is not an array of %d-byte values", what, width);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return view->len / width;
+}
+
+/* The ten columns of an EventTable, borrowed (cols_release gives them
+ * back; the arrays cannot be resized meanwhile). */
+static int
+cols_get(PyObject *tab, Cols *t)
+{
+    t->got = 0;
+    t->n = -1;
+    for (int c = 0; c < N_COLUMNS; c++) {
+        PyObject *col = PyObject_GetAttrString(tab, column_attrs[c]);
+        if (col == NULL)
+            goto fail;
+        Py_ssize_t len = get_column(col, &t->view[c], column_widths[c], column_attrs[c], 0);
+        Py_DECREF(col);
+        if (len < 0)
+            goto fail;
+        t->got++;
+        if (t->n < 0)
+            t->n = len;
+        else if (len != t->n) {
+            PyErr_Format(PyExc_ValueError, "aprof: column %s has %zd values, not %zd", column_attrs[c], len, t->n);
+            goto fail;
+        }
+    }
+    t->start = t->view[COL_START].buf;
+    t->end = t->view[COL_END].buf;
+    t->end_lt = t->view[COL_END_LT].buf;
+    t->seq = t->view[COL_SEQ].buf;
+    t->fwd = t->view[COL_FWD].buf;
+    t->name = t->view[COL_NAME].buf;
+    t->track = t->view[COL_TRACK].buf;
+    t->parent = t->view[COL_PARENT].buf;
+    t->scope = t->view[COL_SCOPE].buf;
+    t->kind = t->view[COL_KIND].buf;
+    return 0;
+fail:
+    cols_release(t);
+    return -1;
+}
+
+/* The sorted int32 indexes in `view` contain i? (*pos walks forward.) */
+static inline int
+in_sorted(const int32_t *idx, Py_ssize_t len, Py_ssize_t *pos, Py_ssize_t i)
+{
+    while (*pos < len && idx[*pos] < i)
+        (*pos)++;
+    return *pos < len && idx[*pos] == i;
+}
+
 
 /* ------------------------------------------------------------------------ */
 /* records_of                                                                 */
@@ -318,136 +490,282 @@ sort_by_start(PyObject *module, PyObject *records)
     Py_RETURN_NONE;
 }
 
-static inline int
-or_kind(PyObject *rec, long flag)
-{
-    long k = PyLong_AsLong(PyList_GET_ITEM(rec, R_KIND));
-    if (k == -1 && PyErr_Occurred())
-        return -1;
-    PyObject *v = PyLong_FromLong(k | flag);
-    if (v == NULL)
-        return -1;
-    set_slot(rec, R_KIND, v);
-    return 0;
-}
-
-static int
-add_child(EventCore *parent, EventCore *child)
-{
-    if (parent->children == no_children) {
-        PyObject *lst = PyList_New(1);
-        if (lst == NULL)
-            return -1;
-        PyList_SET_ITEM(lst, 0, Py_NewRef(child));
-        Py_SETREF(parent->children, lst);
-        return 0;
-    }
-    return PyList_Append(parent->children, (PyObject *)child);
-}
-
-/* nest(records, track, stop_ns, events, linked): see _events._nest. */
+/* nest(records, track, stop_ns, tab, linked): see _events._nest. Appends
+ * one track's events to the EventTable `tab`: the columns are filled in
+ * C buffers and appended once each (array.frombytes), names interned in
+ * tab._name_ids / tab.names, the rare fields put in tab.rare; the records
+ * are not changed. */
 static PyObject *
 nest(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (event_type == NULL) {
+    if (scope_tuple == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "aprof: _events_setup() was not called");
         return NULL;
     }
-    if (nargs != 5 || !PyList_Check(args[0]) || !PyLong_Check(args[2]) || !PyList_Check(args[3]) ||
+    if (nargs != 5 || !PyList_Check(args[0]) || !PyLong_Check(args[1]) || !PyLong_Check(args[2]) ||
         !PyList_Check(args[4])) {
-        PyErr_SetString(PyExc_TypeError,
-                        "nest(records: list, track: Track, stop_ns: int, events: list, linked: list)");
+        PyErr_SetString(PyExc_TypeError, "nest(records: list, track: int, stop_ns: int, tab: EventTable, linked: list)");
         return NULL;
     }
-    PyObject *records = args[0], *track = args[1], *events = args[3], *linked = args[4];
+    PyObject *records = args[0], *tab = args[3], *linked = args[4];
     long long stop_ns = PyLong_AsLongLong(args[2]);
-    if ((stop_ns == -1 && PyErr_Occurred()) || check_records(records) < 0)
+    long track = PyLong_AsLong(args[1]);
+    if (((stop_ns == -1 || track == -1) && PyErr_Occurred()) || check_records(records) < 0)
         return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(records), depth = 0;
-    /* The open ranges enclosing the current one (borrowed: each is in
-     * `events`) and their end times. */
-    EventCore **stack = PyMem_Malloc((n > 0 ? (size_t)n : 1) * sizeof(EventCore *));
-    long long *ends = PyMem_Malloc((n > 0 ? (size_t)n : 1) * sizeof(long long));
-    if (stack == NULL || ends == NULL) {
-        PyErr_NoMemory();
-        goto fail;
+    if (track < 0 || track > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "nest: track index out of range");
+        return NULL;
     }
+    Py_ssize_t n = PyList_GET_SIZE(records), depth = 0, base = PyObject_Length(tab);
+    if (base < 0)
+        return NULL;
+    if (base + n > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "aprof: more than %d events in one session", INT32_MAX);
+        return NULL;
+    }
+    PyObject *names = PyObject_GetAttrString(tab, "names"), *ids = PyObject_GetAttrString(tab, "_name_ids"),
+             *rare = PyObject_GetAttrString(tab, "rare"), *result = NULL;
+    void *buf[N_COLUMNS] = {NULL};
+    int32_t *stack = NULL;
+    int64_t *ends = NULL;
+    if (names == NULL || ids == NULL || rare == NULL)
+        goto done;
+    if (!PyList_Check(names) || !PyDict_Check(ids) || !PyDict_Check(rare)) {
+        PyErr_SetString(PyExc_TypeError, "nest: tab is not an EventTable");
+        goto done;
+    }
+    size_t m = n > 0 ? (size_t)n : 1;
+    for (int c = 0; c < N_COLUMNS; c++)
+        if ((buf[c] = PyMem_Malloc(m * (size_t)column_widths[c])) == NULL)
+            goto nomem;
+    stack = PyMem_Malloc(m * sizeof(int32_t));
+    ends = PyMem_Malloc(m * sizeof(int64_t));
+    if (stack == NULL || ends == NULL)
+        goto nomem;
+    int64_t *start_c = buf[COL_START], *end_c = buf[COL_END], *end_lt_c = buf[COL_END_LT], *seq_c = buf[COL_SEQ],
+            *fwd_c = buf[COL_FWD];
+    int32_t *name_c = buf[COL_NAME], *track_c = buf[COL_TRACK], *parent_c = buf[COL_PARENT];
+    uint8_t *scope_c = buf[COL_SCOPE], *kind_c = buf[COL_KIND];
+    Py_ssize_t n_scopes = PyTuple_GET_SIZE(scope_tuple);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *rec = PyList_GET_ITEM(records, i);
-        long long start, end;
-        if (get_i64(rec, R_START, &start) < 0)
-            goto fail;
+        int32_t at = (int32_t)(base + i);
+        long long start, end, kind, seq, fwd, end_lt = -1;
+        if (get_i64(rec, R_START, &start) < 0 || get_i64(rec, R_KIND, &kind) < 0 || get_i64(rec, R_SEQ, &seq) < 0 ||
+            get_i64(rec, R_FWD, &fwd) < 0)
+            goto done;
+        if (kind < 0 || kind > 255) {
+            PyErr_Format(PyExc_ValueError, "aprof: record %zd has kind flags %lld", i, kind);
+            goto done;
+        }
         if (PyList_GET_ITEM(rec, R_END) == Py_None) { /* still open at stop */
             end = stop_ns > start ? stop_ns : start;
-            PyObject *v = PyLong_FromLongLong(end);
-            if (v == NULL)
-                goto fail;
-            set_slot(rec, R_END, v);
-            if (or_kind(rec, FLAG_UNFINISHED) < 0)
-                goto fail;
+            kind |= FLAG_UNFINISHED;
         }
         else if (get_i64(rec, R_END, &end) < 0)
-            goto fail;
-        long kind = PyLong_AsLong(PyList_GET_ITEM(rec, R_KIND));
-        if (kind == -1 && PyErr_Occurred())
-            goto fail;
-        int instant = (kind & KIND_INSTANT) != 0;
+            goto done;
         int ended_elsewhere = PyList_GET_ITEM(rec, R_END_LT) != Py_None;
-
-        EventCore *ev = (EventCore *)event_type->tp_alloc(event_type, 0);
-        if (ev == NULL)
-            goto fail;
-        ev->r = Py_NewRef(rec);
-        ev->t = Py_NewRef(track);
-        ev->children = Py_NewRef(no_children);
+        if (ended_elsewhere && get_i64(rec, R_END_LT, &end_lt) < 0)
+            goto done;
+        int instant = (kind & KIND_INSTANT) != 0;
         /* Pop ranges that ended before this one started. */
         while (depth > 0 && (ends[depth - 1] < start || (ends[depth - 1] == start && !instant)))
             depth--;
+        int32_t parent = -1;
         int push = 0;
         if (depth > 0) {
-            EventCore *parent = stack[depth - 1];
-            ev->parent = Py_NewRef(parent);
-            if (ended_elsewhere || end > ends[depth - 1]) {
-                if (or_kind(rec, FLAG_ASYNC) < 0) /* ended elsewhere, or outlived its enclosing range */
-                    goto fail_ev;
-            }
-            else {
-                if (add_child(parent, ev) < 0)
-                    goto fail_ev;
-                push = !instant;
-            }
-        }
-        else {
-            ev->parent = Py_NewRef(Py_None);
-            int fwd = PyObject_IsTrue(PyList_GET_ITEM(rec, R_FWD)); /* spawned or submitted work */
-            if (fwd < 0 || (fwd && PyList_Append(linked, (PyObject *)ev) < 0))
-                goto fail_ev;
-            if (ended_elsewhere) {
-                if (or_kind(rec, FLAG_ASYNC) < 0)
-                    goto fail_ev;
-            }
+            parent = stack[depth - 1];
+            if (ended_elsewhere || end > ends[depth - 1])
+                kind |= FLAG_ASYNC; /* ended elsewhere, or outlived its enclosing range */
             else
                 push = !instant;
         }
-        if (PyList_Append(events, (PyObject *)ev) < 0)
-            goto fail_ev;
+        else {
+            if (fwd) { /* spawned or submitted work: _link_across_tracks gives it a parent */
+                PyObject *ix = PyLong_FromLong(at);
+                if (ix == NULL || PyList_Append(linked, ix) < 0) {
+                    Py_XDECREF(ix);
+                    goto done;
+                }
+                Py_DECREF(ix);
+            }
+            if (ended_elsewhere)
+                kind |= FLAG_ASYNC;
+            else
+                push = !instant;
+        }
         if (push) {
-            stack[depth] = ev;
+            stack[depth] = at;
             ends[depth++] = end;
         }
-        Py_DECREF(ev);
-        continue;
-    fail_ev:
-        Py_DECREF(ev);
-        goto fail;
+        /* the name, interned */
+        PyObject *nm = PyList_GET_ITEM(rec, R_NAME);
+        if (!PyUnicode_Check(nm)) {
+            PyErr_Format(PyExc_TypeError, "aprof: record %zd has a name that is not a string: %R", i, nm);
+            goto done;
+        }
+        PyObject *id = PyDict_GetItemWithError(ids, nm);
+        if (id == NULL) {
+            if (PyErr_Occurred())
+                goto done;
+            Py_ssize_t k = PyList_GET_SIZE(names);
+            PyObject *nid = PyLong_FromSsize_t(k);
+            if (nid == NULL || PyDict_SetItem(ids, nm, nid) < 0 || PyList_Append(names, nm) < 0) {
+                Py_XDECREF(nid);
+                goto done;
+            }
+            Py_DECREF(nid);
+            name_c[i] = (int32_t)k;
+        }
+        else
+            name_c[i] = (int32_t)PyLong_AsLong(id);
+        /* the scope: its index in SCOPES, compared by identity */
+        PyObject *sc = PyList_GET_ITEM(rec, R_SCOPE);
+        Py_ssize_t si = 0;
+        while (si < n_scopes && PyTuple_GET_ITEM(scope_tuple, si) != sc)
+            si++;
+        if (si == n_scopes) {
+            PyErr_Format(PyExc_ValueError, "aprof: record %zd has scope %R, not a RecordScope", i, sc);
+            goto done;
+        }
+        PyObject *exc = PyList_GET_ITEM(rec, R_EXC), *a = PyList_GET_ITEM(rec, R_ARGS),
+                 *inp = PyList_GET_ITEM(rec, R_INPUTS), *stk = PyList_GET_ITEM(rec, R_STACK),
+                 *extra = PyList_GET_ITEM(rec, R_EXTRA);
+        if (exc != Py_None || a != Py_None || inp != Py_None || stk != Py_None || extra != Py_None) {
+            PyObject *row = PyList_New(5), *ix = PyLong_FromLong(at);
+            int rc = -1;
+            if (row != NULL && ix != NULL) {
+                PyList_SET_ITEM(row, 0, Py_NewRef(exc));
+                PyList_SET_ITEM(row, 1, Py_NewRef(a));
+                PyList_SET_ITEM(row, 2, Py_NewRef(inp));
+                PyList_SET_ITEM(row, 3, Py_NewRef(stk));
+                PyList_SET_ITEM(row, 4, Py_NewRef(extra));
+                rc = PyDict_SetItem(rare, ix, row);
+            }
+            Py_XDECREF(row);
+            Py_XDECREF(ix);
+            if (rc < 0)
+                goto done;
+        }
+        start_c[i] = start;
+        end_c[i] = end;
+        end_lt_c[i] = end_lt;
+        seq_c[i] = seq;
+        fwd_c[i] = fwd;
+        track_c[i] = (int32_t)track;
+        parent_c[i] = parent;
+        scope_c[i] = (uint8_t)si;
+        kind_c[i] = (uint8_t)kind;
     }
+    for (int c = 0; c < N_COLUMNS; c++) {
+        PyObject *col = PyObject_GetAttrString(tab, column_attrs[c]);
+        PyObject *r = col == NULL ? NULL
+                                  : PyObject_CallMethod(col, "frombytes", "y#", (const char *)buf[c],
+                                                        (Py_ssize_t)(n * column_widths[c]));
+        Py_XDECREF(col);
+        if (r == NULL)
+            goto done;
+        Py_DECREF(r);
+    }
+    result = Py_NewRef(Py_None);
+    goto done;
+nomem:
+    PyErr_NoMemory();
+done:
+    for (int c = 0; c < N_COLUMNS; c++)
+        PyMem_Free(buf[c]);
     PyMem_Free(stack);
     PyMem_Free(ends);
-    Py_RETURN_NONE;
-fail:
-    PyMem_Free(stack);
-    PyMem_Free(ends);
-    return NULL;
+    Py_XDECREF(names);
+    Py_XDECREF(ids);
+    Py_XDECREF(rare);
+    return result;
+}
+
+/* Each event's children as a compressed index: the children of event i
+ * are kids[off[i] .. off[i + 1]), in index (start) order. A child has its
+ * parent on its own track and is not async. Both arrays are PyMem_Malloc'd
+ * (off: n + 1 values); parents must be in -1..n-1. -1 on no memory. */
+static int
+build_children(const int32_t *parent, const int32_t *track, const uint8_t *kind, Py_ssize_t n, int32_t **off_out,
+               int32_t **kids_out)
+{
+    int32_t *off = PyMem_Calloc((size_t)n + 1, sizeof(int32_t)), *kids = NULL, *fill = NULL;
+    if (off == NULL)
+        goto nomem;
+#define IS_CHILD(i) (parent[i] >= 0 && !(kind[i] & FLAG_ASYNC) && track[parent[i]] == track[i])
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (IS_CHILD(i))
+            off[parent[i] + 1]++;
+    for (Py_ssize_t i = 0; i < n; i++)
+        off[i + 1] += off[i];
+    kids = PyMem_Malloc((size_t)(off[n] > 0 ? off[n] : 1) * sizeof(int32_t));
+    fill = PyMem_Malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+    if (kids == NULL || fill == NULL)
+        goto nomem;
+    memcpy(fill, off, (size_t)n * sizeof(int32_t));
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (IS_CHILD(i))
+            kids[fill[parent[i]]++] = (int32_t)i;
+#undef IS_CHILD
+    PyMem_Free(fill);
+    *off_out = off;
+    *kids_out = kids;
+    return 0;
+nomem:
+    PyMem_Free(off);
+    PyMem_Free(kids);
+    PyMem_Free(fill);
+    PyErr_NoMemory();
+    return -1;
+}
+
+/* children_index(parent, track, kind) -> (offsets, children): see
+ * EventTable.children_index (int32, native order). */
+static PyObject *
+children_index(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "children_index(parent, track, kind)");
+        return NULL;
+    }
+    Py_buffer pv, tv, kv;
+    Py_ssize_t n = get_column(args[0], &pv, 4, "parent", 0);
+    if (n < 0)
+        return NULL;
+    Py_ssize_t nt = get_column(args[1], &tv, 4, "track", 0);
+    if (nt < 0) {
+        PyBuffer_Release(&pv);
+        return NULL;
+    }
+    Py_ssize_t nk = get_column(args[2], &kv, 1, "kind", 0);
+    PyObject *result = NULL;
+    int32_t *off = NULL, *kids = NULL;
+    if (nk < 0)
+        goto done;
+    if (nt != n || nk != n) {
+        PyErr_SetString(PyExc_ValueError, "children_index: the columns differ in length");
+        goto done;
+    }
+    const int32_t *parent = pv.buf;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (parent[i] < -1 || parent[i] >= n) {
+            PyErr_Format(PyExc_ValueError, "children_index: event %zd has a parent index %d outside -1..%zd", i,
+                         parent[i], n - 1);
+            goto done;
+        }
+    if (build_children(parent, tv.buf, kv.buf, n, &off, &kids) < 0)
+        goto done;
+    result = Py_BuildValue("(y#y#)", (const char *)off, (Py_ssize_t)((n + 1) * 4), (const char *)kids,
+                           (Py_ssize_t)off[n] * 4);
+done:
+    PyMem_Free(off);
+    PyMem_Free(kids);
+    PyBuffer_Release(&pv);
+    PyBuffer_Release(&tv);
+    if (nk >= 0)
+        PyBuffer_Release(&kv);
+    return result;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -508,96 +826,85 @@ ascii_of(PyObject *s, Py_ssize_t *n)
     return (const char *)PyUnicode_DATA(s);
 }
 
-/* chrome_plain(events, i, base, wheres, names, cats, dumps, limit)
+/* chrome_plain(tab, i, base, wheres, json_names, cats, dumps, limit, rare)
  *     -> (text, next_i)
  *
- * The "X" lines, joined by ",\n", of events[i], events[i+1], ... while they
- * are plain ranges (no args of any kind: the test is the exporter's), at
- * most `limit` of them; next_i is the first event not written. wheres maps
- * a Track with no task steps to its '"pid":P,"tid":T'; names caches
- * dumps(name) by name; cats is ((RecordScope, cat), ...). */
+ * The "X" lines, joined by ",\n", of rows i, i+1, ... of the EventTable
+ * `tab` while they are plain ranges (kind 0, no sequence number, spawner
+ * or other ending thread, not in `rare`: the exporter's test), at most
+ * `limit` of them; next_i is the first row not written. wheres[track] is
+ * '"pid":P,"tid":T' for a track with no task steps, None for one with;
+ * json_names caches dumps(name) by name id; cats[scope] is the category;
+ * rare the sorted int32 indexes of the rows with rare fields. */
 static PyObject *
 chrome_plain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 8 || !PyList_Check(args[0]) || !PyDict_Check(args[3]) || !PyDict_Check(args[4]) ||
-        !PyTuple_Check(args[5]) || !PyCallable_Check(args[6])) {
-        PyErr_SetString(PyExc_TypeError, "chrome_plain(events, i, base, wheres, names, cats, dumps, limit)");
+    if (nargs != 9 || !PyList_Check(args[3]) || !PyDict_Check(args[4]) || !PyTuple_Check(args[5]) ||
+        !PyCallable_Check(args[6])) {
+        PyErr_SetString(PyExc_TypeError, "chrome_plain(tab, i, base, wheres, json_names, cats, dumps, limit, rare)");
         return NULL;
     }
-    PyObject *events = args[0], *wheres = args[3], *names = args[4], *cats = args[5], *dumps = args[6];
+    PyObject *tab = args[0], *wheres = args[3], *jnames = args[4], *cats = args[5], *dumps = args[6];
     Py_ssize_t i = PyLong_AsSsize_t(args[1]);
     long long base = PyLong_AsLongLong(args[2]);
     Py_ssize_t limit = PyLong_AsSsize_t(args[7]);
     if (PyErr_Occurred())
         return NULL;
-    Py_ssize_t ncats = PyTuple_GET_SIZE(cats);
+    Cols t;
+    if (cols_get(tab, &t) < 0)
+        return NULL;
+    Py_buffer rv;
+    Py_ssize_t n_rare = get_column(args[8], &rv, 4, "rare", 0);
+    PyObject *names = PyObject_GetAttrString(tab, "names"), *result = NULL;
     Buf b = {NULL, 0, 0};
-    Py_ssize_t written = 0;
-    PyObject *track = NULL, *where = NULL; /* borrowed: the last event's */
-    for (; i < PyList_GET_SIZE(events) && written < limit; i++) {
-        PyObject *o = PyList_GET_ITEM(events, i);
-        if (!PyObject_TypeCheck(o, &EventCoreType))
+    if (n_rare < 0 || names == NULL || !PyList_Check(names))
+        goto done;
+    const int32_t *rare = rv.buf;
+    /* the first rare index >= i */
+    Py_ssize_t lo = 0, hi = n_rare;
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) / 2;
+        if (rare[mid] < i)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    Py_ssize_t rpos = lo, written = 0, ncats = PyTuple_GET_SIZE(cats), nwheres = PyList_GET_SIZE(wheres),
+               n_names = PyList_GET_SIZE(names);
+    for (i = i < 0 ? 0 : i; i < t.n && written < limit; i++) {
+        if (in_sorted(rare, n_rare, &rpos, i) || t.kind[i] || t.seq[i] >= 0 || t.fwd[i] || t.end_lt[i] != -1)
             break;
-        EventCore *ev = (EventCore *)o;
-        PyObject *r = ev->r;
-        if (r == NULL || !PyList_CheckExact(r) || PyList_GET_SIZE(r) != R_SIZE || ev->t == NULL)
+        int32_t tr = t.track[i], nm = t.name[i];
+        if (tr < 0 || tr >= nwheres || t.scope[i] >= ncats || nm < 0 || nm >= n_names)
             break;
-        if (ev->t != track) {
-            where = PyDict_GetItemWithError(wheres, ev->t);
-            if (where == NULL) { /* a task's track (steps to report), or an error */
-                if (PyErr_Occurred())
-                    goto fail;
-                break;
-            }
-            track = ev->t;
-        }
-        PyObject *seq = PyList_GET_ITEM(r, R_SEQ), *fwd = PyList_GET_ITEM(r, R_FWD), *kind = PyList_GET_ITEM(r, R_KIND);
-        PyObject *start = PyList_GET_ITEM(r, R_START), *end = PyList_GET_ITEM(r, R_END);
-        if (PyList_GET_ITEM(r, R_ARGS) != Py_None || PyList_GET_ITEM(r, R_EXC) != Py_None ||
-            PyList_GET_ITEM(r, R_END_LT) != Py_None || PyList_GET_ITEM(r, R_INPUTS) != Py_None ||
-            PyList_GET_ITEM(r, R_STACK) != Py_None || PyList_GET_ITEM(r, R_EXTRA) != Py_None ||
-            !PyLong_CheckExact(seq) || !PyLong_CheckExact(fwd) || !PyLong_CheckExact(kind) ||
-            !PyLong_CheckExact(start) || !PyLong_CheckExact(end))
+        PyObject *where = PyList_GET_ITEM(wheres, tr), *cat = PyTuple_GET_ITEM(cats, t.scope[i]);
+        if (where == Py_None) /* a task's track: steps to report */
             break;
-        int overflow;
-        long k = PyLong_AsLongAndOverflow(kind, &overflow), f = PyLong_AsLongAndOverflow(fwd, &overflow);
-        if (overflow || k != 0 || f != 0 || PyLong_AsLongAndOverflow(seq, &overflow) >= 0 || overflow)
-            break;
-        long long s = PyLong_AsLongLong(start), e = PyLong_AsLongLong(end);
-        if (PyErr_Occurred()) {
-            PyErr_Clear();
-            break;
-        }
-        PyObject *scope = PyList_GET_ITEM(r, R_SCOPE), *cat = NULL;
-        for (Py_ssize_t c = 0; c < ncats; c++) {
-            PyObject *pair = PyTuple_GET_ITEM(cats, c);
-            if (PyTuple_Check(pair) && PyTuple_GET_SIZE(pair) == 2 && PyTuple_GET_ITEM(pair, 0) == scope) {
-                cat = PyTuple_GET_ITEM(pair, 1);
-                break;
-            }
-        }
-        if (cat == NULL)
-            break;
-        PyObject *name = PyList_GET_ITEM(r, R_NAME);
-        PyObject *jname = PyDict_GetItemWithError(names, name); /* borrowed */
+        PyObject *key = PyLong_FromLong(nm);
+        if (key == NULL)
+            goto done;
+        PyObject *jname = PyDict_GetItemWithError(jnames, key); /* borrowed */
         if (jname == NULL) {
-            if (PyErr_Occurred())
-                goto fail;
-            PyObject *d = PyObject_CallOneArg(dumps, name);
-            if (d == NULL)
-                goto fail;
-            int rc = PyDict_SetItem(names, name, d);
-            Py_DECREF(d); /* the dict keeps it */
-            if (rc < 0)
-                goto fail;
+            if (PyErr_Occurred()) {
+                Py_DECREF(key);
+                goto done;
+            }
+            PyObject *d = PyObject_CallOneArg(dumps, PyList_GET_ITEM(names, nm));
+            int rc = d == NULL ? -1 : PyDict_SetItem(jnames, key, d);
+            Py_XDECREF(d); /* the dict keeps it */
+            if (rc < 0) {
+                Py_DECREF(key);
+                goto done;
+            }
             jname = d;
         }
+        Py_DECREF(key);
         Py_ssize_t nw, nn, nc;
         const char *w = ascii_of(where, &nw), *jn = ascii_of(jname, &nn), *ct = ascii_of(cat, &nc);
         if (w == NULL || jn == NULL || ct == NULL)
-            goto fail;
+            goto done;
         if (buf_grow(&b, (size_t)(nw + nn + nc) + 128) < 0)
-            goto fail;
+            goto done;
         if (written)
             buf_put(&b, ",\n", 2);
         buf_put(&b, "{\"ph\":\"X\",\"name\":", 17);
@@ -607,125 +914,43 @@ chrome_plain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         buf_put(&b, "\",", 2);
         buf_put(&b, w, (size_t)nw);
         buf_put(&b, ",\"ts\":", 6);
-        buf_us(&b, s - base);
+        buf_us(&b, t.start[i] - base);
         buf_put(&b, ",\"dur\":", 7);
-        buf_us(&b, e - s);
+        buf_us(&b, t.end[i] - t.start[i]);
         buf_put(&b, "}", 1);
         written++;
     }
     PyObject *text = PyUnicode_DecodeASCII(b.p ? b.p : "", (Py_ssize_t)b.len, "strict");
+    if (text != NULL)
+        result = Py_BuildValue("(Nn)", text, i);
+done:
     PyMem_Free(b.p);
-    if (text == NULL)
-        return NULL;
-    PyObject *out = Py_BuildValue("(Nn)", text, i);
-    return out;
-fail:
-    PyMem_Free(b.p);
-    return NULL;
+    Py_XDECREF(names);
+    if (n_rare >= 0)
+        PyBuffer_Release(&rv);
+    cols_release(&t);
+    return result;
 }
-
-/* ------------------------------------------------------------------------ */
-/* Module glue                                                                */
-/* ------------------------------------------------------------------------ */
 
 /* ------------------------------------------------------------------------ */
 /* Session columns: the binary format's writer and reader                    */
 /* ------------------------------------------------------------------------ */
 
 /* aprof/_post/_binary.py has the format and the pure-Python twins
- * (_py_columns, _py_events + validate_session). The columns are native
- * endian here; Python swaps them on a big-endian machine. */
-
-/* Event address -> index, for one call (open addressing, never shrinks). */
-typedef struct {
-    const void **keys;
-    int32_t *vals;
-    size_t mask;
-} PtrIndex;
-
-static int
-ptrindex_init(PtrIndex *m, Py_ssize_t n)
-{
-    size_t size = 16;
-    while (size < (size_t)n * 2)
-        size <<= 1;
-    m->keys = PyMem_Calloc(size, sizeof(void *));
-    m->vals = PyMem_Malloc(size * sizeof(int32_t));
-    m->mask = size - 1;
-    if (m->keys == NULL || m->vals == NULL) {
-        PyMem_Free(m->keys);
-        PyMem_Free(m->vals);
-        PyErr_NoMemory();
-        return -1;
-    }
-    return 0;
-}
-
-static void
-ptrindex_put(PtrIndex *m, const void *key, int32_t val)
-{
-    size_t j = hash_ptr(key, m->mask);
-    while (m->keys[j] != NULL && m->keys[j] != key)
-        j = (j + 1) & m->mask;
-    m->keys[j] = key;
-    m->vals[j] = val;
-}
-
-static int32_t
-ptrindex_get(const PtrIndex *m, const void *key)
-{
-    size_t j = hash_ptr(key, m->mask);
-    while (m->keys[j] != NULL) {
-        if (m->keys[j] == key)
-            return m->vals[j];
-        j = (j + 1) & m->mask;
-    }
-    return -1;
-}
-
-static void
-ptrindex_free(PtrIndex *m)
-{
-    PyMem_Free(m->keys);
-    PyMem_Free(m->vals);
-}
-
-/* An int slot of a record as int64; a clear error for anything else. */
-static int
-slot_i64(PyObject *rec, Py_ssize_t slot, Py_ssize_t i, const char *field, int64_t *out)
-{
-    PyObject *v = PyList_GET_ITEM(rec, slot);
-    if (!PyLong_Check(v)) {
-        PyErr_Format(PyExc_ValueError, "event %zd has %s %R, not an integer", i, field, v);
-        return -1;
-    }
-    long long x = PyLong_AsLongLong(v);
-    if (x == -1 && PyErr_Occurred())
-        return -1;
-    *out = x;
-    return 0;
-}
-
-#define N_COLUMNS 10
-static const int column_widths[N_COLUMNS] = {8, 8, 8, 8, 8, 4, 4, 4, 1, 1};
-enum { COL_START, COL_END, COL_END_LT, COL_SEQ, COL_FWD, COL_NAME, COL_TRACK, COL_PARENT, COL_SCOPE, COL_KIND };
+ * (_encode, _decode, and _validate._check_table for check_table). */
 
 /* A column as the file stores it (_binary.py, "Columns"): each value
  * less the one before it (COL_START) or less its start (COL_END), modulo
  * 2**64, then byte-shuffled: byte 0 (the least significant) of every
  * value, then byte 1, and so on, so the high bytes, nearly all equal,
  * make long runs that zlib packs small and fast. */
-static PyObject *
-encode_column(const void *vals, const int64_t *starts, Py_ssize_t n, int c)
+static void
+encode_into(const void *vals, const int64_t *starts, Py_ssize_t n, int c, uint8_t *o)
 {
     int width = column_widths[c];
-    PyObject *out = PyBytes_FromStringAndSize(NULL, n * width);
-    if (out == NULL)
-        return NULL;
-    uint8_t *o = (uint8_t *)PyBytes_AS_STRING(out);
     if (width == 1) {
         memcpy(o, vals, (size_t)n);
-        return out;
+        return;
     }
     uint64_t prev = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -740,12 +965,11 @@ encode_column(const void *vals, const int64_t *starts, Py_ssize_t n, int c)
         for (int k = 0; k < width; k++)
             o[(Py_ssize_t)k * n + i] = (uint8_t)(x >> (8 * k));
     }
-    return out;
 }
 
-/* encode_column undone, into vals (n values of the column's width). */
+/* encode_into undone, into vals (n values of the column's width). */
 static void
-decode_column(const uint8_t *in, void *vals, const int64_t *starts, Py_ssize_t n, int c)
+decode_into(const uint8_t *in, void *vals, const int64_t *starts, Py_ssize_t n, int c)
 {
     int width = column_widths[c];
     if (width == 1) {
@@ -768,195 +992,100 @@ decode_column(const uint8_t *in, void *vals, const int64_t *starts, Py_ssize_t n
     }
 }
 
-/* session_columns(events, track_index, scopes, encode) -> (start_ns,
- * end_ns, end_thread_id, sequence_nr, forward_thread_id, name, track,
- * parent, scope, kind, names, rare): the first ten the column blocks, as
- * the file stores them (encode_column) or, without encode, as plain native
- * arrays (for the exporters), names the distinct names in order of first
- * use, rare the indexes of the events with an exception, args, inputs,
- * stack or extra. track_index maps each Track to its index; scopes lists
- * the RecordScope members, in the order the scope column counts them. */
-static PyObject *
-session_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+static int
+column_index(PyObject *o)
 {
-    if (nargs != 4 || !PyList_Check(args[0]) || !PyDict_Check(args[1]) || !PyList_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError,
-                         "session_columns(events: list, track_index: dict, scopes: list, encode: bool)");
-        return NULL;
+    long c = PyLong_AsLong(o);
+    if (c == -1 && PyErr_Occurred())
+        return -1;
+    if (c < 0 || c >= N_COLUMNS) {
+        PyErr_Format(PyExc_ValueError, "no column %ld", c);
+        return -1;
     }
-    PyObject *events = args[0], *track_index = args[1], *scope_list = args[2];
-    int encode = PyObject_IsTrue(args[3]);
-    if (encode < 0)
-        return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(events);
-    if (n > INT32_MAX) {
-        PyErr_Format(PyExc_ValueError, "%zd events are more than the format's %d", n, INT32_MAX);
-        return NULL;
-    }
-    PyObject *cols[N_COLUMNS] = {NULL};
-    void *buf[N_COLUMNS] = {NULL};
-    PyObject *names = PyList_New(0), *name_ids = PyDict_New(), *rare = PyList_New(0), *result = NULL;
-    PtrIndex index = {NULL, NULL, 0}; /* built on first need */
-    if (names == NULL || name_ids == NULL || rare == NULL)
-        goto done;
-    for (int c = 0; c < N_COLUMNS; c++)
-        if ((buf[c] = PyMem_Malloc((size_t)(n > 0 ? n : 1) * (size_t)column_widths[c])) == NULL) {
-            PyErr_NoMemory();
-            goto done;
-        }
-    int64_t *start = buf[COL_START], *end = buf[COL_END], *end_lt = buf[COL_END_LT], *seq = buf[COL_SEQ],
-            *fwd = buf[COL_FWD];
-    int32_t *name = buf[COL_NAME], *track = buf[COL_TRACK], *parent = buf[COL_PARENT];
-    uint8_t *scope = buf[COL_SCOPE], *kind = buf[COL_KIND];
-    Py_ssize_t n_scopes = PyList_GET_SIZE(scope_list);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *ev = PyList_GET_ITEM(events, i);
-        if (!PyObject_TypeCheck(ev, &EventCoreType)) {
-            PyErr_Format(PyExc_TypeError, "event %zd is a %.100s, not a FunctionEvent", i, Py_TYPE(ev)->tp_name);
-            goto done;
-        }
-    }
-    PyObject *last_track = NULL;
-    int32_t last_track_id = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        EventCore *ev = (EventCore *)PyList_GET_ITEM(events, i);
-        PyObject *rec = ev->r;
-        if (rec == NULL || !PyList_CheckExact(rec) || PyList_GET_SIZE(rec) != R_SIZE) {
-            PyErr_Format(PyExc_ValueError, "event %zd has a record of the wrong shape", i);
-            goto done;
-        }
-        if (slot_i64(rec, R_START, i, "start_ns", &start[i]) < 0 || slot_i64(rec, R_END, i, "end_ns", &end[i]) < 0 ||
-            slot_i64(rec, R_SEQ, i, "sequence_nr", &seq[i]) < 0 ||
-            slot_i64(rec, R_FWD, i, "forward_thread_id", &fwd[i]) < 0)
-            goto done;
-        if (PyList_GET_ITEM(rec, R_END_LT) == Py_None)
-            end_lt[i] = -1;
-        else if (slot_i64(rec, R_END_LT, i, "end_thread_id", &end_lt[i]) < 0)
-            goto done;
-        int64_t k;
-        if (slot_i64(rec, R_KIND, i, "kind", &k) < 0)
-            goto done;
-        if (k < 0 || k > 255) {
-            PyErr_Format(PyExc_ValueError, "event %zd has kind flags %lld aprof does not know", i, (long long)k);
-            goto done;
-        }
-        kind[i] = (uint8_t)k;
-        /* the name, interned */
-        PyObject *nm = PyList_GET_ITEM(rec, R_NAME);
-        if (!PyUnicode_Check(nm)) {
-            PyErr_Format(PyExc_ValueError, "event %zd has a name that is not a string: %R", i, nm);
-            goto done;
-        }
-        PyObject *id = PyDict_GetItemWithError(name_ids, nm);
-        if (id == NULL) {
-            if (PyErr_Occurred())
-                goto done;
-            PyObject *nid = PyLong_FromSsize_t(PyList_GET_SIZE(names));
-            if (nid == NULL || PyDict_SetItem(name_ids, nm, nid) < 0 || PyList_Append(names, nm) < 0) {
-                Py_XDECREF(nid);
-                goto done;
-            }
-            name[i] = (int32_t)(PyList_GET_SIZE(names) - 1);
-            Py_DECREF(nid);
-        }
-        else
-            name[i] = (int32_t)PyLong_AsLong(id);
-        /* the scope (its index in scope_list: a few members, compared by
-         * identity, not through the enum's Python __hash__) and the track */
-        PyObject *sc = PyList_GET_ITEM(rec, R_SCOPE);
-        Py_ssize_t si = 0;
-        while (si < n_scopes && PyList_GET_ITEM(scope_list, si) != sc)
-            si++;
-        if (si == n_scopes || si > 255) {
-            PyErr_Format(PyExc_ValueError, "event %zd has scope %R, not a RecordScope", i, sc);
-            goto done;
-        }
-        scope[i] = (uint8_t)si;
-        if (ev->t != last_track) {
-            PyObject *ti = ev->t == NULL ? NULL : PyDict_GetItemWithError(track_index, ev->t);
-            if (ti == NULL) {
-                if (!PyErr_Occurred())
-                    PyErr_Format(PyExc_ValueError, "event %zd is on a track the session does not list", i);
-                goto done;
-            }
-            last_track = ev->t;
-            last_track_id = (int32_t)PyLong_AsLong(ti);
-        }
-        track[i] = last_track_id;
-        /* The parent, as an index: a nested range's is the event before
-         * it or one of that one's ancestors (a walk of a few steps, where a
-         * table lookup would miss the cache); a spawned task's or an async
-         * range's, on another track, is looked up in a table of all. The
-         * walk follows parent[] only where it is filled in, below i: an
-         * event's parent on another track may come later in the list. */
-        parent[i] = -1;
-        if (ev->parent != NULL && ev->parent != Py_None) {
-            int32_t j = (int32_t)i - 1;
-            for (int steps = 0; j >= 0 && j < i && steps < 32; steps++, j = parent[j])
-                if (PyList_GET_ITEM(events, j) == ev->parent)
-                    break;
-            if (j >= 0 && j < i && PyList_GET_ITEM(events, j) == ev->parent)
-                parent[i] = j;
-            else {
-                if (index.keys == NULL) {
-                    if (ptrindex_init(&index, n) < 0)
-                        goto done;
-                    for (Py_ssize_t k = 0; k < n; k++)
-                        ptrindex_put(&index, PyList_GET_ITEM(events, k), (int32_t)k);
-                }
-                if ((parent[i] = ptrindex_get(&index, ev->parent)) < 0) {
-                    PyErr_Format(PyExc_ValueError, "event %zd has a parent that is not an event of this session", i);
-                    goto done;
-                }
-            }
-        }
-        if (PyList_GET_ITEM(rec, R_EXC) != Py_None || PyList_GET_ITEM(rec, R_ARGS) != Py_None ||
-            PyList_GET_ITEM(rec, R_INPUTS) != Py_None || PyList_GET_ITEM(rec, R_STACK) != Py_None ||
-            PyList_GET_ITEM(rec, R_EXTRA) != Py_None) {
-            PyObject *ix = PyLong_FromSsize_t(i);
-            if (ix == NULL || PyList_Append(rare, ix) < 0) {
-                Py_XDECREF(ix);
-                goto done;
-            }
-            Py_DECREF(ix);
-        }
-    }
-    for (int c = 0; c < N_COLUMNS; c++) {
-        cols[c] = encode ? encode_column(buf[c], start, n, c)
-                         : PyBytes_FromStringAndSize((const char *)buf[c], n * column_widths[c]);
-        if (cols[c] == NULL)
-            goto done;
-    }
-    result = PyTuple_New(N_COLUMNS + 2);
-    if (result == NULL)
-        goto done;
-    for (int c = 0; c < N_COLUMNS; c++) {
-        PyTuple_SET_ITEM(result, c, cols[c]);
-        cols[c] = NULL;
-    }
-    PyTuple_SET_ITEM(result, N_COLUMNS, Py_NewRef(names));
-    PyTuple_SET_ITEM(result, N_COLUMNS + 1, Py_NewRef(rare));
-done:
-    for (int c = 0; c < N_COLUMNS; c++) {
-        Py_XDECREF(cols[c]);
-        PyMem_Free(buf[c]);
-    }
-    Py_XDECREF(names);
-    Py_XDECREF(name_ids);
-    Py_XDECREF(rare);
-    ptrindex_free(&index);
-    return result;
+    return (int)c;
 }
 
-/* A column argument: bytes of exactly n * width bytes. */
-static const char *
-column_arg(PyObject *b, Py_ssize_t n, Py_ssize_t width, int c)
+/* encode_column(col, c, starts) -> bytes: column c (an array) as the file
+ * stores it; starts is the start column (read for c == 1, end_ns). */
+static PyObject *
+encode_column(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (!PyBytes_Check(b) || PyBytes_GET_SIZE(b) != n * width) {
-        PyErr_Format(PyExc_ValueError, "column %d is not %zd bytes", c, n * width);
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "encode_column(col, c, starts)");
         return NULL;
     }
-    return PyBytes_AS_STRING(b);
+    int c = column_index(args[1]);
+    if (c < 0)
+        return NULL;
+    Py_buffer v, s = {0};
+    Py_ssize_t n = get_column(args[0], &v, column_widths[c], column_attrs[c], 0);
+    if (n < 0)
+        return NULL;
+    PyObject *out = NULL;
+    if (c == COL_END) {
+        Py_ssize_t ns = get_column(args[2], &s, 8, "start", 0);
+        if (ns < 0)
+            goto done;
+        if (ns != n) {
+            PyErr_SetString(PyExc_ValueError, "encode_column: start and end differ in length");
+            goto done;
+        }
+    }
+    out = PyBytes_FromStringAndSize(NULL, n * column_widths[c]);
+    if (out != NULL)
+        encode_into(v.buf, s.buf, n, c, (uint8_t *)PyBytes_AS_STRING(out));
+done:
+    PyBuffer_Release(&v);
+    if (s.obj != NULL)
+        PyBuffer_Release(&s);
+    return out;
+}
+
+/* decode_column(data, c, out, starts): decode a block into `out`, a
+ * writable array of the column's type whose length is the event count;
+ * data must be exactly that many values; starts (the decoded start
+ * column) is read for c == 1, end_ns. */
+static PyObject *
+decode_column(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "decode_column(data, c, out, starts)");
+        return NULL;
+    }
+    int c = column_index(args[1]);
+    if (c < 0)
+        return NULL;
+    Py_buffer d, o, s = {0};
+    if (PyObject_GetBuffer(args[0], &d, PyBUF_SIMPLE) < 0)
+        return NULL;
+    Py_ssize_t n = get_column(args[2], &o, column_widths[c], column_attrs[c], 1);
+    PyObject *result = NULL;
+    if (n < 0) {
+        PyBuffer_Release(&d);
+        return NULL;
+    }
+    if (d.len != n * column_widths[c]) {
+        PyErr_Format(PyExc_ValueError, "block %s has %zd bytes, not %zd", column_attrs[c], d.len,
+                     n * column_widths[c]);
+        goto done;
+    }
+    if (c == COL_END) {
+        Py_ssize_t ns = get_column(args[3], &s, 8, "start", 0);
+        if (ns < 0)
+            goto done;
+        if (ns != n) {
+            PyErr_SetString(PyExc_ValueError, "decode_column: decode the start column first");
+            goto done;
+        }
+    }
+    decode_into(d.buf, o.buf, s.buf, n, c);
+    result = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&d);
+    PyBuffer_Release(&o);
+    if (s.obj != NULL)
+        PyBuffer_Release(&s);
+    return result;
 }
 
 /* "event i ('name...')": for messages. */
@@ -980,118 +1109,105 @@ event_error(Py_ssize_t i, PyObject *name, const char *what)
     Py_XDECREF(label);
 }
 
-/* session_events(names, scopes, tracks, columns, profile_start, max_thread_id)
- * -> events: the events of a binary session, linked and checked. columns is
- * the ten column blocks in session_columns' order (native endian); the
- * indexes in them were checked against names, scopes, tracks and the event
- * count by the caller. Checks what validate_session checks of the fixed
- * fields and the links (times, flags, thread ids, track grouping and order,
- * nesting, cycles), with its messages; the rare fields are the caller's. */
+/* check_table(tab, profile_start, max_thread_id): validate_session's checks
+ * of an EventTable's columns, with _validate._check_table's messages:
+ * indexes in range, times, flags, thread ids, track grouping and order,
+ * nesting, cycles. ValueError naming the event. */
 static PyObject *
-session_events(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+check_table(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (event_type == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "aprof: _events_setup() was not called");
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "check_table(tab, profile_start, max_thread_id)");
         return NULL;
     }
-    if (nargs != 6 || !PyList_Check(args[0]) || !PyList_Check(args[1]) || !PyList_Check(args[2]) ||
-        !PyTuple_Check(args[3]) || PyTuple_GET_SIZE(args[3]) != N_COLUMNS) {
-        PyErr_SetString(PyExc_TypeError, "session_events(names: list, scopes: list, tracks: list, columns: tuple, "
-                                         "profile_start: int, max_thread_id: int)");
-        return NULL;
-    }
-    PyObject *names = args[0], *scopes_list = args[1], *tracks = args[2], *columns = args[3];
-    long long profile_start = PyLong_AsLongLong(args[4]), max_tid = PyLong_AsLongLong(args[5]);
+    long long profile_start = PyLong_AsLongLong(args[1]), max_tid = PyLong_AsLongLong(args[2]);
     if ((profile_start == -1 || max_tid == -1) && PyErr_Occurred())
         return NULL;
-    Py_ssize_t n = PyBytes_Check(PyTuple_GET_ITEM(columns, COL_KIND)) ? PyBytes_GET_SIZE(PyTuple_GET_ITEM(columns, COL_KIND)) : -1;
-    const char *col[N_COLUMNS];
-    for (int c = 0; c < N_COLUMNS; c++)
-        if ((col[c] = column_arg(PyTuple_GET_ITEM(columns, c), n, column_widths[c], c)) == NULL)
-            return NULL;
-    PyObject *events = NULL;
+    Cols t;
+    if (cols_get(args[0], &t) < 0)
+        return NULL;
+    PyObject *names = PyObject_GetAttrString(args[0], "names"), *tracks = PyObject_GetAttrString(args[0], "tracks");
     uint8_t *state = NULL;
-    int32_t *chain = NULL;
-    void *buf[N_COLUMNS] = {NULL};
-    for (int c = 0; c < N_COLUMNS; c++)
-        if ((buf[c] = PyMem_Malloc((size_t)(n > 0 ? n : 1) * (size_t)column_widths[c])) == NULL) {
-            PyErr_NoMemory();
-            goto fail;
-        }
-    for (int c = 0; c < N_COLUMNS; c++) /* COL_START first: COL_END needs it */
-        decode_column((const uint8_t *)col[c], buf[c], buf[COL_START], n, c);
-    const int64_t *start = buf[COL_START], *end = buf[COL_END], *end_lt = buf[COL_END_LT], *seq = buf[COL_SEQ],
-                  *fwd = buf[COL_FWD];
-    const int32_t *name = buf[COL_NAME], *track = buf[COL_TRACK], *parent = buf[COL_PARENT];
-    const uint8_t *scope = buf[COL_SCOPE], *kind = buf[COL_KIND];
-    Py_ssize_t n_names = PyList_GET_SIZE(names), n_scopes = PyList_GET_SIZE(scopes_list),
-               n_tracks = PyList_GET_SIZE(tracks);
-    events = PyList_New(n);
+    int32_t *chain = NULL, *off = NULL, *kids = NULL;
+    PyObject *result = NULL;
+    if (names == NULL || tracks == NULL)
+        goto done;
+    if (!PyList_Check(names) || !PyList_Check(tracks)) {
+        PyErr_SetString(PyExc_TypeError, "check_table: tab is not an EventTable");
+        goto done;
+    }
+    Py_ssize_t n = t.n, n_names = PyList_GET_SIZE(names), n_tracks = PyList_GET_SIZE(tracks),
+               n_scopes = PyTuple_GET_SIZE(scope_tuple);
     state = PyMem_Calloc((size_t)(n_tracks > n ? n_tracks : n) + 1, 1);
     chain = PyMem_Malloc(((size_t)n + 1) * sizeof(int32_t));
-    if (events == NULL || state == NULL || chain == NULL) {
-        if (events != NULL)
-            PyErr_NoMemory();
-        goto fail;
+    if (state == NULL || chain == NULL) {
+        PyErr_NoMemory();
+        goto done;
     }
-    /* Build and check each event's own fields, and the track grouping. */
+    /* Indexes first: the checks below read names and parents through them. */
+    static const int index_cols[] = {COL_NAME, COL_TRACK, COL_PARENT, COL_SCOPE};
+    static const char *const index_what[] = {"a name index", "a track index", "a parent index", "a scope index"};
+    long long tops[] = {n_names, n_tracks, n, n_scopes};
+    for (int k = 0; k < 4; k++)
+        for (Py_ssize_t i = 0; i < n; i++) {
+            long long v = index_cols[k] == COL_SCOPE ? t.scope[i] : ((int32_t *)t.view[index_cols[k]].buf)[i];
+            long long lo = index_cols[k] == COL_PARENT ? -1 : 0;
+            if (v < lo || v >= tops[k]) {
+                PyErr_Format(PyExc_ValueError, "event %zd has %s %lld outside %lld..%lld", i, index_what[k], v, lo,
+                             tops[k] - 1);
+                goto done;
+            }
+        }
+    /* The fields of each event first (a file's records were checked so,
+     * whole), then the order, and each event's children. */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *nm = PyList_GET_ITEM(names, t.name[i]);
+        if (!PyUnicode_Check(nm)) {
+            PyErr_Format(PyExc_ValueError, "event %zd has a name that is not a string: %R", i, nm);
+            goto done;
+        }
+        int64_t s = t.start[i], e = t.end[i];
+        uint8_t k = t.kind[i];
+        char what[160];
+        if (e < s) {
+            PyOS_snprintf(what, sizeof what, "ends before it starts (end_ns %lld < start_ns %lld)", (long long)e,
+                          (long long)s);
+            event_error(i, nm, what);
+            goto done;
+        }
+        if (k & ~(KIND_INSTANT | FLAG_UNFINISHED | FLAG_ASYNC)) {
+            PyOS_snprintf(what, sizeof what, "has kind flags %d aprof does not know", (int)k);
+            event_error(i, nm, what);
+            goto done;
+        }
+        if ((k & KIND_INSTANT) && e != s) {
+            PyOS_snprintf(what, sizeof what, "is an instant with a duration (%lld ns)", (long long)(e - s));
+            event_error(i, nm, what);
+            goto done;
+        }
+        if (t.fwd[i] < 0 || t.fwd[i] >= max_tid || t.end_lt[i] < -1 || t.end_lt[i] >= max_tid) {
+            if (t.end_lt[i] == -1)
+                PyOS_snprintf(what, sizeof what, "names a thread outside 0..%lld (forward_thread_id %lld, end_thread_id None)",
+                              max_tid - 1, (long long)t.fwd[i]);
+            else
+                PyOS_snprintf(what, sizeof what, "names a thread outside 0..%lld (forward_thread_id %lld, end_thread_id %lld)",
+                              max_tid - 1, (long long)t.fwd[i], (long long)t.end_lt[i]);
+            event_error(i, nm, what);
+            goto done;
+        }
+    }
+    if (build_children(t.parent, t.track, t.kind, n, &off, &kids) < 0)
+        goto done;
     int32_t cur_track = -1;
     for (Py_ssize_t i = 0; i < n; i++) {
-        const char *table = NULL;
-        long long bad = 0, lo = 0, top = 0;
-        if (name[i] < 0 || name[i] >= n_names)
-            table = "a name index", bad = name[i], top = n_names;
-        else if (scope[i] >= n_scopes)
-            table = "a scope index", bad = scope[i], top = n_scopes;
-        else if (track[i] < 0 || track[i] >= n_tracks)
-            table = "a track index", bad = track[i], top = n_tracks;
-        else if (parent[i] < -1 || parent[i] >= n)
-            table = "a parent index", bad = parent[i], lo = -1, top = n;
-        if (table != NULL) {
-            PyErr_Format(PyExc_ValueError, "event %zd has %s %lld outside %lld..%lld", i, table, bad, lo, top - 1);
-            goto fail;
-        }
-        PyObject *nm = PyList_GET_ITEM(names, name[i]);
-        if (start[i] > end[i]) {
-            char what[120];
-            PyOS_snprintf(what, sizeof what, "ends before it starts (end_ns %lld < start_ns %lld)",
-                          (long long)end[i], (long long)start[i]);
-            event_error(i, nm, what);
-            goto fail;
-        }
-        if (kind[i] & ~(KIND_INSTANT | FLAG_UNFINISHED | FLAG_ASYNC)) {
-            char what[80];
-            PyOS_snprintf(what, sizeof what, "has kind flags %d aprof does not know", (int)kind[i]);
-            event_error(i, nm, what);
-            goto fail;
-        }
-        if ((kind[i] & KIND_INSTANT) && end[i] != start[i]) {
-            char what[80];
-            PyOS_snprintf(what, sizeof what, "is an instant with a duration (%lld ns)", (long long)(end[i] - start[i]));
-            event_error(i, nm, what);
-            goto fail;
-        }
-        if (fwd[i] < 0 || fwd[i] >= max_tid || end_lt[i] < -1 || end_lt[i] >= max_tid) {
-            PyObject *label = event_label(i, nm);
-            if (label != NULL) {
-                PyObject *lt = end_lt[i] == -1 ? Py_NewRef(Py_None) : PyLong_FromLongLong(end_lt[i]);
-                if (lt != NULL)
-                    PyErr_Format(PyExc_ValueError,
-                                 "%U names a thread outside 0..%lld (forward_thread_id %lld, end_thread_id %R)",
-                                 label, max_tid - 1, (long long)fwd[i], lt);
-                Py_XDECREF(lt);
-                Py_DECREF(label);
-            }
-            goto fail;
-        }
-        if (start[i] < profile_start) {
+        PyObject *nm = PyList_GET_ITEM(names, t.name[i]);
+        if (t.start[i] < profile_start) {
             event_error(i, nm, "starts before the profile started (metadata start_ns)");
-            goto fail;
+            goto done;
         }
-        if (track[i] != cur_track) {
-            if (state[track[i]]) {
-                PyObject *t = PyList_GET_ITEM(tracks, track[i]);
-                PyObject *tid = PyObject_GetAttrString(t, "id");
+        if (t.track[i] != cur_track) {
+            if (state[t.track[i]]) {
+                PyObject *tid = PyObject_GetAttrString(PyList_GET_ITEM(tracks, t.track[i]), "id");
                 PyObject *label = event_label(i, nm);
                 if (tid != NULL && label != NULL)
                     PyErr_Format(PyExc_ValueError,
@@ -1099,73 +1215,27 @@ session_events(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                                  label, tid);
                 Py_XDECREF(tid);
                 Py_XDECREF(label);
-                goto fail;
+                goto done;
             }
             if (cur_track >= 0)
                 state[cur_track] = 1;
-            cur_track = track[i];
+            cur_track = t.track[i];
         }
-        else if (start[i] < start[i - 1]) {
+        else if (t.start[i] < t.start[i - 1]) {
             event_error(i, nm, "starts before the event listed before it on its track");
-            goto fail;
+            goto done;
         }
-        PyObject *rec = PyList_New(R_SIZE);
-        if (rec == NULL)
-            goto fail;
-        for (Py_ssize_t s = 0; s < R_SIZE; s++)
-            PyList_SET_ITEM(rec, s, Py_NewRef(Py_None));
-        set_slot(rec, R_NAME, Py_NewRef(nm));
-        set_slot(rec, R_SCOPE, Py_NewRef(PyList_GET_ITEM(scopes_list, scope[i])));
-        PyObject *v;
-#define SET_INT(slot, x)                       \
-    if ((v = PyLong_FromLongLong(x)) == NULL) { \
-        Py_DECREF(rec);                        \
-        goto fail;                             \
-    }                                          \
-    set_slot(rec, slot, v)
-        SET_INT(R_START, start[i]);
-        SET_INT(R_END, end[i]);
-        if (end_lt[i] != -1) {
-            SET_INT(R_END_LT, end_lt[i]);
-        }
-        SET_INT(R_SEQ, seq[i]);
-        SET_INT(R_FWD, fwd[i]);
-        SET_INT(R_KIND, kind[i]);
-#undef SET_INT
-        /* Strings, ints, None and the scope: no cycle can pass through it
-         * (the rare fields the caller adds are plain JSON values). */
-        PyObject_GC_UnTrack(rec);
-        EventCore *ev = (EventCore *)event_type->tp_alloc(event_type, 0);
-        if (ev == NULL) {
-            Py_DECREF(rec);
-            goto fail;
-        }
-        ev->r = rec;
-        ev->t = Py_NewRef(PyList_GET_ITEM(tracks, track[i]));
-        ev->children = Py_NewRef(no_children);
-        ev->parent = Py_NewRef(Py_None);
-        PyList_SET_ITEM(events, i, (PyObject *)ev);
-    }
-    /* Link parents and children: an async range, or one on another track,
-     * has a parent but is not its child; a child lies within its parent. */
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int32_t p = parent[i];
-        if (p < 0)
-            continue;
-        EventCore *ev = (EventCore *)PyList_GET_ITEM(events, i), *pe = (EventCore *)PyList_GET_ITEM(events, p);
-        Py_SETREF(ev->parent, Py_NewRef(pe));
-        if (!(kind[i] & FLAG_ASYNC) && track[p] == track[i]) {
-            if (start[i] < start[p] || end[i] > end[p]) {
-                PyObject *cl = event_label(i, PyList_GET_ITEM(names, name[i]));
-                PyObject *pl = event_label(p, PyList_GET_ITEM(names, name[p]));
+        for (int32_t j = off[i]; j < off[i + 1]; j++) {
+            int32_t c = kids[j];
+            if (t.start[c] < t.start[i] || t.end[c] > t.end[i]) {
+                PyObject *cl = event_label(c, PyList_GET_ITEM(names, t.name[c]));
+                PyObject *pl = event_label(i, nm);
                 if (cl != NULL && pl != NULL)
                     PyErr_Format(PyExc_ValueError, "%U is nested in %U but outside its time", cl, pl);
                 Py_XDECREF(cl);
                 Py_XDECREF(pl);
-                goto fail;
+                goto done;
             }
-            if (add_child(pe, ev) < 0)
-                goto fail;
         }
     }
     /* No event is its own ancestor: each chain is followed once
@@ -1176,34 +1246,32 @@ session_events(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         int32_t cur = (int32_t)i;
         while (cur >= 0 && state[cur] != 2) {
             if (state[cur] == 1) {
-                PyObject *label = event_label(cur, PyList_GET_ITEM(names, name[cur]));
+                PyObject *label = event_label(cur, PyList_GET_ITEM(names, t.name[cur]));
                 if (label != NULL)
                     PyErr_Format(PyExc_ValueError,
-                                 parent[cur] == cur ? "%U is its own parent"
-                                                    : "%U is its own ancestor (a cycle of parent links)",
+                                 t.parent[cur] == cur ? "%U is its own parent"
+                                                      : "%U is its own ancestor (a cycle of parent links)",
                                  label);
                 Py_XDECREF(label);
-                goto fail;
+                goto done;
             }
             state[cur] = 1;
             chain[len++] = cur;
-            cur = parent[cur];
+            cur = t.parent[cur];
         }
         for (Py_ssize_t k = 0; k < len; k++)
             state[chain[k]] = 2;
     }
+    result = Py_NewRef(Py_None);
+done:
     PyMem_Free(state);
     PyMem_Free(chain);
-    for (int c = 0; c < N_COLUMNS; c++)
-        PyMem_Free(buf[c]);
-    return events;
-fail:
-    PyMem_Free(state);
-    PyMem_Free(chain);
-    for (int c = 0; c < N_COLUMNS; c++)
-        PyMem_Free(buf[c]);
-    Py_XDECREF(events); /* unfilled slots are NULL: list_dealloc skips them */
-    return NULL;
+    PyMem_Free(off);
+    PyMem_Free(kids);
+    Py_XDECREF(names);
+    Py_XDECREF(tracks);
+    cols_release(&t);
+    return result;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1214,72 +1282,73 @@ typedef struct {
     int64_t first, count, total, self, min, max;
 } NameRow;
 
-/* The duration of an event's record; -1 with an exception set if its
- * times are not ints. */
-static int
-record_duration(PyObject *rec, int64_t *out)
-{
-    int64_t s, e;
-    if (slot_i64(rec, R_START, -1, "start_ns", &s) < 0 || slot_i64(rec, R_END, -1, "end_ns", &e) < 0)
-        return -1;
-    if (__builtin_sub_overflow(e, s, out)) {
-        PyErr_SetString(PyExc_OverflowError, "a duration does not fit 64 bits");
-        return -1;
-    }
-    return 0;
-}
-
-/* name_totals(events, apart, steps_of) -> (names, first, count, total, self,
- * min, max, others): _analysis._by_name's sums for the plain ranges (not
- * instants; scope not in `apart`, no extra, on a track whose steps_of(track)
- * is None), one row per name in order of first use (first: the index of
+/* name_totals(tab, apart, plain_tracks, extra) -> (ids, first, count, total,
+ * self, min, max, others): _analysis._by_name's sums for the plain ranges
+ * (not instants; apart[scope] == 0; plain_tracks[track] != 0, i.e. no task
+ * steps; not in `extra`, the sorted int32 indexes of the events with an
+ * extra), one row per name id in order of first use (first: the index of
  * its first event); others the indexes of the other ranges, which the
- * caller adds one by one. OverflowError if a sum passes 64 bits. */
+ * caller adds one by one. A row's self time is its total less the
+ * durations of its events' children. OverflowError past 64 bits. */
 static PyObject *
 name_totals(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3 || !PyList_Check(args[0]) || !PyTuple_Check(args[1]) || !PyCallable_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "name_totals(events: list, apart: tuple, steps_of: callable)");
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "name_totals(tab, apart: bytes, plain_tracks: bytes, extra: array)");
         return NULL;
     }
-    PyObject *events = args[0], *apart = args[1], *steps_of = args[2];
-    PyObject *ids = PyDict_New(), *names = PyList_New(0), *others = PyList_New(0), *result = NULL;
+    Cols t;
+    if (cols_get(args[0], &t) < 0)
+        return NULL;
+    Py_buffer ap = {0}, pt = {0}, ex = {0};
+    PyObject *names = PyObject_GetAttrString(args[0], "names");
+    PyObject *ids = NULL, *others = PyList_New(0), *result = NULL;
     NameRow *rows = NULL;
-    Py_ssize_t n_rows = 0, cap = 0;
-    PyObject *last_track = NULL;
-    int last_plain_track = 0;
-    if (ids == NULL || names == NULL || others == NULL)
+    int32_t *row_of = NULL;
+    uint8_t *counted = NULL;
+    Py_ssize_t n_rows = 0, n = t.n;
+    if (names == NULL || others == NULL || !PyList_Check(names))
         goto done;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(events); i++) {
-        PyObject *obj = PyList_GET_ITEM(events, i);
-        if (!PyObject_TypeCheck(obj, &EventCoreType)) {
-            PyErr_Format(PyExc_TypeError, "event %zd is a %.100s, not a FunctionEvent", i, Py_TYPE(obj)->tp_name);
-            goto done;
-        }
-        EventCore *ev = (EventCore *)obj;
-        PyObject *rec = ev->r;
-        if (rec == NULL || !PyList_CheckExact(rec) || PyList_GET_SIZE(rec) != R_SIZE) {
-            PyErr_Format(PyExc_ValueError, "event %zd has a record of the wrong shape", i);
-            goto done;
-        }
-        int64_t kind;
-        if (slot_i64(rec, R_KIND, i, "kind", &kind) < 0)
-            goto done;
-        if (kind & KIND_INSTANT)
+    if (PyObject_GetBuffer(args[1], &ap, PyBUF_SIMPLE) < 0 || PyObject_GetBuffer(args[2], &pt, PyBUF_SIMPLE) < 0)
+        goto done;
+    Py_ssize_t n_extra = get_column(args[3], &ex, 4, "extra", 0);
+    if (n_extra < 0)
+        goto done;
+    Py_ssize_t n_names = PyList_GET_SIZE(names);
+    rows = PyMem_Malloc((size_t)(n_names > 0 ? n_names : 1) * sizeof(NameRow));
+    row_of = PyMem_Malloc((size_t)(n_names > 0 ? n_names : 1) * sizeof(int32_t));
+    counted = PyMem_Calloc((size_t)(n > 0 ? n : 1), 1);
+    if (rows == NULL || row_of == NULL || counted == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < n_names; k++)
+        row_of[k] = -1;
+    const uint8_t *apart = ap.buf, *plain = pt.buf;
+    const int32_t *extra = ex.buf;
+    Py_ssize_t epos = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint8_t k = t.kind[i];
+        int has_extra = in_sorted(extra, n_extra, &epos, i);
+        if (k & KIND_INSTANT)
             continue;
-        if (ev->t != last_track) {
-            PyObject *steps = PyObject_CallOneArg(steps_of, ev->t);
-            if (steps == NULL)
-                goto done;
-            last_plain_track = steps == Py_None;
-            Py_DECREF(steps);
-            last_track = ev->t;
+        int32_t nm = t.name[i], tr = t.track[i];
+        uint8_t sc = t.scope[i];
+        if (nm < 0 || nm >= n_names || tr < 0 || tr >= pt.len || sc >= ap.len) {
+            PyErr_Format(PyExc_ValueError, "name_totals: event %zd has an index out of range", i);
+            goto done;
         }
-        int plain = last_plain_track && PyList_GET_ITEM(rec, R_EXTRA) == Py_None;
-        for (Py_ssize_t k = 0; plain && k < PyTuple_GET_SIZE(apart); k++)
-            if (PyList_GET_ITEM(rec, R_SCOPE) == PyTuple_GET_ITEM(apart, k))
-                plain = 0;
-        if (!plain) {
+        int64_t d;
+        if (__builtin_sub_overflow(t.end[i], t.start[i], &d))
+            goto overflow;
+        int32_t p = t.parent[i];
+        if (p >= 0 && p < i && counted[p] && !(k & FLAG_ASYNC) && t.track[p] == tr) {
+            /* a child: its time is not its parent's own time */
+            NameRow *pr = &rows[row_of[t.name[p]]];
+            if (__builtin_sub_overflow(pr->self, d, &pr->self))
+                goto overflow;
+        }
+        if (has_extra || apart[sc] || !plain[tr]) {
             PyObject *ix = PyLong_FromSsize_t(i);
             if (ix == NULL || PyList_Append(others, ix) < 0) {
                 Py_XDECREF(ix);
@@ -1288,66 +1357,36 @@ name_totals(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             Py_DECREF(ix);
             continue;
         }
-        PyObject *name = PyList_GET_ITEM(rec, R_NAME);
-        PyObject *id = PyDict_GetItemWithError(ids, name);
-        Py_ssize_t row;
-        if (id != NULL)
-            row = PyLong_AsSsize_t(id);
-        else {
-            if (PyErr_Occurred())
-                goto done;
-            if (n_rows == cap) {
-                Py_ssize_t ncap = cap ? cap * 2 : 64;
-                NameRow *nr = PyMem_Realloc(rows, (size_t)ncap * sizeof(NameRow));
-                if (nr == NULL) {
-                    PyErr_NoMemory();
-                    goto done;
-                }
-                rows = nr;
-                cap = ncap;
-            }
-            row = n_rows;
-            PyObject *rid = PyLong_FromSsize_t(row);
-            if (rid == NULL || PyDict_SetItem(ids, name, rid) < 0 || PyList_Append(names, name) < 0) {
-                Py_XDECREF(rid);
-                goto done;
-            }
-            Py_DECREF(rid);
-            rows[row] = (NameRow){.first = i, .count = 0, .total = 0, .self = 0, .min = 0, .max = 0};
-            n_rows++;
-        }
-        int64_t d, own;
-        if (record_duration(rec, &d) < 0)
-            goto done;
-        own = d;
-        if (ev->children != NULL && PyList_Check(ev->children)) {
-            for (Py_ssize_t c = 0; c < PyList_GET_SIZE(ev->children); c++) {
-                PyObject *ch = PyList_GET_ITEM(ev->children, c);
-                int64_t cd;
-                if (!PyObject_TypeCheck(ch, &EventCoreType) || ((EventCore *)ch)->r == NULL) {
-                    PyErr_Format(PyExc_TypeError, "event %zd has a child that is not a FunctionEvent", i);
-                    goto done;
-                }
-                if (record_duration(((EventCore *)ch)->r, &cd) < 0)
-                    goto done;
-                if (__builtin_sub_overflow(own, cd, &own))
-                    goto overflow;
-            }
+        int32_t row = row_of[nm];
+        if (row < 0) {
+            row = row_of[nm] = (int32_t)n_rows++;
+            rows[row] = (NameRow){.first = i, .count = 0, .total = 0, .self = 0, .min = d, .max = d};
         }
         NameRow *r = &rows[row];
-        if (r->count == 0 || d < r->min)
+        counted[i] = 1;
+        if (d < r->min)
             r->min = d;
         if (d > r->max)
             r->max = d;
         r->count++;
-        if (__builtin_add_overflow(r->total, d, &r->total) || __builtin_add_overflow(r->self, own, &r->self))
+        if (__builtin_add_overflow(r->total, d, &r->total) || __builtin_add_overflow(r->self, d, &r->self))
             goto overflow;
     }
+    ids = PyList_New(n_rows);
+    if (ids == NULL)
+        goto done;
+    for (Py_ssize_t k = 0; k < n_names; k++)
+        if (row_of[k] >= 0) {
+            PyObject *o = PyLong_FromSsize_t(k);
+            if (o == NULL)
+                goto done;
+            PyList_SET_ITEM(ids, row_of[k], o);
+        }
     PyObject *cols[6];
     for (int c = 0; c < 6; c++) {
         if ((cols[c] = PyList_New(n_rows)) == NULL) {
-            for (int k = 0; k < c; k++)
-                Py_DECREF(cols[k]);
+            for (int j = 0; j < c; j++)
+                Py_DECREF(cols[j]);
             goto done;
         }
         for (Py_ssize_t k = 0; k < n_rows; k++) {
@@ -1362,32 +1401,46 @@ name_totals(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             PyList_SET_ITEM(cols[c], k, o);
         }
     }
-    result = Py_BuildValue("(ONNNNNNO)", names, cols[0], cols[1], cols[2], cols[3], cols[4], cols[5], others);
+    result = Py_BuildValue("(ONNNNNNO)", ids, cols[0], cols[1], cols[2], cols[3], cols[4], cols[5], others);
     goto done;
 overflow:
     PyErr_SetString(PyExc_OverflowError, "a sum of durations does not fit 64 bits");
 done:
-    Py_XDECREF(ids);
     Py_XDECREF(names);
+    Py_XDECREF(ids);
     Py_XDECREF(others);
     PyMem_Free(rows);
+    PyMem_Free(row_of);
+    PyMem_Free(counted);
+    if (ap.obj != NULL)
+        PyBuffer_Release(&ap);
+    if (pt.obj != NULL)
+        PyBuffer_Release(&pt);
+    if (ex.obj != NULL)
+        PyBuffer_Release(&ex);
+    cols_release(&t);
     return result;
 }
 
-/* _events_setup(FunctionEvent, no_children, scopes, start_key, layout):
+/* _events_setup(FunctionEvent, SCOPES, scopes, start_key, layout): SCOPES
+ * the scope column's RecordScopes in order, scopes {value: RecordScope};
  * layout is (R_NAME, ..., R_EXTRA, KIND_INSTANT, FLAG_UNFINISHED,
  * FLAG_ASYNC, ASYNC_SAME_THREAD) as Python defines them. */
 static PyObject *
 events_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 5 || !PyType_Check(args[0]) || !PyList_CheckExact(args[1]) || !PyDict_Check(args[2]) ||
+    if (nargs != 5 || !PyType_Check(args[0]) || !PyTuple_CheckExact(args[1]) || !PyDict_Check(args[2]) ||
         !PyCallable_Check(args[3]) || !PyTuple_Check(args[4])) {
-        PyErr_SetString(PyExc_TypeError, "_events_setup(FunctionEvent, no_children, scopes, start_key, layout)");
+        PyErr_SetString(PyExc_TypeError, "_events_setup(FunctionEvent, SCOPES, scopes, start_key, layout)");
         return NULL;
     }
     PyTypeObject *tp = (PyTypeObject *)args[0];
-    if (!PyType_IsSubtype(tp, &EventCoreType) || tp->tp_basicsize != EventCoreType.tp_basicsize) {
-        PyErr_Format(PyExc_TypeError, "aprof: %s must subclass EventCore with __slots__ = ()", tp->tp_name);
+    if (!PyType_IsSubtype(tp, &EventViewType) || tp->tp_basicsize != EventViewType.tp_basicsize) {
+        PyErr_Format(PyExc_TypeError, "aprof: %s must subclass EventView with __slots__ = ()", tp->tp_name);
+        return NULL;
+    }
+    if (PyTuple_GET_SIZE(args[1]) > 255) {
+        PyErr_SetString(PyExc_ValueError, "aprof: more scopes than the scope column holds");
         return NULL;
     }
     static const long expected[] = {R_NAME, R_SCOPE, R_START, R_END, R_END_LT, R_EXC, R_ARGS, R_SEQ, R_FWD,
@@ -1408,8 +1461,7 @@ events_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             return NULL;
         }
     }
-    Py_XSETREF(event_type, (PyTypeObject *)Py_NewRef(tp));
-    Py_XSETREF(no_children, Py_NewRef(args[1]));
+    Py_XSETREF(scope_tuple, Py_NewRef(args[1]));
     Py_XSETREF(scopes, Py_NewRef(args[2]));
     Py_XSETREF(start_key, Py_NewRef(args[3]));
     Py_RETURN_NONE;
@@ -1417,21 +1469,25 @@ events_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 
 static PyMethodDef event_functions[] = {
     {"_events_setup", (PyCFunction)(void (*)(void))events_setup, METH_FASTCALL,
-     "Give consolidation FunctionEvent, _NO_CHILDREN, the scopes, the sort key and the record layout."},
+     "Give consolidation FunctionEvent, the scopes, the sort key and the record layout."},
     {"records_of", (PyCFunction)(void (*)(void))records_of, METH_FASTCALL,
      "Pair one logical thread's start and end tuples into consolidated records."},
     {"sort_by_start", (PyCFunction)sort_by_start, METH_O, "Sort records by start time unless already in order."},
     {"nest", (PyCFunction)(void (*)(void))nest, METH_FASTCALL,
-     "Build one track's events from its records, nested, appending them to events (and the top-level "
-     "ones with a forward thread to linked)."},
+     "Nest one track's records into an EventTable's columns (and the indexes of the top-level ones with a "
+     "forward thread into linked)."},
+    {"children_index", (PyCFunction)(void (*)(void))children_index, METH_FASTCALL,
+     "Each event's children, from the parent, track and kind columns: (offsets, children)."},
     {"chrome_plain", (PyCFunction)(void (*)(void))chrome_plain, METH_FASTCALL,
      "The Chrome trace lines of a run of plain ranges, and the index after it."},
-    {"session_columns", (PyCFunction)(void (*)(void))session_columns, METH_FASTCALL,
-     "A session's column blocks, names and rare-event indexes (the binary format's writer)."},
+    {"encode_column", (PyCFunction)(void (*)(void))encode_column, METH_FASTCALL,
+     "A column as the binary session format stores it."},
+    {"decode_column", (PyCFunction)(void (*)(void))decode_column, METH_FASTCALL,
+     "A stored column decoded into an array (the binary format's reader)."},
+    {"check_table", (PyCFunction)(void (*)(void))check_table, METH_FASTCALL,
+     "Check an EventTable read from a file: indexes, times, flags, order, nesting, cycles."},
     {"name_totals", (PyCFunction)(void (*)(void))name_totals, METH_FASTCALL,
      "key_averages by name: the sums of the plain ranges, and the indexes of the others."},
-    {"session_events", (PyCFunction)(void (*)(void))session_events, METH_FASTCALL,
-     "The events of a binary session's columns, linked and checked (the binary format's reader)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1445,9 +1501,10 @@ aprof_events_init(PyObject *module)
     zero = PyLong_FromLong(0);
     if (str_submit_ns == NULL || str_sort == NULL || str_key == NULL || minus_one == NULL || zero == NULL)
         return -1;
-    if (PyType_Ready(&EventCoreType) < 0)
+    if (PyType_Ready(&EventViewType) < 0 || PyType_Ready(&ViewCacheType) < 0)
         return -1;
-    if (PyModule_AddObjectRef(module, "EventCore", (PyObject *)&EventCoreType) < 0)
+    if (PyModule_AddObjectRef(module, "EventView", (PyObject *)&EventViewType) < 0 ||
+        PyModule_AddObjectRef(module, "ViewCache", (PyObject *)&ViewCacheType) < 0)
         return -1;
     return PyModule_AddFunctions(module, event_functions);
 }

@@ -79,8 +79,8 @@ hash_ptr(const void *p, size_t mask)
  * functions to the module. Returns -1 with an exception set on failure. */
 int aprof_tasks_init(PyObject *module);
 
-/* _cevents.c: add EventCore, records_of, sort_by_start, nest and
- * _events_setup to the module. Returns -1 with an exception set on failure. */
+/* _cevents.c: add EventView, ViewCache, the consolidation and column
+ * functions and _events_setup to the module. Returns -1 with an exception set on failure. */
 int aprof_events_init(PyObject *module);
 
 /* _csampler.c: add Sampler and the engine's functions to the module.

@@ -247,21 +247,28 @@ def _watch_eager(table: dict[Any, Any] | None, /) -> bool:
 # Consolidation and Chrome export (aprof/_cevents.c); the contract is the
 # pure-Python twins in aprof/_post/_events.py and aprof/_export/_chrome.py.
 
-class EventCore:
-    """``FunctionEvent``'s fields in C (the twin is ``_PyEventCore``)."""
+class EventView:
+    """``FunctionEvent``'s fields in C (the twin is ``_PyEventView``): its
+    table and row, set by the ``ViewCache`` that made it."""
 
-    _r: list[Any]
-    _t: Any
-    children: list[Any]
-    parent: Any
+    _tab: Any
+    _i: int
+
+class ViewCache:
+    """The views of one ``EventTable`` (the twin is ``_table._PyViews``):
+    one per row while anything holds it."""
+
+    def __init__(self, cls: type[EventView], /) -> None: ...
+    def get(self, tab: Any, i: int, /) -> Any:
+        """The view of row ``i`` of ``tab``."""
 
 def _events_setup(
-    function_event: type[EventCore], no_children: list[Any], scopes: dict[str, Any], start_key: Callable[[Any], int],
-    layout: tuple[int, ...], /,
+    function_event: type[EventView], scope_list: tuple[Any, ...], scopes: dict[str, Any],
+    start_key: Callable[[Any], int], layout: tuple[int, ...], /,
 ) -> None:
-    """Give consolidation ``FunctionEvent``, ``_NO_CHILDREN``, the scopes by
-    value, the sort key and the record layout, which must match C's
-    (ValueError otherwise; called once, at import)."""
+    """Give consolidation ``FunctionEvent``, the scope column's scopes, the
+    scopes by value, the sort key and the record layout, which must match
+    C's (ValueError otherwise; called once, at import)."""
 
 def records_of(raw: list[tuple[Any, ...]], tid: int, /) -> list[list[Any]]:
     """``_events._records_of``: pair one logical thread's start and end tuples."""
@@ -269,37 +276,36 @@ def records_of(raw: list[tuple[Any, ...]], tid: int, /) -> list[list[Any]]:
 def sort_by_start(records: list[list[Any]], /) -> None:
     """``_events._sort_by_start``: sort by start time unless already in order."""
 
-def nest(records: list[list[Any]], track: Any, stop_ns: int, events: list[Any], linked: list[Any], /) -> None:
-    """``_events._nest``: append one track's events, nested, to ``events``
-    (and the top-level ones with a forward thread to ``linked``)."""
+def nest(records: list[list[Any]], track: int, stop_ns: int, tab: Any, linked: list[int], /) -> None:
+    """``_events._nest``: add one track's events, nested, to the table
+    ``tab`` (and the indexes of the top-level ones with a forward thread to
+    ``linked``)."""
+
+def children_index(parent: Any, track: Any, kind: Any, /) -> tuple[bytes, bytes]:
+    """``_table._py_children_index``: (offsets, children) as int32 bytes."""
 
 def chrome_plain(
-    events: list[Any], i: int, base: int, wheres: dict[Any, str], names: dict[str, str],
-    cats: tuple[tuple[Any, str], ...], dumps: Callable[[Any], str], limit: int, /,
+    tab: Any, i: int, base: int, wheres: list[str | None], json_names: dict[int, str], cats: tuple[str, ...],
+    dumps: Callable[[Any], str], limit: int, rare: Any, /,
 ) -> tuple[str, int]:
     """The Chrome ``X`` lines, joined by ``",\\n"``, of the run of plain ranges
-    starting at ``events[i]`` (at most ``limit``), and the index after it."""
+    starting at row ``i`` of ``tab`` (at most ``limit``), and the index after it."""
 
-def session_columns(
-    events: list[Any], track_index: dict[Any, int], scopes: list[Any], encode: bool, /
-) -> tuple[Any, ...]:
-    """``_binary._py_columns``: the ten column blocks (as the file stores
-    them, or plain native arrays without ``encode``), the distinct names,
-    and the indexes of the events with rare fields."""
+def encode_column(col: Any, c: int, starts: Any, /) -> bytes:
+    """``_binary._encode``: column ``c`` as the file stores it."""
+
+def decode_column(data: bytes, c: int, out: Any, starts: Any, /) -> None:
+    """``_binary._decode``, into the array ``out`` (of the event count's length)."""
+
+def check_table(tab: Any, profile_start: int, max_thread_id: int, /) -> None:
+    """``_validate._check_table``: the column checks of a table read from a file."""
 
 def name_totals(
-    events: list[Any], apart: tuple[Any, ...], steps_of: Callable[[Any], Any], /
-) -> tuple[list[str], list[int], list[int], list[int], list[int], list[int], list[int], list[int]]:
-    """``_analysis._by_name``'s pass over the plain ranges: per name in order
-    of first use, (first event, count, total, self, min, max), and the
-    indexes of the other ranges."""
-
-def session_events(
-    names: list[str], scopes: list[Any], tracks: list[Any], columns: tuple[bytes, ...], profile_start: int,
-    max_thread_id: int, /,
-) -> list[Any]:
-    """``_binary._py_events`` and ``validate_session``'s checks of the fixed
-    fields and links: a binary session's events, built and linked."""
+    tab: Any, apart: bytes, plain_tracks: bytes, extra: Any, /
+) -> tuple[list[int], list[int], list[int], list[int], list[int], list[int], list[int], list[int]]:
+    """``_analysis._by_name``'s pass over the plain ranges: per name id in
+    order of first use, (first event, count, total, self, min, max), and
+    the indexes of the other ranges."""
 
 # The sampler (aprof/_csampler.c); the twin is aprof/_core/_sampler_py.py,
 # the driver aprof/_core/_sampler.py.

@@ -62,7 +62,7 @@ def measure(n: int, steps: list[str], rounds: int, tmp: Path) -> dict[str, tuple
     prof.stop()
     session = prof.session
     out["stop"] = (time.perf_counter() - t0, 0)
-    n_events = len(session._events)
+    n_events = len(session._table)
 
     def best(fn: Any) -> float:
         times = []

@@ -13,12 +13,15 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import copy
 import gc
 import json
 import os
 import subprocess
 import sys
 import threading
+import weakref
+from array import array
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +70,7 @@ def test_record_function_runs_in_c_when_the_extension_is_built() -> None:
     assert _record_function.C_RANGES
     assert type(aprof.record_function("x")).__mro__[1] is _native.extension.RangeCore  # type: ignore[union-attr]
     assert _threads.stepping is _native.extension.stepping  # type: ignore[union-attr]
-    assert _events.FunctionEvent.__mro__[1] is _native.extension.EventCore  # type: ignore[union-attr]
+    assert _events.FunctionEvent.__mro__[1] is _native.extension.EventView  # type: ignore[union-attr]
     assert _events.nest is _native.extension.nest  # type: ignore[union-attr]
 
 
@@ -446,28 +449,32 @@ def tricky_raw() -> list[tuple[Any, ...]]:
     ]
 
 
-def consolidated(records_of: Any, sort_by_start: Any, nest: Any) -> tuple[list[list[Any]], list[tuple[Any, ...]]]:
+def consolidated(records_of: Any, sort_by_start: Any, nest: Any) -> tuple[list[list[Any]], list[tuple[Any, ...]], Any]:
     records = records_of(tricky_raw(), TID)
     sort_by_start(records)
-    events: list[Any] = []
-    linked: list[Any] = []
-    nest(records, _events.Track(TID, "t", "thread", 1, 0), 300, events, linked)
-    assert [e.name for e in linked] == ["spawned"]  # top-level, with a forward thread: linked across tracks later
+    paired = copy.deepcopy(records)  # as records_of paired them (nest's Python twin fills in ends and flags)
+    tab = _events.EventTable()
+    linked: list[int] = []
+    nest(records, tab.add_track(_events.Track(TID, "t", "thread", 1, 0)), 300, tab, linked)
+    assert [tab[i].name for i in linked] == ["spawned"]  # top-level, with a forward thread: linked across tracks later
     shape = [
         (e.name, e.parent.name if e.parent else None, [c.name for c in e.children], e.is_async, e.unfinished)
-        for e in events
+        for e in tab
     ]
-    return records, shape
+    return paired, shape, tab
 
 
 def test_c_consolidation_matches_the_python_twin() -> None:
-    # SPEC 6.2, 6.3: the same records, the same nesting, the same flags.
+    # SPEC 6.2, 6.3: the same records, the same nesting, the same flags, the same columns.
     _require_extension()
     ext: Any = _native.extension
-    c_records, c_shape = consolidated(ext.records_of, ext.sort_by_start, ext.nest)
-    py_records, py_shape = consolidated(_events._records_of, _events._sort_by_start, _events._nest)
+    c_records, c_shape, c_tab = consolidated(ext.records_of, ext.sort_by_start, ext.nest)
+    py_records, py_shape, py_tab = consolidated(_events._records_of, _events._sort_by_start, _events._nest)
     assert c_records == py_records
     assert c_shape == py_shape
+    assert c_tab.columns() == py_tab.columns()
+    assert c_tab.names == py_tab.names
+    assert c_tab.rare == py_tab.rare
     by_name = {row[0]: row for row in c_shape}
     assert [row[0] for row in c_shape][0] == "late"
     assert by_name["outer"][2] == ["inner", "raised", "mark", "exec"]
@@ -482,7 +489,12 @@ def test_c_consolidation_matches_the_python_twin() -> None:
     assert rec["elsewhere"][4] == 8
     assert rec["declared_async"][4] == TID
     assert rec["exec"][12] == {"submit_ns": 155}
-    assert rec["open"][3] == 300
+    events = {e.name: e for e in c_tab}
+    assert events["open"].end_ns == 300  # closed at the stop time
+    assert events["raised"].exception == "KeyError"
+    assert events["elsewhere"].end_thread_id == 8
+    assert events["exec"].extra == {"submit_ns": 155}
+    assert events["exec"].inputs == ("1",)
 
 
 def test_c_consolidated_records_of_strs_and_ints_leave_the_gc_alone() -> None:
@@ -497,24 +509,28 @@ def test_c_consolidated_records_of_strs_and_ints_leave_the_gc_alone() -> None:
     assert gc.is_tracked(rec["exec"])
 
 
-def test_c_events_are_collected_with_their_cycles() -> None:
-    # SPEC 6.2: parent and children point at each other; dropping a profile's
-    # events frees them (EventCore's traverse and clear are right).
+def test_c_event_views_are_one_per_row_while_held_and_freed_after() -> None:
+    # SPEC 6.2: asking for the same event twice gives the same object while
+    # it is held (``a.parent is b``); dropping the events and the table frees
+    # them without waiting for the cyclic GC (views hold the table, not the
+    # other way round).
     _require_extension()
-
-    def count() -> int:
-        return sum(type(o) is _events.FunctionEvent for o in gc.get_objects())
-
-    gc.collect()
-    before = count()
-    _records, shape = consolidated(
+    _records, shape, tab = consolidated(
         _native.extension.records_of,  # type: ignore[union-attr]
         _native.extension.sort_by_start,  # type: ignore[union-attr]
         _native.extension.nest,  # type: ignore[union-attr]
     )
     assert len(shape) == 11
-    gc.collect()
-    assert count() == before
+    outer = next(e for e in tab if e.name == "outer")
+    assert all(c.parent is outer for c in outer.children)
+    assert tab[outer._i] is outer
+    ref = weakref.ref(tab)
+    gc.disable()
+    try:
+        del tab, outer
+        assert ref() is None  # freed by reference counting alone
+    finally:
+        gc.enable()
 
 
 @pytest.mark.parametrize(
@@ -537,9 +553,9 @@ def test_c_consolidation_refuses_a_record_layout_it_does_not_know() -> None:
     _require_extension()
     ext: Any = _native.extension
     with pytest.raises(ValueError, match="record layout constant 0 is 5 in Python, 0 in C"):
-        ext._events_setup(_events.FunctionEvent, _events._NO_CHILDREN, _events._SCOPES, _events._start_of, (5,) * 17)
-    with pytest.raises(TypeError, match="must subclass EventCore"):
-        ext._events_setup(dict, _events._NO_CHILDREN, _events._SCOPES, _events._start_of, (0,) * 17)
+        ext._events_setup(_events.FunctionEvent, _events.SCOPES, _events._SCOPES, _events._start_of, (5,) * 17)
+    with pytest.raises(TypeError, match="must subclass EventView"):
+        ext._events_setup(dict, _events.SCOPES, _events._SCOPES, _events._start_of, (0,) * 17)
     # Refused setups change nothing: consolidation still works.
     assert consolidated(ext.records_of, ext.sort_by_start, ext.nest)[1][0][0] == "late"
 
@@ -615,10 +631,11 @@ def test_c_chrome_times_print_as_python_prints_them(offset_ns: int) -> None:
     track = _events.Track(1, "t", "thread", 1, 0)
     rec = ["r", aprof.RecordScope.USER_SCOPE, base + offset_ns, base + offset_ns + 2_500, None, None, None, -1, 0,
            None, None, 0, None]  # fmt: skip
-    ev = _events.make_event(rec, track, is_async=False, unfinished=False)
-    cats = tuple((sc, sc.value) for sc in aprof.RecordScope)
+    tab = _events.EventTable()
+    _events.add_event(tab, rec, track, is_async=False, unfinished=False)
+    cats = tuple(sc.value for sc in _events.SCOPES)
     text, nxt = _native.extension.chrome_plain(  # type: ignore[union-attr]
-        [ev], 0, base, {track: '"pid":1,"tid":1'}, {}, cats, json.dumps, 10
+        tab, 0, base, ['"pid":1,"tid":1'], {}, cats, json.dumps, 10, array("i")
     )
     assert nxt == 1
     assert text == f'{{"ph":"X","name":"r","cat":"user_scope","pid":1,"tid":1,"ts":{offset_ns / 1000.0:.3f},"dur":2.500}}'
@@ -630,15 +647,20 @@ def test_c_chrome_writer_stops_at_the_first_event_it_does_not_write() -> None:
     track = _events.Track(1, "t", "thread", 1, 0)
     plain = ["p", aprof.RecordScope.USER_SCOPE, 10, 20, None, None, None, -1, 0, None, None, 0, None]
     with_args = [*plain[:6], "k=1", *plain[7:]]
-    evs = [_events.make_event(list(r), track, False, False) for r in (plain, plain, with_args, plain)]
-    cats = tuple((sc, sc.value) for sc in aprof.RecordScope)
+    tab = _events.EventTable()
+    for r in (plain, plain, with_args, plain):
+        _events.add_event(tab, list(r), track, False, False)
+    rare = array("i", sorted(tab.rare))
+    cats = tuple(sc.value for sc in _events.SCOPES)
+    where = ['"pid":1,"tid":1']
     chrome_plain = _native.extension.chrome_plain  # type: ignore[union-attr]
-    text, nxt = chrome_plain(evs, 0, 0, {track: '"pid":1,"tid":1'}, {}, cats, json.dumps, 100)
+    text, nxt = chrome_plain(tab, 0, 0, where, {}, cats, json.dumps, 100, rare)
     assert nxt == 2
     assert text.count('"ph":"X"') == 2
-    assert chrome_plain(evs, 2, 0, {track: '"pid":1,"tid":1'}, {}, cats, json.dumps, 100) == ("", 2)
-    assert chrome_plain(evs, 0, 0, {track: '"pid":1,"tid":1'}, {}, cats, json.dumps, 1)[1] == 1  # the batch limit
-    assert chrome_plain(evs, 0, 0, {}, {}, cats, json.dumps, 100) == ("", 0)  # a track with task steps
+    assert chrome_plain(tab, 2, 0, where, {}, cats, json.dumps, 100, rare) == ("", 2)
+    assert chrome_plain(tab, 3, 0, where, {}, cats, json.dumps, 100, rare)[1] == 4  # past the one with args
+    assert chrome_plain(tab, 0, 0, where, {}, cats, json.dumps, 1, rare)[1] == 1  # the batch limit
+    assert chrome_plain(tab, 0, 0, [None], {}, cats, json.dumps, 100, rare) == ("", 0)  # a track with task steps
 
 
 def test_the_stub_names_everything_the_extension_has() -> None:

@@ -324,7 +324,7 @@ class _Finish:
             print(f"aprof: {exc}", file=sys.stderr)
             return code or 1
         sampled = f", {len(session.samples)} samples" if session.samples is not None else ""
-        print(f"aprof: wrote {self.shown} ({len(session.events())} events{sampled} on {len(session.tracks())} tracks)", file=sys.stderr)
+        print(f"aprof: wrote {self.shown} ({len(session._table)} events{sampled} on {len(session.tracks())} tracks)", file=sys.stderr)
         return code
 
 
@@ -463,7 +463,7 @@ def _convert(args: argparse.Namespace) -> int:
         _write(session, out, args.max_events)
     except (OSError, ValueError, TypeError) as exc:
         raise _UsageError(f"convert: {exc}") from None
-    written = len(session.events())
+    written = len(session._table)
     note = ""
     if args.max_events is not None and written > args.max_events:
         note = f", capped to the longest {args.max_events:,}"

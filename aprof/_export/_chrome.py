@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import math
 import warnings
+from array import array
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -56,13 +57,13 @@ from .._core._recorder import (
     R_START,
 )
 from .._post._events import overlap
+from .._post._table import SCOPES
 from ._files import atomic_write_text, check_output_path
 from ._labels import task_coroutines, track_label
 
 if TYPE_CHECKING:
     from os import PathLike
 
-    from .._post._events import Track
     from .._post._session import Session
 
 __all__ = ["export_chrome_trace", "chrome_trace_chunks"]
@@ -155,8 +156,9 @@ def chrome_trace_chunks(session: Session, batch: int = 4096, capped: dict[str, i
     pids = {int(k): v for k, v in session.metadata.get("pids", {}).items()}
     yield '{"displayTimeUnit":"ms","otherData":'
     tracks = session.tracks()  # sorted by first activity: a walk over every event, so once
-    events = session.events()
-    spawners = {(ev._t.node_id, ev._r[R_FWD]) for ev in events if ev._r[R_FWD] and ev._r[R_SEQ] > 0}
+    tab = session._table
+    tab_tracks = tab.tracks
+    spawners = {(tab_tracks[t].node_id, f) for t, f, q in zip(tab.track, tab.fwd, tab.seq, strict=True) if f and q > 0}
     run_base = 0
     if any(t.steps for t in tracks) or session.samples is not None:
         # Rows of their own, with 32-bit tids: a task's running row is
@@ -186,7 +188,7 @@ def chrome_trace_chunks(session: Session, batch: int = 4096, capped: dict[str, i
     for node in nodes:
         pid = pids.get(node, node)
         emit(f'{{"ph":"M","name":"process_name","pid":{pid},"tid":0,"args":{{"name":{_dumps(f"aprof node {node}")}}}}}')
-    coros = task_coroutines(events)
+    coros = task_coroutines(map(tab.view, tab.rows_of_scope(RecordScope.TASK)))
     for order, track in enumerate(tracks):
         pid = pids.get(track.node_id, track.node_id)
         label = track_label(track, coros.get(track.id))
@@ -216,14 +218,14 @@ def chrome_trace_chunks(session: Session, batch: int = 4096, capped: dict[str, i
             emit(f'{{"ph":"M","name":"thread_sort_index","pid":{pid},"tid":{tid},"args":{{"sort_index":-1}}}}')
     async_id = 0
     flow_id = 0
-    # One pass over the raw records behind the events (the fields their
+    # One pass over the rows of the table (the fields the events'
     # properties read), so a million events cost no million property calls.
     # Per track and per (name, scope), the constant parts of a line are
     # built once: a million events then cost two float formats and one
     # f-string each.
     task_scope = RecordScope.TASK
     heads: dict[tuple[str, RecordScope], tuple[str, str]] = {}  # -> ('"name":..,"cat":..', cat)
-    ev_track: Track | None = None
+    ev_track = -1
     tid = pid = 0
     steps: list[int] | None = None
     where = ""
@@ -231,12 +233,16 @@ def chrome_trace_chunks(session: Session, batch: int = 4096, capped: dict[str, i
     # are written in C when the extension is active; the loop below writes
     # everything else, and everything on the pure-Python path.
     plain = None if _native.extension is None else _native.extension.chrome_plain
-    wheres = {t: f'"pid":{pids.get(t.node_id, t.node_id)},"tid":{t.id}' for t in tracks if t.steps is None}
-    json_names: dict[str, str] = {}
-    cats = tuple((sc, sc.value) for sc in RecordScope)
+    wheres = [
+        None if t.steps is not None else f'"pid":{pids.get(t.node_id, t.node_id)},"tid":{t.id}' for t in tab_tracks
+    ]
+    json_names: dict[int, str] = {}
+    cats = tuple(sc.value for sc in SCOPES)
+    rare = array("i", sorted(tab.rare))
+    track_col = tab.track
     pending = len(lines)
     i = 0
-    n = len(events)
+    n = len(tab)
     while i < n:
         if pending >= batch:
             yield joined + ",\n".join(lines)
@@ -244,22 +250,22 @@ def chrome_trace_chunks(session: Session, batch: int = 4096, capped: dict[str, i
             lines.clear()
             pending = 0
         if plain is not None:
-            text, j = plain(events, i, base, wheres, json_names, cats, _dumps, batch)
+            text, j = plain(tab, i, base, wheres, json_names, cats, _dumps, batch, rare)
             if j > i:
                 emit(text)
                 pending += j - i
                 i = j
                 continue
-        ev = events[i]
+        r = tab.record(i)
+        if track_col[i] != ev_track:
+            ev_track = track_col[i]
+            t = tab_tracks[ev_track]
+            tid = t.id
+            steps = t.steps
+            pid = pids.get(t.node_id, t.node_id)
+            where = f'"pid":{pid},"tid":{tid}'
         i += 1
         pending += 1
-        r = ev._r
-        if ev._t is not ev_track:
-            ev_track = ev._t
-            tid = ev_track.id
-            steps = ev_track.steps
-            pid = pids.get(ev_track.node_id, ev_track.node_id)
-            where = f'"pid":{pid},"tid":{tid}'
         scope = r[R_SCOPE]
         key = (r[R_NAME], scope)
         head = heads.get(key)
@@ -361,15 +367,17 @@ def cap_events(session: Session, max_events: int) -> tuple[Session, dict[str, in
     """
     from .._post._session import Session
 
-    events = session._events
-    keep_scopes = _KEPT_SCOPES
-    kept_always = sum(1 for ev in events if ev._r[R_SCOPE] in keep_scopes)
+    tab = session._table
+    n = len(tab)
+    kept_mask = bytes(1 if sc in _KEPT_SCOPES else 0 for sc in SCOPES).ljust(256, b"\0")
+    always = tab.scope.tobytes().translate(kept_mask)  # 1 where the event is always kept
+    kept_always = always.count(1)
     budget = max(0, max_events - kept_always)
+    start, end = tab.start, tab.end
     buckets = [0] * 66  # by bit length of the duration; instants (0) first to go
-    for ev in events:
-        r = ev._r
-        if r[R_SCOPE] not in keep_scopes:
-            buckets[(r[R_END] - r[R_START]).bit_length()] += 1
+    for i in range(n):
+        if not always[i]:
+            buckets[(end[i] - start[i]).bit_length()] += 1
     # The shortest bucket kept whole, then how many of the one below it fit.
     room = budget
     cut = len(buckets)
@@ -377,22 +385,21 @@ def cap_events(session: Session, max_events: int) -> tuple[Session, dict[str, in
         cut -= 1
         room -= buckets[cut]
     partial = cut - 1  # the bucket that is kept in part (room of its events)
-    kept: list[Any] = []
+    kept = array("i")
     shortest = None
-    for ev in events:
-        r = ev._r
-        if r[R_SCOPE] not in keep_scopes:
-            b = (r[R_END] - r[R_START]).bit_length()
+    for i in range(n):
+        if not always[i]:
+            d = end[i] - start[i]
+            b = d.bit_length()
             if b < partial or (b == partial and room <= 0):
                 continue
             if b == partial:
                 room -= 1
-            d = r[R_END] - r[R_START]
             if shortest is None or d < shortest:
                 shortest = d
-        kept.append(ev)
-    info = {"events": len(events), "kept": len(kept), "dropped": len(events) - len(kept), "shortest_kept_ns": shortest or 0}
-    return Session(kept, session._tracks, session.metadata, session.samples), info
+        kept.append(i)
+    info = {"events": n, "kept": len(kept), "dropped": n - len(kept), "shortest_kept_ns": shortest or 0}
+    return Session(tab.take(kept), session._tracks, session.metadata, session.samples), info
 
 
 def export_chrome_trace(session: Session, path: str | PathLike[str], max_events: int | None = None) -> None:
@@ -411,7 +418,7 @@ def export_chrome_trace(session: Session, path: str | PathLike[str], max_events:
         raise ValueError(f"export_chrome_trace: max_events must be an int >= 1 or None, got {max_events!r}")
     p = check_output_path(path, "export_chrome_trace", SUFFIXES)
     capped = None
-    n = len(session._events)
+    n = len(session._table)
     if max_events is not None and n > max_events:
         session, capped = cap_events(session, max_events)
     elif max_events is None and n > LARGE_TRACE:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -10,9 +11,10 @@ from typing import TYPE_CHECKING, Any, Final
 
 from .._core import _native
 from .._core._callbacks import RecordScope
-from .._core._recorder import KIND_INSTANT, R_END, R_EXTRA, R_KIND, R_NAME, R_SCOPE, R_START
+from .._core._recorder import KIND_INSTANT, R_EXTRA, R_NAME, R_SCOPE
 from .._frames import format_frame, innermost_user_frame, shown_stack
 from ._events import FunctionEvent
+from ._table import SCOPES, X_EXTRA, EventTable
 
 if TYPE_CHECKING:
     from ._session import Session
@@ -231,7 +233,7 @@ def key_averages(session: Session, group_by: str = "name") -> EventAverages:
     rows: dict[Any, FunctionEventAvg] = {}
     tracks = {t.id: t for t in session.tracks()}
     if group_by == "name":
-        _by_name(session._events, rows)
+        _by_name(session._table, rows)
     else:
         for ev in session.events():
             if ev.is_instant:
@@ -259,47 +261,61 @@ def key_averages(session: Session, group_by: str = "name") -> EventAverages:
 _NAMED_APART: Final = (RecordScope.TASK, RecordScope.LOOP_BLOCK, RecordScope.EXECUTOR)
 
 
-def _by_name(events: list[FunctionEvent], rows: dict[Any, FunctionEventAvg]) -> None:
-    """key_averages' rows by name. Plain ranges (no extra, not on a task's
-    track, not a task, executor job or loop block) are summed in one pass
-    (in C when the extension is there); every other event goes through
-    :meth:`FunctionEventAvg.add`. Rows are created in the order their first
-    event comes, so the result is the same as adding event by event."""
+def _by_name(tab: EventTable, rows: dict[Any, FunctionEventAvg]) -> None:
+    """key_averages' rows by name, from the columns. Plain ranges (no
+    extra, not on a task's track, not a task, executor job or loop block)
+    are summed in one pass (in C when the extension is there); every other
+    event goes through :func:`_add_apart`. Rows are created in the order
+    their first event comes, so the result is the same as adding event by
+    event."""
+    apart = bytes(1 if s in _NAMED_APART else 0 for s in SCOPES)
+    plain_tracks = bytes(1 if t.steps is None else 0 for t in tab.tracks)
+    extra = array("i", sorted(i for i, x in tab.rare.items() if x[X_EXTRA] is not None))
     ext = _native.extension
     if ext is not None:
         try:
-            names, first, count, total, own, low, high, others = ext.name_totals(events, _NAMED_APART, _steps_of)
+            ids, first, count, total, own, low, high, others = ext.name_totals(tab, apart, plain_tracks, extra)
         except OverflowError:  # sums past 64 bits: Python's ints below
             pass
         else:
             plain = ((f, j) for j, f in enumerate(first))
+            names = tab.names
             for i, j in heapq.merge(plain, ((i, -1) for i in others)):
                 if j < 0:
-                    _add_apart(events[i], rows)
+                    _add_apart(tab.view(i), rows)
                     continue
-                name = names[j]
+                name = names[ids[j]]
                 row = rows.get(name)
                 if row is None:
                     row = rows[name] = FunctionEventAvg(name)
                 row.add_totals(count[j], total[j], own[j], low[j], high[j])
             return
     get = rows.get
-    for ev in events:
-        r = ev._r
-        if r[R_KIND] & KIND_INSTANT:
+    names, name_col, start, end, kind, scope, track = (
+        tab.names,
+        tab.name,
+        tab.start,
+        tab.end,
+        tab.kind,
+        tab.scope,
+        tab.track,
+    )
+    with_extra = set(extra)
+    off, kids = tab.children_index()
+    for i in range(len(tab)):
+        if kind[i] & KIND_INSTANT:
             continue
-        if r[R_EXTRA] is not None or r[R_SCOPE] in _NAMED_APART or ev._t.steps is not None:
-            _add_apart(ev, rows)
+        if i in with_extra or apart[scope[i]] or not plain_tracks[track[i]]:
+            _add_apart(tab.view(i), rows)
             continue
-        name = r[R_NAME]
+        name = names[name_col[i]]
         row = get(name)
         if row is None:
             row = rows[name] = FunctionEventAvg(name)
-        d = r[R_END] - r[R_START]
+        d = end[i] - start[i]
         own_ns = d
-        for c in ev.children:
-            cr = c._r
-            own_ns -= cr[R_END] - cr[R_START]
+        for c in kids[off[i] : off[i + 1]]:
+            own_ns -= end[c] - start[c]
         row.add_totals(1, d, own_ns, d, d)
 
 
@@ -550,10 +566,16 @@ def task_label(name: str, coro: str | None) -> str:
 
 def summarize(session: Session, limit: int = 5) -> Summary:
     """Build the summary sections of a session (see :class:`Summary`)."""
-    events = session.events()
-    tasks = [e for e in events if e.scope is RecordScope.TASK and not e.is_instant]
+    # Each section reads a few kinds of event: found in the scope column,
+    # and (repeated awaits) the ranges with several children in the children
+    # index, so a million plain ranges cost no view each.
+    tab = session._table
+    tasks = [e for e in map(tab.view, tab.rows_of_scope(RecordScope.TASK)) if not e.is_instant]
     by_track = {e.thread_id: e for e in tasks}
-    blocks = [e for e in events if e.scope is RecordScope.LOOP_BLOCK]
+    blocks = list(map(tab.view, tab.rows_of_scope(RecordScope.LOOP_BLOCK)))
+    executors = list(map(tab.view, tab.rows_of_scope(RecordScope.EXECUTOR)))
+    off, _ = tab.children_index()
+    parents = [tab.view(i) for i in range(len(tab)) if off[i + 1] - off[i] >= REPEAT_MIN]
     thresholds = [b.extra.get("threshold_ns") for b in blocks if b.extra]
     pending, pending_count = _pending(tasks, by_track, limit)
     return Summary(
@@ -564,11 +586,11 @@ def summarize(session: Session, limit: int = 5) -> Summary:
         loop_block_total_ns=sum(b.duration_ns for b in blocks),
         loop_block_threshold_ns=next((int(t) for t in thresholds if isinstance(t, int)), None),
         hot_frames=tuple(_hot_frames(blocks, by_track)[:limit]),
-        longest_waits=tuple(_longest_waits(events, tasks, by_track, blocks)[:limit]),
-        executor_queueing=tuple(_queueing(events)[:limit]),
+        longest_waits=tuple(_longest_waits(executors, tasks, by_track, blocks)[:limit]),
+        executor_queueing=tuple(_queueing(executors)[:limit]),
         pending=pending,
         pending_count=pending_count,
-        repeated_awaits=tuple(_repeats(events, tasks, by_track)[:limit]),
+        repeated_awaits=tuple(_repeats(parents, executors, tasks, by_track)[:limit]),
     )
 
 
@@ -864,11 +886,19 @@ def _most(counts: dict[str, int]) -> str | None:
     return max(counts, key=lambda k: counts[k]) if counts else None
 
 
-def _repeats(events: list[FunctionEvent], tasks: list[FunctionEvent], by_track: dict[int, FunctionEvent]) -> list[RepeatLine]:
+def _repeats(
+    parents: list[FunctionEvent],
+    executors: list[FunctionEvent],
+    tasks: list[FunctionEvent],
+    by_track: dict[int, FunctionEvent],
+) -> list[RepeatLine]:
+    """Repeated sequential awaits: runs among the children of ``parents``,
+    runs in the tasks' await chains, and ``executors`` jobs handed over one
+    after another."""
     out: list[RepeatLine] = []
     # Ranges: a run of same-named siblings, each of which waited.
     covered: dict[int, list[tuple[int, int]]] = {}  # track -> spans of those runs
-    for e in events:
+    for e in parents:
         kids = e.children
         if len(kids) < REPEAT_MIN:
             continue
@@ -911,8 +941,8 @@ def _repeats(events: list[FunctionEvent], tasks: list[FunctionEvent], by_track: 
             out.append(RepeatLine(t.name, coro, int(run[2]), int(run[3]), str(run[5]), place))
     # Executor jobs handed over one after another by one task.
     jobs: dict[tuple[int, str], list[FunctionEvent]] = {}
-    for e in events:
-        if e.scope is RecordScope.EXECUTOR and e.forward_thread_id in by_track:
+    for e in executors:
+        if e.forward_thread_id in by_track:
             jobs.setdefault((e.forward_thread_id, e.name), []).append(e)
     for (fwd, name), js in jobs.items():
         js.sort(key=lambda e: e.start_ns)

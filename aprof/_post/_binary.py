@@ -1,11 +1,11 @@
 """The binary session format: ``.aprof`` version 2 (SPEC 6.5).
 
 A session is written as columns, one typed array per field, not as one
-JSON object per event: the extension reads every event's record once and
-writes the columns (``session_columns`` in ``_cevents.c``), and reads them
-back into linked, checked events in one pass (``session_events``), where
+JSON object per event: the blocks are the session's own columns
+(:mod:`._table`), encoded (``encode_column`` in ``_cevents.c``) and read
+back into columns (``decode_column``), with no object per event, where
 version 1 (gzip-compressed JSON, still read) built and parsed a dict per
-event. :func:`_py_columns` and :func:`_py_events` are the pure-Python twins.
+event. :func:`_encode` and :func:`_decode` are the pure-Python twins.
 
 Layout (every integer little-endian)::
 
@@ -60,43 +60,24 @@ A damaged file is a ``ValueError`` naming the file and what is wrong.
 
 from __future__ import annotations
 
-import gc
 import json
 import struct
 import sys
 import zlib
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from itertools import accumulate, chain
-from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Final, TypeGuard
 
 from .._core import _native
 from .._core._callbacks import RecordScope
-from .._core._recorder import (
-    R_ARGS,
-    R_END,
-    R_END_LT,
-    R_EXC,
-    R_EXTRA,
-    R_FWD,
-    R_INPUTS,
-    R_KIND,
-    R_NAME,
-    R_SCOPE,
-    R_SEQ,
-    R_STACK,
-    R_START,
-)
-from ._events import FunctionEvent, Track, link_parents, make_event, stack_from_json
+from ._events import EventTable, Track, stack_from_json
 from ._samples import Samples
+from ._table import COLUMNS as _TABLE_COLUMNS
+from ._table import SCOPE_INDEX, SCOPES, X_ARGS, X_EXC, X_EXTRA, X_INPUTS, X_STACK
 from ._validate import (
     MAX_RATIO,
-    MAX_TRACK_ID,
     MIN_LIMIT,
-    _check_metadata,
-    _check_record,
-    _check_track,
     parse_json,
     validate_session,
 )
@@ -131,6 +112,7 @@ _COLUMNS: Final = (
     ("scope", "B", 1),
     ("kind", "B", 1),
 )
+_ATTRS: Final = tuple(attr for attr, _ in _TABLE_COLUMNS)  # the table's name of each column
 _START: Final = 0
 _END: Final = 1
 _INT32_MAX: Final = 2**31 - 1
@@ -193,70 +175,32 @@ def _decode(data: bytes, c: int, n: int, starts: array[int] | None) -> array[int
 
 
 def _columns(session: Session) -> Iterator[tuple[str, bytes]]:
-    """The session's blocks, (name, raw bytes), in file order."""
-    events = session._events
-    n = len(events)
+    """The session's blocks, (name, raw bytes), in file order: its table's
+    columns, encoded (by the extension's ``encode_column`` when active)."""
+    tab = session._table
+    n = len(tab)
     if n > _INT32_MAX:
         raise ValueError(f"save: {n:,} events are more than the format's {_INT32_MAX:,}")
     ext = _native.extension
-    if ext is None:
-        yield from _py_columns(session)
-        return
-    track_index = {t: i for i, t in enumerate(session._tracks.values())}
-    *cols, names, rare = ext.session_columns(events, track_index, [RecordScope(v) for v in _SCOPES], True)
-    for (name, _, _), data in zip(_COLUMNS, cols, strict=True):
-        yield name, data
-    yield "names", _json(names)
-    yield "rare", _json([_rare_row(i, events[i]._r) for i in rare])
+    encode = _encode if ext is None else ext.encode_column
+    for c, ((name, _, _), col) in enumerate(zip(_COLUMNS, tab.columns(), strict=True)):
+        yield name, encode(col, c, tab.start)
+    yield "names", _json(tab.names)
+    yield "rare", _json([_rare_row(i, x) for i, x in sorted(tab.rare.items())])
     if session.samples is not None:
         yield "samples", _json(session.samples.to_json())
 
 
-def _rare_row(i: int, r: list[Any]) -> list[Any]:
+def _rare_row(i: int, x: list[Any]) -> list[Any]:
+    inputs, stack = x[X_INPUTS], x[X_STACK]
     return [
         i,
-        r[R_EXC],
-        r[R_ARGS],
-        None if r[R_INPUTS] is None else list(r[R_INPUTS]),
-        None if r[R_STACK] is None else [list(f) for f in r[R_STACK]],
-        r[R_EXTRA],
+        x[X_EXC],
+        x[X_ARGS],
+        None if inputs is None else list(inputs),
+        None if stack is None else [list(f) for f in stack],
+        x[X_EXTRA],
     ]
-
-
-def _py_columns(session: Session) -> Iterator[tuple[str, bytes]]:
-    """:func:`_columns` in Python (the extension's ``session_columns``)."""
-    events = session._events
-    recs = [e._r for e in events]
-    starts = array("q", map(itemgetter(R_START), recs))
-    yield "start_ns", _encode(starts, 0, None)
-    yield "end_ns", _encode(array("q", map(itemgetter(R_END), recs)), 1, starts)
-    yield "end_thread_id", _encode(array("q", [-1 if (t := r[R_END_LT]) is None else t for r in recs]), 2, None)
-    yield "sequence_nr", _encode(array("q", map(itemgetter(R_SEQ), recs)), 3, None)
-    yield "forward_thread_id", _encode(array("q", map(itemgetter(R_FWD), recs)), 4, None)
-    names: dict[str, int] = {}
-    intern = names.setdefault
-    yield "name", _encode(array("i", [intern(r[R_NAME], len(names)) for r in recs]), 5, None)
-    track_index = {id(t): i for i, t in enumerate(session._tracks.values())}
-    yield "track", _encode(array("i", [track_index[id(e._t)] for e in events]), 6, None)
-    index = {id(e): i for i, e in enumerate(events)}
-    yield "parent", _encode(array("i", [-1 if (p := e.parent) is None else index[id(p)] for e in events]), 7, None)
-    del index
-    scope_index = {RecordScope(v): i for i, v in enumerate(_SCOPES)}
-    yield "scope", bytes([scope_index[r[R_SCOPE]] for r in recs])
-    yield "kind", bytes(map(itemgetter(R_KIND), recs))
-    yield "names", _json(list(names))
-    rare = [
-        _rare_row(i, r)
-        for i, r in enumerate(recs)
-        if r[R_EXC] is not None
-        or r[R_ARGS] is not None
-        or r[R_INPUTS] is not None
-        or r[R_STACK] is not None
-        or r[R_EXTRA] is not None
-    ]
-    yield "rare", _json(rare)
-    if session.samples is not None:
-        yield "samples", _json(session.samples.to_json())
 
 
 def _json(doc: Any) -> bytes:
@@ -272,6 +216,8 @@ def write_binary(session: Session, compression: str = "zlib") -> Iterator[bytes]
         ValueError: the session has more events than the format holds, or a
             value JSON cannot hold (a NaN in an ``extra``).
     """
+    for t in session._tracks.values():  # tracks added since (a sampled thread's): listed in the header too
+        session._table.add_track(t)
     blocks: list[dict[str, Any]] = []
     stored: list[bytes] = []
     offset = 0
@@ -284,11 +230,11 @@ def write_binary(session: Session, compression: str = "zlib") -> Iterator[bytes]
         offset += len(data)
     header = _json(
         {
-            "count": len(session._events),
+            "count": len(session._table),
             "compression": compression,
             "scopes": list(_SCOPES),
             "metadata": session.metadata,
-            "tracks": [t.to_dict() for t in session._tracks.values()],
+            "tracks": [t.to_dict() for t in session._table.tracks],
             "blocks": blocks,
         }
     )
@@ -378,13 +324,6 @@ def _inflate(name: str, data: memoryview, raw_size: int) -> bytes:
     return out
 
 
-def _in_range(col: array[int] | bytes, lo: int, hi: int, what: str) -> None:
-    """Every value of ``col`` is in ``lo..hi - 1``."""
-    if col and (min(col) < lo or max(col) >= hi):
-        bad = next(v for v in col if not lo <= v < hi)
-        raise _fail(f"{what} {bad} is outside 0..{hi - 1}" if lo == 0 else f"{what} {bad} is outside {lo}..{hi - 1}")
-
-
 def _json_block(blocks: dict[str, bytes], name: str) -> Any:
     return parse_json(blocks[name], f"has a {name!r} block that is not JSON")
 
@@ -433,28 +372,34 @@ def read_binary(raw: bytes) -> Session:
     if bad is not None:
         raise _fail(f"the 'names' block has a name that is not a string: {str(bad)[:80]}")
     metadata = header.get("metadata")
-    rare = _json_block(blocks, "rare")
+    tab = EventTable()
+    for t in track_list:
+        tab.add_track(t)
+    tab.names = names
     ext = _native.extension
-    cols = [blocks[name] for name, _, _ in _COLUMNS]
-    # A million linked objects would set off the cyclic GC many times over,
-    # each pass walking every event so far: paused, as at stop.
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    for c, ((name, typecode, width), attr) in enumerate(zip(_COLUMNS, _ATTRS, strict=True)):
+        data = blocks.pop(name)
         if ext is not None:
-            events = _c_events(ext, cols, names, scope_of, track_list, metadata, rare)
+            col = array(typecode, bytes(width * count))
+            ext.decode_column(data, c, col, tab.start)
         else:
-            events = _py_events(cols, count, names, scope_of, track_list, rare)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-    for row in rare:  # a task's running/waiting time comes from its steps, as at stop
-        ev = events[row[0]]  # (an extra is a rare field: _fill_rare checked the index)
-        extra = ev._r[R_EXTRA]
-        if extra is not None and ev._r[R_SCOPE] is RecordScope.TASK and type(extra) is dict:
+            col = _decode(data, c, count, tab.start)
+        del data
+        setattr(tab, attr, col)
+    scope = tab.scope.tobytes()
+    if scope and max(scope) >= len(scope_of):  # the file's scope list, before it maps to this aprof's
+        i = next(i for i, v in enumerate(scope) if v >= len(scope_of))
+        raise ValueError(
+            f"is not a valid aprof session: event {i} has a scope index {scope[i]} outside 0..{len(scope_of) - 1}"
+        )
+    tab.scope = array("B", scope.translate(_scope_map(scope_of)))
+    _fill_rare(tab, _json_block(blocks, "rare"))
+    for i, x in tab.rare.items():  # a task's running/waiting time comes from its steps, as at stop
+        extra = x[X_EXTRA]
+        if type(extra) is dict and 0 <= tab.scope[i] < len(SCOPES) and SCOPES[tab.scope[i]] is RecordScope.TASK:
             steps = extra.get("steps")
-            if steps is not None:
-                ev._t.steps = steps
+            if steps is not None and 0 <= tab.track[i] < len(track_list):
+                track_list[tab.track[i]].steps = steps
     samples = None
     if "samples" in blocks:
         try:
@@ -465,73 +410,28 @@ def read_binary(raw: bytes) -> Session:
             if tid not in tracks:
                 raise _fail(f"samples: a sample is on track {tid}, which the session does not have")
     try:
-        if ext is not None:
-            # The extension checked the fixed fields and the links; the rest
-            # is what validate_session checks besides.
-            _check_metadata(metadata)
-            checked_steps: set[int] = set()
-            for t in track_list:
-                _check_track(t)
-                if t.steps is not None:
-                    checked_steps.add(id(t.steps))
-            for row in rare:
-                _check_record(row[0], events[row[0]]._r, checked_steps)
-        else:
-            validate_session(events, tracks, metadata)
+        validate_session(tab, tracks, metadata)
     except ValueError as exc:
         raise ValueError(f"is not a valid aprof session: {exc}") from None
     assert type(metadata) is dict  # checked above
-    return Session(events, tracks, dict(metadata), samples)
+    return Session(tab, tracks, dict(metadata), samples)
 
 
-def _c_events(
-    ext: Any,
-    cols: list[bytes],
-    names: list[str],
-    scope_of: list[RecordScope],
-    tracks: list[Track],
-    metadata: Any,
-    rare: Any,
-) -> list[FunctionEvent]:
-    """The events, built, linked and checked by the extension."""
-    start = metadata.get("start_ns") if type(metadata) is dict else None
-    if type(start) is not int:
-        raise ValueError(f"is not a valid aprof session: metadata start_ns is {start!r}, not an integer time")
-    try:
-        events: list[FunctionEvent] = ext.session_events(names, scope_of, tracks, tuple(cols), start, MAX_TRACK_ID)
-    except ValueError as exc:
-        raise ValueError(f"is not a valid aprof session: {exc}") from None
-    _fill_rare(len(events), lambda i: events[i]._r, rare)
-    return events
+def _scope_map(scope_of: list[RecordScope]) -> bytes:
+    """A bytes.translate table from the file's scope indexes to the table's."""
+    table = bytearray([255]) * 256
+    for i, s in enumerate(scope_of[:256]):
+        table[i] = SCOPE_INDEX[s]
+    return bytes(table)
 
 
-def _py_events(
-    cols: list[bytes], n: int, names: list[str], scope_of: list[RecordScope], track_list: list[Track], rare: Any
-) -> list[FunctionEvent]:
-    """:func:`_c_events` in Python; validate_session checks them after."""
-    starts = _decode(cols[_START], _START, n, None)
-    start, end, end_lt, seq, fwd, name_col, track_col, parent_col, scope_col, kind = (
-        _decode(data, c, n, starts) for c, data in enumerate(cols)
-    )
-    _in_range(name_col, 0, len(names), "a name index")
-    _in_range(track_col, 0, len(track_list), "a track index")
-    _in_range(parent_col, -1, n, "a parent index")
-    _in_range(scope_col, 0, len(scope_of), "a scope index")
-    recs = [
-        [names[a], scope_of[b], s, e, None if t == -1 else t, None, None, q, f, None, None, k, None]
-        for a, b, s, e, t, q, f, k in zip(name_col, scope_col, start, end, end_lt, seq, fwd, kind, strict=True)
-    ]
-    _fill_rare(len(recs), recs.__getitem__, rare)
-    events = [make_event(r, track_list[t], False, False) for r, t in zip(recs, track_col, strict=True)]
-    link_parents(events, list(parent_col))
-    return events
-
-
-def _fill_rare(n: int, record: Callable[[int], list[Any]], rare: Any) -> None:
-    """Put the rare fields into the records (``record(i)`` is event i's)."""
+def _fill_rare(tab: EventTable, rare: Any) -> None:
+    """The rare fields, from the 'rare' block, into ``tab.rare``."""
     if type(rare) is not list:
         raise _fail("the 'rare' block is not a list")
+    n = len(tab)
     last = -1
+    out = tab.rare
     for row in rare:
         if type(row) is not list or len(row) != 6:
             raise _fail(f"a 'rare' entry is {str(row)[:80]}, not [index, exception, args, inputs, stack, extra]")
@@ -539,9 +439,4 @@ def _fill_rare(n: int, record: Callable[[int], list[Any]], rare: Any) -> None:
         if type(i) is not int or not last < i < n:
             raise _fail(f"a 'rare' entry names event {i!r}: not an event after {last}")
         last = i
-        r = record(i)
-        r[R_EXC] = exc
-        r[R_ARGS] = args
-        r[R_INPUTS] = tuple(inputs) if type(inputs) is list else inputs
-        r[R_STACK] = stack_from_json(stack)
-        r[R_EXTRA] = extra
+        out[i] = [exc, args, tuple(inputs) if type(inputs) is list else inputs, stack_from_json(stack), extra]

@@ -25,10 +25,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Final
 
-from .._core import _native
 from .._core._callbacks import RecordScope
 from .._core._recorder import FLAG_ASYNC, FLAG_UNFINISHED, KIND_INSTANT, KIND_RANGE
-from ._events import FunctionEvent, Track, link_parents, make_event
+from ._events import EventTable, FunctionEvent, Track, add_event, set_parents
+from ._table import SCOPES
 from ._validate import check_parent_indexes
 
 if TYPE_CHECKING:
@@ -70,11 +70,7 @@ def compact_document(session: Session) -> dict[str, Any]:
     base = int(session.metadata.get("start_ns", 0))
     tracks = session.tracks()
     track_index = {t.id: i for i, t in enumerate(tracks)}
-    ext = _native.extension
-    if ext is not None:
-        flat, name_list, scope_list, details = _c_events(ext, session, tracks, base)
-    else:
-        flat, name_list, scope_list, details = _py_events(session, track_index, base)
+    flat, name_list, scope_list, details = _flat_events(session, tracks, base)
     doc = {
         "format": FORMAT,
         "version": VERSION,
@@ -99,65 +95,40 @@ _FLAGS: Final = bytes(
 )
 
 
-def _c_events(ext: Any, session: Session, tracks: list[Track], base: int) -> tuple[list[int], list[str], list[str], list[dict[str, Any]]]:
-    """The flat event array from the extension's plain columns: one pass in
-    C, then a slice assignment per field; only the events that have details
-    go through :func:`_details`."""
-    events = session._events
-    n = len(events)
-    scopes = list(RecordScope)
-    cols = ext.session_columns(events, {t: i for i, t in enumerate(tracks)}, scopes, False)
-    start, end, end_lt, seq, fwd = (memoryview(c).cast("q") for c in cols[:5])
-    name, track, parent = (memoryview(c).cast("i") for c in cols[5:8])
-    scope, kind, names, rare = cols[8], cols[9], cols[10], cols[11]
+def _flat_events(
+    session: Session, tracks: list[Track], base: int
+) -> tuple[list[int], list[str], list[str], list[dict[str, Any]]]:
+    """The flat event array from the session's columns, a slice assignment
+    per field; only the events that have details go through :func:`_details`."""
+    tab = session._table
+    n = len(tab)
+    order = {id(t): i for i, t in enumerate(tracks)}
+    remap = [order[id(t)] for t in tab.tracks]
+    start, end, end_lt, seq, fwd, name, track, parent, scope, kind = tab.columns()
+    own = [t.id for t in tab.tracks]
     # _details says more than the columns for these: rare fields, a sequence
     # number, a spawner, or an end on another thread.
-    with_details = set(rare)
+    with_details = set(tab.rare)
     with_details.update(i for i, v in enumerate(seq) if v != -1)
     with_details.update(i for i, v in enumerate(fwd) if v)
-    with_details.update(i for i, v in enumerate(end_lt) if v != -1 and v != tracks[track[i]].id)
+    with_details.update(i for i, v in enumerate(end_lt) if v != -1 and v != own[track[i]])
     details: list[dict[str, Any]] = []
     detail = [-1] * n
     for i in sorted(with_details):
-        d = _details(events[i])
+        d = _details(tab.view(i))
         if d is not None:
             detail[i] = len(details)
             details.append(d)
     flat: list[int] = [0] * (STRIDE * n)
-    flat[0::STRIDE] = track.tolist()
+    flat[0::STRIDE] = [remap[t] for t in track]
     flat[1::STRIDE] = [s - base for s in start]
     flat[2::STRIDE] = [e - s for e, s in zip(end, start, strict=True)]
     flat[3::STRIDE] = parent.tolist()
     flat[4::STRIDE] = name.tolist()
-    flat[5::STRIDE] = list(scope)
-    flat[6::STRIDE] = list(kind.translate(_FLAGS))
+    flat[5::STRIDE] = scope.tolist()
+    flat[6::STRIDE] = list(kind.tobytes().translate(_FLAGS))
     flat[7::STRIDE] = detail
-    return flat, names, [s.value for s in scopes], details
-
-
-def _py_events(
-    session: Session, track_index: dict[int, int], base: int
-) -> tuple[list[int], list[str], list[str], list[dict[str, Any]]]:
-    """:func:`_c_events` event by event (the pure-Python path)."""
-    names: dict[str, int] = {}
-    scopes: dict[str, int] = {}
-    events = session.events()
-    index = {id(e): i for i, e in enumerate(events)}
-    flat: list[int] = []
-    details: list[dict[str, Any]] = []
-    for ev in events:
-        name_i = names.setdefault(ev.name, len(names))
-        scope_i = scopes.setdefault(ev.scope.value, len(scopes))
-        flags = (F_ASYNC if ev.is_async else 0) | (F_INSTANT if ev.is_instant else 0) | (F_UNFINISHED if ev.unfinished else 0)
-        parent = index.get(id(ev.parent), -1) if ev.parent is not None else -1
-        d = _details(ev)
-        if d is not None:
-            details.append(d)
-        flat += (
-            track_index[ev.thread_id], ev.start_ns - base, ev.duration_ns, parent,
-            name_i, scope_i, flags, len(details) - 1 if d is not None else -1,
-        )  # fmt: skip
-    return flat, list(names), list(scopes), details
+    return flat, tab.names, [s.value for s in SCOPES], details
 
 
 def compact_samples(session: Session, base: int, track_index: dict[int, int]) -> dict[str, Any]:
@@ -238,7 +209,9 @@ def session_from_compact(doc: dict[str, Any]) -> Session:
     flat = doc["events"]
     if len(flat) % STRIDE:
         raise ValueError(f"event array of length {len(flat)} is not a multiple of {STRIDE}")
-    events: list[FunctionEvent] = []
+    tab = EventTable()
+    for t in tracks:
+        tab.add_track(t)
     parents: list[int] = []
     for i in range(0, len(flat), STRIDE):
         ti, start, dur, parent, name_i, scope_i, flags, detail_i = flat[i : i + STRIDE]
@@ -265,9 +238,9 @@ def session_from_compact(doc: dict[str, Any]) -> Session:
         if rec[1] is RecordScope.TASK and track.steps is not None:
             extra: dict[str, Any] = d.get("extra") or {}
             rec[-1] = {**extra, "steps": track.steps}  # as consolidation leaves it
-        events.append(make_event(rec, track, bool(flags & F_ASYNC), bool(flags & F_UNFINISHED)))
+        add_event(tab, rec, track, bool(flags & F_ASYNC), bool(flags & F_UNFINISHED))
         parents.append(parent)
-    check_parent_indexes(parents, len(events))
-    link_parents(events, parents)
+    check_parent_indexes(parents, len(tab))
+    set_parents(tab, parents)
     samples = _samples_from_compact(doc["samples"], base, tracks) if doc.get("samples") is not None else None
-    return Session(events, {t.id: t for t in tracks}, metadata, samples)
+    return Session(tab, {t.id: t for t in tracks}, metadata, samples)

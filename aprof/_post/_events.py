@@ -45,8 +45,10 @@ from .._core._recorder import (
     R_START,
 )
 from .._core._threads import LogicalThread
+from . import _table
+from ._table import SCOPES, X_ARGS, X_EXC, X_EXTRA, X_INPUTS, X_STACK, EventTable
 
-__all__ = ["FunctionEvent", "Track", "consolidate"]
+__all__ = ["EventTable", "FunctionEvent", "Track", "consolidate"]
 
 
 class Track:
@@ -77,21 +79,21 @@ class Track:
         return f"<Track {self.id} {self.kind} {self.name!r}>"
 
 
-class _PyEventCore:
-    """FunctionEvent's fields. The C extension's ``EventCore``
-    (aprof/_cevents.c) is the same in C; FunctionEvent subclasses whichever
-    is active, so consolidation in C can build events directly."""
+class _PyEventView:
+    """FunctionEvent's fields: its table and row. The C extension's
+    ``EventView`` (aprof/_cevents.c) is the same in C, made by the table's
+    ``ViewCache``; FunctionEvent subclasses whichever is active."""
 
-    __slots__ = ("_r", "_t", "children", "parent")
+    __slots__ = ("_i", "_tab")
 
 
 if TYPE_CHECKING:
-    _EventCore = _PyEventCore
+    _EventView = _PyEventView
 else:
-    _EventCore = _PyEventCore if _native.extension is None else _native.extension.EventCore
+    _EventView = _PyEventView if _native.extension is None else _native.extension.EventView
 
 
-class FunctionEvent(_EventCore):
+class FunctionEvent(_EventView):
     """One recorded range or instant, after consolidation (SPEC 6.2).
 
     Times are ``time.perf_counter_ns()`` values. ``parent`` and ``children``
@@ -99,27 +101,48 @@ class FunctionEvent(_EventCore):
     EXECUTOR range of spawned work, have a parent (the range they started in,
     or were spawned from) but are not anyone's child.
 
-    An event is a thin view over its raw record: building a million of them
-    at stop costs a handful of attribute stores each, and the fields are read
-    through properties.
+    An event is a view of one row of its session's columns
+    (:class:`~aprof._post._table.EventTable`), made when asked for: the
+    fields are read through properties. While a caller holds an event,
+    asking for the same row again gives the same object.
     """
 
     __slots__ = ()
 
-    _r: list[Any]
-    _t: Track
-    parent: FunctionEvent | None
-    children: list[FunctionEvent]
+    _tab: EventTable
+    _i: int
+
+    @property
+    def _r(self) -> list[Any]:
+        """The row as a consolidated record (layout R_*): a new list."""
+        return self._tab.record(self._i)
+
+    @property
+    def _t(self) -> Track:
+        tab = self._tab
+        return tab.tracks[tab.track[self._i]]
+
+    @property
+    def parent(self) -> FunctionEvent | None:
+        """The enclosing range, or the range it was spawned from; None."""
+        tab = self._tab
+        p = tab.parent[self._i]
+        return None if p < 0 else tab.view(p)
+
+    @property
+    def children(self) -> list[FunctionEvent]:
+        """Ranges nested directly in this one, on its track, in start order."""
+        return self._tab.children_of(self._i)
 
     @property
     def is_async(self) -> bool:
         """Ended in another logical thread, or outlived the range it started in."""
-        return bool(self._r[R_KIND] & FLAG_ASYNC)
+        return bool(self._tab.kind[self._i] & FLAG_ASYNC)
 
     @property
     def unfinished(self) -> bool:
         """Still open at stop (closed at the stop time)."""
-        return bool(self._r[R_KIND] & FLAG_UNFINISHED)
+        return bool(self._tab.kind[self._i] & FLAG_UNFINISHED)
 
     @property
     def running_ns(self) -> int | None:
@@ -128,11 +151,12 @@ class FunctionEvent(_EventCore):
         None outside recorded tasks (threads, tasks that started before the
         profile) and for instants.
         """
-        steps = self._t.steps
-        r = self._r
-        if steps is None or r[R_KIND] & KIND_INSTANT:
+        tab = self._tab
+        i = self._i
+        steps = tab.tracks[tab.track[i]].steps
+        if steps is None or tab.kind[i] & KIND_INSTANT:
             return None
-        return overlap(steps, r[R_START], r[R_END])
+        return overlap(steps, tab.start[i], tab.end[i])
 
     @property
     def waiting_ns(self) -> int | None:
@@ -145,28 +169,30 @@ class FunctionEvent(_EventCore):
     @property
     def name(self) -> str:
         """The range's name (for a TASK range, the task's name)."""
-        return self._r[R_NAME]  # type: ignore[no-any-return]
+        tab = self._tab
+        return tab.names[tab.name[self._i]]
 
     @property
     def scope(self) -> RecordScope:
         """The kind of range."""
-        return self._r[R_SCOPE]  # type: ignore[no-any-return]
+        return SCOPES[self._tab.scope[self._i]]
 
     @property
     def start_ns(self) -> int:
         """When it started."""
-        return self._r[R_START]  # type: ignore[no-any-return]
+        return self._tab.start[self._i]
 
     @property
     def end_ns(self) -> int:
         """When it ended (the stop time if it was still open)."""
-        return self._r[R_END]  # type: ignore[no-any-return]
+        return self._tab.end[self._i]
 
     @property
     def duration_ns(self) -> int:
         """``end_ns - start_ns``."""
-        r = self._r
-        return r[R_END] - r[R_START]  # type: ignore[no-any-return]
+        tab = self._tab
+        i = self._i
+        return tab.end[i] - tab.start[i]
 
     @property
     def thread_id(self) -> int:
@@ -176,8 +202,8 @@ class FunctionEvent(_EventCore):
     @property
     def end_thread_id(self) -> int:
         """The logical thread that ended it."""
-        v = self._r[R_END_LT]
-        return self._t.id if v is None else v
+        v = self._tab.end_lt[self._i]
+        return self._t.id if v == -1 else v
 
     @property
     def os_thread_id(self) -> int:
@@ -197,42 +223,46 @@ class FunctionEvent(_EventCore):
     @property
     def is_instant(self) -> bool:
         """Whether it is an instant (``aprof.mark``), not a range."""
-        return bool(self._r[R_KIND] & KIND_INSTANT)
+        return bool(self._tab.kind[self._i] & KIND_INSTANT)
+
+    def _rare(self, field: int) -> Any:
+        x = self._tab.rare.get(self._i)
+        return None if x is None else x[field]
 
     @property
     def exception(self) -> str | None:
         """The type name of the exception that ended it, or None."""
-        return self._r[R_EXC]  # type: ignore[no-any-return]
+        return self._rare(X_EXC)  # type: ignore[no-any-return]
 
     @property
     def sequence_nr(self) -> int:
         """Sequence number linking it to a spawn or submission (-1 if none)."""
-        return self._r[R_SEQ]  # type: ignore[no-any-return]
+        return self._tab.seq[self._i]
 
     @property
     def forward_thread_id(self) -> int:
         """The logical thread that spawned or submitted it (0 if none)."""
-        return self._r[R_FWD]  # type: ignore[no-any-return]
+        return self._tab.fwd[self._i]
 
     @property
     def inputs(self) -> tuple[str, ...] | None:
         """Reprs of its inputs (``record_inputs=True``), or None."""
-        return self._r[R_INPUTS]  # type: ignore[no-any-return]
+        return self._rare(X_INPUTS)  # type: ignore[no-any-return]
 
     @property
     def stack(self) -> tuple[tuple[str, int, str], ...] | None:
         """(file, line, function) frames at its start, innermost first, or None."""
-        return self._r[R_STACK]  # type: ignore[no-any-return]
+        return self._rare(X_STACK)  # type: ignore[no-any-return]
 
     @property
     def args(self) -> str | None:
         """The ``args`` string given to ``record_function``, or None."""
-        return self._r[R_ARGS]  # type: ignore[no-any-return]
+        return self._rare(X_ARGS)  # type: ignore[no-any-return]
 
     @property
     def extra(self) -> dict[str, Any] | None:
         """Kind-specific fields (tasks: coro, outcome, steps; executors: submit_ns)."""
-        return self._r[R_EXTRA]  # type: ignore[no-any-return]
+        return self._rare(X_EXTRA)  # type: ignore[no-any-return]
 
     @property
     def self_duration_ns(self) -> int:
@@ -247,8 +277,9 @@ class FunctionEvent(_EventCore):
         while todo:
             for c in todo[-1]:
                 yield c
-                if c.children:
-                    todo.append(iter(c.children))
+                kids = c.children
+                if kids:
+                    todo.append(iter(kids))
                 break
             else:
                 todo.pop()
@@ -288,18 +319,11 @@ class FunctionEvent(_EventCore):
         )
 
 
-_NO_CHILDREN: Final[list[FunctionEvent]] = []  # shared by leaves; replaced on a first child
-
-
-def make_event(rec: list[Any], track: Track, is_async: bool, unfinished: bool) -> FunctionEvent:
-    """An event over ``rec`` with no links yet (used when loading sessions)."""
-    ev = FunctionEvent.__new__(FunctionEvent)
+def add_event(tab: EventTable, rec: list[Any], track: Track, is_async: bool, unfinished: bool) -> int:
+    """Add the event of ``rec`` to ``tab``, with no parent yet (used when
+    loading sessions); its index."""
     rec[R_KIND] |= (FLAG_ASYNC if is_async else 0) | (FLAG_UNFINISHED if unfinished else 0)
-    ev._r = rec
-    ev._t = track
-    ev.parent = None
-    ev.children = _NO_CHILDREN
-    return ev
+    return tab.append(rec, tab.add_track(track))
 
 
 def stack_from_json(stack: Any) -> Any:
@@ -310,23 +334,14 @@ def stack_from_json(stack: Any) -> Any:
     return stack
 
 
-def add_child(parent: FunctionEvent, child: FunctionEvent) -> None:
-    if parent.children is _NO_CHILDREN:
-        parent.children = [child]
-    else:
-        parent.children.append(child)
-
-
-def link_parents(events: list[FunctionEvent], parents: list[int]) -> None:
-    """Relink events read back from a file: ``parents[i]`` is the index of
-    ``events[i]``'s parent, or -1. An async range is not its parent's child,
-    nor is an event on another track."""
-    for ev, pi in zip(events, parents, strict=True):
-        if pi >= 0:
-            parent = events[pi]
-            ev.parent = parent
-            if not ev.is_async and parent.thread_id == ev.thread_id:
-                add_child(parent, ev)
+def set_parents(tab: EventTable, parents: list[int] | array[int]) -> None:
+    """Link events read back from a file: ``parents[i]`` is the index of
+    event i's parent, or -1. An async range is not its parent's child, nor
+    is an event on another track (:meth:`EventTable.children_index`)."""
+    if len(parents) != len(tab):
+        raise ValueError(f"{len(parents)} parent indexes for {len(tab)} events")
+    tab.parent = array("i", parents)
+    tab.links_changed()
 
 
 def consolidate(
@@ -335,14 +350,15 @@ def consolidate(
     node_id: int,
     task_records: list[Any] | None = None,
     with_stack: bool = False,
-) -> tuple[list[FunctionEvent], dict[int, Track]]:
-    """Build events and tracks from a stopped profile's raw lists.
+) -> tuple[EventTable, dict[int, Track]]:
+    """Build the event table and tracks from a stopped profile's raw lists.
 
-    The raw records become the events' storage: open ones get the stop time
-    as their end, and the ending logical thread is reduced to its id. Each
-    task in ``task_records`` (``ProfilerState.task_records``) becomes the
-    TASK event heading its own track. With ``with_stack``, the raw stacks
-    recorded at range starts are named here (:func:`name_stacks`).
+    Each track's raw records are paired into consolidated records, nested
+    and written into the table's columns, then let go: open ones get the
+    stop time as their end, and the ending logical thread is reduced to its
+    id. Each task in ``task_records`` (``ProfilerState.task_records``)
+    becomes the TASK event heading its own track. With ``with_stack``, the
+    raw stacks recorded at range starts are named here (:func:`name_stacks`).
     """
     stack_names: dict[Any, Any] | None = {} if with_stack else None
     tasks = _task_events(task_records or (), stop_ns)
@@ -373,20 +389,23 @@ def consolidate(
     # Tracks in the order their first event started (a track's list is made
     # when its first range starts, so this is the order they were made).
     rows.sort(key=_row_key)
+    rows.reverse()  # popped from the end: each track's records are let go once written
 
-    events: list[FunctionEvent] = []
+    tab = EventTable()
     tracks: dict[int, Track] = {}
     spans: dict[int, tuple[int, int]] = {}
-    linked: list[FunctionEvent] = []
-    for _, _, track, records in rows:
+    linked: list[int] = []
+    while rows:
+        _, _, track, records = rows.pop()
         tid = track.id
         tracks[tid] = track
         track.node_id = node_id
-        first = len(events)
-        nest(records, track, stop_ns, events, linked)
-        spans[tid] = (first, len(events))
-    _link_across_tracks(events, spans, linked)
-    return events, tracks
+        first = len(tab)
+        nest(records, tab.add_track(track), stop_ns, tab, linked)
+        del records
+        spans[tid] = (first, len(tab))
+    _link_across_tracks(tab, spans, linked)
+    return tab, tracks
 
 
 def name_stacks(records: list[list[Any]], cache: dict[Any, Any]) -> None:
@@ -430,28 +449,22 @@ def _frame_name(code: CodeType, lasti: int, cache: dict[Any, Any]) -> tuple[str,
     return frame
 
 
-def _nest(
-    records: list[list[Any]], track: Track, stop_ns: int, events: list[FunctionEvent], linked: list[FunctionEvent]
-) -> None:
-    """Append one track's events, in start order, linked to their parents.
+def _nest(records: list[list[Any]], track: int, stop_ns: int, tab: EventTable, linked: list[int]) -> None:
+    """Append one track's events to ``tab``, in start order, with their parents.
 
-    ``records`` are the track's consolidated records in start order. Open
-    ones get the stop time as their end and the ``unfinished`` flag; a range
-    that ended on another logical thread or outlived the range it started in
-    gets the ``async`` flag and is not its parent's child. Top-level events
-    with a forward thread (spawned or submitted work) also go to ``linked``,
-    for ``_link_across_tracks``.
+    ``records`` are the track's consolidated records in start order;
+    ``track`` its index in ``tab.tracks``. Open ones get the stop time as
+    their end and the ``unfinished`` flag; a range that ended on another
+    logical thread or outlived the range it started in gets the ``async``
+    flag (so it is not its parent's child). The indexes of top-level events
+    with a forward thread (spawned or submitted work) go to ``linked``, for
+    ``_link_across_tracks``.
     """
-    append = events.append
-    new = FunctionEvent.__new__
-    no_children = _NO_CHILDREN
-    stack: list[FunctionEvent] = []
+    append = tab.append
+    stack: list[int] = []
     ends: list[int] = []
     for rec in records:
-        ev = new(FunctionEvent)
-        ev._r = rec
-        ev._t = track
-        ev.children = no_children
+        i = len(tab)
         start = rec[R_START]
         end = rec[R_END]
         if end is None:
@@ -464,27 +477,22 @@ def _nest(
             ends.pop()
             stack.pop()
         if stack:
-            parent = ev.parent = stack[-1]
+            parent = stack[-1]
             if end_lt is not None or end > ends[-1]:
                 rec[R_KIND] |= FLAG_ASYNC  # ended elsewhere, or outlived its enclosing range
-            else:
-                if parent.children is no_children:
-                    parent.children = [ev]
-                else:
-                    parent.children.append(ev)
-                if not instant:
-                    stack.append(ev)
-                    ends.append(end)
+            elif not instant:
+                stack.append(i)
+                ends.append(end)
         else:
-            ev.parent = None
+            parent = -1
             if rec[R_FWD]:
-                linked.append(ev)
+                linked.append(i)
             if end_lt is not None:
                 rec[R_KIND] |= FLAG_ASYNC
             elif not instant:
-                stack.append(ev)
+                stack.append(i)
                 ends.append(end)
-        append(ev)
+        append(rec, track, parent)
 
 
 _start_of: Final = itemgetter(R_START)
@@ -616,43 +624,44 @@ def overlap(flat: list[int], start: int, end: int) -> int:
     return total
 
 
-def _link_across_tracks(
-    events: list[FunctionEvent], spans: dict[int, tuple[int, int]], linked: list[FunctionEvent]
-) -> None:
+def _link_across_tracks(tab: EventTable, spans: dict[int, tuple[int, int]], linked: list[int]) -> None:
     """Give spawned and submitted work a parent on the spawner's track.
 
     A TASK or EXECUTOR event that is top-level on its own track gets as
-    ``parent`` the innermost range open on the spawning track at the spawn
-    (or submit) time. It is not added to that range's ``children``: it runs
-    concurrently, so it is not part of the range's self time.
+    parent the innermost range open on the spawning track at the spawn (or
+    submit) time. It is not that range's child: it runs concurrently, so
+    it is not part of the range's self time.
     """
-    starts: dict[int, list[int]] = {}
-    for ev in linked:
-        r = ev._r
-        fwd = r[R_FWD]
-        if not fwd or ev.parent is not None:
+    starts, ends, kind, parent, fwds, rare = tab.start, tab.end, tab.kind, tab.parent, tab.fwd, tab.rare
+    skip = FLAG_ASYNC | KIND_INSTANT
+    for i in linked:
+        fwd = fwds[i]
+        if not fwd or parent[i] >= 0:
             continue
         span = spans.get(fwd)
         if span is None:
             continue
-        extra = r[R_EXTRA]
-        link_ns = r[R_START]
+        x = rare.get(i)
+        extra = None if x is None else x[X_EXTRA]
+        link_ns = starts[i]
         if extra:
             link_ns = int(extra.get("spawn_ns", extra.get("submit_ns", link_ns)))
-        track_starts = starts.get(fwd)
-        if track_starts is None:
-            track_starts = starts[fwd] = [e._r[R_START] for e in events[span[0] : span[1]]]
-        i = bisect_right(track_starts, link_ns) - 1
-        cand: FunctionEvent | None = events[span[0] + i] if i >= 0 else None
-        while cand is not None and (cand.is_async or cand.is_instant or cand._r[R_END] < link_ns):
-            cand = cand.parent
-        ev.parent = cand
+        lo, hi = span
+        cand = bisect_right(starts, link_ns, lo, hi) - 1
+        if cand < lo:
+            continue
+        while cand >= 0 and (kind[cand] & skip or ends[cand] < link_ns):
+            cand = parent[cand]
+        parent[i] = cand
+    tab.links_changed()
 
 
 def roots(events: Iterable[FunctionEvent]) -> list[FunctionEvent]:
     """Events with no parent on their track."""
     return [e for e in events if e.parent is None]
 
+
+_table.view_class = FunctionEvent
 
 # Consolidation's three steps run in C when the extension is active
 # (aprof/_cevents.c: a million events would cost about a second per step in
@@ -663,7 +672,7 @@ nest = _nest
 if not TYPE_CHECKING and _native.extension is not None:
     _native.extension._events_setup(
         FunctionEvent,
-        _NO_CHILDREN,
+        SCOPES,
         _SCOPES,
         _start_of,
         (R_NAME, R_SCOPE, R_START, R_END, R_END_LT, R_EXC, R_ARGS, R_SEQ, R_FWD, R_INPUTS, R_STACK, R_KIND, R_EXTRA,

@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from .._core._callbacks import RecordScope
-from .._core._recorder import KIND_INSTANT, KIND_RANGE
+from .._core._recorder import FLAG_ASYNC, FLAG_UNFINISHED, KIND_INSTANT, KIND_RANGE
 from ._binary import MAGIC as SESSION_MAGIC
 from ._compact import FORMAT as COMPACT_FORMAT
 from ._compact import session_from_compact
-from ._events import FunctionEvent, Track, add_child, make_event
+from ._events import EventTable, Track
 from ._session import FORMAT as SESSION_FORMAT
 from ._session import Session, load, session_from_document
 from ._stitch import STITCHED_SUFFIX  # profiles that are views of the others: skipped
@@ -99,7 +99,7 @@ def read_profile(path: str | PathLike[str]) -> Session:
             raise
         raise ValueError(f"{where} is damaged (ValueError: {exc})") from None
     try:
-        validate_session(session._events, session._tracks, session.metadata)
+        validate_session(session._table, session._tracks, session.metadata)
     except ValueError as exc:
         raise ValueError(f"{where} is damaged: {exc}") from None
     return session
@@ -207,39 +207,48 @@ def read_chrome_trace(doc: dict[str, Any] | list[Any]) -> Session:
             coro = rec[12].get("coro") if rec[1] is RecordScope.TASK and rec[12] else None
             if coro and track.name.endswith(f" (task {coro})"):
                 track.name = track.name[: -len(f" (task {coro})")]
-    by_track: dict[int, list[FunctionEvent]] = {}
+    by_track: dict[int, tuple[Track, list[tuple[list[Any], bool, bool]]]] = {}
     for track, rec, is_async, unfinished in ranges:
         if rec[1] is RecordScope.TASK and track.steps is not None:
             rec[12] = {**(rec[12] or {}), "steps": track.steps}
-        ev = make_event(rec, track, is_async, unfinished)
-        by_track.setdefault(track.id, []).append(ev)
-    events: list[FunctionEvent] = []
-    for evs in by_track.values():
-        evs.sort(key=lambda ev: (ev.start_ns, -ev.end_ns))
-        open_stack: list[FunctionEvent] = []
-        for ev in evs:
-            events.append(ev)
-            if ev.is_async:
-                continue
-            # Sorted by start, so the top contains ``ev`` unless it ends first.
-            while open_stack and open_stack[-1].end_ns < ev.end_ns:
-                open_stack.pop()
-            if open_stack:
-                ev.parent = open_stack[-1]
-                add_child(open_stack[-1], ev)
-            if not ev.is_instant:
-                open_stack.append(ev)
+        by_track.setdefault(track.id, (track, []))[1].append((rec, is_async, unfinished))
+    tab = EventTable()
+    for track, recs in by_track.values():
+        _nest_records(tab, track, recs)
     metadata: dict[str, Any] = {
         "aprof_version": other.get("aprof_version"),
         "start_ns": base,
-        "stop_ns": _int_or(other.get("stop_ns"), max((ev.end_ns for ev in events), default=base)),
+        "stop_ns": _int_or(other.get("stop_ns"), max(tab.end, default=base)),
         "dropped": int(other.get("dropped", 0)),
         "source": "chrome trace",
     }
     if _int_or(other.get("unix_offset_ns"), None) is not None:
         metadata["unix_offset_ns"] = other["unix_offset_ns"]
     samples = _samples_of(other, labels, track_for)
-    return Session(events, {t.id: t for t in tracks.values()}, metadata, samples)
+    return Session(tab, {t.id: t for t in tracks.values()}, metadata, samples)
+
+
+def _nest_records(tab: EventTable, track: Track, recs: list[tuple[list[Any], bool, bool]]) -> None:
+    """Add one track's records (with their async and unfinished flags) to
+    ``tab`` in start order, each nested in the latest range that contains
+    it, as consolidation nests them (async ones are nobody's child)."""
+    ti = tab.add_track(track)
+    recs.sort(key=lambda x: (x[0][2], -x[0][3]))
+    open_stack: list[tuple[int, int]] = []  # (index, end)
+    for rec, is_async, unfinished in recs:
+        i = len(tab)
+        parent = -1
+        if not is_async:
+            end = rec[3]
+            # Sorted by start, so the top contains the record unless it ends first.
+            while open_stack and open_stack[-1][1] < end:
+                open_stack.pop()
+            if open_stack:
+                parent = open_stack[-1][0]
+            if not rec[11] & KIND_INSTANT:
+                open_stack.append((i, end))
+        rec[11] |= (FLAG_ASYNC if is_async else 0) | (FLAG_UNFINISHED if unfinished else 0)
+        tab.append(rec, ti, parent)
 
 
 def _samples_of(other: dict[str, Any], labels: dict[tuple[Any, Any], str], track_for: Any) -> Any:
@@ -317,24 +326,13 @@ def _looks_folded(head: bytes) -> bool:
 def _ranges_session(per_track: list[tuple[Track, list[list[Any]]]], metadata: dict[str, Any]) -> Session:
     """A session from per-track lists of range records (no async ranges):
     each track's ranges nest by start order, as consolidation nests them."""
-    events: list[FunctionEvent] = []
+    tab = EventTable()
     tracks: dict[int, Track] = {}
     for track, recs in per_track:
         tracks[track.id] = track
-        recs.sort(key=lambda r: (r[2], -r[3]))
-        open_stack: list[FunctionEvent] = []
-        for rec in recs:
-            ev = make_event(rec, track, False, False)
-            while open_stack and open_stack[-1].end_ns < ev.end_ns:
-                open_stack.pop()
-            if open_stack:
-                ev.parent = open_stack[-1]
-                add_child(open_stack[-1], ev)
-            open_stack.append(ev)
-            events.append(ev)
-    ends = [ev.end_ns for ev in events]
-    metadata.setdefault("stop_ns", max(ends, default=metadata["start_ns"]))
-    return Session(events, tracks, metadata)
+        _nest_records(tab, track, [(rec, False, False) for rec in recs])
+    metadata.setdefault("stop_ns", max(tab.end, default=metadata["start_ns"]))
+    return Session(tab, tracks, metadata)
 
 
 def _range(name: str, scope: RecordScope, start: int, end: int, extra: dict[str, Any] | None = None) -> list[Any]:

@@ -250,7 +250,8 @@ def spawn_chains(session: Session) -> dict[int, tuple[str, ...]]:
     """Per track, the names of the tracks that spawned it, outermost first
     (a task's spawner, its spawner's spawner, ...; from the TASK ranges)."""
     spawner: dict[int, int] = {}
-    for e in session._events:
+    tab = session._table
+    for e in map(tab.view, tab.rows_of_scope(RecordScope.TASK)):
         if e.scope is RecordScope.TASK and e.forward_thread_id and e.thread_id not in spawner:
             spawner[e.thread_id] = e.forward_thread_id
     names = {t.id: t.name for t in session._tracks.values()}

@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Any, Final
 
 from .. import _version
 from .._core._callbacks import RecordScope
-from .._core._recorder import KIND_INSTANT, KIND_RANGE, R_START, ProfilerState
+from .._core._recorder import KIND_INSTANT, KIND_RANGE, R_EXTRA, R_SCOPE, ProfilerState
 from .._export._files import atomic_write_bytes, check_output_path
 from ._binary import MAGIC, read_binary, write_binary
-from ._events import FunctionEvent, Track, consolidate, link_parents, make_event, stack_from_json
+from ._events import EventTable, FunctionEvent, Track, add_event, consolidate, set_parents, stack_from_json
 from ._samples import Samples
-from ._validate import check_parent_indexes, decompress, parse_json, validate_session
+from ._validate import _check_record, check_parent_indexes, decompress, parse_json, validate_session
 
 if TYPE_CHECKING:
     from ._analysis import EventAverages, Summary
@@ -54,10 +54,12 @@ class Session:
     """
 
     def __init__(
-        self, events: list[FunctionEvent], tracks: dict[int, Track], metadata: dict[str, Any], samples: Samples | None = None
+        self, table: EventTable, tracks: dict[int, Track], metadata: dict[str, Any], samples: Samples | None = None
     ) -> None:
-        self._events = events
+        self._table = table
         self._tracks = tracks
+        for t in tracks.values():  # the table lists every track: files and exports index them there
+            table.add_track(t)
         self.metadata = metadata
         #: The stack samples (SPEC 8.4), or None when the profile did not sample.
         self.samples = samples
@@ -71,7 +73,7 @@ class Session:
         gc_was_enabled = gc.isenabled()
         gc.disable()
         try:
-            events, tracks = consolidate(state.lists, stop_ns, state.node_id, state.task_records, state.with_stack)
+            table, tracks = consolidate(state.lists, stop_ns, state.node_id, state.task_records, state.with_stack)
         finally:
             if gc_was_enabled:
                 gc.enable()
@@ -94,15 +96,15 @@ class Session:
             # The task or thread that started the profile spawns work but
             # often records nothing itself: exports name its row from this.
             metadata["start_thread"] = {"id": lt.id, "name": lt.name, "kind": lt.kind}
-        return cls(events, tracks, metadata)
+        return cls(table, tracks, metadata)
 
     def events(self) -> list[FunctionEvent]:
         """All events, track by track, in start order."""
-        return list(self._events)
+        return list(self._table)
 
     def tracks(self) -> list[Track]:
         """The tracks that have events, in order of first activity."""
-        return sorted(self._tracks.values(), key=_first_start(self._events))
+        return sorted(self._tracks.values(), key=_first_start(self._table))
 
     @property
     def dropped(self) -> int:
@@ -201,11 +203,11 @@ class Session:
         atomic_write_bytes(p, write_binary(self), what="save")
 
     def _to_json(self) -> dict[str, Any]:
-        index = {id(e): i for i, e in enumerate(self._events)}
         rows = []
-        for e in self._events:
+        parents = self._table.parent
+        for i, e in enumerate(self._table):
             d = e.to_dict()
-            d["parent"] = index.get(id(e.parent), -1) if e.parent is not None else -1
+            d["parent"] = parents[i]
             rows.append([d[f] for f in _FIELDS])
         doc = {
             "format": FORMAT,
@@ -220,24 +222,25 @@ class Session:
         return doc
 
     def __repr__(self) -> str:
-        return f"<aprof.Session {len(self._events)} events on {len(self._tracks)} tracks>"
+        return f"<aprof.Session {len(self._table)} events on {len(self._tracks)} tracks>"
 
 
-def _first_start(events: list[FunctionEvent]) -> Any:
+def _first_start(tab: EventTable) -> Any:
     """Sort key for tracks: the start of their first event, then their id."""
     first: dict[int, int] = {}
     get = first.get
-    track = None
-    for e in events:
+    last = -1
+    tracks = tab.tracks
+    for ti, start in zip(tab.track, tab.start, strict=True):
         # Events come track by track in start order: only the first of each
         # run needs a look (the min keeps it right for any order of runs).
-        if e._t is track:
+        if ti == last:
             continue
-        track = e._t
-        start = e._r[R_START]
-        cur = get(track.id)
+        last = ti
+        tid = tracks[ti].id
+        cur = get(tid)
         if cur is None or start < cur:
-            first[track.id] = start
+            first[tid] = start
 
     def key(t: Track) -> tuple[int, int]:
         return (first.get(t.id, 0), t.id)
@@ -309,7 +312,7 @@ def session_from_document(doc: Any, where: str) -> Session:
     except (KeyError, TypeError, ValueError, IndexError, OverflowError) as exc:
         raise ValueError(f"{where} is a damaged aprof session ({type(exc).__name__}: {exc})") from None
     try:
-        validate_session(session._events, session._tracks, session.metadata)
+        validate_session(session._table, session._tracks, session.metadata)
     except ValueError as exc:
         raise ValueError(f"{where} is not a valid aprof session: {exc}") from None
     return session
@@ -337,8 +340,9 @@ def _from_json(doc: dict[str, Any]) -> Session:
     rows = doc["events"]
     if type(rows) is not list:
         raise ValueError(f"events are a {type(rows).__name__}, not a list")
-    events: list[FunctionEvent] = []
+    tab = EventTable()
     parents: list[Any] = []
+    checked_steps: set[int] = set()
     for row in rows:
         d = dict(zip(fields, row, strict=True))
         tid = d["thread_id"]
@@ -355,18 +359,19 @@ def _from_json(doc: dict[str, Any]) -> Session:
             d["forward_thread_id"], tuple(inputs) if type(inputs) is list else inputs, stack_from_json(d["stack"]),
             KIND_INSTANT if _flag(d, "is_instant") else KIND_RANGE, d["extra"],
         ]  # fmt: skip
-        e = make_event(rec, track, _flag(d, "is_async"), _flag(d, "unfinished"))
-        if e.scope is RecordScope.TASK and type(e.extra) is dict and e.extra.get("steps") is not None:
+        _check_record(len(tab), rec, checked_steps)
+        extra = rec[R_EXTRA]
+        if rec[R_SCOPE] is RecordScope.TASK and type(extra) is dict and extra.get("steps") is not None:
             # running/waiting are derived from the task's steps, as at stop
-            track.steps = e.extra["steps"]
-        events.append(e)
+            track.steps = extra["steps"]
+        add_event(tab, rec, track, _flag(d, "is_async"), _flag(d, "unfinished"))
         parents.append(d["parent"])
-    check_parent_indexes(parents, len(events))
-    link_parents(events, parents)
+    check_parent_indexes(parents, len(tab))
+    set_parents(tab, parents)
     metadata = doc["metadata"]
     samples = Samples.from_json(doc["samples"]) if doc.get("samples") is not None else None
     if samples is not None:
         for tid in set(samples.thread_id):
             if tid not in tracks:
                 raise ValueError(f"samples: a sample is on track {tid}, which the session does not have")
-    return Session(events, tracks, dict(metadata) if type(metadata) is dict else metadata, samples)
+    return Session(tab, tracks, dict(metadata) if type(metadata) is dict else metadata, samples)

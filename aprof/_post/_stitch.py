@@ -46,7 +46,8 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Final
 
 from .._core._callbacks import RecordScope
-from .._core._recorder import FLAG_ASYNC, KIND_INSTANT, R_END, R_EXTRA, R_FWD, R_KIND, R_NAME, R_SCOPE, R_SEQ, R_START
+from .._core._recorder import FLAG_ASYNC, KIND_INSTANT
+from ._table import SCOPES, X_EXTRA
 
 if TYPE_CHECKING:
     from ._events import FunctionEvent, Track
@@ -68,18 +69,19 @@ Segment = tuple[int, int, tuple[str, ...]]
 
 def _label(ev: FunctionEvent) -> str:
     # The summary's names (aprof._export._labels.frame_label, kept here too so
-    # post-processing does not import the exporters). Read from the raw
-    # record: this runs once per range of the flame graph.
-    r = ev._r
-    scope = r[R_SCOPE]
+    # post-processing does not import the exporters). Read from the columns:
+    # this runs once per range of the flame graph.
+    tab, i = ev._tab, ev._i
+    scope = SCOPES[tab.scope[i]]
     if scope is RecordScope.TASK:
-        extra = r[R_EXTRA]
+        x = tab.rare.get(i)
+        extra = x[X_EXTRA] if x is not None else None
         coro = extra.get("coro") if extra else None
         if coro:
             return f"task {coro}"
     elif scope is RecordScope.EXECUTOR:
-        return f"executor {r[R_NAME]}"
-    return r[R_NAME]  # type: ignore[no-any-return]
+        return f"executor {tab.names[tab.name[i]]}"
+    return tab.names[tab.name[i]]
 
 
 class _Link:
@@ -103,27 +105,33 @@ class _Stitcher:
         self.links: dict[int, list[_Link]] = {}  # by spawner, sorted by end
         self.roots: dict[int, list[FunctionEvent]] = {}
         self.tops: dict[int, list[FunctionEvent]] = {}  # top-level ranges of each track, by start
-        # One pass over the raw records (the fields the properties read):
-        # this runs over every event of the session.
+        # One pass over the columns (the fields the properties read): this
+        # runs over every event of the session.
         nested, tops, roots, links = self.nested, self.tops, self.roots, self.links
         tracks = self.tracks
         skip = FLAG_ASYNC | KIND_INSTANT
-        linked = (RecordScope.TASK, RecordScope.EXECUTOR)
-        for ev in session.events():  # track by track, each in start order
-            r = ev._r
-            if r[R_KIND] & skip:
+        linked = bytes(1 if s in (RecordScope.TASK, RecordScope.EXECUTOR) else 0 for s in SCOPES)
+        tab = session._table
+        view, kind, track, parent, fwds, seqs, scope = tab.view, tab.kind, tab.track, tab.parent, tab.fwd, tab.seq, tab.scope
+        track_ids = [t.id for t in tab.tracks]
+        lst: list[FunctionEvent] = []
+        last = -1
+        for i in range(len(tab)):  # track by track, each in start order
+            if kind[i] & skip:
                 continue
-            tid = ev._t.id
-            lst = nested.get(tid)
-            if lst is None:
-                lst = nested[tid] = []
+            ti = track[i]
+            tid = track_ids[ti]
+            if ti != last:
+                last = ti
+                lst = nested.setdefault(tid, [])
+            ev = view(i)
             lst.append(ev)
-            parent = ev.parent
-            if parent is not None and parent._t.id == tid and not parent._r[R_KIND] & FLAG_ASYNC:
+            p = parent[i]
+            if p >= 0 and track[p] == ti and not kind[p] & FLAG_ASYNC:
                 continue  # nested on its track
             tops.setdefault(tid, []).append(ev)
-            fwd = r[R_FWD]
-            if fwd and r[R_SCOPE] in linked and r[R_SEQ] > 0 and fwd in tracks:
+            fwd = fwds[i]
+            if fwd and linked[scope[i]] and seqs[i] > 0 and fwd in tracks:
                 links.setdefault(fwd, []).append(_Link(ev))
             else:
                 roots.setdefault(tid, []).append(ev)
@@ -308,8 +316,8 @@ def _range_segments(evs: list[FunctionEvent], a: int, b: int) -> list[Segment]:
     stack: list[tuple[int, tuple[str, ...]]] = []  # (end, frames)
     t = a
     for ev in evs:
-        r = ev._r
-        s, e = r[R_START], r[R_END]
+        tab, i = ev._tab, ev._i
+        s, e = tab.start[i], tab.end[i]
         if e <= a or s >= b:
             continue
         while stack and stack[-1][0] <= s:

@@ -36,14 +36,17 @@ import math
 import re
 import sys
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any, Final
 
 from .._core._callbacks import RecordScope
-from .._core._recorder import FLAG_ASYNC, FLAG_UNFINISHED, KIND_INSTANT, R_END, R_KIND, R_NAME, R_START
+from .._core._recorder import FLAG_ASYNC, FLAG_UNFINISHED, KIND_INSTANT
+from . import _table
+from ._table import SCOPES
 
 if TYPE_CHECKING:
-    from ._events import FunctionEvent, Track
+    from ._events import Track
+    from ._table import EventTable
 
 __all__ = [
     "MAX_JSON_DEPTH",
@@ -471,80 +474,102 @@ def _check_extra(what: str, extra: object, checked_steps: set[int]) -> None:
             raise ValueError(f"{what} extra {key} is {extra[key]!r}, not a 64-bit integer time")
 
 
-def validate_session(events: list[FunctionEvent], tracks: Mapping[int, Track], metadata: object) -> None:
+def validate_session(tab: EventTable, tracks: Mapping[int, Track], metadata: object) -> None:
     """Check a session read from a file, so that everything can walk it.
 
-    Checks every event's fields (types, 64-bit integer times, finite
-    numbers, ``end_ns >= start_ns``), every track, the metadata, and the
-    links: each parent is an event of the session, no event is its own
-    ancestor, each child lies on its parent's track within its parent's
-    time, and each track's events are contiguous and in start order. Work
-    is linear in the number of events and fields, without recursion.
+    Checks the metadata, every track, the rare fields of the events that
+    have them, and the columns: flags, ``end_ns >= start_ns``, thread ids,
+    the links (each parent is an event of the session, no event is its own
+    ancestor, each child lies within its parent's time) and the order
+    (each track's events contiguous and in start order). The columns' types
+    hold by construction: a reader checks each value's type as it fills
+    them. Work is linear in the number of events and fields, without
+    recursion; the extension's ``check_table`` does the columns in C.
 
     Raises:
         ValueError: what is wrong and where (event index, name, field); the
             caller adds the file name.
     """
+    from .._core import _native
+
     _check_metadata(metadata)
     assert type(metadata) is dict  # checked above
-    profile_start = metadata["start_ns"]
     checked_steps: set[int] = set()
     for t in tracks.values():
         _check_track(t)
         if t.steps is not None:
             checked_steps.add(id(t.steps))
-    n = len(events)
-    index = {id(ev): i for i, ev in enumerate(events)}
-    if len(index) != n:
-        raise ValueError("an event appears twice in the event list")
-    for i, ev in enumerate(events):  # every record first: the links below compare their fields
-        _check_record(i, ev._r, checked_steps)
-    parent_of = [-1] * n
+    for t in tab.tracks:
+        if tracks.get(t.id) is not t:
+            raise ValueError(f"an event is on track {t.id!r}, which the file does not list")
+    ext = _native.extension
+    if ext is not None:
+        ext.check_table(tab, metadata["start_ns"], MAX_TRACK_ID)
+    else:
+        _check_table(tab, metadata["start_ns"])
+    for i in sorted(tab.rare):  # the columns' indexes are checked: the records can be read
+        _check_record(i, tab.record(i), checked_steps)
+
+
+def _check_table(tab: EventTable, profile_start: int) -> None:
+    """:func:`validate_session`'s column checks in Python (the extension's
+    ``check_table``, with the same messages)."""
+    n = len(tab)
+    names, tracks = tab.names, tab.tracks
+    start, end, end_lt, fwd, name, track, parent, kind = (
+        tab.start, tab.end, tab.end_lt, tab.fwd, tab.name, tab.track, tab.parent, tab.kind
+    )  # fmt: skip
+    for what, col, lo, hi in (
+        ("a name index", name, 0, len(names)),
+        ("a track index", track, 0, len(tracks)),
+        ("a parent index", parent, -1, n),
+    ):
+        if n and (min(col) < lo or max(col) >= hi):
+            i = next(i for i, v in enumerate(col) if not lo <= v < hi)
+            raise ValueError(f"event {i} has {what} {col[i]} outside {lo}..{hi - 1}")
+    if n and max(tab.scope) >= len(SCOPES):
+        i = next(i for i, v in enumerate(tab.scope) if v >= len(SCOPES))
+        raise ValueError(f"event {i} has a scope index {tab.scope[i]} outside 0..{len(SCOPES) - 1}")
+    for i in range(n):  # the fields of each event first (a file's records were checked so, whole)
+        s, e, k = start[i], end[i], kind[i]
+        if e < s:
+            raise ValueError(f"{_what(i, names[name[i]])} ends before it starts (end_ns {e} < start_ns {s})")
+        if k & ~_KIND_BITS:
+            raise ValueError(f"{_what(i, names[name[i]])} has kind flags {k} aprof does not know")
+        if k & KIND_INSTANT and e != s:
+            raise ValueError(f"{_what(i, names[name[i]])} is an instant with a duration ({e - s} ns)")
+        f, lt = fwd[i], end_lt[i]
+        if not 0 <= f < MAX_TRACK_ID or not -1 <= lt < MAX_TRACK_ID:
+            raise ValueError(
+                f"{_what(i, names[name[i]])} names a thread outside 0..{MAX_TRACK_ID - 1} "
+                f"(forward_thread_id {f}, end_thread_id {None if lt == -1 else lt})"
+            )
+    off, kids = _table._py_children_index(parent, track, kind)
     done_tracks: set[int] = set()
-    track: Track | None = None
-    prev_start = 0
-    for i, ev in enumerate(events):
-        r = ev._r
-        t = ev._t
-        same_track = t is track
-        if not same_track:
-            tid = t.id
-            if tracks.get(tid) is not t:
-                raise ValueError(f"event {i} ({r[R_NAME][:80]!r}) is on track {tid!r}, which the file does not list")
-            if tid in done_tracks:
+    cur = -1
+    for i in range(n):  # then the order, and each event's children
+        what = _what(i, names[name[i]])
+        if start[i] < profile_start:
+            raise ValueError(f"{what} starts before the profile started (metadata start_ns)")
+        t = track[i]
+        if t != cur:
+            if t in done_tracks:
                 raise ValueError(
-                    f"event {i} ({r[R_NAME][:80]!r}) is on track {tid}, whose events came earlier: "
+                    f"{what} is on track {tracks[t].id}, whose events came earlier: "
                     "the events are not grouped by track"
                 )
-            if track is not None:
-                done_tracks.add(track.id)
-            track = t
-        if r[R_START] < profile_start:
-            raise ValueError(f"event {i} ({r[R_NAME][:80]!r}) starts before the profile started (metadata start_ns)")
-        if same_track and r[R_START] < prev_start:
-            raise ValueError(f"event {i} ({r[R_NAME][:80]!r}) starts before the event listed before it on its track")
-        prev_start = r[R_START]
-        parent = ev.parent
-        if parent is not None:
-            pi = index.get(id(parent))
-            if pi is None:
-                raise ValueError(f"event {i} ({r[R_NAME][:80]!r}) has a parent that is not an event of this session")
-            parent_of[i] = pi
-        for child in ev.children:
-            ci = index.get(id(child))
-            if ci is None:
-                raise ValueError(f"event {i} ({r[R_NAME][:80]!r}) has a child that is not an event of this session")
-            c = child._r
-            if child.parent is not ev or child._t is not t or c[R_KIND] & FLAG_ASYNC:
-                raise ValueError(f"event {ci} is listed as a child of event {i}, but is not its child on its track")
-            if c[R_START] < r[R_START] or c[R_END] > r[R_END]:
-                raise ValueError(
-                    f"event {ci} ({c[R_NAME][:80]!r}) is nested in event {i} ({r[R_NAME][:80]!r}) but outside its time"
-                )
-    _check_no_cycles(events, parent_of)
+            if cur >= 0:
+                done_tracks.add(cur)
+            cur = t
+        elif start[i] < start[i - 1]:
+            raise ValueError(f"{what} starts before the event listed before it on its track")
+        for c in kids[off[i] : off[i + 1]]:
+            if start[c] < start[i] or end[c] > end[i]:
+                raise ValueError(f"{_what(c, names[name[c]])} is nested in {what} but outside its time")
+    _check_no_cycles(tab, parent)
 
 
-def _check_no_cycles(events: list[FunctionEvent], parent_of: list[int]) -> None:
+def _check_no_cycles(tab: EventTable, parent_of: Sequence[int]) -> None:
     """No event is its own ancestor: each parent chain is followed once."""
     state = bytearray(len(parent_of))  # 0 unseen, 1 on the chain being walked, 2 known to end
     for i in range(len(parent_of)):
@@ -552,7 +577,7 @@ def _check_no_cycles(events: list[FunctionEvent], parent_of: list[int]) -> None:
         cur = i
         while cur >= 0 and state[cur] != 2:
             if state[cur] == 1:
-                name = events[cur].name[:80]
+                name = tab.names[tab.name[cur]][:80]
                 if parent_of[cur] == cur:
                     raise ValueError(f"event {cur} ({name!r}) is its own parent")
                 raise ValueError(f"event {cur} ({name!r}) is its own ancestor (a cycle of parent links)")
