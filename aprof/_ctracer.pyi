@@ -300,6 +300,10 @@ def decode_column(data: bytes, c: int, out: Any, starts: Any, /) -> None:
 def check_table(tab: Any, profile_start: int, max_thread_id: int, /) -> None:
     """``_validate._check_table``: the column checks of a table read from a file."""
 
+def trim_heap() -> bool:
+    """Give the C heap's free memory back to the system (glibc's
+    ``malloc_trim``); False where there is no such call."""
+
 def name_totals(
     tab: Any, apart: bytes, plain_tracks: bytes, extra: Any, /
 ) -> tuple[list[int], list[int], list[int], list[int], list[int], list[int], list[int], list[int]]:

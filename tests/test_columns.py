@@ -295,3 +295,40 @@ def test_children_index_in_c_matches_the_python_twin(backend: Backend) -> None:
         assert c_off == off.tobytes() and c_kids == kids.tobytes()
     assert sum(1 for i in range(len(tab)) if tab[i].parent is not None and not tab[i].is_async
                and tab[i].parent.thread_id == tab[i].thread_id) == len(kids)  # fmt: skip
+
+
+_RSS_SCRIPT = """
+import gc, os, aprof
+page = os.sysconf("SC_PAGE_SIZE")
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * page
+before = rss()
+prof = aprof.profile()
+prof.start()
+rf = aprof.record_function
+for _ in range(N // 3):
+    with rf("outer"), rf("mid"), rf("inner"):
+        pass
+prof.stop()
+session = prof.session
+gc.collect()
+print(rss() - before, session._table.nbytes(), len(session._table))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads RSS from /proc (Linux)")
+def test_the_process_gives_the_consolidation_peak_back_after_stop() -> None:
+    # Issue 17 item 4: after stop and a collection, the process's RSS is
+    # within 1.5x of the session's own size (the raw records, several times
+    # bigger, are given back), measured in a fresh interpreter.
+    import subprocess
+    import sys
+
+    n = 600_000
+    out = subprocess.run(
+        [sys.executable, "-c", f"N = {n}\n{_RSS_SCRIPT}"], capture_output=True, text=True, check=True, timeout=300
+    ).stdout.split()
+    grown, size, count = map(int, out)
+    assert count == n
+    assert grown <= 1.5 * size, f"RSS grew {grown / count:.0f} B an event for a session of {size / count:.0f}"

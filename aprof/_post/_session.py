@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from .. import _version
+from .._core import _native
 from .._core._callbacks import RecordScope
 from .._core._recorder import KIND_INSTANT, KIND_RANGE, R_EXTRA, R_SCOPE, ProfilerState
 from .._export._files import atomic_write_bytes, check_output_path
@@ -79,6 +80,12 @@ class Session:
                 gc.enable()
         state.lists = {}  # the raw records are not needed any more
         state.task_records = []
+        ext = _native.extension
+        if ext is not None:
+            # Their memory, several times the columns', is free in the middle
+            # of the C heap: give it back, so RSS after stop is about the
+            # session's size (docs/how-it-works.md, "The columns").
+            ext.trim_heap()
         metadata = {
             "aprof_version": _version.__version__,
             "python": sys.version.split()[0],
