@@ -16,6 +16,9 @@
  *   records_of()    pair one logical thread's start and end tuples.
  *   sort_by_start() put a track's records in start order if they are not.
  *   nest()          nest one track's records into the table's columns.
+ *   consolidate_raw() the three steps above in one pass over C arrays, with
+ *                   no record per range (the path taken at stop unless raw
+ *                   stacks need naming).
  *   children_index() each event's children, from the parent column.
  *   encode_column(), decode_column(), check_table()
  *                   the binary session format's columns, and the checks
@@ -1426,6 +1429,516 @@ done:
     return result;
 }
 
+/* ------------------------------------------------------------------------ */
+/* consolidate_raw: records_of, sort_by_start and nest in one pass           */
+/* ------------------------------------------------------------------------ */
+
+/* One track's rows while they are paired, before they are nested: the
+ * columns, whether each row's end has come, and the rare fields (five
+ * owned references a row, for the rows that have any). */
+typedef struct {
+    Py_ssize_t n;
+    int64_t *start, *end, *end_lt, *seq, *fwd;
+    PyObject **name; /* borrowed: the raw list or the lead records keep them */
+    int32_t *rare;
+    uint8_t *scope, *kind, *open;
+    PyObject **rf; /* 5 a rare row: exception, args, inputs, stack, extra */
+    Py_ssize_t n_rare, cap_rare;
+} Rows;
+
+static void
+rows_free(Rows *r)
+{
+    for (Py_ssize_t k = 0; k < r->n_rare * 5; k++)
+        Py_XDECREF(r->rf[k]);
+    PyMem_Free(r->rf);
+    void *bufs[] = {r->start, r->end, r->end_lt, r->seq, r->fwd, r->name, r->rare, r->scope, r->kind, r->open};
+    for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++)
+        PyMem_Free(bufs[k]);
+}
+
+static int
+rows_alloc(Rows *r, Py_ssize_t cap)
+{
+    memset(r, 0, sizeof *r);
+    size_t m = cap > 0 ? (size_t)cap : 1;
+    r->start = PyMem_Malloc(m * 8);
+    r->end = PyMem_Malloc(m * 8);
+    r->end_lt = PyMem_Malloc(m * 8);
+    r->seq = PyMem_Malloc(m * 8);
+    r->fwd = PyMem_Malloc(m * 8);
+    r->name = PyMem_Malloc(m * sizeof(PyObject *));
+    r->rare = PyMem_Malloc(m * 4);
+    r->scope = PyMem_Malloc(m);
+    r->kind = PyMem_Malloc(m);
+    r->open = PyMem_Malloc(m);
+    if (!r->start || !r->end || !r->end_lt || !r->seq || !r->fwd || !r->name || !r->rare || !r->scope || !r->kind ||
+        !r->open) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+/* Row `row`'s rare field `f` (0 exception .. 4 extra), made if needed;
+ * steals v. */
+static int
+rows_set_rare(Rows *r, Py_ssize_t row, int f, PyObject *v)
+{
+    if (r->rare[row] < 0) {
+        if (r->n_rare == r->cap_rare) {
+            Py_ssize_t cap = r->cap_rare ? r->cap_rare * 2 : 64;
+            PyObject **rf = PyMem_Realloc(r->rf, (size_t)cap * 5 * sizeof(PyObject *));
+            if (rf == NULL) {
+                Py_DECREF(v);
+                PyErr_NoMemory();
+                return -1;
+            }
+            r->rf = rf;
+            r->cap_rare = cap;
+        }
+        for (int k = 0; k < 5; k++)
+            r->rf[r->n_rare * 5 + k] = NULL;
+        r->rare[row] = (int32_t)r->n_rare++;
+    }
+    Py_XSETREF(r->rf[(Py_ssize_t)r->rare[row] * 5 + f], v);
+    return 0;
+}
+
+/* A name's id in the table (tab._name_ids / tab.names), through a small
+ * cache by address: a track's names repeat (one function, many calls). */
+typedef struct {
+    PyObject *key[256];
+    int32_t val[256];
+} NameCache;
+
+static int
+intern_name(PyObject *ids, PyObject *names, PyObject *nm, NameCache *c, int32_t *out)
+{
+    size_t h = hash_ptr(nm, 255);
+    if (c->key[h] == nm) {
+        *out = c->val[h];
+        return 0;
+    }
+    if (!PyUnicode_Check(nm)) {
+        PyErr_Format(PyExc_TypeError, "aprof: a range has a name that is not a string: %R", nm);
+        return -1;
+    }
+    PyObject *id = PyDict_GetItemWithError(ids, nm);
+    int32_t v;
+    if (id == NULL) {
+        if (PyErr_Occurred())
+            return -1;
+        Py_ssize_t k = PyList_GET_SIZE(names);
+        PyObject *nid = PyLong_FromSsize_t(k);
+        if (nid == NULL || PyDict_SetItem(ids, nm, nid) < 0 || PyList_Append(names, nm) < 0) {
+            Py_XDECREF(nid);
+            return -1;
+        }
+        Py_DECREF(nid);
+        v = (int32_t)k;
+    }
+    else
+        v = (int32_t)PyLong_AsLong(id);
+    c->key[h] = nm; /* borrowed: the raw list keeps it alive during the call */
+    c->val[h] = v;
+    *out = v;
+    return 0;
+}
+
+static int
+scope_index(PyObject *member)
+{
+    for (Py_ssize_t si = 0; si < PyTuple_GET_SIZE(scope_tuple); si++)
+        if (PyTuple_GET_ITEM(scope_tuple, si) == member)
+            return (int)si;
+    PyErr_Format(PyExc_ValueError, "aprof: a record has scope %R, not a RecordScope", member);
+    return -1;
+}
+
+static inline int
+as_i64(PyObject *o, int64_t *out)
+{
+    long long v = PyLong_AsLongLong(o);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* One consolidated record (a 13-slot list) as row r->n. */
+static int
+rows_add_record(Rows *r, PyObject *rec)
+{
+    if (!PyList_CheckExact(rec) || PyList_GET_SIZE(rec) != R_SIZE) {
+        PyErr_SetString(PyExc_TypeError, "aprof: a lead record is not a consolidated record");
+        return -1;
+    }
+    Py_ssize_t i = r->n;
+    int64_t kind;
+    r->name[i] = PyList_GET_ITEM(rec, R_NAME);
+    if (as_i64(PyList_GET_ITEM(rec, R_START), &r->start[i]) < 0 || as_i64(PyList_GET_ITEM(rec, R_SEQ), &r->seq[i]) < 0 ||
+        as_i64(PyList_GET_ITEM(rec, R_FWD), &r->fwd[i]) < 0 || as_i64(PyList_GET_ITEM(rec, R_KIND), &kind) < 0)
+        return -1;
+    int si = scope_index(PyList_GET_ITEM(rec, R_SCOPE));
+    if (si < 0)
+        return -1;
+    r->scope[i] = (uint8_t)si;
+    r->kind[i] = (uint8_t)kind;
+    r->open[i] = PyList_GET_ITEM(rec, R_END) == Py_None;
+    r->end[i] = 0;
+    if (!r->open[i] && as_i64(PyList_GET_ITEM(rec, R_END), &r->end[i]) < 0)
+        return -1;
+    r->end_lt[i] = -1;
+    if (PyList_GET_ITEM(rec, R_END_LT) != Py_None && as_i64(PyList_GET_ITEM(rec, R_END_LT), &r->end_lt[i]) < 0)
+        return -1;
+    r->rare[i] = -1;
+    r->n++;
+    static const int slots[5] = {R_EXC, R_ARGS, R_INPUTS, R_STACK, R_EXTRA};
+    for (int f = 0; f < 5; f++) {
+        PyObject *v = PyList_GET_ITEM(rec, slots[f]);
+        if (v != Py_None && rows_set_rare(r, i, f, Py_NewRef(v)) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+typedef struct {
+    int64_t start;
+    int32_t row;
+} StartKey;
+
+static int
+cmp_start(const void *a, const void *b)
+{
+    const StartKey *x = a, *y = b;
+    if (x->start != y->start)
+        return x->start < y->start ? -1 : 1;
+    return (x->row > y->row) - (x->row < y->row); /* stable: the order they came in */
+}
+
+/* consolidate_raw(raw, tid, lead, track, stop_ns, tab, linked): the same as
+ * nest(sort_by_start(lead + records_of(raw, tid))) into the EventTable `tab`
+ * (see those), without building a record per range: the raw tuples are
+ * paired into C arrays, ordered by start if they are not, nested, and
+ * appended to the table's columns. lead holds consolidated records that go
+ * first (a task's TASK record). Not for raw stacks that need naming
+ * (with_stack): those go through records_of and name_stacks. */
+static PyObject *
+consolidate_raw(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (scope_tuple == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "aprof: _events_setup() was not called");
+        return NULL;
+    }
+    if (nargs != 7 || !PyList_Check(args[0]) || !PyLong_Check(args[1]) || !PyList_Check(args[2]) ||
+        !PyLong_Check(args[3]) || !PyLong_Check(args[4]) || !PyList_Check(args[6])) {
+        PyErr_SetString(PyExc_TypeError, "consolidate_raw(raw: list, tid: int, lead: list, track: int, stop_ns: int, "
+                                         "tab: EventTable, linked: list)");
+        return NULL;
+    }
+    PyObject *raw = args[0], *lead = args[2], *tab = args[5], *linked = args[6];
+    long long tid = PyLong_AsLongLong(args[1]), stop_ns = PyLong_AsLongLong(args[4]);
+    long track = PyLong_AsLong(args[3]);
+    if ((tid == -1 || stop_ns == -1 || track == -1) && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t n_raw = PyList_GET_SIZE(raw), n_lead = PyList_GET_SIZE(lead), base = PyObject_Length(tab);
+    if (base < 0)
+        return NULL;
+    if (track < 0 || track > INT32_MAX || base + n_raw + n_lead > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "aprof: more than %d events in one session", INT32_MAX);
+        return NULL;
+    }
+    PyObject *names = PyObject_GetAttrString(tab, "names"), *ids = PyObject_GetAttrString(tab, "_name_ids"),
+             *rare_d = PyObject_GetAttrString(tab, "rare"), *result = NULL;
+    Rows r;
+    int rows_ok = 0;
+    int32_t *at = NULL, *order = NULL, *stack = NULL;
+    int64_t *ends = NULL;
+    StartKey *keys = NULL;
+    void *out[N_COLUMNS] = {NULL};
+    NameCache *nc = PyMem_Calloc(1, sizeof(NameCache));
+    if (names == NULL || ids == NULL || rare_d == NULL || nc == NULL) {
+        if (nc == NULL && !PyErr_Occurred())
+            PyErr_NoMemory();
+        goto done;
+    }
+    if (!PyList_Check(names) || !PyDict_Check(ids) || !PyDict_Check(rare_d)) {
+        PyErr_SetString(PyExc_TypeError, "consolidate_raw: tab is not an EventTable");
+        goto done;
+    }
+    if (rows_alloc(&r, n_raw + n_lead) < 0) {
+        rows_ok = 1;
+        goto done;
+    }
+    rows_ok = 1;
+    at = PyMem_Malloc((size_t)(n_raw > 0 ? n_raw : 1) * sizeof(int32_t));
+    if (at == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n_lead; i++)
+        if (rows_add_record(&r, PyList_GET_ITEM(lead, i)) < 0)
+            goto done;
+    /* Pair (records_of). */
+    PyObject *last_scope_value = NULL;
+    int last_scope = 0;
+    for (Py_ssize_t i = 0; i < n_raw; i++) {
+        PyObject *t = PyList_GET_ITEM(raw, i);
+        at[i] = -1;
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) < 4) {
+            PyErr_Format(PyExc_TypeError, "aprof: raw record %zd is not a start or end tuple: %R", i, t);
+            goto done;
+        }
+        PyObject *t0 = PyTuple_GET_ITEM(t, 0);
+        if (PyLong_CheckExact(t0)) { /* (start_index, end_ns, end_thread_id, exception_name) */
+            Py_ssize_t idx = PyLong_AsSsize_t(t0);
+            if (idx == -1 && PyErr_Occurred())
+                goto done;
+            int32_t row = idx >= 0 && idx < i ? at[idx] : -1;
+            if (row < 0 || !r.open[row])
+                continue; /* no such start, or a second end for it */
+            int64_t end, end_tid;
+            if (as_i64(PyTuple_GET_ITEM(t, 1), &end) < 0 || as_i64(PyTuple_GET_ITEM(t, 2), &end_tid) < 0)
+                goto done;
+            r.end[row] = end;
+            r.open[row] = 0;
+            if (end_tid != tid)
+                r.end_lt[row] = end_tid == ASYNC_SAME_THREAD ? tid : end_tid;
+            PyObject *exc = PyTuple_GET_ITEM(t, 3);
+            if (exc != Py_None && rows_set_rare(&r, row, 0, Py_NewRef(exc)) < 0)
+                goto done;
+            continue;
+        }
+        /* a start names its range (str); see records_of */
+        Py_ssize_t size = PyTuple_GET_SIZE(t), row = r.n;
+        if (size != 4 && size != 5 && size != 10) {
+            PyErr_Format(PyExc_TypeError, "aprof: raw start record %zd has %zd fields: %R", i, size, t);
+            goto done;
+        }
+        PyObject *sv = PyTuple_GET_ITEM(t, 1);
+        if (sv != last_scope_value) {
+            PyObject *member = scope_of(sv);
+            if (member == NULL)
+                goto done;
+            int si = scope_index(member);
+            if (si < 0)
+                goto done;
+            last_scope_value = sv;
+            last_scope = si;
+        }
+        r.scope[row] = (uint8_t)last_scope;
+        r.name[row] = t0;
+        if (as_i64(PyTuple_GET_ITEM(t, 2), &r.start[row]) < 0)
+            goto done;
+        r.rare[row] = -1;
+        r.end_lt[row] = -1;
+        r.open[row] = 1;
+        r.end[row] = 0;
+        r.n++;
+        at[i] = (int32_t)row;
+        PyObject *a = PyTuple_GET_ITEM(t, 3);
+        if (a != Py_None && rows_set_rare(&r, row, 1, Py_NewRef(a)) < 0)
+            goto done;
+        if (size < 10) { /* the fast path's user range; 5: with its raw stack */
+            r.seq[row] = -1;
+            r.fwd[row] = 0;
+            r.kind[row] = 0;
+            if (size == 5 && PyTuple_GET_ITEM(t, 4) != Py_None &&
+                rows_set_rare(&r, row, 3, Py_NewRef(PyTuple_GET_ITEM(t, 4))) < 0)
+                goto done;
+            continue;
+        }
+        /* (name, scope, start, args, seq, fwd, inputs, stack, kind, extra) */
+        int64_t kind;
+        if (as_i64(PyTuple_GET_ITEM(t, 4), &r.seq[row]) < 0 || as_i64(PyTuple_GET_ITEM(t, 5), &r.fwd[row]) < 0 ||
+            as_i64(PyTuple_GET_ITEM(t, 8), &kind) < 0)
+            goto done;
+        if (kind < 0 || kind > 255) {
+            PyErr_Format(PyExc_ValueError, "aprof: raw start record %zd has kind flags %lld", i, (long long)kind);
+            goto done;
+        }
+        r.kind[row] = (uint8_t)kind;
+        if (kind & KIND_INSTANT) {
+            r.end[row] = r.start[row];
+            r.open[row] = 0;
+        }
+        PyObject *inputs = PyTuple_GET_ITEM(t, 6), *stk = PyTuple_GET_ITEM(t, 7), *extra = PyTuple_GET_ITEM(t, 9);
+        if ((inputs != Py_None && rows_set_rare(&r, row, 2, Py_NewRef(inputs)) < 0) ||
+            (stk != Py_None && rows_set_rare(&r, row, 3, Py_NewRef(stk)) < 0))
+            goto done;
+        if (PyLong_CheckExact(extra)) { /* an EXECUTOR range's submit time alone */
+            PyObject *d = PyDict_New();
+            if (d == NULL || PyDict_SetItem(d, str_submit_ns, extra) < 0) {
+                Py_XDECREF(d);
+                goto done;
+            }
+            if (rows_set_rare(&r, row, 4, d) < 0)
+                goto done;
+        }
+        else if (extra != Py_None && rows_set_rare(&r, row, 4, Py_NewRef(extra)) < 0)
+            goto done;
+    }
+    PyMem_Free(at);
+    at = NULL;
+    Py_ssize_t n = r.n;
+    /* Order by start, if they are not (sort_by_start). */
+    int sorted = 1;
+    for (Py_ssize_t k = 1; k < n && sorted; k++)
+        sorted = r.start[k] >= r.start[k - 1];
+    if (!sorted) {
+        keys = PyMem_Malloc((size_t)n * sizeof(StartKey));
+        order = PyMem_Malloc((size_t)n * sizeof(int32_t));
+        if (keys == NULL || order == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        for (Py_ssize_t k = 0; k < n; k++)
+            keys[k] = (StartKey){r.start[k], (int32_t)k};
+        qsort(keys, (size_t)n, sizeof(StartKey), cmp_start);
+        for (Py_ssize_t k = 0; k < n; k++)
+            order[k] = keys[k].row;
+        PyMem_Free(keys);
+        keys = NULL;
+    }
+    /* Nest (nest). */
+    size_t m = n > 0 ? (size_t)n : 1;
+    for (int c = 0; c < N_COLUMNS; c++)
+        if ((out[c] = PyMem_Malloc(m * (size_t)column_widths[c])) == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    stack = PyMem_Malloc(m * sizeof(int32_t));
+    ends = PyMem_Malloc(m * sizeof(int64_t));
+    if (stack == NULL || ends == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int64_t *o_start = out[COL_START], *o_end = out[COL_END], *o_end_lt = out[COL_END_LT], *o_seq = out[COL_SEQ],
+            *o_fwd = out[COL_FWD];
+    int32_t *o_name = out[COL_NAME], *o_track = out[COL_TRACK], *o_parent = out[COL_PARENT];
+    uint8_t *o_scope = out[COL_SCOPE], *o_kind = out[COL_KIND];
+    Py_ssize_t depth = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        Py_ssize_t row = order != NULL ? order[k] : k;
+        int32_t at_k = (int32_t)(base + k);
+        int64_t start = r.start[row], end = r.end[row];
+        uint8_t kind = r.kind[row];
+        if (r.open[row]) { /* still open at stop */
+            end = stop_ns > start ? stop_ns : start;
+            kind |= FLAG_UNFINISHED;
+        }
+        int ended_elsewhere = r.end_lt[row] != -1, instant = (kind & KIND_INSTANT) != 0, push = 0;
+        while (depth > 0 && (ends[depth - 1] < start || (ends[depth - 1] == start && !instant)))
+            depth--;
+        int32_t parent = -1;
+        if (depth > 0) {
+            parent = stack[depth - 1];
+            if (ended_elsewhere || end > ends[depth - 1])
+                kind |= FLAG_ASYNC;
+            else
+                push = !instant;
+        }
+        else {
+            if (r.fwd[row]) {
+                PyObject *ix = PyLong_FromLong(at_k);
+                if (ix == NULL || PyList_Append(linked, ix) < 0) {
+                    Py_XDECREF(ix);
+                    goto done;
+                }
+                Py_DECREF(ix);
+            }
+            if (ended_elsewhere)
+                kind |= FLAG_ASYNC;
+            else
+                push = !instant;
+        }
+        if (push) {
+            stack[depth] = at_k;
+            ends[depth++] = end;
+        }
+        o_start[k] = start;
+        o_end[k] = end;
+        o_end_lt[k] = r.end_lt[row];
+        o_seq[k] = r.seq[row];
+        o_fwd[k] = r.fwd[row];
+        if (intern_name(ids, names, r.name[row], nc, &o_name[k]) < 0) /* interned in table order, as nest does */
+            goto done;
+        o_track[k] = (int32_t)track;
+        o_parent[k] = parent;
+        o_scope[k] = r.scope[row];
+        o_kind[k] = kind;
+        if (r.rare[row] >= 0) {
+            PyObject **f = &r.rf[(Py_ssize_t)r.rare[row] * 5];
+            PyObject *lst = PyList_New(5), *ix = PyLong_FromLong(at_k);
+            int rc = -1;
+            if (lst != NULL && ix != NULL) {
+                for (int q = 0; q < 5; q++)
+                    PyList_SET_ITEM(lst, q, f[q] != NULL ? Py_NewRef(f[q]) : Py_NewRef(Py_None));
+                rc = PyDict_SetItem(rare_d, ix, lst);
+            }
+            Py_XDECREF(lst);
+            Py_XDECREF(ix);
+            if (rc < 0)
+                goto done;
+        }
+    }
+    for (int c = 0; c < N_COLUMNS; c++) {
+        PyObject *col = PyObject_GetAttrString(tab, column_attrs[c]);
+        PyObject *res = col == NULL ? NULL
+                                    : PyObject_CallMethod(col, "frombytes", "y#", (const char *)out[c],
+                                                          (Py_ssize_t)(n * column_widths[c]));
+        Py_XDECREF(col);
+        if (res == NULL)
+            goto done;
+        Py_DECREF(res);
+    }
+    result = Py_NewRef(Py_None);
+done:
+    if (rows_ok)
+        rows_free(&r);
+    for (int c = 0; c < N_COLUMNS; c++)
+        PyMem_Free(out[c]);
+    PyMem_Free(at);
+    PyMem_Free(order);
+    PyMem_Free(keys);
+    PyMem_Free(stack);
+    PyMem_Free(ends);
+    PyMem_Free(nc);
+    Py_XDECREF(names);
+    Py_XDECREF(ids);
+    Py_XDECREF(rare_d);
+    return result;
+}
+
+/* raw_first_start(raw) -> int or None: the earliest start among raw's start
+ * tuples (a track's place in the session, before consolidate_raw). */
+static PyObject *
+raw_first_start(PyObject *module, PyObject *raw)
+{
+    if (!PyList_Check(raw)) {
+        PyErr_SetString(PyExc_TypeError, "raw_first_start(raw: list)");
+        return NULL;
+    }
+    int found = 0;
+    int64_t best = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(raw); i++) {
+        PyObject *t = PyList_GET_ITEM(raw, i);
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) < 4 || PyLong_CheckExact(PyTuple_GET_ITEM(t, 0)))
+            continue;
+        int64_t s;
+        if (as_i64(PyTuple_GET_ITEM(t, 2), &s) < 0)
+            return NULL;
+        if (!found || s < best) {
+            best = s;
+            found = 1;
+        }
+    }
+    if (!found)
+        Py_RETURN_NONE;
+    return PyLong_FromLongLong(best);
+}
+
 /* trim_heap() -> bool: give the C heap's free memory back to the system
  * (glibc's malloc_trim). Consolidation frees the raw records, several
  * times the size of the columns it keeps, in blocks glibc keeps for reuse
@@ -1508,6 +2021,9 @@ static PyMethodDef event_functions[] = {
      "Check an EventTable read from a file: indexes, times, flags, order, nesting, cycles."},
     {"name_totals", (PyCFunction)(void (*)(void))name_totals, METH_FASTCALL,
      "key_averages by name: the sums of the plain ranges, and the indexes of the others."},
+    {"consolidate_raw", (PyCFunction)(void (*)(void))consolidate_raw, METH_FASTCALL,
+     "records_of, sort_by_start and nest of one track in one pass, into an EventTable, with no record per range."},
+    {"raw_first_start", (PyCFunction)raw_first_start, METH_O, "The earliest start among a raw list's start tuples, or None."},
     {"trim_heap", trim_heap, METH_NOARGS, "Give the C heap's free memory back to the system (glibc); whether it could."},
     {NULL, NULL, 0, NULL},
 };

@@ -281,6 +281,17 @@ def nest(records: list[list[Any]], track: int, stop_ns: int, tab: Any, linked: l
     ``tab`` (and the indexes of the top-level ones with a forward thread to
     ``linked``)."""
 
+def consolidate_raw(
+    raw: list[tuple[Any, ...]], tid: int, lead: list[list[Any]], track: int, stop_ns: int, tab: Any,
+    linked: list[int], /,
+) -> None:
+    """``nest(sort_by_start(lead + records_of(raw, tid)))`` into the table in
+    one pass over C arrays, with no record per range (not for raw stacks that
+    need naming)."""
+
+def raw_first_start(raw: list[tuple[Any, ...]], /) -> int | None:
+    """The earliest start among ``raw``'s start tuples, or None."""
+
 def children_index(parent: Any, track: Any, kind: Any, /) -> tuple[bytes, bytes]:
     """``_table._py_children_index``: (offsets, children) as int32 bytes."""
 

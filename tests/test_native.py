@@ -497,6 +497,38 @@ def test_c_consolidation_matches_the_python_twin() -> None:
     assert events["exec"].inputs == ("1",)
 
 
+LEAD = [  # a task's TASK record, as _task_events makes it: goes before the track's raw records
+    ["Task-9", aprof.RecordScope.TASK, 50, None, None, None, None, 3, 2, None, None, 0, {"coro": "c", "steps": [50, 60]}],
+]
+
+
+@pytest.mark.parametrize("lead", [[], LEAD], ids=["thread", "task"])
+def test_c_one_pass_consolidation_matches_the_three_steps(lead: list[list[Any]]) -> None:
+    # SPEC 6.2, 6.3: consolidate_raw pairs, orders and nests in one pass over
+    # C arrays; the table it builds is the one the Python twins build, name
+    # ids, rare fields and spawn links included.
+    _require_extension()
+    ext: Any = _native.extension
+
+    def build(one_pass: bool) -> tuple[Any, list[int]]:
+        tab = _events.EventTable()
+        linked: list[int] = []
+        track = tab.add_track(_events.Track(TID, "t", "thread", 1, 0))
+        if one_pass:
+            ext.consolidate_raw(tricky_raw(), TID, copy.deepcopy(lead), track, 300, tab, linked)
+        else:
+            records = copy.deepcopy(lead) + _events._records_of(tricky_raw(), TID)
+            _events._sort_by_start(records)
+            _events._nest(records, track, 300, tab, linked)
+        return tab, linked
+
+    (c_tab, c_linked), (py_tab, py_linked) = build(True), build(False)
+    assert c_tab.columns() == py_tab.columns()
+    assert (c_tab.names, c_tab.rare, c_linked) == (py_tab.names, py_tab.rare, py_linked)
+    assert ext.raw_first_start(tricky_raw()) == min(t[2] for t in tricky_raw() if type(t[0]) is not int)
+    assert ext.raw_first_start([]) is None
+
+
 def test_c_consolidated_records_of_strs_and_ints_leave_the_gc_alone() -> None:
     # SPEC 6.2: a million plain ranges do not weigh on every later collection;
     # records holding containers stay tracked.

@@ -362,30 +362,45 @@ def consolidate(
     """
     stack_names: dict[Any, Any] | None = {} if with_stack else None
     tasks = _task_events(task_records or (), stop_ns)
-    # (first start, order, track, records) for every track, task tracks first
-    # in spawn order, then the lists in the order they were made.
-    rows: list[tuple[int, int, Track, list[list[Any]]]] = []
+    # Unless raw stacks need naming, the extension pairs, orders and nests a
+    # track in one pass (consolidate_raw), with no record per range.
+    ext = _native.extension
+    one_pass = ext.consolidate_raw if ext is not None and stack_names is None else None
+    # (first start, order, track, raw list for one_pass or None, records)
+    # for every track, task tracks first in spawn order, then the lists in
+    # the order they were made.
+    rows: list[tuple[int, int, Track, Any, list[list[Any]]]] = []
     for lt, raw in lists.items():
         if not raw:
             continue
         tid = lt.id
-        records = records_of(raw, tid)  # reads a snapshot: later appends are dropped
-        if stack_names is not None:
-            name_stacks(records, stack_names)
         task = tasks.pop(tid, None)
         if task is not None:
             track, rec = task
-            records.insert(0, rec)
+            lead = [rec]
         else:
             track = Track(tid, lt.current_name(), lt.kind, lt.os_thread_id, node_id)
+            lead = []
+        if one_pass is not None:
+            assert ext is not None
+            first = ext.raw_first_start(raw)
+            if lead and (first is None or lead[0][R_START] < first):
+                first = lead[0][R_START]
+            if first is not None:
+                rows.append((first, len(rows), track, raw, lead))
+            continue
+        records = records_of(raw, tid)  # reads a snapshot: later appends are dropped
+        if stack_names is not None:
+            name_stacks(records, stack_names)
+        records[0:0] = lead
         # Out of order when an eager task's first step recorded before its
         # TASK record was appended (the task is created by its own first
         # step's caller), or when the tracer's replay appended its calls.
         sort_by_start(records)
         if records:
-            rows.append((records[0][R_START], len(rows), track, records))
+            rows.append((records[0][R_START], len(rows), track, None, records))
     for track, rec in tasks.values():
-        rows.append((rec[R_START], len(rows), track, [rec]))
+        rows.append((rec[R_START], len(rows), track, None, [rec]))
     # Tracks in the order their first event started (a track's list is made
     # when its first range starts, so this is the order they were made).
     rows.sort(key=_row_key)
@@ -396,13 +411,17 @@ def consolidate(
     spans: dict[int, tuple[int, int]] = {}
     linked: list[int] = []
     while rows:
-        _, _, track, records = rows.pop()
+        _, _, track, raw, records = rows.pop()
         tid = track.id
         tracks[tid] = track
         track.node_id = node_id
         first = len(tab)
-        nest(records, tab.add_track(track), stop_ns, tab, linked)
-        del records
+        if raw is not None:
+            assert one_pass is not None
+            one_pass(raw, tid, records, tab.add_track(track), stop_ns, tab, linked)
+        else:
+            nest(records, tab.add_track(track), stop_ns, tab, linked)
+        del raw, records
         spans[tid] = (first, len(tab))
     _link_across_tracks(tab, spans, linked)
     return tab, tracks
@@ -504,7 +523,7 @@ def _sort_by_start(records: list[list[Any]]) -> None:
         records.sort(key=_start_of)
 
 
-def _row_key(row: tuple[int, int, Track, list[list[Any]]]) -> tuple[int, int]:
+def _row_key(row: tuple[int, int, Track, Any, list[list[Any]]]) -> tuple[int, int]:
     return row[0], row[1]
 
 
