@@ -347,13 +347,15 @@ def _sampled_rows(session: Session, track_pids: dict[int, Any], base: int, row_b
         if tid not in named:
             named.add(tid)
             emit(f'{{"ph":"M","name":"thread_name",{where},"args":{{"name":{_dumps(labels.get(tid, str(tid)) + " sampled")}}}}}')
-        # Slices of one row abut: the end a reader computes (ts + dur, in
-        # floats) must not pass the next slice's ts, or it reads as overlap.
-        ts, end = round((t0 - base) / 1000.0, 3), round((t1 - base) / 1000.0, 3)
-        dur = round(end - ts, 3)
-        if ts + dur > end:
-            dur = round(dur - 0.001, 3)
-        emit(f'{{"ph":"X","name":{_dumps(name)},"cat":"sampled",{where},"ts":{ts:.3f},"dur":{max(dur, 0.0):.3f}}}')
+        # Slices of one row abut or nest: written as whole nanoseconds (ts
+        # and dur each exact at 3 decimals of a microsecond), the end a
+        # reader computes (Perfetto: integer ns) is exactly t1, so a slice
+        # never passes the next one's start or its parent's end. (Rounding
+        # ts and end to microseconds first, then subtracting, let a child
+        # end a nanosecond after its parent.)
+        ts_ns = t0 - base
+        dur_ns = max(t1 - t0, 0)
+        emit(f'{{"ph":"X","name":{_dumps(name)},"cat":"sampled",{where},"ts":{ts_ns / 1000.0:.3f},"dur":{dur_ns / 1000.0:.3f}}}')
 
 
 def cap_events(session: Session, max_events: int) -> tuple[Session, dict[str, int]]:
