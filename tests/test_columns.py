@@ -77,7 +77,8 @@ def test_events_are_views_of_the_columns_with_the_same_fields(backend: Backend) 
         assert ev.exception == (x[_table.X_EXC] if x else None)
         assert (ev.parent._i if ev.parent is not None else -1) == tab.parent[i]
     raised = [e for e in events if e.name == "raises"]
-    assert len(raised) == 1 and raised[0].exception == "KeyError"
+    assert len(raised) == 1
+    assert raised[0].exception == "KeyError"
     assert sorted(e.args for e in events if e.name == "leaf") == ["i=0", "i=1", "i=2"]
 
 
@@ -91,8 +92,9 @@ def test_parent_and_children_agree_and_children_come_in_start_order(backend: Bac
         assert [k.start_ns for k in kids] == sorted(k.start_ns for k in kids)
         for k in kids:
             assert k.parent is ev
-            assert k.thread_id == ev.thread_id and not k.is_async
-            assert ev.start_ns <= k.start_ns and k.end_ns <= ev.end_ns
+            assert k.thread_id == ev.thread_id
+            assert not k.is_async
+            assert ev.start_ns <= k.start_ns <= k.end_ns <= ev.end_ns
     outer = next(e for e in events if e.name == "outer")
     tasks = [e for e in events if e.scope is TASK and e.thread_id != outer.thread_id]
     assert tasks, "the spawned tasks have TASK events"
@@ -132,7 +134,8 @@ def test_dropping_a_session_frees_its_table_without_the_cyclic_gc() -> None:
     try:
         del prof, session
         assert ref() is not None  # an event still holds its table
-        assert kept.parent is not None and kept.parent.name == "outer"
+        assert kept.parent is not None
+        assert kept.parent.name == "outer"
         del kept
         if _native.extension is None:
             gc.collect()
@@ -260,7 +263,7 @@ def test_a_damaged_table_is_refused_with_the_same_message_in_c_and_python(how: s
         _validate._check_table(tab, start)
     ext: Any = _native.extension
     if ext is not None:
-        with pytest.raises(ValueError) as c:
+        with pytest.raises(ValueError, match=words) as c:
             ext.check_table(tab, start, _validate.MAX_TRACK_ID)
         assert str(c.value) == str(py.value)
 
@@ -292,7 +295,8 @@ def test_children_index_in_c_matches_the_python_twin(backend: Backend) -> None:
     off, kids = _table._py_children_index(tab.parent, tab.track, tab.kind)
     if _native.extension is not None:
         c_off, c_kids = _native.extension.children_index(tab.parent, tab.track, tab.kind)
-        assert c_off == off.tobytes() and c_kids == kids.tobytes()
+        assert c_off == off.tobytes()
+        assert c_kids == kids.tobytes()
     assert sum(1 for i in range(len(tab)) if tab[i].parent is not None and not tab[i].is_async
                and tab[i].parent.thread_id == tab[i].thread_id) == len(kids)  # fmt: skip
 
