@@ -497,198 +497,6 @@ sort_by_start(PyObject *module, PyObject *records)
     Py_RETURN_NONE;
 }
 
-/* nest(records, track, stop_ns, tab, linked): see _events._nest. Appends
- * one track's events to the EventTable `tab`: the columns are filled in
- * C buffers and appended once each (array.frombytes), names interned in
- * tab._name_ids / tab.names, the rare fields put in tab.rare; the records
- * are not changed. */
-static PyObject *
-nest(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (scope_tuple == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "aprof: _events_setup() was not called");
-        return NULL;
-    }
-    if (nargs != 5 || !PyList_Check(args[0]) || !PyLong_Check(args[1]) || !PyLong_Check(args[2]) ||
-        !PyList_Check(args[4])) {
-        PyErr_SetString(PyExc_TypeError, "nest(records: list, track: int, stop_ns: int, tab: EventTable, linked: list)");
-        return NULL;
-    }
-    PyObject *records = args[0], *tab = args[3], *linked = args[4];
-    long long stop_ns = PyLong_AsLongLong(args[2]);
-    long track = PyLong_AsLong(args[1]);
-    if (((stop_ns == -1 || track == -1) && PyErr_Occurred()) || check_records(records) < 0)
-        return NULL;
-    if (track < 0 || track > INT32_MAX) {
-        PyErr_SetString(PyExc_ValueError, "nest: track index out of range");
-        return NULL;
-    }
-    Py_ssize_t n = PyList_GET_SIZE(records), depth = 0, base = PyObject_Length(tab);
-    if (base < 0)
-        return NULL;
-    if (base + n > INT32_MAX) {
-        PyErr_Format(PyExc_ValueError, "aprof: more than %d events in one session", INT32_MAX);
-        return NULL;
-    }
-    PyObject *names = PyObject_GetAttrString(tab, "names"), *ids = PyObject_GetAttrString(tab, "_name_ids"),
-             *rare = PyObject_GetAttrString(tab, "rare"), *result = NULL;
-    void *buf[N_COLUMNS] = {NULL};
-    int32_t *stack = NULL;
-    int64_t *ends = NULL;
-    if (names == NULL || ids == NULL || rare == NULL)
-        goto done;
-    if (!PyList_Check(names) || !PyDict_Check(ids) || !PyDict_Check(rare)) {
-        PyErr_SetString(PyExc_TypeError, "nest: tab is not an EventTable");
-        goto done;
-    }
-    size_t m = n > 0 ? (size_t)n : 1;
-    for (int c = 0; c < N_COLUMNS; c++)
-        if ((buf[c] = PyMem_Malloc(m * (size_t)column_widths[c])) == NULL)
-            goto nomem;
-    stack = PyMem_Malloc(m * sizeof(int32_t));
-    ends = PyMem_Malloc(m * sizeof(int64_t));
-    if (stack == NULL || ends == NULL)
-        goto nomem;
-    int64_t *start_c = buf[COL_START], *end_c = buf[COL_END], *end_lt_c = buf[COL_END_LT], *seq_c = buf[COL_SEQ],
-            *fwd_c = buf[COL_FWD];
-    int32_t *name_c = buf[COL_NAME], *track_c = buf[COL_TRACK], *parent_c = buf[COL_PARENT];
-    uint8_t *scope_c = buf[COL_SCOPE], *kind_c = buf[COL_KIND];
-    Py_ssize_t n_scopes = PyTuple_GET_SIZE(scope_tuple);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *rec = PyList_GET_ITEM(records, i);
-        int32_t at = (int32_t)(base + i);
-        long long start, end, kind, seq, fwd, end_lt = -1;
-        if (get_i64(rec, R_START, &start) < 0 || get_i64(rec, R_KIND, &kind) < 0 || get_i64(rec, R_SEQ, &seq) < 0 ||
-            get_i64(rec, R_FWD, &fwd) < 0)
-            goto done;
-        if (kind < 0 || kind > 255) {
-            PyErr_Format(PyExc_ValueError, "aprof: record %zd has kind flags %lld", i, kind);
-            goto done;
-        }
-        if (PyList_GET_ITEM(rec, R_END) == Py_None) { /* still open at stop */
-            end = stop_ns > start ? stop_ns : start;
-            kind |= FLAG_UNFINISHED;
-        }
-        else if (get_i64(rec, R_END, &end) < 0)
-            goto done;
-        int ended_elsewhere = PyList_GET_ITEM(rec, R_END_LT) != Py_None;
-        if (ended_elsewhere && get_i64(rec, R_END_LT, &end_lt) < 0)
-            goto done;
-        int instant = (kind & KIND_INSTANT) != 0;
-        /* Pop ranges that ended before this one started. */
-        while (depth > 0 && (ends[depth - 1] < start || (ends[depth - 1] == start && !instant)))
-            depth--;
-        int32_t parent = -1;
-        int push = 0;
-        if (depth > 0) {
-            parent = stack[depth - 1];
-            if (ended_elsewhere || end > ends[depth - 1])
-                kind |= FLAG_ASYNC; /* ended elsewhere, or outlived its enclosing range */
-            else
-                push = !instant;
-        }
-        else {
-            if (fwd) { /* spawned or submitted work: _link_across_tracks gives it a parent */
-                PyObject *ix = PyLong_FromLong(at);
-                if (ix == NULL || PyList_Append(linked, ix) < 0) {
-                    Py_XDECREF(ix);
-                    goto done;
-                }
-                Py_DECREF(ix);
-            }
-            if (ended_elsewhere)
-                kind |= FLAG_ASYNC;
-            else
-                push = !instant;
-        }
-        if (push) {
-            stack[depth] = at;
-            ends[depth++] = end;
-        }
-        /* the name, interned */
-        PyObject *nm = PyList_GET_ITEM(rec, R_NAME);
-        if (!PyUnicode_Check(nm)) {
-            PyErr_Format(PyExc_TypeError, "aprof: record %zd has a name that is not a string: %R", i, nm);
-            goto done;
-        }
-        PyObject *id = PyDict_GetItemWithError(ids, nm);
-        if (id == NULL) {
-            if (PyErr_Occurred())
-                goto done;
-            Py_ssize_t k = PyList_GET_SIZE(names);
-            PyObject *nid = PyLong_FromSsize_t(k);
-            if (nid == NULL || PyDict_SetItem(ids, nm, nid) < 0 || PyList_Append(names, nm) < 0) {
-                Py_XDECREF(nid);
-                goto done;
-            }
-            Py_DECREF(nid);
-            name_c[i] = (int32_t)k;
-        }
-        else
-            name_c[i] = (int32_t)PyLong_AsLong(id);
-        /* the scope: its index in SCOPES, compared by identity */
-        PyObject *sc = PyList_GET_ITEM(rec, R_SCOPE);
-        Py_ssize_t si = 0;
-        while (si < n_scopes && PyTuple_GET_ITEM(scope_tuple, si) != sc)
-            si++;
-        if (si == n_scopes) {
-            PyErr_Format(PyExc_ValueError, "aprof: record %zd has scope %R, not a RecordScope", i, sc);
-            goto done;
-        }
-        PyObject *exc = PyList_GET_ITEM(rec, R_EXC), *a = PyList_GET_ITEM(rec, R_ARGS),
-                 *inp = PyList_GET_ITEM(rec, R_INPUTS), *stk = PyList_GET_ITEM(rec, R_STACK),
-                 *extra = PyList_GET_ITEM(rec, R_EXTRA);
-        if (exc != Py_None || a != Py_None || inp != Py_None || stk != Py_None || extra != Py_None) {
-            PyObject *row = PyList_New(5), *ix = PyLong_FromLong(at);
-            int rc = -1;
-            if (row != NULL && ix != NULL) {
-                PyList_SET_ITEM(row, 0, Py_NewRef(exc));
-                PyList_SET_ITEM(row, 1, Py_NewRef(a));
-                PyList_SET_ITEM(row, 2, Py_NewRef(inp));
-                PyList_SET_ITEM(row, 3, Py_NewRef(stk));
-                PyList_SET_ITEM(row, 4, Py_NewRef(extra));
-                rc = PyDict_SetItem(rare, ix, row);
-            }
-            Py_XDECREF(row);
-            Py_XDECREF(ix);
-            if (rc < 0)
-                goto done;
-        }
-        start_c[i] = start;
-        end_c[i] = end;
-        end_lt_c[i] = end_lt;
-        seq_c[i] = seq;
-        fwd_c[i] = fwd;
-        track_c[i] = (int32_t)track;
-        parent_c[i] = parent;
-        scope_c[i] = (uint8_t)si;
-        kind_c[i] = (uint8_t)kind;
-    }
-    for (int c = 0; c < N_COLUMNS; c++) {
-        PyObject *col = PyObject_GetAttrString(tab, column_attrs[c]);
-        PyObject *r = col == NULL ? NULL
-                                  : PyObject_CallMethod(col, "frombytes", "y#", (const char *)buf[c],
-                                                        (Py_ssize_t)(n * column_widths[c]));
-        Py_XDECREF(col);
-        if (r == NULL)
-            goto done;
-        Py_DECREF(r);
-    }
-    result = Py_NewRef(Py_None);
-    goto done;
-nomem:
-    PyErr_NoMemory();
-done:
-    for (int c = 0; c < N_COLUMNS; c++)
-        PyMem_Free(buf[c]);
-    PyMem_Free(stack);
-    PyMem_Free(ends);
-    Py_XDECREF(names);
-    Py_XDECREF(ids);
-    Py_XDECREF(rare);
-    return result;
-}
-
 /* Each event's children as a compressed index: the children of event i
  * are kids[off[i] .. off[i + 1]), in index (start) order. A child has its
  * parent on its own track and is not async. Both arrays are PyMem_Malloc'd
@@ -906,7 +714,7 @@ chrome_plain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             jname = d;
         }
         Py_DECREF(key);
-        Py_ssize_t nw, nn, nc;
+        Py_ssize_t nw = 0, nn = 0, nc = 0;
         const char *w = ascii_of(where, &nw), *jn = ascii_of(jname, &nn), *ct = ascii_of(cat, &nc);
         if (w == NULL || jn == NULL || ct == NULL)
             goto done;
@@ -1571,7 +1379,7 @@ static int
 rows_add_record(Rows *r, PyObject *rec)
 {
     if (!PyList_CheckExact(rec) || PyList_GET_SIZE(rec) != R_SIZE) {
-        PyErr_SetString(PyExc_TypeError, "aprof: a lead record is not a consolidated record");
+        PyErr_SetString(PyExc_TypeError, "aprof: a record is not a consolidated record");
         return -1;
     }
     Py_ssize_t i = r->n;
@@ -1583,6 +1391,10 @@ rows_add_record(Rows *r, PyObject *rec)
     int si = scope_index(PyList_GET_ITEM(rec, R_SCOPE));
     if (si < 0)
         return -1;
+    if (kind < 0 || kind > 255) {
+        PyErr_Format(PyExc_ValueError, "aprof: a record has kind flags %lld", (long long)kind);
+        return -1;
+    }
     r->scope[i] = (uint8_t)si;
     r->kind[i] = (uint8_t)kind;
     r->open[i] = PyList_GET_ITEM(rec, R_END) == Py_None;
@@ -1625,23 +1437,9 @@ cmp_start(const void *a, const void *b)
  * first (a task's TASK record). Not for raw stacks that need naming
  * (with_stack): those go through records_of and name_stacks. */
 static PyObject *
-consolidate_raw(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+consolidate(PyObject *raw, long long tid, PyObject *lead, long track, long long stop_ns, PyObject *tab,
+            PyObject *linked)
 {
-    if (scope_tuple == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "aprof: _events_setup() was not called");
-        return NULL;
-    }
-    if (nargs != 7 || !PyList_Check(args[0]) || !PyLong_Check(args[1]) || !PyList_Check(args[2]) ||
-        !PyLong_Check(args[3]) || !PyLong_Check(args[4]) || !PyList_Check(args[6])) {
-        PyErr_SetString(PyExc_TypeError, "consolidate_raw(raw: list, tid: int, lead: list, track: int, stop_ns: int, "
-                                         "tab: EventTable, linked: list)");
-        return NULL;
-    }
-    PyObject *raw = args[0], *lead = args[2], *tab = args[5], *linked = args[6];
-    long long tid = PyLong_AsLongLong(args[1]), stop_ns = PyLong_AsLongLong(args[4]);
-    long track = PyLong_AsLong(args[3]);
-    if ((tid == -1 || stop_ns == -1 || track == -1) && PyErr_Occurred())
-        return NULL;
     Py_ssize_t n_raw = PyList_GET_SIZE(raw), n_lead = PyList_GET_SIZE(lead), base = PyObject_Length(tab);
     if (base < 0)
         return NULL;
@@ -1908,6 +1706,54 @@ done:
     Py_XDECREF(names);
     Py_XDECREF(ids);
     Py_XDECREF(rare_d);
+    return result;
+}
+
+static PyObject *
+consolidate_raw(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (scope_tuple == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "aprof: _events_setup() was not called");
+        return NULL;
+    }
+    if (nargs != 7 || !PyList_Check(args[0]) || !PyLong_Check(args[1]) || !PyList_Check(args[2]) ||
+        !PyLong_Check(args[3]) || !PyLong_Check(args[4]) || !PyList_Check(args[6])) {
+        PyErr_SetString(PyExc_TypeError, "consolidate_raw(raw: list, tid: int, lead: list, track: int, stop_ns: int, "
+                                         "tab: EventTable, linked: list)");
+        return NULL;
+    }
+    long long tid = PyLong_AsLongLong(args[1]), stop_ns = PyLong_AsLongLong(args[4]);
+    long track = PyLong_AsLong(args[3]);
+    if ((tid == -1 || stop_ns == -1 || track == -1) && PyErr_Occurred())
+        return NULL;
+    return consolidate(args[0], tid, args[2], track, stop_ns, args[5], args[6]);
+}
+
+/* nest(records, track, stop_ns, tab, linked): see _events._nest. Appends
+ * one track's events, from its consolidated records in start order, to the
+ * EventTable `tab`: consolidate_raw with no raw tuples, the records as its
+ * lead (the records are not changed). */
+static PyObject *
+nest(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (scope_tuple == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "aprof: _events_setup() was not called");
+        return NULL;
+    }
+    if (nargs != 5 || !PyList_Check(args[0]) || !PyLong_Check(args[1]) || !PyLong_Check(args[2]) ||
+        !PyList_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "nest(records: list, track: int, stop_ns: int, tab: EventTable, linked: list)");
+        return NULL;
+    }
+    long long stop_ns = PyLong_AsLongLong(args[2]);
+    long track = PyLong_AsLong(args[1]);
+    if (((stop_ns == -1 || track == -1) && PyErr_Occurred()) || check_records(args[0]) < 0)
+        return NULL;
+    PyObject *none = PyList_New(0);
+    if (none == NULL)
+        return NULL;
+    PyObject *result = consolidate(none, 0, args[0], track, stop_ns, args[3], args[4]);
+    Py_DECREF(none);
     return result;
 }
 
