@@ -5,7 +5,9 @@
     python bench/scale.py --steps save,load --rounds 3
 
 For each size it records that many ranges (nested three deep, four names,
-every 100th with args), then times each step on the same session: ``stop``
+every 100th with args), prints the process's RSS growth per event while
+recording and after stop against the session's columns, then times each
+step on the same session: ``stop``
 (consolidation), ``save`` and ``load`` (the binary format, version 2),
 ``save-v1``/``load-v1`` (the gzip-compressed JSON of version 1, for
 comparison), ``table`` (``key_averages().table()``), ``chrome`` and
@@ -57,12 +59,26 @@ def measure(n: int, steps: list[str], rounds: int, tmp: Path) -> dict[str, tuple
     from aprof._export._files import atomic_write_bytes
 
     out: dict[str, tuple[float, int]] = {}
+    gc.collect()
+    rss_before = rss_bytes()
     prof = record(n)
+    rss_recorded = rss_bytes()
     t0 = time.perf_counter()
     prof.stop()
     session = prof.session
     out["stop"] = (time.perf_counter() - t0, 0)
     n_events = len(session._table)
+    gc.collect()
+    rss_stopped = rss_bytes()
+    if rss_before:
+        # The process's memory per event while recording and after stop,
+        # against the session's own columns (issue 17 item 4: within 1.5x).
+        print(
+            f"  RSS: +{(rss_recorded - rss_before) / n_events:,.0f} B/event recording, "
+            f"+{(rss_stopped - rss_before) / n_events:,.0f} B/event after stop; "
+            f"columns {session._table.nbytes() / n_events:,.0f} B/event",
+            flush=True,
+        )
 
     def best(fn: Any) -> float:
         times = []
