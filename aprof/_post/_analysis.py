@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from .._core import _native
 from .._core._callbacks import RecordScope
-from .._core._recorder import KIND_INSTANT, R_EXTRA, R_NAME, R_SCOPE
+from .._core._recorder import KIND_INSTANT
 from .._frames import format_frame, innermost_user_frame, shown_stack
 from ._events import FunctionEvent
 from ._table import SCOPES, X_EXTRA, EventTable
@@ -319,17 +319,12 @@ def _by_name(tab: EventTable, rows: dict[Any, FunctionEventAvg]) -> None:
         row.add_totals(1, d, own_ns, d, d)
 
 
-def _steps_of(track: Any) -> Any:
-    return track.steps
-
-
 def _add_apart(ev: FunctionEvent, rows: dict[Any, FunctionEventAvg]) -> None:
     """Add a range that is not plain: named by its coroutine (tasks, loop
     blocks) or its function (executor jobs), with its running and waiting
     time, steps and queueing."""
-    r = ev._r
-    scope = r[R_SCOPE]
-    extra = r[R_EXTRA]
+    scope = ev.scope
+    extra = ev.extra
     if scope is RecordScope.TASK and extra and extra.get("coro"):
         # Tasks are named one by one (Task-7, ...): group them by coroutine.
         label = f"task {extra['coro']}"
@@ -341,10 +336,10 @@ def _add_apart(ev: FunctionEvent, rows: dict[Any, FunctionEventAvg]) -> None:
     elif scope is RecordScope.EXECUTOR:
         # Named after the function handed over, which may also be the
         # name of a range inside it: keep the two rows apart.
-        label = f"executor {r[R_NAME]}"
+        label = f"executor {ev.name}"
         k = (RecordScope.EXECUTOR, label)
     else:
-        k = label = r[R_NAME]
+        k = label = ev.name
     row = rows.get(k)
     if row is None:
         row = rows[k] = FunctionEventAvg(label)

@@ -113,11 +113,6 @@ class FunctionEvent(_EventView):
     _i: int
 
     @property
-    def _r(self) -> list[Any]:
-        """The row as a consolidated record (layout R_*): a new list."""
-        return self._tab.record(self._i)
-
-    @property
     def _t(self) -> Track:
         tab = self._tab
         return tab.tracks[tab.track[self._i]]

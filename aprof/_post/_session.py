@@ -319,7 +319,8 @@ def session_from_document(doc: Any, where: str) -> Session:
     except (KeyError, TypeError, ValueError, IndexError, OverflowError) as exc:
         raise ValueError(f"{where} is a damaged aprof session ({type(exc).__name__}: {exc})") from None
     try:
-        validate_session(session._table, session._tracks, session.metadata)
+        # _from_json checked each record as it read it: the columns are left.
+        validate_session(session._table, session._tracks, session.metadata, records_checked=True)
     except ValueError as exc:
         raise ValueError(f"{where} is not a valid aprof session: {exc}") from None
     return session

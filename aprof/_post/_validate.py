@@ -474,7 +474,9 @@ def _check_extra(what: str, extra: object, checked_steps: set[int]) -> None:
             raise ValueError(f"{what} extra {key} is {extra[key]!r}, not a 64-bit integer time")
 
 
-def validate_session(tab: EventTable, tracks: Mapping[int, Track], metadata: object) -> None:
+def validate_session(
+    tab: EventTable, tracks: Mapping[int, Track], metadata: object, records_checked: bool = False
+) -> None:
     """Check a session read from a file, so that everything can walk it.
 
     Checks the metadata, every track, the rare fields of the events that
@@ -485,6 +487,10 @@ def validate_session(tab: EventTable, tracks: Mapping[int, Track], metadata: obj
     hold by construction: a reader checks each value's type as it fills
     them. Work is linear in the number of events and fields, without
     recursion; the extension's ``check_table`` does the columns in C.
+
+    ``records_checked``: the reader checked every record before it went
+    into the columns (version 1 files), so the rare fields are not checked
+    again.
 
     Raises:
         ValueError: what is wrong and where (event index, name, field); the
@@ -507,8 +513,9 @@ def validate_session(tab: EventTable, tracks: Mapping[int, Track], metadata: obj
         ext.check_table(tab, metadata["start_ns"], MAX_TRACK_ID)
     else:
         _check_table(tab, metadata["start_ns"])
-    for i in sorted(tab.rare):  # the columns' indexes are checked: the records can be read
-        _check_record(i, tab.record(i), checked_steps)
+    if not records_checked:
+        for i in sorted(tab.rare):  # the columns' indexes are checked: the records can be read
+            _check_record(i, tab.record(i), checked_steps)
 
 
 def _check_table(tab: EventTable, profile_start: int) -> None:
