@@ -41,7 +41,14 @@ setup(
     ext_modules=[
         Extension(
             "aprof._ctracer",
-            sources=["aprof/_ctracer.c", "aprof/_cranges.c", "aprof/_cevents.c", "aprof/_ctasks.c", "aprof/_csampler.c"],
+            sources=[
+                "aprof/_ctracer.c",
+                "aprof/_cranges.c",
+                "aprof/_cevents.c",
+                "aprof/_ctasks.c",
+                "aprof/_csampler.c",
+                "aprof/_cblocks.c",
+            ],
             depends=["aprof/_cext.h"],
             extra_compile_args=["-O2", "-std=c11"] if sys.platform != "win32" else [],
             extra_link_args=["-pthread"] if sys.platform != "win32" else [],

@@ -1443,7 +1443,12 @@ consolidate(PyObject *raw, long long tid, PyObject *lead, long track, long long 
     Py_ssize_t n_raw = PyList_GET_SIZE(raw), n_lead = PyList_GET_SIZE(lead), base = PyObject_Length(tab);
     if (base < 0)
         return NULL;
-    if (track < 0 || track > INT32_MAX || base + n_raw + n_lead > INT32_MAX) {
+    Py_ssize_t n_rows = n_lead; /* a block holds many ranges, a tuple one */
+    for (Py_ssize_t i = 0; i < n_raw; i++) {
+        PyObject *t = PyList_GET_ITEM(raw, i);
+        n_rows += RangeBlock_Check(t) ? ((RangeBlock *)t)->n : 1;
+    }
+    if (track < 0 || track > INT32_MAX || base + n_rows > INT32_MAX) {
         PyErr_Format(PyExc_ValueError, "aprof: more than %d events in one session", INT32_MAX);
         return NULL;
     }
@@ -1465,7 +1470,7 @@ consolidate(PyObject *raw, long long tid, PyObject *lead, long track, long long 
         PyErr_SetString(PyExc_TypeError, "consolidate_raw: tab is not an EventTable");
         goto done;
     }
-    if (rows_alloc(&r, n_raw + n_lead) < 0) {
+    if (rows_alloc(&r, n_rows) < 0) {
         rows_ok = 1;
         goto done;
     }
@@ -1484,6 +1489,33 @@ consolidate(PyObject *raw, long long tid, PyObject *lead, long track, long long 
     for (Py_ssize_t i = 0; i < n_raw; i++) {
         PyObject *t = PyList_GET_ITEM(raw, i);
         at[i] = -1;
+        if (RangeBlock_Check(t)) { /* packed plain ranges (_cblocks.c): no end tuple names them */
+            RangeBlock *b = (RangeBlock *)t;
+            PyObject *member = scope_of(b->scope);
+            int si = member == NULL ? -1 : scope_index(member);
+            if (si < 0)
+                goto done;
+            for (Py_ssize_t k = 0; k < b->n; k++) {
+                const BlockSlot *sl = &b->slots[k];
+                Py_ssize_t row = r.n++;
+                r.name[row] = sl->name;
+                r.scope[row] = (uint8_t)si;
+                r.start[row] = sl->start;
+                r.seq[row] = -1;
+                r.fwd[row] = 0;
+                r.kind[row] = 0;
+                r.rare[row] = -1;
+                r.end_lt[row] = -1;
+                r.open[row] = sl->end == BLOCK_OPEN;
+                r.end[row] = r.open[row] ? 0 : sl->end;
+                if (!r.open[row] && sl->end_tid != tid)
+                    r.end_lt[row] = sl->end_tid == ASYNC_SAME_THREAD ? tid : sl->end_tid;
+                if ((sl->args != NULL && rows_set_rare(&r, row, 1, Py_NewRef(sl->args)) < 0) ||
+                    (sl->exc != NULL && rows_set_rare(&r, row, 0, Py_NewRef(sl->exc)) < 0))
+                    goto done;
+            }
+            continue;
+        }
         if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) < 4) {
             PyErr_Format(PyExc_TypeError, "aprof: raw record %zd is not a start or end tuple: %R", i, t);
             goto done;
@@ -1758,7 +1790,7 @@ nest(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 }
 
 /* raw_first_start(raw) -> int or None: the earliest start among raw's start
- * tuples (a track's place in the session, before consolidate_raw). */
+ * tuples and blocks (a track's place in the session, before consolidate_raw). */
 static PyObject *
 raw_first_start(PyObject *module, PyObject *raw)
 {
@@ -1770,6 +1802,15 @@ raw_first_start(PyObject *module, PyObject *raw)
     int64_t best = 0;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(raw); i++) {
         PyObject *t = PyList_GET_ITEM(raw, i);
+        if (RangeBlock_Check(t)) {
+            const RangeBlock *b = (const RangeBlock *)t;
+            for (Py_ssize_t k = 0; k < b->n; k++)
+                if (!found || b->slots[k].start < best) {
+                    best = b->slots[k].start;
+                    found = 1;
+                }
+            continue;
+        }
         if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) < 4 || PyLong_CheckExact(PyTuple_GET_ITEM(t, 0)))
             continue;
         int64_t s;

@@ -7,6 +7,7 @@
  *   _cevents.c  consolidation at stop: raw records -> FunctionEvents (SPEC 6)
  *   _ctasks.c   the asyncio task hooks' hot path (SPEC 7.1-7.3)
  *   _csampler.c the task-aware sampler (SPEC 8.4)
+ *   _cblocks.c  RangeBlock: plain ranges' raw records, packed (issue 17)
  */
 #ifndef APROF_CEXT_H
 #define APROF_CEXT_H
@@ -86,5 +87,38 @@ int aprof_events_init(PyObject *module);
 /* _csampler.c: add Sampler and the engine's functions to the module.
  * Returns -1 with an exception set on failure. */
 int aprof_sampler_init(PyObject *module);
+
+/* _cblocks.c: a run of plain ranges of one scope, packed; see that file. */
+typedef struct {
+    PyObject *name;  /* str, owned */
+    PyObject *args;  /* str or NULL, owned */
+    PyObject *exc;   /* the name of the exception that ended it: str or NULL, owned */
+    int64_t start;
+    int64_t end;     /* BLOCK_OPEN until the range ends */
+    int64_t end_tid; /* the id of the logical thread that ended it */
+} BlockSlot;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *scope; /* the scope value (a str) of every range in the block */
+    Py_ssize_t n, cap;
+    BlockSlot *slots;
+} RangeBlock;
+
+#define BLOCK_OPEN INT64_MIN
+
+extern PyTypeObject RangeBlockType;
+#define RangeBlock_Check(o) Py_IS_TYPE((o), &RangeBlockType)
+
+/* A new empty block of `scope` ranges; NULL with an exception set. */
+RangeBlock *aprof_block_new(PyObject *scope);
+/* Take the next slot for a range named `name` (an exact str) with `args`
+ * (an exact str or None), start 0 and open: the caller sets the start. The
+ * slot's index, or -1 with an exception set. */
+Py_ssize_t aprof_block_open(RangeBlock *b, PyObject *name, PyObject *args);
+/* Slot i's range ends (ignored if it already has). `exc`: str, None or NULL. */
+void aprof_block_close(RangeBlock *b, Py_ssize_t i, int64_t end, int64_t end_tid, PyObject *exc);
+/* Add RangeBlock to the module. Returns -1 with an exception set on failure. */
+int aprof_blocks_init(PyObject *module);
 
 #endif

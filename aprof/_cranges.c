@@ -475,10 +475,10 @@ typedef struct {
     PyObject_HEAD
     PyObject *name;
     PyObject *args;
-    PyObject *rec;  /* the open range: the start's list (fast) or a RecordFunction */
+    PyObject *rec;  /* the open range: its RangeBlock or the start's list (fast), or a RecordFunction */
     PyObject *lt;   /* fast path: the logical thread that started it */
     PyObject *more; /* further open ranges on this object (Python-managed list) */
-    Py_ssize_t idx; /* fast path: the start tuple's index in rec */
+    Py_ssize_t idx; /* fast path: the range's slot in rec, or its start tuple's index */
 } RangeCore;
 
 #define IS_SET(o) ((o) != NULL && (o) != Py_None)
@@ -712,9 +712,12 @@ set_stack_prefix(PyObject *module, PyObject *prefix)
     Py_RETURN_NONE;
 }
 
-/* The fast path's start: append (name, "user_scope", now, args) to the
- * logical thread's list of the profile `recorder` records into, or
- * (name, "user_scope", now, args, raw_stack) when it records stacks. */
+/* The fast path's start: take the next slot of the RangeBlock at the tail
+ * of the logical thread's list of the profile `recorder` records into (a new
+ * block is appended when the tail is anything else), or append
+ * (name, "user_scope", now, args, raw_stack) when it records stacks or the
+ * name or args is a str subclass (a block holds exact strs only, so that it
+ * need not be a GC container). */
 static int
 fast_start(RangeCore *self, PyObject *recorder)
 {
@@ -749,15 +752,41 @@ fast_start(RangeCore *self, PyObject *recorder)
     PyObject *with_stack = slot_get(&rd_with_stack, ps);
     if (with_stack == NULL)
         goto done;
-    PyObject *stack = NULL;
+    PyObject *stack = NULL, *name = self->name != NULL ? self->name : Py_None,
+             *a = self->args != NULL ? self->args : Py_None;
     if (with_stack == Py_True && stack_prefix != NULL) {
         Py_DECREF(with_stack);
         /* Before the clock read, so the range measures the user's code. */
         if ((stack = stack_raw(0, stack_prefix)) == NULL)
             goto done;
     }
-    else
+    else {
         Py_DECREF(with_stack);
+        if (PyUnicode_CheckExact(name) && (a == Py_None || PyUnicode_CheckExact(a))) {
+            Py_ssize_t len = PyList_GET_SIZE(lst);
+            PyObject *tail = len > 0 ? PyList_GET_ITEM(lst, len - 1) : NULL;
+            RangeBlock *b;
+            if (tail != NULL && RangeBlock_Check(tail) && ((RangeBlock *)tail)->scope == str_user_scope)
+                b = (RangeBlock *)Py_NewRef(tail);
+            else if ((b = aprof_block_new(str_user_scope)) == NULL)
+                goto done;
+            else if (PyList_Append(lst, (PyObject *)b) < 0) {
+                Py_DECREF(b);
+                goto done;
+            }
+            Py_ssize_t slot = aprof_block_open(b, name, a);
+            if (slot < 0) {
+                Py_DECREF(b);
+                goto done;
+            }
+            b->slots[slot].start = (int64_t)now_ns(); /* after the bookkeeping: the range measures the user's code */
+            self->idx = slot;
+            Py_XSETREF(self->rec, (PyObject *)b);
+            Py_XSETREF(self->lt, Py_NewRef(lt));
+            rc = 0;
+            goto done;
+        }
+    }
     tup = PyTuple_New(stack == NULL ? 4 : 5);
     if (tup == NULL) {
         Py_XDECREF(stack);
@@ -768,10 +797,10 @@ fast_start(RangeCore *self, PyObject *recorder)
     PyObject *t = PyLong_FromUnsignedLongLong(now_ns());
     if (t == NULL)
         goto done;
-    PyTuple_SET_ITEM(tup, 0, Py_NewRef(self->name != NULL ? self->name : Py_None));
+    PyTuple_SET_ITEM(tup, 0, Py_NewRef(name));
     PyTuple_SET_ITEM(tup, 1, Py_NewRef(str_user_scope));
     PyTuple_SET_ITEM(tup, 2, t);
-    PyTuple_SET_ITEM(tup, 3, Py_NewRef(self->args != NULL ? self->args : Py_None));
+    PyTuple_SET_ITEM(tup, 3, Py_NewRef(a));
     if (stack == NULL)
         untrack_atomic(tup);
     else if (!PyObject_GC_IsTracked(stack) && PyUnicode_CheckExact(PyTuple_GET_ITEM(tup, 0)) &&
@@ -846,6 +875,34 @@ RangeCore_exit(RangeCore *self, PyObject *const *args, Py_ssize_t nargs)
         Py_RETURN_NONE;
     self->rec = NULL;
     PyObject *et = args[0];
+    if (RangeBlock_Check(rec)) {
+        /* The end goes into the start's slot. After stop nobody reads the
+         * block: a late end is dropped free. */
+        int64_t now = (int64_t)now_ns();
+        PyObject *lt = logical_thread(), *tid = NULL, *exc = NULL, *result = NULL;
+        long long end_tid = -1;
+        if (lt == NULL || (tid = slot_get(&rd_id, lt)) == NULL)
+            goto block_done;
+        if ((end_tid = PyLong_AsLongLong(tid)) == -1 && PyErr_Occurred())
+            goto block_done;
+        if (et != Py_None) {
+            if ((exc = PyObject_GetAttr(et, str_name)) == NULL)
+                goto block_done;
+            if (!PyUnicode_CheckExact(exc)) {
+                Py_SETREF(exc, PyObject_Str(exc));
+                if (exc == NULL)
+                    goto block_done;
+            }
+        }
+        aprof_block_close((RangeBlock *)rec, self->idx, now, end_tid, exc);
+        result = Py_NewRef(Py_None);
+    block_done:
+        Py_XDECREF(exc);
+        Py_XDECREF(tid);
+        Py_XDECREF(lt);
+        Py_DECREF(rec);
+        return result;
+    }
     if (!PyList_CheckExact(rec)) {
         /* The general path's RecordFunction. */
         PyObject *r = PyObject_CallMethodObjArgs((PyObject *)self, str_end_general, rec, et, NULL);

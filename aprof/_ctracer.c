@@ -2045,9 +2045,10 @@ Tracer_get_degraded(Tracer *t, void *closure)
  * replay(data, names, lts, start_ns, scope): the loop of
  * aprof/_post/_replay.py in C (that file keeps the same loop in Python for
  * the twin, and documents it). names[i] is the display name of object i (or
- * None), lts[i] the (list, id) of logical thread i (or None). Appends
- * (name, scope, start, None) when a call opens and (index, end, id, None)
- * when it closes, to the logical thread's list.
+ * None), lts[i] the (list, id) of logical thread i (or None). A call
+ * takes a slot of a RangeBlock of `scope` ranges (_cblocks.c), one block
+ * per logical thread, appended to its list when its first call opens; the
+ * call's end is written into that slot when it closes.
  */
 typedef struct {
     uint64_t *keys;
@@ -2057,15 +2058,31 @@ typedef struct {
 
 #define REPLAY_SEARCH 32
 
-static int
-append_end(PyObject *lst, Py_ssize_t idx, uint64_t t, PyObject *tid, PyObject *exc)
+/* Logical thread `lt`'s block in `blocks` (borrowed), made and appended to
+ * the thread's list at its first call; its id in tids[lt]. NULL with an
+ * exception set. */
+static RangeBlock *
+replay_block(RangeBlock **blocks, long long *tids, PyObject *lts, int32_t lt, PyObject *scope)
 {
-    PyObject *tup = Py_BuildValue("(nKOO)", idx, (unsigned long long)t, tid, exc);
-    if (tup == NULL)
-        return -1;
-    int r = PyList_Append(lst, tup);
-    Py_DECREF(tup);
-    return r;
+    if (blocks[lt] != NULL)
+        return blocks[lt];
+    PyObject *pair = PyList_GET_ITEM(lts, lt);
+    if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 || !PyList_Check(PyTuple_GET_ITEM(pair, 0))) {
+        PyErr_SetString(PyExc_TypeError, "replay: lts[i] is not a (list, id) pair");
+        return NULL;
+    }
+    long long tid = PyLong_AsLongLong(PyTuple_GET_ITEM(pair, 1));
+    if (tid == -1 && PyErr_Occurred())
+        return NULL;
+    RangeBlock *b = aprof_block_new(scope);
+    if (b == NULL)
+        return NULL;
+    if (PyList_Append(PyTuple_GET_ITEM(pair, 0), (PyObject *)b) < 0) {
+        Py_DECREF(b);
+        return NULL;
+    }
+    tids[lt] = tid;
+    return blocks[lt] = b; /* the reference is dropped when replay ends; the list keeps the block */
 }
 
 /* The name of a method frame of code `code` on receiver `recv` (object
@@ -2103,14 +2120,18 @@ ctracer_replay(PyObject *module, PyObject *args)
         return NULL;
     }
     Stack *stacks = PyMem_Calloc(nobj ? nobj : 1, sizeof(Stack));
+    RangeBlock **blocks = PyMem_Calloc(nobj ? nobj : 1, sizeof(RangeBlock *));
+    long long *tids = PyMem_Calloc(nobj ? nobj : 1, sizeof(long long));
     /* per code object: its default receiver (+1), the first EV_RECV seen */
     uint32_t *recv_default = PyMem_Calloc(nobj ? nobj : 1, sizeof(uint32_t));
     PyObject *recv_cache = PyDict_New();
     int32_t cur[MAX_THREADS];
     for (int i = 0; i < MAX_THREADS; i++)
         cur[i] = -1;
-    if (stacks == NULL || recv_default == NULL || recv_cache == NULL) {
+    if (stacks == NULL || blocks == NULL || tids == NULL || recv_default == NULL || recv_cache == NULL) {
         PyMem_Free(stacks);
+        PyMem_Free(blocks);
+        PyMem_Free(tids);
         PyMem_Free(recv_default);
         Py_XDECREF(recv_cache);
         PyBuffer_Release(&buf);
@@ -2159,8 +2180,6 @@ ctracer_replay(PyObject *module, PyObject *args)
         int32_t lt = cur[tidx];
         if (lt < 0)
             continue;
-        PyObject *pair = PyList_GET_ITEM(lts, lt);
-        PyObject *lst = PyTuple_GET_ITEM(pair, 0), *tid = PyTuple_GET_ITEM(pair, 1);
         Stack *st = &stacks[lt];
         if (tag == EV_CALL || tag == EV_CCALL) {
             PyObject *name = PyList_GET_ITEM(names, (Py_ssize_t)p);
@@ -2188,13 +2207,22 @@ ctracer_replay(PyObject *module, PyObject *args)
                 st->idxs = x;
                 st->cap = cap;
             }
-            st->keys[st->n] = p;
-            st->idxs[st->n] = PyList_GET_SIZE(lst);
-            st->n++;
-            PyObject *tup = Py_BuildValue("(OOKO)", name, scope, (unsigned long long)t, Py_None);
-            if (tup == NULL || PyList_Append(lst, tup) < 0)
+            RangeBlock *b = replay_block(blocks, tids, lts, lt, scope);
+            Py_ssize_t slot;
+            if (b == NULL || !PyUnicode_CheckExact(name)) {
+                if (b != NULL)
+                    PyErr_SetString(PyExc_TypeError, "replay: a call's name is not a str");
                 ok = 0;
-            Py_XDECREF(tup);
+                break;
+            }
+            if ((slot = aprof_block_open(b, name, Py_None)) < 0) {
+                ok = 0;
+                break;
+            }
+            b->slots[slot].start = (int64_t)t;
+            st->keys[st->n] = p;
+            st->idxs[st->n] = slot;
+            st->n++;
             continue;
         }
         /* a return of some kind: close the innermost matching call, and
@@ -2205,9 +2233,9 @@ ctracer_replay(PyObject *module, PyObject *args)
         for (Py_ssize_t j = st->n - 1; j >= 0 && j >= st->n - REPLAY_SEARCH; j--) {
             if (st->keys[j] != p)
                 continue;
-            for (Py_ssize_t k = st->n - 1; k >= j && ok; k--)
-                if (append_end(lst, st->idxs[k], t, tid, k == j ? exc : Py_None) < 0)
-                    ok = 0;
+            /* an open call has a block: its CALL made it */
+            for (Py_ssize_t k = st->n - 1; k >= j; k--)
+                aprof_block_close(blocks[lt], st->idxs[k], (int64_t)t, tids[lt], k == j ? exc : Py_None);
             st->n = j;
             break;
         }
@@ -2217,6 +2245,10 @@ ctracer_replay(PyObject *module, PyObject *args)
         PyMem_Free(stacks[i].idxs);
     }
     PyMem_Free(stacks);
+    for (Py_ssize_t i = 0; i < nobj; i++)
+        Py_XDECREF(blocks[i]);
+    PyMem_Free(blocks);
+    PyMem_Free(tids);
     PyMem_Free(recv_default);
     Py_DECREF(recv_cache);
     PyBuffer_Release(&buf);
@@ -2358,7 +2390,7 @@ PyInit__ctracer(void)
     if (PyModule_AddObjectRef(m, "Tracer", (PyObject *)&TracerType) < 0 ||
         PyModule_AddIntConstant(m, "EVENT_BYTES", (long)sizeof(RawEvent)) < 0 ||
         aprof_ranges_init(m) < 0 || aprof_events_init(m) < 0 || aprof_tasks_init(m) < 0 ||
-        aprof_sampler_init(m) < 0) {
+        aprof_sampler_init(m) < 0 || aprof_blocks_init(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -41,8 +41,9 @@ def replay(
     /,
 ) -> None:
     """The inner loop of ``aprof._post._replay.replay`` (documented there), in
-    C. ``recv_name(code_index, receiver_index)`` names a method frame on a
-    receiver (called once per pair)."""
+    C, writing each logical thread's calls into one ``RangeBlock`` appended to
+    its list. ``recv_name(code_index, receiver_index)`` names a method frame
+    on a receiver (called once per pair)."""
 
 class Tracer:
     """Records Python calls and returns (and C calls) of one profile.
@@ -134,6 +135,24 @@ class Stepping:
 
 #: The one ``Stepping`` object (``aprof._core._threads.stepping``).
 stepping: Stepping
+
+class RangeBlock:
+    """A run of plain ranges of one scope, packed as 48-byte C structs: the
+    raw records of ``record_function``'s C fast path and of the tracer's
+    replay (``aprof/_cblocks.c``). It sits in a logical thread's raw list;
+    ``consolidate_raw`` reads it, ``_events.unpack_blocks`` spells it out as
+    start and end tuples for the tuple-pairing paths."""
+
+    def __init__(self, scope: str, /) -> None: ...
+    @property
+    def scope(self) -> str: ...
+    def open(self, name: str, args: str | None, start: int, /) -> int:
+        """A range starts; its slot's index."""
+    def close(self, index: int, end: int, end_thread_id: int, exc: str | None, /) -> None:
+        """The range at ``index`` ends (a second end is ignored)."""
+    def rows(self) -> list[tuple[str, str, int, str | None, int | None, int, str | None]]:
+        """``(name, scope, start, args, end or None, end_thread_id, exc)`` per range."""
+    def __len__(self) -> int: ...
 
 class RangeCore:
     """``record_function``'s fields, ``__init__``, ``__enter__`` and
@@ -282,15 +301,15 @@ def nest(records: list[list[Any]], track: int, stop_ns: int, tab: Any, linked: l
     ``linked``)."""
 
 def consolidate_raw(
-    raw: list[tuple[Any, ...]], tid: int, lead: list[list[Any]], track: int, stop_ns: int, tab: Any,
+    raw: list[Any], tid: int, lead: list[list[Any]], track: int, stop_ns: int, tab: Any,
     linked: list[int], /,
 ) -> None:
     """``nest(sort_by_start(lead + records_of(raw, tid)))`` into the table in
     one pass over C arrays, with no record per range (not for raw stacks that
     need naming)."""
 
-def raw_first_start(raw: list[tuple[Any, ...]], /) -> int | None:
-    """The earliest start among ``raw``'s start tuples, or None."""
+def raw_first_start(raw: list[Any], /) -> int | None:
+    """The earliest start among ``raw``'s start tuples and blocks, or None."""
 
 def children_index(parent: Any, track: Any, kind: Any, /) -> tuple[bytes, bytes]:
     """``_table._py_children_index``: (offsets, children) as int32 bytes."""

@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import threading
+import tracemalloc
 import weakref
 from array import array
 from pathlib import Path
@@ -32,6 +33,7 @@ from aprof._core import _native, _record_function, _threads
 from aprof._core._callbacks import RF_STATE
 from aprof._core._recorder import ASYNC_SAME_THREAD, KIND_INSTANT
 from aprof._post import _events
+from aprof._post._table import COLUMNS, EventTable
 
 from .conftest import require_c_extension
 
@@ -153,9 +155,11 @@ def test_with_stack_keeps_stacks_raw_until_stop() -> None:
     assert [f[2] for f in r.stack[:2]] == [at_site.__qualname__, "_stack_site"]
 
 
-def test_c_records_have_the_python_paths_shape_and_leave_the_gc_alone() -> None:
-    # SPEC 3: a range is a start tuple and an end tuple naming it. The C path
-    # takes its records (strs, ints, None only) out of the collector's lists.
+def test_c_ranges_are_packed_into_one_block_the_gc_does_not_walk() -> None:
+    # SPEC 3, issue 17 item 4: on the C path a plain range is a 48-byte slot
+    # of a RangeBlock at the tail of its thread's raw list, not two tuples;
+    # its end is written into the slot. A block holds only strs, so it is no
+    # GC container.
     _require_extension()
     with aprof.profile() as prof:
         with aprof.record_function("a", args="k=1"):
@@ -165,20 +169,98 @@ def test_c_records_have_the_python_paths_shape_and_leave_the_gc_alone() -> None:
             except KeyError:
                 pass
         (records,) = raw_lists().values()
-        start_a, start_b, end_b, end_a = records
-        assert start_a[:2] == ("a", "user_scope")
-        assert start_a[3] == "k=1"
-        assert start_b[0] == "b"
-        assert start_b[3] is None
-        assert end_b[0] == 1
-        assert end_b[3] == "KeyError"
-        assert end_b[2] == aprof.current_thread_id()
-        assert end_a[0] == 0
-        assert end_a[3] is None
-        assert start_a[2] <= start_b[2] <= end_b[1] <= end_a[1]
-        assert not any(gc.is_tracked(r) for r in records)
+        (block,) = records
+        assert type(block) is _native.extension.RangeBlock  # type: ignore[union-attr]
+        assert not gc.is_tracked(block)
+        (name_a, scope, start_a, args_a, end_a, tid_a, exc_a), (name_b, _, start_b, args_b, end_b, tid_b, exc_b) = (
+            block.rows()
+        )
+        assert (name_a, scope, args_a, exc_a) == ("a", "user_scope", "k=1", None)
+        assert (name_b, args_b, exc_b) == ("b", None, "KeyError")
+        assert tid_a == tid_b == aprof.current_thread_id()
+        assert start_a <= start_b <= end_b <= end_a
+        with aprof.record_function("c"):
+            assert block.rows()[2][4] is None  # open: no end yet
+        assert len(records) == 1
+        assert len(block) == 3
     b = next(e for e in prof.events() if e.name == "b")
     assert b.exception == "KeyError"
+    assert [e.name for e in prof.events()] == ["a", "b", "c"]
+
+
+def test_a_block_sits_among_the_tuples_in_the_order_things_were_recorded() -> None:
+    # SPEC 3: a record of another kind between two ranges ends the tail
+    # block; the next range opens a new one after it, so the raw list keeps
+    # the order everything was recorded in.
+    _require_extension()
+    with aprof.profile() as prof:
+        with aprof.record_function("a"):
+            pass
+        aprof.mark("mark")
+        with aprof.record_function("b"):
+            pass
+        kinds = [type(r).__name__ for r in next(iter(raw_lists().values()))]
+    assert kinds == ["RangeBlock", "tuple", "RangeBlock"]
+    assert [e.name for e in prof.events()] == ["a", "mark", "b"]
+
+
+def test_a_range_holds_at_most_64_bytes_while_recording() -> None:
+    # Issue 17 item 4: "Recording: at most 64 B held per user range."
+    _require_extension()
+    names = [f"range-{i}" for i in range(4)]
+    n = 30_000
+    with aprof.profile():
+        with aprof.record_function("warm"):
+            pass
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            for i in range(n):
+                with aprof.record_function(names[i & 3], args="id=1" if i % 100 == 0 else None):
+                    pass
+            held = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+    assert held / n <= 64, f"{held / n:.1f} B held per range"
+
+
+def test_unpacked_blocks_consolidate_like_the_blocks() -> None:
+    # Issue 17 item 4: the tuple-pairing path (with_stack, the twins) reads a
+    # raw list holding blocks the same as the one-pass path: same columns.
+    _require_extension()
+    ext = _native.extension
+    assert ext is not None
+    block = ext.RangeBlock("user_scope")
+    raw: list[Any] = [("t0", "user_scope", 5, None)]
+    i = block.open("outer", "k=1", 10)
+    j = block.open("inner", None, 12)
+    block.close(j, 15, TID, "ValueError")
+    block.close(j, 99, TID, None)  # a second end is ignored
+    block.close(i, 30, TID + 1, None)  # ended on another logical thread: async
+    block.open("open", None, 31)  # still open at stop
+    raw += [block, (0, 40, TID, None)]
+    unpacked = _events.unpack_blocks(raw)
+    assert not any(type(t) is ext.RangeBlock for t in unpacked)
+
+    def table(one_pass: bool) -> Any:
+        tab = EventTable()
+        track = tab.add_track(_events.Track(TID, "t", "thread", 1, 0))
+        if one_pass:
+            ext.consolidate_raw(raw, TID, [], track, 50, tab, [])
+        else:
+            records = _events._records_of(unpacked, TID)
+            _events._sort_by_start(records)
+            _events._nest(records, track, 50, tab, [])
+        return tab
+
+    one, two = table(True), table(False)
+    for col, _ in COLUMNS:
+        assert getattr(one, col) == getattr(two, col), col
+    assert one.names == two.names
+    assert one.rare == two.rare
+    assert [one.names[k] for k in one.name] == ["t0", "outer", "inner", "open"]
+    assert list(one.end) == [40, 30, 15, 50]
 
 
 def test_c_records_keep_a_str_subclass_name_tracked() -> None:

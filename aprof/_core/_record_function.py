@@ -675,7 +675,7 @@ class record_function(_RangeCore):
         lt = rec._lt if type(rec) is RecordFunction else self._lt
         if self._more is None:
             self._more = []
-        self._more.append((rec, self._idx if type(rec) is list else -1, lt))
+        self._more.append((rec, -1 if type(rec) is RecordFunction else self._idx, lt))
         self._rec = None
 
     def _take_shared(self) -> None:
@@ -685,7 +685,10 @@ class record_function(_RangeCore):
         assert more is not None
         rec = self._rec
         if rec is not None:
-            more.append((rec, self._idx if type(rec) is list else -1, rec._lt if type(rec) is RecordFunction else self._lt))
+            if isinstance(rec, RecordFunction):  # the general path's
+                more.append((rec, -1, rec._lt))
+            else:  # the fast path's block (C) or list (Python)
+                more.append((rec, self._idx, self._lt))
         if not more:
             self._more = None
             return
@@ -697,7 +700,7 @@ class record_function(_RangeCore):
                 break
         rec, idx, lt = more.pop(pick)
         self._rec = rec
-        if type(rec) is list:
+        if type(rec) is not RecordFunction:  # the fast path's block (C) or list (Python)
             self._idx = idx
             assert lt is not None
             self._lt = lt

@@ -12,6 +12,11 @@ later collection walk a million records (with mutable lists, the GC cost more
 than the recording itself). Building ``FunctionEvent`` objects, nesting, names
 and flags all happen at stop (``aprof._post._events.consolidate``).
 
+On the C paths, a plain range (a name and maybe args, from
+``record_function``'s fast path or the tracer's replay) is not two tuples but
+a 48-byte slot of a ``RangeBlock`` (``aprof/_cblocks.c``) at the list's tail:
+its end is written into the slot, nothing is appended.
+
 Start tuple: ``(name, scope_value, start_ns, args)`` from the fast path, or
 ``(name, scope_value, start_ns, args, seq, fwd, inputs, stack, kind, extra)``.
 End tuple: ``(start_index, end_ns, end_thread_id, exception_name)``; an
@@ -119,6 +124,16 @@ def capture_stack(skip: int) -> RawStack:
     objects are kept only until stop.
     """
     return _stack_here(skip + 1, _APROF_DIR)
+
+
+def first_start(lst: list[Any]) -> int | None:
+    """The earliest start recorded in a raw list (start tuples and, on the C
+    paths, RangeBlocks), or None if it has none."""
+    ext = _native.extension
+    if ext is not None:
+        start: int | None = ext.raw_first_start(lst)
+        return start
+    return min((t[2] for t in lst if type(t[0]) is not int), default=None)
 
 
 def index_of(lst: list[Any], record: tuple[Any, ...], hint: int) -> int:

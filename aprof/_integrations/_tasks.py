@@ -46,7 +46,7 @@ from typing import Any, Final
 
 from .._core import _native, _record_function, _threads
 from .._core._callbacks import EMPTY_RF_STATE, RF_STATE, AprofWarning, RFState
-from .._core._recorder import ProfilerState, Recorder
+from .._core._recorder import ProfilerState, Recorder, first_start
 from .._core._threads import LogicalThread, current_logical_thread, stepping
 from .._frames import Frame, user_site
 from ._await_chain import Wait, WaitLog, describe_task
@@ -243,7 +243,9 @@ class TaskThread(LogicalThread):
             if lst is None:
                 continue
             ps.lists[self] = lst
-            starts += [r[2] for r in lst if type(r[0]) is not int]
+            first = first_start(lst)
+            if first is not None:
+                starts.append(first)
         self.spawn_ns = min(starts)
 
     def __repr__(self) -> str:

@@ -384,7 +384,7 @@ def consolidate(
             if first is not None:
                 rows.append((first, len(rows), track, raw, lead))
             continue
-        records = records_of(raw, tid)  # reads a snapshot: later appends are dropped
+        records = records_of(unpack_blocks(raw), tid)  # reads a snapshot: later appends are dropped
         if stack_names is not None:
             name_stacks(records, stack_names)
         records[0:0] = lead
@@ -578,6 +578,33 @@ def _steps_until(flat: list[int], stop_ns: int) -> list[int]:
         end = flat[i + 1] if i + 1 < len(flat) else stop_ns
         out += (start, end if end < stop_ns else stop_ns)
     return out
+
+
+def unpack_blocks(raw: list[Any]) -> list[Any]:
+    """``raw`` with each RangeBlock (``aprof/_cblocks.c``: the C paths' plain
+    ranges, packed) spelled out as start and end tuples, for the paths that
+    pair tuples (``records_of``); the end tuples already there are renumbered
+    to their starts' new places. ``raw`` itself if it has no block."""
+    block = _native.extension.RangeBlock if _native.extension is not None else None
+    if block is None or not any(type(t) is block for t in raw):
+        return raw
+    out: list[Any] = []
+    ends: list[tuple[Any, ...]] = []
+    moved: dict[int, int] = {}  # old index of a start tuple -> its new one
+    for i, t in enumerate(raw):
+        if type(t) is block:
+            for name, scope, start, args, end, end_tid, exc in t.rows():
+                if end is not None:
+                    ends.append((len(out), end, end_tid, exc))
+                out.append((name, scope, start, args))
+        elif type(t[0]) is int:
+            new = moved.get(t[0])
+            if new is not None:
+                ends.append((new, *t[1:]))
+        else:
+            moved[i] = len(out)
+            out.append(t)
+    return out + ends
 
 
 def _records_of(raw: list[tuple[Any, ...]], tid: int) -> list[list[Any]]:
