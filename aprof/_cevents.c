@@ -26,6 +26,8 @@
  *   name_totals()   key_averages by name over the columns.
  *   chrome_plain()  the Chrome trace lines of a run of plain ranges (the
  *                   exporter's common case; aprof/_export/_chrome.py).
+ *   stitch_segments() a track's ranges as segments by innermost open range
+ *                   (aprof/_post/_stitch.py).
  *   lod_keep(), lod_merge(), lod_flame()
  *                   level of detail for the HTML report past its budget
  *                   (aprof/_post/_lod.py).
@@ -2203,6 +2205,158 @@ done:
 }
 #undef LOD_CHILD
 
+/* ------------------------------------------------------------------------ */
+/* stitch_segments (aprof/_post/_stitch.py range_segments)                    */
+/* ------------------------------------------------------------------------ */
+
+/* The who-awaits-whom flame graph starts from each track's ranges cut into
+ * segments by the innermost open range: one step per range of the session,
+ * so it is here. Frames are tuples of names, outermost first; a range's
+ * tuple is its parent's plus its own name (past max_frames, the parent's). */
+
+static int
+seg_emit(PyObject *out, int64_t t0, int64_t t1, PyObject *frames)
+{
+    PyObject *seg = Py_BuildValue("(LLO)", (long long)t0, (long long)t1, frames);
+    if (seg == NULL)
+        return -1;
+    int rc = PyList_Append(out, seg);
+    Py_DECREF(seg);
+    return rc;
+}
+
+/* stitch_segments(tab, rows, a, b, labels, relabelled, max_frames) -> list */
+static PyObject *
+stitch_segments(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7 || !PyList_Check(args[1]) || !PyLong_Check(args[2]) || !PyLong_Check(args[3]) ||
+        !PyDict_Check(args[4]) || !PyBytes_Check(args[5]) || PyBytes_GET_SIZE(args[5]) != 256 ||
+        !PyLong_Check(args[6])) {
+        PyErr_SetString(PyExc_TypeError, "stitch_segments(tab, rows: list, a: int, b: int, labels: dict, "
+                                         "relabelled: bytes (256), max_frames: int)");
+        return NULL;
+    }
+    long long a = PyLong_AsLongLong(args[2]), b = PyLong_AsLongLong(args[3]);
+    Py_ssize_t max_frames = PyLong_AsSsize_t(args[6]);
+    if (((a == -1 || b == -1) || max_frames == -1) && PyErr_Occurred())
+        return NULL;
+    const unsigned char *relabel = (const unsigned char *)PyBytes_AS_STRING(args[5]);
+    PyObject *rows = args[1], *labels = args[4];
+    Cols t;
+    if (cols_get(args[0], &t) < 0)
+        return NULL;
+    PyObject *names = PyObject_GetAttrString(args[0], "names");
+    PyObject *out = NULL, *empty = PyTuple_New(0);
+    int64_t *ends = NULL;
+    PyObject **frames = NULL;
+    Py_ssize_t sp = 0, cap = 0;
+    if (names == NULL || empty == NULL)
+        goto fail;
+    if (!PyList_Check(names)) {
+        PyErr_SetString(PyExc_TypeError, "stitch_segments: tab.names is not a list");
+        goto fail;
+    }
+    out = PyList_New(0);
+    if (out == NULL)
+        goto fail;
+    int64_t cur = a;
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(rows); k++) {
+        Py_ssize_t i = PyLong_AsSsize_t(PyList_GET_ITEM(rows, k));
+        if (i == -1 && PyErr_Occurred())
+            goto fail;
+        if (i < 0 || i >= t.n) {
+            PyErr_Format(PyExc_IndexError, "stitch_segments: row %zd is outside 0..%zd", i, t.n - 1);
+            goto fail;
+        }
+        int64_t s = t.start[i], e = t.end[i];
+        if (e <= a || s >= b)
+            continue;
+        while (sp > 0 && ends[sp - 1] <= s) {
+            int64_t end = ends[--sp];
+            PyObject *fr = frames[sp];
+            int64_t t1 = end < b ? end : b;
+            int rc = t1 > cur ? seg_emit(out, cur, t1, fr) : 0;
+            Py_DECREF(fr);
+            if (rc < 0)
+                goto fail;
+            if (end > cur)
+                cur = end;
+        }
+        if (sp > 0 && s > cur && seg_emit(out, cur, s < b ? s : b, frames[sp - 1]) < 0)
+            goto fail;
+        if (s > cur)
+            cur = s;
+        PyObject *up = sp > 0 ? frames[sp - 1] : empty, *nf;
+        Py_ssize_t len = PyTuple_GET_SIZE(up);
+        if (len < max_frames) {
+            PyObject *label = NULL;
+            if (relabel[t.scope[i]]) {
+                PyObject *key = PyLong_FromSsize_t(i);
+                if (key == NULL)
+                    goto fail;
+                label = PyDict_GetItemWithError(labels, key); /* borrowed */
+                Py_DECREF(key);
+                if (label == NULL && PyErr_Occurred())
+                    goto fail;
+            }
+            if (label == NULL) {
+                int32_t ni = t.name[i];
+                if (ni < 0 || ni >= PyList_GET_SIZE(names)) {
+                    PyErr_Format(PyExc_IndexError, "stitch_segments: row %zd has name index %d", i, ni);
+                    goto fail;
+                }
+                label = PyList_GET_ITEM(names, ni);
+            }
+            nf = PyTuple_New(len + 1);
+            if (nf == NULL)
+                goto fail;
+            for (Py_ssize_t q = 0; q < len; q++)
+                PyTuple_SET_ITEM(nf, q, Py_NewRef(PyTuple_GET_ITEM(up, q)));
+            PyTuple_SET_ITEM(nf, len, Py_NewRef(label));
+        } else
+            nf = Py_NewRef(up);
+        if (sp == cap) {
+            Py_ssize_t nc = cap ? cap * 2 : 64;
+            int64_t *e2 = PyMem_Realloc(ends, (size_t)nc * sizeof(int64_t));
+            if (e2 != NULL)
+                ends = e2;
+            PyObject **f2 = e2 != NULL ? PyMem_Realloc(frames, (size_t)nc * sizeof(PyObject *)) : NULL;
+            if (f2 == NULL) {
+                Py_DECREF(nf);
+                PyErr_NoMemory();
+                goto fail;
+            }
+            frames = f2;
+            cap = nc;
+        }
+        ends[sp] = e;
+        frames[sp++] = nf;
+    }
+    while (sp > 0) {
+        int64_t end = ends[--sp];
+        PyObject *fr = frames[sp];
+        int64_t t1 = end < b ? end : b;
+        int rc = t1 > cur ? seg_emit(out, cur, t1, fr) : 0;
+        Py_DECREF(fr);
+        if (rc < 0)
+            goto fail;
+        if (end > cur)
+            cur = end;
+    }
+    goto done;
+fail:
+    Py_CLEAR(out);
+done:
+    while (sp > 0)
+        Py_DECREF(frames[--sp]);
+    PyMem_Free(ends);
+    PyMem_Free(frames);
+    Py_XDECREF(names);
+    Py_XDECREF(empty);
+    cols_release(&t);
+    return out;
+}
+
 /* trim_heap() -> bool: give the C heap's free memory back to the system
  * (glibc's malloc_trim). Consolidation frees the raw records, several
  * times the size of the columns it keeps, in blocks glibc keeps for reuse
@@ -2294,6 +2448,8 @@ static PyMethodDef event_functions[] = {
      "Level of detail: the events not kept, merged into blocks per track and row."},
     {"lod_flame", (PyCFunction)(void (*)(void))lod_flame, METH_FASTCALL,
      "Level of detail: ranges merged by call path over every event."},
+    {"stitch_segments", (PyCFunction)(void (*)(void))stitch_segments, METH_FASTCALL,
+     "Who awaits whom: a track's ranges cut into segments by the innermost open range."},
     {"trim_heap", trim_heap, METH_NOARGS, "Give the C heap's free memory back to the system (glibc); whether it could."},
     {NULL, NULL, 0, NULL},
 };

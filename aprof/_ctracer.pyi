@@ -323,6 +323,12 @@ def lod_flame(tab: Any, label: Any, /) -> tuple[bytes, bytes, bytes]:
     """``_lod.range_flame``: (parent int32, label int32, total int64) bytes
     per node."""
 
+def stitch_segments(
+    tab: Any, rows: list[int], a: int, b: int, labels: dict[int, str], relabelled: bytes, max_frames: int, /
+) -> list[tuple[int, int, tuple[str, ...]]]:
+    """``_stitch._range_segments`` over the rows ``rows`` of ``tab``; the rows
+    whose scope is nonzero in ``relabelled`` are named by ``labels``."""
+
 def trim_heap() -> bool:
     """Give the C heap's free memory back to the system (glibc's
     ``malloc_trim``); False where there is no such call."""
