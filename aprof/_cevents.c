@@ -26,6 +26,11 @@
  *   name_totals()   key_averages by name over the columns.
  *   chrome_plain()  the Chrome trace lines of a run of plain ranges (the
  *                   exporter's common case; aprof/_export/_chrome.py).
+ *   stitch_segments() a track's ranges as segments by innermost open range
+ *                   (aprof/_post/_stitch.py).
+ *   lod_keep(), lod_merge(), lod_flame()
+ *                   level of detail for the HTML report past its budget
+ *                   (aprof/_post/_lod.py).
  *
  * The layout constants are checked against the Python ones once, in
  * _events_setup(), so the two cannot drift apart silently.
@@ -1826,6 +1831,573 @@ raw_first_start(PyObject *module, PyObject *raw)
     return PyLong_FromLongLong(best);
 }
 
+/* ------------------------------------------------------------------------ */
+/* lod_keep, lod_merge, lod_flame: level of detail (aprof/_post/_lod.py)      */
+/* ------------------------------------------------------------------------ */
+
+/* The HTML report of a session past its detail budget holds the longest
+ * events in full and the rest merged into blocks (aprof/_post/_lod.py has
+ * the rules and the twins). These run once over every event of the session,
+ * so at ten million events they are C: no object per event. */
+
+/* Nested on its track, as the report draws it: neither it nor its parent is
+ * async. */
+#define LOD_CHILD(t, i)                                                                                          \
+    ((t)->parent[i] >= 0 && (t)->track[(t)->parent[i]] == (t)->track[i] &&                                   \
+     !(((t)->kind[i] | (t)->kind[(t)->parent[i]]) & FLAG_ASYNC))
+
+static int
+lod_check_parents(Cols *t)
+{
+    for (Py_ssize_t i = 0; i < t->n; i++)
+        if (t->parent[i] < -1 || t->parent[i] >= t->n || t->track[i] < 0) {
+            PyErr_Format(PyExc_ValueError, "aprof: event %zd has a parent index %d outside -1..%zd", i, t->parent[i],
+                         t->n - 1);
+            return -1;
+        }
+    return 0;
+}
+
+static inline int
+bit_length(uint64_t v)
+{
+    return v ? 64 - __builtin_clzll(v) : 0;
+}
+
+/* lod_keep(tab, always, budget) -> (mask, rows, shortest_ns): _lod.keep_rows. */
+static PyObject *
+lod_keep(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyBytes_Check(args[1]) || PyBytes_GET_SIZE(args[1]) != 256 || !PyLong_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "lod_keep(tab, always: bytes (256), budget: int)");
+        return NULL;
+    }
+    long long budget = PyLong_AsLongLong(args[2]);
+    if (budget == -1 && PyErr_Occurred())
+        return NULL;
+    const unsigned char *always = (const unsigned char *)PyBytes_AS_STRING(args[1]);
+    Cols t;
+    if (cols_get(args[0], &t) < 0)
+        return NULL;
+    PyObject *result = NULL, *mask = NULL;
+    int32_t *rows = NULL;
+    Py_ssize_t n = t.n;
+    if (lod_check_parents(&t) < 0)
+        goto done;
+    mask = PyBytes_FromStringAndSize(NULL, n);
+    rows = PyMem_Malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+    if (mask == NULL || rows == NULL) {
+        if (rows == NULL)
+            PyErr_NoMemory();
+        goto done;
+    }
+    unsigned char *keep = (unsigned char *)PyBytes_AS_STRING(mask);
+    long long buckets[66] = {0}, n_always = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (always[t.scope[i]])
+            n_always++;
+        else
+            buckets[bit_length((uint64_t)(t.end[i] - t.start[i]))]++;
+    }
+    long long room = budget - n_always > 0 ? budget - n_always : 0;
+    int cut = 66;
+    while (cut > 0 && buckets[cut - 1] <= room) {
+        cut--;
+        room -= buckets[cut];
+    }
+    int partial = cut - 1;
+    int64_t shortest = -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        keep[i] = 1;
+        if (always[t.scope[i]])
+            continue;
+        int64_t d = t.end[i] - t.start[i];
+        int b = bit_length((uint64_t)d);
+        if (b < partial || (b == partial && room <= 0)) {
+            keep[i] = 0;
+            continue;
+        }
+        if (b == partial)
+            room--;
+        if (shortest < 0 || d < shortest)
+            shortest = d;
+    }
+    /* Ancestors: each is set once, so this is linear in all. */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!keep[i])
+            continue;
+        Py_ssize_t j = i;
+        while (LOD_CHILD(&t, j) && !keep[t.parent[j]]) {
+            j = t.parent[j];
+            keep[j] = 1;
+        }
+    }
+    Py_ssize_t k = 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (keep[i])
+            rows[k++] = (int32_t)i;
+    result = Py_BuildValue("(Oy#L)", mask, (const char *)rows, k * 4, (long long)(shortest < 0 ? 0 : shortest));
+done:
+    Py_XDECREF(mask);
+    PyMem_Free(rows);
+    cols_release(&t);
+    return result;
+}
+
+/* Each event's depth of nesting (the _lod.depths rule); NULL on no memory. */
+static int32_t *
+lod_depths(Cols *t)
+{
+    Py_ssize_t n = t->n;
+    int32_t *depth = PyMem_Malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+    int32_t *chain = PyMem_Malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+    if (depth == NULL || chain == NULL) {
+        PyMem_Free(depth);
+        PyMem_Free(chain);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        depth[i] = -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (depth[i] >= 0)
+            continue;
+        Py_ssize_t len = 0, j = i;
+        while (depth[j] < 0) {
+            if (!LOD_CHILD(t, j)) {
+                depth[j] = 0;
+                break;
+            }
+            chain[len++] = (int32_t)j;
+            j = t->parent[j];
+        }
+        int32_t d = depth[j];
+        while (len > 0)
+            depth[chain[--len]] = ++d;
+    }
+    PyMem_Free(chain);
+    return depth;
+}
+
+typedef struct {
+    int64_t start, end, count, busy;
+    int open;
+} LodBlock;
+
+typedef struct {
+    int64_t *p;
+    Py_ssize_t len, cap;
+} I64s;
+
+static int
+i64s_push(I64s *v, int64_t x)
+{
+    if (v->len == v->cap) {
+        Py_ssize_t cap = v->cap ? v->cap * 2 : 1024;
+        int64_t *p = PyMem_Realloc(v->p, (size_t)cap * sizeof(int64_t));
+        if (p == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        v->p = p;
+        v->cap = cap;
+    }
+    v->p[v->len++] = x;
+    return 0;
+}
+
+static int
+lod_flush(I64s *items, LodBlock *b, int64_t track, Py_ssize_t slot, int64_t base)
+{
+    b->open = 0;
+    return i64s_push(items, track) | i64s_push(items, (int64_t)slot - 1) | i64s_push(items, b->start - base) |
+           i64s_push(items, b->end - b->start) | i64s_push(items, b->count) | i64s_push(items, b->busy);
+}
+
+/* lod_merge(tab, keep, base, resolution, remap) -> (blocks, events, kept):
+ * _lod.merge_rows, int64 bytes. */
+static PyObject *
+lod_merge(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 || !PyBytes_Check(args[1]) || !PyLong_Check(args[2]) || !PyLong_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "lod_merge(tab, keep: bytes, base: int, resolution: int, remap)");
+        return NULL;
+    }
+    long long base = PyLong_AsLongLong(args[2]), resolution = PyLong_AsLongLong(args[3]);
+    if ((base == -1 || resolution == -1) && PyErr_Occurred())
+        return NULL;
+    if (resolution < 1) {
+        PyErr_Format(PyExc_ValueError, "merge_rows: resolution must be >= 1 ns, got %lld", resolution);
+        return NULL;
+    }
+    Cols t;
+    if (cols_get(args[0], &t) < 0)
+        return NULL;
+    Py_buffer rv;
+    Py_ssize_t nt = get_column(args[4], &rv, 4, "remap", 0);
+    if (nt < 0) {
+        cols_release(&t);
+        return NULL;
+    }
+    const int32_t *remap = rv.buf;
+    const unsigned char *keep = (const unsigned char *)PyBytes_AS_STRING(args[1]);
+    PyObject *result = NULL;
+    int32_t *depth = NULL;
+    LodBlock *blocks = NULL;
+    I64s items = {0};
+    int64_t *events = NULL, *kept = NULL;
+    Py_ssize_t n = t.n;
+    if (PyBytes_GET_SIZE(args[1]) != n) {
+        PyErr_Format(PyExc_ValueError, "lod_merge: keep has %zd bytes for %zd events", PyBytes_GET_SIZE(args[1]), n);
+        goto done;
+    }
+    if (lod_check_parents(&t) < 0)
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (t.track[i] >= nt) {
+            PyErr_Format(PyExc_ValueError, "lod_merge: event %zd is on track %d of %zd", i, t.track[i], nt);
+            goto done;
+        }
+    depth = lod_depths(&t);
+    if (depth == NULL)
+        goto done;
+    int32_t max_depth = 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (depth[i] > max_depth)
+            max_depth = depth[i];
+    Py_ssize_t slots = (Py_ssize_t)max_depth + 2; /* 0: the async row, then depth + 1 */
+    blocks = PyMem_Calloc((size_t)slots, sizeof(LodBlock));
+    events = PyMem_Calloc((size_t)(nt > 0 ? nt : 1), sizeof(int64_t));
+    kept = PyMem_Calloc((size_t)(nt > 0 ? nt : 1), sizeof(int64_t));
+    if (blocks == NULL || events == NULL || kept == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int32_t cur = -1;
+    Py_ssize_t top = 0; /* slots below this may be open */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int32_t tr = t.track[i];
+        if (tr != cur) {
+            for (Py_ssize_t s = 0; s < top; s++)
+                if (blocks[s].open && lod_flush(&items, &blocks[s], remap[cur], s, base) < 0)
+                    goto done;
+            top = 0;
+            cur = tr;
+        }
+        events[tr]++;
+        Py_ssize_t slot = (t.kind[i] & FLAG_ASYNC) ? 0 : (Py_ssize_t)depth[i] + 1;
+        LodBlock *b = &blocks[slot];
+        if (keep[i]) {
+            kept[tr]++;
+            if (b->open && lod_flush(&items, b, remap[cur], slot, base) < 0)
+                goto done;
+            continue;
+        }
+        int64_t s = t.start[i], e = t.end[i];
+        if (b->open && s - b->end < resolution) {
+            if (e > b->end)
+                b->end = e;
+            b->count++;
+            b->busy += e - s;
+            continue;
+        }
+        if (b->open && lod_flush(&items, b, remap[cur], slot, base) < 0)
+            goto done;
+        b->start = s;
+        b->end = e;
+        b->count = 1;
+        b->busy = e - s;
+        b->open = 1;
+        if (slot >= top)
+            top = slot + 1;
+    }
+    for (Py_ssize_t s = 0; s < top; s++)
+        if (blocks[s].open && lod_flush(&items, &blocks[s], remap[cur], s, base) < 0)
+            goto done;
+    result = Py_BuildValue("(y#y#y#)", items.p != NULL ? (const char *)items.p : "", items.len * 8, (const char *)events, nt * 8,
+                           (const char *)kept, nt * 8);
+done:
+    PyMem_Free(items.p);
+    PyMem_Free(depth);
+    PyMem_Free(blocks);
+    PyMem_Free(events);
+    PyMem_Free(kept);
+    PyBuffer_Release(&rv);
+    cols_release(&t);
+    return result;
+}
+
+/* lod_flame(tab, label) -> (parent, label, total): _lod.range_flame, nodes
+ * found by (parent node, label) in an open-addressing hash table. */
+static PyObject *
+lod_flame(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "lod_flame(tab, label)");
+        return NULL;
+    }
+    Cols t;
+    if (cols_get(args[0], &t) < 0)
+        return NULL;
+    Py_buffer lv;
+    Py_ssize_t nl = get_column(args[1], &lv, 4, "label", 0);
+    if (nl < 0) {
+        cols_release(&t);
+        return NULL;
+    }
+    const int32_t *label = lv.buf;
+    PyObject *result = NULL;
+    Py_ssize_t n = t.n;
+    int32_t *node_of = NULL, *slots = NULL, *par = NULL, *lab = NULL;
+    int64_t *tot = NULL;
+    size_t nslots = 1024, nodes = 1, cap = 1024;
+    if (nl != n) {
+        PyErr_Format(PyExc_ValueError, "lod_flame: %zd labels for %zd events", nl, n);
+        goto done;
+    }
+    if (lod_check_parents(&t) < 0)
+        goto done;
+    node_of = PyMem_Malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+    slots = PyMem_Malloc(nslots * sizeof(int32_t));
+    par = PyMem_Malloc(cap * sizeof(int32_t));
+    lab = PyMem_Malloc(cap * sizeof(int32_t));
+    tot = PyMem_Malloc(cap * sizeof(int64_t));
+    if (node_of == NULL || slots == NULL || par == NULL || lab == NULL || tot == NULL)
+        goto nomem;
+    memset(slots, 0xff, nslots * sizeof(int32_t)); /* -1: empty */
+    par[0] = -1;
+    lab[0] = -1;
+    tot[0] = 0;
+#define LOD_HASH(up, lb) (((uint64_t)(uint32_t)(up) * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)(uint32_t)(lb) * 0xC2B2AE3D27D4EB4Full))
+    for (Py_ssize_t i = 0; i < n; i++) {
+        node_of[i] = -1;
+        if (t.kind[i] & (FLAG_ASYNC | KIND_INSTANT))
+            continue;
+        int32_t p = t.parent[i];
+        int32_t up = (p >= 0 && p < i && LOD_CHILD(&t, i) && node_of[p] >= 0) ? node_of[p] : 0;
+        int32_t lb = label[i];
+        size_t h = (size_t)(LOD_HASH(up, lb) >> 17) & (nslots - 1);
+        int32_t nd;
+        for (;;) {
+            nd = slots[h];
+            if (nd < 0 || (par[nd] == up && lab[nd] == lb))
+                break;
+            h = (h + 1) & (nslots - 1);
+        }
+        if (nd < 0) {
+            if (nodes == cap) {
+                cap *= 2;
+                int32_t *p2 = PyMem_Realloc(par, cap * sizeof(int32_t));
+                if (p2 == NULL)
+                    goto nomem;
+                par = p2;
+                int32_t *l2 = PyMem_Realloc(lab, cap * sizeof(int32_t));
+                if (l2 == NULL)
+                    goto nomem;
+                lab = l2;
+                int64_t *t2 = PyMem_Realloc(tot, cap * sizeof(int64_t));
+                if (t2 == NULL)
+                    goto nomem;
+                tot = t2;
+            }
+            nd = (int32_t)nodes++;
+            par[nd] = up;
+            lab[nd] = lb;
+            tot[nd] = 0;
+            slots[h] = nd;
+            if (nodes * 2 > nslots) { /* grow and rehash: at most half full */
+                size_t ns = nslots * 2;
+                int32_t *s2 = PyMem_Malloc(ns * sizeof(int32_t));
+                if (s2 == NULL)
+                    goto nomem;
+                memset(s2, 0xff, ns * sizeof(int32_t));
+                for (size_t q = 1; q < nodes; q++) {
+                    size_t h2 = (size_t)(LOD_HASH(par[q], lab[q]) >> 17) & (ns - 1);
+                    while (s2[h2] >= 0)
+                        h2 = (h2 + 1) & (ns - 1);
+                    s2[h2] = (int32_t)q;
+                }
+                PyMem_Free(slots);
+                slots = s2;
+                nslots = ns;
+            }
+        }
+        int64_t d = t.end[i] - t.start[i];
+        tot[nd] += d;
+        if (up == 0)
+            tot[0] += d;
+        node_of[i] = nd;
+    }
+#undef LOD_HASH
+    result = Py_BuildValue("(y#y#y#)", (const char *)par, (Py_ssize_t)nodes * 4, (const char *)lab,
+                           (Py_ssize_t)nodes * 4, (const char *)tot, (Py_ssize_t)nodes * 8);
+    goto done;
+nomem:
+    PyErr_NoMemory();
+done:
+    PyMem_Free(node_of);
+    PyMem_Free(slots);
+    PyMem_Free(par);
+    PyMem_Free(lab);
+    PyMem_Free(tot);
+    PyBuffer_Release(&lv);
+    cols_release(&t);
+    return result;
+}
+#undef LOD_CHILD
+
+/* ------------------------------------------------------------------------ */
+/* stitch_segments (aprof/_post/_stitch.py range_segments)                    */
+/* ------------------------------------------------------------------------ */
+
+/* The who-awaits-whom flame graph starts from each track's ranges cut into
+ * segments by the innermost open range: one step per range of the session,
+ * so it is here. Frames are tuples of names, outermost first; a range's
+ * tuple is its parent's plus its own name (past max_frames, the parent's). */
+
+static int
+seg_emit(PyObject *out, int64_t t0, int64_t t1, PyObject *frames)
+{
+    PyObject *seg = Py_BuildValue("(LLO)", (long long)t0, (long long)t1, frames);
+    if (seg == NULL)
+        return -1;
+    int rc = PyList_Append(out, seg);
+    Py_DECREF(seg);
+    return rc;
+}
+
+/* stitch_segments(tab, rows, a, b, labels, relabelled, max_frames) -> list */
+static PyObject *
+stitch_segments(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7 || !PyList_Check(args[1]) || !PyLong_Check(args[2]) || !PyLong_Check(args[3]) ||
+        !PyDict_Check(args[4]) || !PyBytes_Check(args[5]) || PyBytes_GET_SIZE(args[5]) != 256 ||
+        !PyLong_Check(args[6])) {
+        PyErr_SetString(PyExc_TypeError, "stitch_segments(tab, rows: list, a: int, b: int, labels: dict, "
+                                         "relabelled: bytes (256), max_frames: int)");
+        return NULL;
+    }
+    long long a = PyLong_AsLongLong(args[2]), b = PyLong_AsLongLong(args[3]);
+    Py_ssize_t max_frames = PyLong_AsSsize_t(args[6]);
+    if (((a == -1 || b == -1) || max_frames == -1) && PyErr_Occurred())
+        return NULL;
+    const unsigned char *relabel = (const unsigned char *)PyBytes_AS_STRING(args[5]);
+    PyObject *rows = args[1], *labels = args[4];
+    Cols t;
+    if (cols_get(args[0], &t) < 0)
+        return NULL;
+    PyObject *names = PyObject_GetAttrString(args[0], "names");
+    PyObject *out = NULL, *empty = PyTuple_New(0);
+    int64_t *ends = NULL;
+    PyObject **frames = NULL;
+    Py_ssize_t sp = 0, cap = 0;
+    if (names == NULL || empty == NULL)
+        goto fail;
+    if (!PyList_Check(names)) {
+        PyErr_SetString(PyExc_TypeError, "stitch_segments: tab.names is not a list");
+        goto fail;
+    }
+    out = PyList_New(0);
+    if (out == NULL)
+        goto fail;
+    int64_t cur = a;
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(rows); k++) {
+        Py_ssize_t i = PyLong_AsSsize_t(PyList_GET_ITEM(rows, k));
+        if (i == -1 && PyErr_Occurred())
+            goto fail;
+        if (i < 0 || i >= t.n) {
+            PyErr_Format(PyExc_IndexError, "stitch_segments: row %zd is outside 0..%zd", i, t.n - 1);
+            goto fail;
+        }
+        int64_t s = t.start[i], e = t.end[i];
+        if (e <= a || s >= b)
+            continue;
+        while (sp > 0 && ends[sp - 1] <= s) {
+            int64_t end = ends[--sp];
+            PyObject *fr = frames[sp];
+            int64_t t1 = end < b ? end : b;
+            int rc = t1 > cur ? seg_emit(out, cur, t1, fr) : 0;
+            Py_DECREF(fr);
+            if (rc < 0)
+                goto fail;
+            if (end > cur)
+                cur = end;
+        }
+        if (sp > 0 && s > cur && seg_emit(out, cur, s < b ? s : b, frames[sp - 1]) < 0)
+            goto fail;
+        if (s > cur)
+            cur = s;
+        PyObject *up = sp > 0 ? frames[sp - 1] : empty, *nf;
+        Py_ssize_t len = PyTuple_GET_SIZE(up);
+        if (len < max_frames) {
+            PyObject *label = NULL;
+            if (relabel[t.scope[i]]) {
+                PyObject *key = PyLong_FromSsize_t(i);
+                if (key == NULL)
+                    goto fail;
+                label = PyDict_GetItemWithError(labels, key); /* borrowed */
+                Py_DECREF(key);
+                if (label == NULL && PyErr_Occurred())
+                    goto fail;
+            }
+            if (label == NULL) {
+                int32_t ni = t.name[i];
+                if (ni < 0 || ni >= PyList_GET_SIZE(names)) {
+                    PyErr_Format(PyExc_IndexError, "stitch_segments: row %zd has name index %d", i, ni);
+                    goto fail;
+                }
+                label = PyList_GET_ITEM(names, ni);
+            }
+            nf = PyTuple_New(len + 1);
+            if (nf == NULL)
+                goto fail;
+            for (Py_ssize_t q = 0; q < len; q++)
+                PyTuple_SET_ITEM(nf, q, Py_NewRef(PyTuple_GET_ITEM(up, q)));
+            PyTuple_SET_ITEM(nf, len, Py_NewRef(label));
+        } else
+            nf = Py_NewRef(up);
+        if (sp == cap) {
+            Py_ssize_t nc = cap ? cap * 2 : 64;
+            int64_t *e2 = PyMem_Realloc(ends, (size_t)nc * sizeof(int64_t));
+            if (e2 != NULL)
+                ends = e2;
+            PyObject **f2 = e2 != NULL ? PyMem_Realloc(frames, (size_t)nc * sizeof(PyObject *)) : NULL;
+            if (f2 == NULL) {
+                Py_DECREF(nf);
+                PyErr_NoMemory();
+                goto fail;
+            }
+            frames = f2;
+            cap = nc;
+        }
+        ends[sp] = e;
+        frames[sp++] = nf;
+    }
+    while (sp > 0) {
+        int64_t end = ends[--sp];
+        PyObject *fr = frames[sp];
+        int64_t t1 = end < b ? end : b;
+        int rc = t1 > cur ? seg_emit(out, cur, t1, fr) : 0;
+        Py_DECREF(fr);
+        if (rc < 0)
+            goto fail;
+        if (end > cur)
+            cur = end;
+    }
+    goto done;
+fail:
+    Py_CLEAR(out);
+done:
+    while (sp > 0)
+        Py_DECREF(frames[--sp]);
+    PyMem_Free(ends);
+    PyMem_Free(frames);
+    Py_XDECREF(names);
+    Py_XDECREF(empty);
+    cols_release(&t);
+    return out;
+}
+
 /* trim_heap() -> bool: give the C heap's free memory back to the system
  * (glibc's malloc_trim). Consolidation frees the raw records, several
  * times the size of the columns it keeps, in blocks glibc keeps for reuse
@@ -1911,6 +2483,14 @@ static PyMethodDef event_functions[] = {
     {"consolidate_raw", (PyCFunction)(void (*)(void))consolidate_raw, METH_FASTCALL,
      "records_of, sort_by_start and nest of one track in one pass, into an EventTable, with no record per range."},
     {"raw_first_start", (PyCFunction)raw_first_start, METH_O, "The earliest start among a raw list's start tuples, or None."},
+    {"lod_keep", (PyCFunction)(void (*)(void))lod_keep, METH_FASTCALL,
+     "Level of detail: the events a budgeted report keeps in full (mask, rows, shortest kept)."},
+    {"lod_merge", (PyCFunction)(void (*)(void))lod_merge, METH_FASTCALL,
+     "Level of detail: the events not kept, merged into blocks per track and row."},
+    {"lod_flame", (PyCFunction)(void (*)(void))lod_flame, METH_FASTCALL,
+     "Level of detail: ranges merged by call path over every event."},
+    {"stitch_segments", (PyCFunction)(void (*)(void))stitch_segments, METH_FASTCALL,
+     "Who awaits whom: a track's ranges cut into segments by the innermost open range."},
     {"trim_heap", trim_heap, METH_NOARGS, "Give the C heap's free memory back to the system (glibc); whether it could."},
     {NULL, NULL, 0, NULL},
 };

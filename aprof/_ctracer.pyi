@@ -330,6 +330,24 @@ def decode_column(data: bytes, c: int, out: Any, starts: Any, /) -> None:
 def check_table(tab: Any, profile_start: int, max_thread_id: int, /) -> None:
     """``_validate._check_table``: the column checks of a table read from a file."""
 
+def lod_keep(tab: Any, always: bytes, budget: int, /) -> tuple[bytes, bytes, int]:
+    """``_lod.keep_rows``: (a byte per event, the kept indexes as int32
+    bytes, the shortest duration kept by length)."""
+
+def lod_merge(tab: Any, keep: bytes, base: int, resolution: int, remap: Any, /) -> tuple[bytes, bytes, bytes]:
+    """``_lod.merge_rows``: (blocks, events per track, kept per track) as
+    int64 bytes."""
+
+def lod_flame(tab: Any, label: Any, /) -> tuple[bytes, bytes, bytes]:
+    """``_lod.range_flame``: (parent int32, label int32, total int64) bytes
+    per node."""
+
+def stitch_segments(
+    tab: Any, rows: list[int], a: int, b: int, labels: dict[int, str], relabelled: bytes, max_frames: int, /
+) -> list[tuple[int, int, tuple[str, ...]]]:
+    """``_stitch._range_segments`` over the rows ``rows`` of ``tab``; the rows
+    whose scope is nonzero in ``relabelled`` are named by ``labels``."""
+
 def trim_heap() -> bool:
     """Give the C heap's free memory back to the system (glibc's
     ``malloc_trim``); False where there is no such call."""

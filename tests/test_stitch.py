@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import aprof
 from aprof._post._stitch import QUEUED, WAITING, merge_tree, stitched_timelines
 
@@ -259,3 +261,26 @@ def test_a_deep_chain_keeps_its_outermost_frames_and_all_its_time() -> None:
     tree = merge_tree(timelines)
     outer = next(e for e in prof.events() if e.name == "level 0")
     assert tree["total"] == outer.end_ns - outer.start_ns
+
+
+def test_the_c_segment_walk_matches_the_python_twin(backend) -> None:
+    # SPEC 14: stitch_segments in C and _range_segments in Python agree,
+    # frame for frame, on every track and on windows cutting ranges.
+    from aprof._core import _native
+    from aprof._post import _stitch
+
+    if _native.extension is None:
+        pytest.skip("the C extension is not active (APROF_PURE_PYTHON=1 or not built)")
+    from .test_lod import mixed_profile
+
+    session = mixed_profile(backend).session
+    st = _stitch._Stitcher(session)
+    assert st.labels
+    for rows in st.nested.values():
+        starts = [session._table.start[i] for i in rows]
+        ends = [session._table.end[i] for i in rows]
+        lo, hi = min(starts), max(ends)
+        for a, b in ((lo, hi), (lo + (hi - lo) // 3, hi - (hi - lo) // 3), (hi, hi + 10)):
+            want = _stitch._range_segments([session._table.view(i) for i in rows], a, b)
+            assert _stitch.range_segments(session._table, rows, a, b, st.labels) == want
+    assert _stitch.stitched_timelines(session)

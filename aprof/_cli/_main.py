@@ -29,7 +29,9 @@ from .. import _version
 from .._core._profiler import profile
 from .._core._propagation import install_propagation, uninstall_propagation
 from .._export._files import check_output_path
+from .._export._html import DEFAULT_BUDGET
 from .._post._analysis import _SORT_KEYS
+from .._post._compact import LOD_KEY
 from .._post._readers import read_profile
 from .._post._session import Session
 
@@ -48,7 +50,13 @@ DEFAULT_LOOP_BLOCK_THRESHOLD: Final = 0.05
 #: aprof run's options that take a value (the rest are flags): the command
 #: line is split by hand at the script or ``-m module``, so that whatever
 #: follows is the program's, untouched.
-_RUN_VALUE_OPTIONS: Final = ("-o", "--output", "--scope", "--max-events", "--loop-block-threshold", "--sort", "--row-limit")
+_RUN_VALUE_OPTIONS: Final = ("-o", "--output", "--scope", "--max-events", "--html-budget", "--loop-block-threshold", "--sort", "--row-limit")
+
+
+_HTML_BUDGET_HELP: Final = (
+    f"for an HTML report (-o x.html): events shown in full (default {DEFAULT_BUDGET:,}); past it the report keeps "
+    "tasks, executor jobs, loop blocks and the longest ranges, merges the rest into blocks and says so"
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -82,6 +90,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--c-calls", action="store_true", help="with --python-tracer, record the C functions Python code calls too (costs more: on 3.11 several times)")
     run.add_argument("--no-c-calls", action="store_true", help="with --python-tracer, Python frames only: the default now, accepted so older command lines still run")
     run.add_argument("--max-events", type=_positive_int, metavar="N", help="with --python-tracer or --sample, keep the first N raw tracer events (and N samples) and count the rest as dropped")
+    run.add_argument("--html-budget", type=_positive_int, metavar="N", help=_HTML_BUDGET_HELP)
     run.add_argument(
         "--sample",
         nargs="?",
@@ -129,6 +138,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     convert.add_argument("input", help="the file to read: .aprof, .json, .json.gz or .html")
     convert.add_argument("output", help=f"the file to write; format from the name: {', '.join(_FORMATS)}")
+    convert.add_argument("--html-budget", type=_positive_int, metavar="N", help=_HTML_BUDGET_HELP)
     convert.add_argument(
         "--max-events",
         type=_positive_int,
@@ -245,7 +255,12 @@ def _is_chrome(out: Path) -> bool:
     return not name.endswith((".aprof", ".speedscope.json", ".folded", ".html"))
 
 
-def _write(session: Session, out: Path, max_events: int | None = None) -> None:
+def _is_html(out: Path) -> bool:
+    """Whether :func:`_write` writes ``out`` as an HTML report."""
+    return out.name.lower().endswith(".html")
+
+
+def _write(session: Session, out: Path, max_events: int | None = None, html_budget: int | None = None) -> None:
     name = out.name.lower()
     if name.endswith(".aprof"):
         session.save(out)
@@ -254,7 +269,7 @@ def _write(session: Session, out: Path, max_events: int | None = None) -> None:
     elif name.endswith(".folded"):
         session.export_folded(out)
     elif name.endswith(".html"):
-        session.export_html(out)
+        session.export_html(out, DEFAULT_BUDGET if html_budget is None else html_budget)
     else:
         session.export_chrome_trace(out, max_events)
 
@@ -319,7 +334,7 @@ class _Finish:
             if sections:
                 print(sections, file=sys.stderr)
         try:
-            _write(session, self.out)
+            _write(session, self.out, html_budget=args.html_budget)
         except (OSError, ValueError, TypeError) as exc:
             print(f"aprof: {exc}", file=sys.stderr)
             return code or 1
@@ -364,6 +379,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.c_calls and args.no_c_calls:
         raise _UsageError("run: --c-calls and --no-c-calls contradict each other: give one")
     out, shown = _output_path(args)
+    if args.html_budget is not None and not _is_html(out):
+        raise _UsageError(f"run: --html-budget applies to HTML reports (-o x.html), not {shown!r}")
 
     prog = args.module or args.target
     sys.argv = [prog, *args.args]
@@ -444,8 +461,21 @@ def _read(command: str, name: str) -> Session:
         raise _UsageError(f"{command}: {exc}") from None
 
 
+def _partial_note(session: Session, name: str, what: str) -> None:
+    """Say on stderr that ``session`` was read from an HTML report cut to its
+    detail budget: it lacks the events the report merged."""
+    lod = session.metadata.get(LOD_KEY)
+    if lod:
+        print(
+            f"aprof: {name} is an HTML report past its detail budget: it holds {lod['kept']:,} of "
+            f"{lod['events']:,} events in full; the other {lod['merged']:,} were merged there and {what}",
+            file=sys.stderr,
+        )
+
+
 def _report(args: argparse.Namespace) -> int:
     session = _read("report", args.file)
+    _partial_note(session, args.file, "are not in this summary (the report's own page counts them)")
     print(session.key_averages(args.group_by).table(sort_by=args.sort, row_limit=args.row_limit))
     if not args.no_sections:
         sections = session.summary().render()
@@ -456,11 +486,14 @@ def _report(args: argparse.Namespace) -> int:
 
 def _convert(args: argparse.Namespace) -> int:
     session = _read("convert", args.input)
+    _partial_note(session, args.input, f"are not in {args.output}")
     out = _checked_output(args.output)
     if args.max_events is not None and not _is_chrome(out):
         raise _UsageError(f"convert: --max-events applies to Chrome traces (.json, .json.gz), not {args.output!r}")
+    if args.html_budget is not None and not _is_html(out):
+        raise _UsageError(f"convert: --html-budget applies to HTML reports (.html), not {args.output!r}")
     try:
-        _write(session, out, args.max_events)
+        _write(session, out, args.max_events, args.html_budget)
     except (OSError, ValueError, TypeError) as exc:
         raise _UsageError(f"convert: {exc}") from None
     written = len(session._table)

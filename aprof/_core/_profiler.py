@@ -488,9 +488,10 @@ class profile:
         """Write folded stacks (``.folded``) for flame graphs (SPEC 9.2)."""
         self.session.export_folded(path)
 
-    def export_html(self, path: str | PathLike[str]) -> None:
-        """Write a self-contained HTML report (``.html``) (SPEC 9.2)."""
-        self.session.export_html(path)
+    def export_html(self, path: str | PathLike[str], budget: int = 1_000_000) -> None:
+        """Write a self-contained HTML report (``.html``) (SPEC 9.2); past
+        ``budget`` events, at a level of detail (``Session.export_html``)."""
+        self.session.export_html(path, budget)
 
     def export_opentelemetry(
         self, tracer_provider: object = None, *, parent: object = None, python_frames: bool = False

@@ -11,6 +11,16 @@ merges ranges narrower than a pixel; tasks of one coroutine are grouped, and
 large groups start collapsed, so 100k events and 50k tasks stay interactive.
 ``aprof report`` and ``aprof convert`` read the embedded document back.
 
+A session of more events than the detail budget (``budget``, default
+:data:`DEFAULT_BUDGET`) is shown at a level of detail
+(``aprof._post._lod``): the document holds the budget's worth of events in
+full (tasks, executor jobs and loop blocks always, then the longest, with
+their ancestors), and under ``"lod"`` the rest merged into blocks per track
+and row, each track's event counts and the flame graph by range over every
+event. The page says so in a banner. The summary rows count every event;
+the stitched flame graph is computed from the kept events (a dropped
+range's time counts in its parent's frame).
+
 Besides the compact document, the page gets what only Python knows or what
 is cheaper to compute here: the summary rows (``key_averages``, with the
 CLI's columns), the stitched flame graph, and the directories of the
@@ -23,25 +33,43 @@ from __future__ import annotations
 import json
 import os
 import sysconfig
+from array import array
 from collections.abc import Iterator
 from importlib import resources
 from os import PathLike
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
+from .._core._callbacks import RecordScope
 from .._post._compact import compact_document
+from .._post._lod import ITEM, keep_rows, merge_rows, range_flame
 from .._post._stitch import merge_tree, stitched_timelines
+from .._post._table import SCOPES
 from ._files import atomic_write_text, check_output_path
+from ._labels import frame_label
 
 if TYPE_CHECKING:
     from .._post._session import Session
 
-__all__ = ["export_html", "html_chunks"]
+__all__ = ["DEFAULT_BUDGET", "check_budget", "export_html", "html_chunks"]
 
 SUFFIXES = (".html", ".htm")
 _PLACEHOLDER = "{{APROF_DATA}}"
 _SUMMARY_ROWS = 500
 _SECTION_ROWS = 20  # rows of each summary section the page shows (the text shows 5)
 _FLAME_NODES = 20_000  # the stitched flame graph keeps its largest nodes
+#: Events a report holds in full by default. Chromium loads a report of a
+#: million events in about a third of a second and pans and zooms it in
+#: tens of milliseconds (bench/scale.py, tests/test_html.py); past that,
+#: the JSON alone is hundreds of megabytes.
+DEFAULT_BUDGET: Final = 1_000_000
+#: Merged blocks: the resolution starts at the profile's span over this many
+#: columns (a screen's width zoomed in some eightfold) and is coarsened
+#: fourfold until the blocks number at most half the budget (or it passes
+#: the span).
+_LOD_COLUMNS = 10_000
+#: Scopes a budgeted report always keeps in full: the structure that groups,
+#: arrows, the tables and the summary hang on.
+_KEPT_SCOPES = frozenset({RecordScope.TASK, RecordScope.EXECUTOR, RecordScope.LOOP_BLOCK})
 _APROF_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
@@ -58,6 +86,82 @@ def _library_dirs() -> list[str]:
         if p:
             out.add(os.path.join(p, ""))
     return sorted(out, key=len, reverse=True)
+
+
+def _flat_tree(parent: Any, names: list[str], total: Any) -> list[Any]:
+    """Flame graph nodes (parents before children, node 0 the root) as the
+    page takes them: ``[name, total, parent]``, the largest
+    ``_FLAME_NODES`` of those the page can draw (a thousandth of the root or
+    more), parents still before children."""
+    top = total[0]
+    keep = [0]
+    new = {0: 0}
+    for nd in range(1, len(parent)):
+        if parent[nd] in new and total[nd] * 1000 >= top:
+            new[nd] = len(keep)
+            keep.append(nd)
+    if len(keep) > _FLAME_NODES:  # a parent is never smaller than its child: the largest keep their parents
+        chosen = set(sorted(keep, key=lambda nd: -total[nd])[:_FLAME_NODES])
+        keep = [nd for nd in keep if nd in chosen]
+        new = {nd: j for j, nd in enumerate(keep)}
+    return [[names[nd], total[nd], new[parent[nd]] if nd else -1] for nd in keep]
+
+
+def _level_of_detail(session: Session, budget: int) -> tuple[Session, dict[str, Any]]:
+    """The session cut to ``budget`` events in full, and the document's
+    ``"lod"`` part for the rest (see the module's docstring)."""
+    from .._post._session import Session
+
+    tab = session._table
+    n = len(tab)
+    always = bytes(1 if sc in _KEPT_SCOPES else 0 for sc in SCOPES).ljust(256, b"\0")
+    mask, rows, shortest = keep_rows(tab, always, budget)
+    detail = Session(tab.take(rows), session._tracks, session.metadata, session.samples)
+    order = {id(t): i for i, t in enumerate(detail.tracks())}  # the document's track order
+    remap = array("i", [order[id(t)] for t in tab.tracks])
+    base = int(session.metadata.get("start_ns", 0))
+    stop = session.metadata.get("stop_ns")
+    span = int(stop) - base if stop is not None else (max(tab.end) - base if n else 0)
+    resolution = max(1, span // _LOD_COLUMNS)
+    while True:
+        blocks, events, kept = merge_rows(tab, mask, base, resolution, remap)
+        # Past the span, a coarser resolution joins nothing more: what is
+        # left apart is kept events, rows and tracks.
+        if len(blocks) // ITEM <= max(1, budget // 2) or resolution > span:
+            break
+        resolution *= 4
+    track_events = [0] * len(remap)
+    track_kept = [0] * len(remap)
+    for ti, j in enumerate(remap):
+        track_events[j] = events[ti]
+        track_kept[j] = kept[ti]
+    # Frame names as the flame graphs name them: tasks by coroutine,
+    # executor jobs as "executor <fn>".
+    labels = list(tab.names)
+    label = array("i", tab.name)
+    ids: dict[str, int] = {}
+    for i in tab.rows_of_scope(RecordScope.TASK) + tab.rows_of_scope(RecordScope.EXECUTOR):
+        text = frame_label(tab.view(i))
+        if text != labels[label[i]]:
+            if text not in ids:
+                ids[text] = len(labels)
+                labels.append(text)
+            label[i] = ids[text]
+    parent, lab, total = range_flame(tab, label)
+    names = ["all"] + [labels[k] for k in lab[1:]]
+    lod = {
+        "budget": budget,
+        "events": n,
+        "kept": len(rows),
+        "merged": n - len(rows),
+        "shortest_kept_ns": shortest,
+        "resolution_ns": resolution,
+        "blocks": blocks.tolist(),
+        "track_events": track_events,
+        "track_kept": track_kept,
+        "ranges": _flat_tree(parent, names, total),
+    }
+    return detail, lod
 
 
 def _stitched(session: Session) -> list[Any]:
@@ -100,8 +204,11 @@ def _sections(session: Session) -> dict[str, list[list[Any]]]:
     }
 
 
-def _data_json(session: Session) -> str:
-    doc = compact_document(session)
+def _data_json(session: Session, budget: int) -> str:
+    detail, lod = (session, None) if len(session._table) <= budget else _level_of_detail(session, budget)
+    doc = compact_document(detail)
+    if lod is not None:
+        doc["lod"] = lod
     rows = sorted(session.key_averages(), key=lambda r: (r.total_ns, r.sampled_ns), reverse=True)[:_SUMMARY_ROWS]
     # The CLI's columns; min, max and the sampled ones come last so older
     # readers' indexes hold.
@@ -109,7 +216,7 @@ def _data_json(session: Session) -> str:
         [r.key, r.count, r.total_ns, r.self_ns, r.running_ns, r.waiting_ns, r.min_ns, r.max_ns, r.samples, r.sampled_ns]
         for r in rows
     ]
-    doc["stitched"] = _stitched(session)
+    doc["stitched"] = _stitched(detail)
     doc["sections"] = _sections(session)
     doc["library_dirs"] = _library_dirs()
     try:
@@ -122,18 +229,41 @@ def _data_json(session: Session) -> str:
     return text.replace("<", "\\u003c")
 
 
-def html_chunks(session: Session) -> Iterator[str]:
-    """The report page as text chunks."""
+def html_chunks(session: Session, budget: int = DEFAULT_BUDGET) -> Iterator[str]:
+    """The report page as text chunks (``budget``: see :func:`export_html`)."""
     page = _template()
     head, sep, tail = page.partition(_PLACEHOLDER)
     if not sep:  # pragma: no cover - the template ships with the package
         raise RuntimeError("aprof: the HTML report template has no data placeholder")
     yield head
-    yield _data_json(session)
+    yield _data_json(session, budget)
     yield tail
 
 
-def export_html(session: Session, path: str | PathLike[str]) -> None:
-    """Write ``session`` as a self-contained HTML report (``.html``)."""
+def check_budget(budget: object, what: str = "export_html") -> int:
+    """``budget`` if it is an int >= 1.
+
+    Raises:
+        ValueError: it is not (the message names ``what`` and the value).
+    """
+    if type(budget) is not int or budget < 1:
+        raise ValueError(f"{what}: budget must be an int >= 1 (events shown in full), got {budget!r}")
+    return budget
+
+
+def export_html(session: Session, path: str | PathLike[str], budget: int = DEFAULT_BUDGET) -> None:
+    """Write ``session`` as a self-contained HTML report (``.html``).
+
+    Args:
+        budget: Events the page holds in full. A larger session keeps the
+            tasks, executor jobs, loop blocks and the longest other events
+            up to it (plus their ancestors), merges the rest into blocks
+            per track and row, and says so in a banner.
+
+    Raises:
+        ValueError, OSError: ``budget`` is not an int >= 1, or see
+            ``check_output_path``.
+    """
+    check_budget(budget)
     p = check_output_path(path, "export_html", SUFFIXES)
-    atomic_write_text(p, html_chunks(session), compress=False, what="export_html")
+    atomic_write_text(p, html_chunks(session, budget), compress=False, what="export_html")

@@ -18,7 +18,12 @@ of its parent event (-1 for none), indexes into ``names`` and ``scopes``,
 flag bits (``F_*``) and an index into ``details`` (-1 when the event has
 nothing beyond those fields). Task steps are relative nanoseconds too.
 Stack samples, when the profile sampled, are under ``"samples"``
-(:func:`compact_samples`).
+(:func:`compact_samples`). A report past its detail budget holds only some
+events here and the rest, merged, under ``"lod"`` (aprof._export._html):
+read back, such a document gives the events it holds, and the session's
+``metadata["html_lod"]`` says how many were merged
+(``{"budget", "events", "kept", "merged", "shortest_kept_ns",
+"resolution_ns"}``).
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from ._validate import check_parent_indexes
 if TYPE_CHECKING:
     from ._session import Session
 
-__all__ = ["FORMAT", "compact_document", "session_from_compact"]
+__all__ = ["FORMAT", "LOD_KEY", "compact_document", "session_from_compact"]
 
 FORMAT: Final = "aprof-compact"
 VERSION: Final = 1
@@ -184,6 +189,31 @@ def _index(i: int, n: int, what: str) -> int:
     return i
 
 
+#: Where a session read from a report cut to its detail budget says so.
+LOD_KEY: Final = "html_lod"
+_LOD_FIELDS: Final = ("budget", "events", "kept", "merged", "shortest_kept_ns", "resolution_ns")
+
+
+def _lod_info(lod: Any, n: int) -> dict[str, int]:
+    """What a budgeted report's ``"lod"`` part says about the events it
+    merged (aprof._export._html), checked: the session read back holds the
+    ``kept`` events only."""
+    if type(lod) is not dict:
+        raise ValueError("the level-of-detail part is not an object")
+    info: dict[str, int] = {}
+    for k in _LOD_FIELDS:
+        v = lod.get(k)
+        if type(v) is not int or v < 0:
+            raise ValueError(f"level-of-detail field {k!r} is {v!r}, not a whole number")
+        info[k] = v
+    if info["kept"] != n or info["kept"] + info["merged"] != info["events"]:
+        raise ValueError(
+            f"level-of-detail counts disagree: {info['kept']} kept + {info['merged']} merged "
+            f"for {info['events']} events, and the document holds {n}"
+        )
+    return info
+
+
 def session_from_compact(doc: dict[str, Any]) -> Session:
     """Rebuild a session from :func:`compact_document`'s output.
 
@@ -242,5 +272,7 @@ def session_from_compact(doc: dict[str, Any]) -> Session:
         parents.append(parent)
     check_parent_indexes(parents, len(tab))
     set_parents(tab, parents)
+    if doc.get("lod") is not None:
+        metadata[LOD_KEY] = _lod_info(doc["lod"], len(tab))
     samples = _samples_from_compact(doc["samples"], base, tracks) if doc.get("samples") is not None else None
     return Session(tab, {t.id: t for t in tracks}, metadata, samples)

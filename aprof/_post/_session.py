@@ -169,11 +169,16 @@ class Session:
 
         export_folded(self, path)
 
-    def export_html(self, path: str | PathLike[str]) -> None:
-        """Write a self-contained HTML report (``.html``): timeline, flame graph, summary (SPEC 9.2)."""
+    def export_html(self, path: str | PathLike[str], budget: int = 1_000_000) -> None:
+        """Write a self-contained HTML report (``.html``): timeline, flame graph, summary (SPEC 9.2).
+
+        A session of more than ``budget`` events keeps that many in full
+        (tasks, executor jobs, loop blocks, then the longest) and shows the
+        rest merged into blocks, with a banner that says so.
+        """
         from .._export._html import export_html
 
-        export_html(self, path)
+        export_html(self, path, budget)
 
     def export_opentelemetry(
         self, tracer_provider: object = None, *, parent: object = None, python_frames: bool = False

@@ -45,6 +45,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Final
 
+from .._core import _native
 from .._core._callbacks import RecordScope
 from .._core._recorder import FLAG_ASYNC, KIND_INSTANT
 from ._table import SCOPES, X_EXTRA
@@ -52,6 +53,7 @@ from ._table import SCOPES, X_EXTRA
 if TYPE_CHECKING:
     from ._events import FunctionEvent, Track
     from ._session import Session
+    from ._table import EventTable
 
 __all__ = ["MAX_FRAMES", "QUEUED", "READY", "STITCHED_SUFFIX", "WAITING", "Segment", "merge_tree", "stitched_timelines"]
 
@@ -101,7 +103,9 @@ class _Link:
 class _Stitcher:
     def __init__(self, session: Session) -> None:
         self.tracks = {t.id: t for t in session.tracks()}
-        self.nested: dict[int, list[FunctionEvent]] = {}
+        self.tab = session._table
+        self.nested: dict[int, list[int]] = {}  # rows of each track's ranges, in start order
+        self.labels = relabelled(self.tab)
         self.links: dict[int, list[_Link]] = {}  # by spawner, sorted by end
         self.roots: dict[int, list[FunctionEvent]] = {}
         self.tops: dict[int, list[FunctionEvent]] = {}  # top-level ranges of each track, by start
@@ -114,7 +118,7 @@ class _Stitcher:
         tab = session._table
         view, kind, track, parent, fwds, seqs, scope = tab.view, tab.kind, tab.track, tab.parent, tab.fwd, tab.seq, tab.scope
         track_ids = [t.id for t in tab.tracks]
-        lst: list[FunctionEvent] = []
+        lst: list[int] = []
         last = -1
         for i in range(len(tab)):  # track by track, each in start order
             if kind[i] & skip:
@@ -124,11 +128,11 @@ class _Stitcher:
             if ti != last:
                 last = ti
                 lst = nested.setdefault(tid, [])
-            ev = view(i)
-            lst.append(ev)
+            lst.append(i)
             p = parent[i]
             if p >= 0 and track[p] == ti and not kind[p] & FLAG_ASYNC:
                 continue  # nested on its track
+            ev = view(i)
             tops.setdefault(tid, []).append(ev)
             fwd = fwds[i]
             if fwd and linked[scope[i]] and seqs[i] > 0 and fwd in tracks:
@@ -199,7 +203,7 @@ class _Stitcher:
         # Every top-level range of the track (a task's one range, mostly): its
         # nested list is already sorted.
         nested = self.nested.get(tid, []) if len(only) == len(tops) else _with_descendants(only)
-        segs = _range_segments(nested, a, b)
+        segs = range_segments(self.tab, nested, a, b, self.labels)
         track = self.tracks.get(tid)
         if track is None or depth >= MAX_DEPTH:
             return segs
@@ -230,7 +234,10 @@ class _Stitcher:
                 else:
                     out.append((w0, w1, [(w0, w1, (WAITING,))]))
             return out
-        # No steps: chain back from the end of each top-level range.
+        # No steps: chain back from the end of each top-level range (when
+        # the track spawned anything: most ranges of a big profile did not).
+        if not links:
+            return out
         for r in tops:
             r0, r1 = max(a, r.start_ns), min(b, r.end_ns)
             if r1 <= r0:
@@ -297,21 +304,48 @@ def _gaps(steps: list[int], a: int, b: int) -> list[tuple[int, int]]:
     return out
 
 
-def _with_descendants(evs: Iterable[FunctionEvent]) -> list[FunctionEvent]:
-    out: list[FunctionEvent] = []
+def _with_descendants(evs: list[FunctionEvent]) -> list[int]:
+    """The rows of ``evs`` and their descendants, by start then longest first."""
+    out: list[int] = []
     for ev in evs:
-        out.append(ev)
-        out.extend(ev.iter_descendants())
-    out.sort(key=lambda e: (e.start_ns, -e.end_ns))
+        out.append(ev._i)
+        out.extend(d._i for d in ev.iter_descendants())
+    if out:
+        start, end = evs[0]._tab.start, evs[0]._tab.end
+        out.sort(key=lambda i: (start[i], -end[i]))
     return out
+
+
+def relabelled(tab: EventTable) -> dict[int, str]:
+    """The frame names of the rows not named by their name: tasks by
+    coroutine, executor jobs as ``executor <fn>`` (:func:`_label`)."""
+    rows = tab.rows_of_scope(RecordScope.TASK) + tab.rows_of_scope(RecordScope.EXECUTOR)
+    return {i: _label(tab.view(i)) for i in rows}
 
 
 MAX_FRAMES: Final = 256  # frames kept per call path, outermost first
 
 
+#: Scopes whose frame is not the range's name (see _label), as a byte per scope index.
+_RELABELLED: Final = bytes(1 if s in (RecordScope.TASK, RecordScope.EXECUTOR) else 0 for s in SCOPES).ljust(256, b"\0")
+
+
+def range_segments(tab: EventTable, rows: list[int], a: int, b: int, labels: dict[int, str]) -> list[Segment]:
+    """Segments of [a, b] by the innermost open range, from ``rows`` (nested
+    ranges of ``tab``, sorted by start then longest first); times with no
+    range open are left out. ``labels`` names the task and executor rows'
+    frames (:func:`relabelled`). With the extension, ``stitch_segments`` in
+    aprof/_cevents.c does the walk (a million ranges cost a Python loop
+    iteration and a label each here)."""
+    ext = _native.extension
+    if ext is not None:
+        return ext.stitch_segments(tab, rows, a, b, labels, _RELABELLED, MAX_FRAMES)  # type: ignore[no-any-return]
+    view = tab.view
+    return _range_segments([view(i) for i in rows], a, b)
+
+
 def _range_segments(evs: list[FunctionEvent], a: int, b: int) -> list[Segment]:
-    """Segments of [a, b] by the innermost open range (nested ranges, sorted
-    by start then longest first); times with no range open are left out."""
+    """:func:`range_segments` over views (the pure-Python twin)."""
     out: list[Segment] = []
     stack: list[tuple[int, tuple[str, ...]]] = []  # (end, frames)
     t = a
