@@ -26,6 +26,11 @@
  *   name_totals()   key_averages by name over the columns.
  *   chrome_plain()  the Chrome trace lines of a run of plain ranges (the
  *                   exporter's common case; aprof/_export/_chrome.py).
+ *   compact_detail_rows(), compact_events(), first_starts()
+ *                   the HTML report's compact document: which rows need a
+ *                   detail, the flat event array as JSON text, and each
+ *                   track's first start (aprof/_post/_compact.py,
+ *                   Session.tracks).
  *   stitch_segments() a track's ranges as segments by innermost open range
  *                   (aprof/_post/_stitch.py).
  *   lod_keep(), lod_merge(), lod_flame()
@@ -2398,6 +2403,198 @@ done:
     return out;
 }
 
+/* ------------------------------------------------------------------------ */
+/* The HTML report's compact document (aprof/_post/_compact.py)              */
+/* ------------------------------------------------------------------------ */
+
+/* At a million events, building the flat event array as a list of eight
+ * million ints and having json.dumps print it cost about a microsecond an
+ * event; printing it from the columns costs a few nanoseconds. */
+
+/* Decimal digits of v, as json.dumps prints an int. */
+static inline void
+buf_i64(Buf *b, int64_t v) /* room (21 bytes) reserved by the caller */
+{
+    char tmp[24];
+    int k = 0;
+    uint64_t a = v < 0 ? 0ull - (uint64_t)v : (uint64_t)v;
+    do {
+        tmp[k++] = (char)('0' + a % 10u);
+        a /= 10u;
+    } while (a);
+    if (v < 0)
+        tmp[k++] = '-';
+    while (k)
+        b->p[b->len++] = tmp[--k];
+}
+
+/* compact_detail_rows(tab, own) -> bytes (int32 rows, ascending)
+ *
+ * The rows whose compact detail says more than the columns because of a
+ * column: a sequence number, a spawner, or an end on another logical
+ * thread than own[track] (the track's id). The caller adds the rows with
+ * rare fields (_compact._detail_rows is the twin). */
+static PyObject *
+compact_detail_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "compact_detail_rows(tab, own: array('q'))");
+        return NULL;
+    }
+    Cols t;
+    if (cols_get(args[0], &t) < 0)
+        return NULL;
+    Py_buffer ov;
+    Py_ssize_t n_own = get_column(args[1], &ov, 8, "own", 0);
+    PyObject *result = NULL;
+    int32_t *rows = NULL;
+    if (n_own < 0)
+        goto done;
+    const int64_t *own = ov.buf;
+    Py_ssize_t k = 0;
+    rows = PyMem_Malloc((size_t)(t.n > 0 ? t.n : 1) * sizeof(int32_t));
+    if (rows == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < t.n; i++) {
+        int32_t tr = t.track[i];
+        if (tr < 0 || tr >= n_own) {
+            PyErr_Format(PyExc_IndexError, "compact_detail_rows: row %zd has track index %d", i, tr);
+            goto done;
+        }
+        if (t.seq[i] != -1 || t.fwd[i] || (t.end_lt[i] != -1 && t.end_lt[i] != own[tr]))
+            rows[k++] = (int32_t)i;
+    }
+    result = PyBytes_FromStringAndSize((const char *)rows, (Py_ssize_t)(k * (Py_ssize_t)sizeof(int32_t)));
+done:
+    PyMem_Free(rows);
+    if (n_own >= 0)
+        PyBuffer_Release(&ov);
+    cols_release(&t);
+    return result;
+}
+
+/* compact_events(tab, base, remap, flags, detail_rows) -> str
+ *
+ * The document's "events" array as json.dumps(..., separators=(",", ":"))
+ * prints it: eight integers per row (remap[track], start - base, end -
+ * start, parent, name, scope, flags[kind], detail), where the row
+ * detail_rows[j] (ascending) has detail j and every other row -1
+ * (_compact._flat_events is the twin). */
+static PyObject *
+compact_events(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 || !PyBytes_Check(args[3]) || PyBytes_GET_SIZE(args[3]) != 256) {
+        PyErr_SetString(PyExc_TypeError,
+                        "compact_events(tab, base: int, remap: array('i'), flags: bytes (256), detail_rows: array('i'))");
+        return NULL;
+    }
+    long long base = PyLong_AsLongLong(args[1]);
+    if (base == -1 && PyErr_Occurred())
+        return NULL;
+    const unsigned char *flags = (const unsigned char *)PyBytes_AS_STRING(args[3]);
+    Cols t;
+    if (cols_get(args[0], &t) < 0)
+        return NULL;
+    Py_buffer rv = {0}, dv = {0};
+    PyObject *result = NULL;
+    Buf b = {NULL, 0, 0};
+    Py_ssize_t n_remap = get_column(args[2], &rv, 4, "remap", 0);
+    Py_ssize_t n_detail = n_remap < 0 ? -1 : get_column(args[4], &dv, 4, "detail_rows", 0);
+    if (n_detail < 0)
+        goto done;
+    const int32_t *remap = rv.buf, *detail = dv.buf;
+    Py_ssize_t dpos = 0;
+    if (buf_grow(&b, 2) < 0)
+        goto done;
+    buf_put(&b, "[", 1);
+    for (Py_ssize_t i = 0; i < t.n; i++) {
+        int32_t tr = t.track[i];
+        if (tr < 0 || tr >= n_remap) {
+            PyErr_Format(PyExc_IndexError, "compact_events: row %zd has track index %d", i, tr);
+            goto done;
+        }
+        int64_t d = -1;
+        if (dpos < n_detail && detail[dpos] < i) {
+            PyErr_SetString(PyExc_ValueError, "compact_events: detail_rows are not ascending rows of the table");
+            goto done;
+        }
+        if (dpos < n_detail && detail[dpos] == i)
+            d = dpos++;
+        int64_t v[8] = {remap[tr], (int64_t)((uint64_t)t.start[i] - (uint64_t)base),
+                        (int64_t)((uint64_t)t.end[i] - (uint64_t)t.start[i]), t.parent[i], t.name[i],
+                        t.scope[i], flags[t.kind[i]], d};
+        if (buf_grow(&b, 8 * 22 + 2) < 0)
+            goto done;
+        for (int c = 0; c < 8; c++) {
+            if (i || c)
+                b.p[b.len++] = ',';
+            buf_i64(&b, v[c]);
+        }
+    }
+    if (dpos != n_detail) {
+        PyErr_SetString(PyExc_ValueError, "compact_events: detail_rows are not ascending rows of the table");
+        goto done;
+    }
+    buf_put(&b, "]", 1);
+    result = PyUnicode_DecodeASCII(b.p, (Py_ssize_t)b.len, "strict");
+done:
+    PyMem_Free(b.p);
+    if (n_remap >= 0)
+        PyBuffer_Release(&rv);
+    if (n_detail >= 0)
+        PyBuffer_Release(&dv);
+    cols_release(&t);
+    return result;
+}
+
+/* first_starts(tab) -> bytes (int64 per track index)
+ *
+ * The start of each track's first event, for Session.tracks()' order: the
+ * earliest start of the first events of its runs of rows; INT64_MAX for a
+ * track with none (_session._first_start is the twin). */
+static PyObject *
+first_starts(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "first_starts(tab, n_tracks: int)");
+        return NULL;
+    }
+    Py_ssize_t nt = PyLong_AsSsize_t(args[1]);
+    if (nt == -1 && PyErr_Occurred())
+        return NULL;
+    if (nt < 0) {
+        PyErr_SetString(PyExc_ValueError, "first_starts: n_tracks < 0");
+        return NULL;
+    }
+    Cols t;
+    if (cols_get(args[0], &t) < 0)
+        return NULL;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(nt * (Py_ssize_t)sizeof(int64_t)));
+    if (out == NULL)
+        goto done;
+    int64_t *first = (int64_t *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t k = 0; k < nt; k++)
+        first[k] = INT64_MAX;
+    for (Py_ssize_t i = 0, last = -1; i < t.n; i++) {
+        int32_t tr = t.track[i];
+        if (tr == last) /* events come track by track in start order: a run's first is its earliest */
+            continue;
+        last = tr;
+        if (tr < 0 || tr >= nt) {
+            PyErr_Format(PyExc_IndexError, "first_starts: row %zd has track index %d", i, tr);
+            Py_CLEAR(out);
+            goto done;
+        }
+        if (t.start[i] < first[tr])
+            first[tr] = t.start[i];
+    }
+done:
+    cols_release(&t);
+    return out;
+}
+
 /* trim_heap() -> bool: give the C heap's free memory back to the system
  * (glibc's malloc_trim). Consolidation frees the raw records, several
  * times the size of the columns it keeps, in blocks glibc keeps for reuse
@@ -2491,6 +2688,12 @@ static PyMethodDef event_functions[] = {
      "Level of detail: ranges merged by call path over every event."},
     {"stitch_segments", (PyCFunction)(void (*)(void))stitch_segments, METH_FASTCALL,
      "Who awaits whom: a track's ranges cut into segments by the innermost open range."},
+    {"compact_detail_rows", (PyCFunction)(void (*)(void))compact_detail_rows, METH_FASTCALL,
+     "The HTML report's document: the rows whose detail a column calls for (int32, ascending)."},
+    {"compact_events", (PyCFunction)(void (*)(void))compact_events, METH_FASTCALL,
+     "The HTML report's document: its flat event array as JSON text."},
+    {"first_starts", (PyCFunction)(void (*)(void))first_starts, METH_FASTCALL,
+     "The start of each track's first event (int64 per track index, INT64_MAX for none)."},
     {"trim_heap", trim_heap, METH_NOARGS, "Give the C heap's free memory back to the system (glibc); whether it could."},
     {NULL, NULL, 0, NULL},
 };

@@ -348,6 +348,20 @@ def stitch_segments(
     """``_stitch._range_segments`` over the rows ``rows`` of ``tab``; the rows
     whose scope is nonzero in ``relabelled`` are named by ``labels``."""
 
+def compact_detail_rows(tab: Any, own: Any, /) -> bytes:
+    """``_compact._detail_rows``' pass over the columns: the rows (int32,
+    ascending) with a sequence number, a spawner, or an end on another
+    logical thread than ``own[track]``."""
+
+def compact_events(tab: Any, base: int, remap: Any, flags: bytes, detail_rows: Any, /) -> str:
+    """``json.dumps(_compact._flat_events(tab, remap, base, detail_rows),
+    separators=(",", ":"))``, printed from the columns."""
+
+def first_starts(tab: Any, n_tracks: int, /) -> bytes:
+    """``_session._first_start``'s pass: per track index (int64), the
+    earliest start among the first events of its runs of rows, or
+    ``2**63 - 1``."""
+
 def trim_heap() -> bool:
     """Give the C heap's free memory back to the system (glibc's
     ``malloc_trim``); False where there is no such call."""
