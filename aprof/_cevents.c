@@ -31,8 +31,10 @@
  *                   detail, the flat event array as JSON text, and each
  *                   track's first start (aprof/_post/_compact.py,
  *                   Session.tracks).
- *   stitch_segments() a track's ranges as segments by innermost open range
- *                   (aprof/_post/_stitch.py).
+ *   stitch_setup(), stitch_segments(), path_totals()
+ *                   who awaits whom (aprof/_post/_stitch.py): the rows the
+ *                   stitcher starts from, a track's ranges as segments by
+ *                   innermost open range, and the segments' time per path.
  *   lod_keep(), lod_merge(), lod_flame()
  *                   level of detail for the HTML report past its budget
  *                   (aprof/_post/_lod.py).
@@ -2263,22 +2265,373 @@ done:
 static int
 seg_emit(PyObject *out, int64_t t0, int64_t t1, PyObject *frames)
 {
-    PyObject *seg = Py_BuildValue("(LLO)", (long long)t0, (long long)t1, frames);
+    PyObject *seg = PyTuple_New(3);
     if (seg == NULL)
         return -1;
+    PyObject *a = PyLong_FromLongLong(t0), *b = PyLong_FromLongLong(t1);
+    PyTuple_SET_ITEM(seg, 0, a);
+    PyTuple_SET_ITEM(seg, 1, b);
+    PyTuple_SET_ITEM(seg, 2, Py_NewRef(frames));
+    if (a == NULL || b == NULL) {
+        Py_DECREF(seg);
+        return -1;
+    }
     int rc = PyList_Append(out, seg);
     Py_DECREF(seg);
     return rc;
+}
+
+/* A pointer-keyed open-addressing table (the keys are kept alive by their
+ * holders): frames paths by (parent path, label), and totals by path. */
+typedef struct {
+    PyObject *k1, *k2, *val; /* val: a new reference (interning), or NULL */
+    int64_t sum;
+} PtrSlot;
+
+typedef struct {
+    PtrSlot *slot;
+    size_t cap, used;
+} PtrMap;
+
+static inline size_t
+ptr_hash(const void *a, const void *b)
+{
+    uintptr_t h = (uintptr_t)a * 0x9E3779B97F4A7C15ull ^ ((uintptr_t)b + 0x632BE59BD9B4E019ull) * 0xC2B2AE3D27D4EB4Full;
+    return (size_t)(h ^ (h >> 29));
+}
+
+static void
+ptrmap_free(PtrMap *m)
+{
+    for (size_t k = 0; k < m->cap; k++)
+        if (m->slot[k].k1 != NULL) {
+            Py_DECREF(m->slot[k].k1);
+            Py_XDECREF(m->slot[k].k2);
+            Py_XDECREF(m->slot[k].val);
+        }
+    PyMem_Free(m->slot);
+    m->slot = NULL;
+    m->cap = m->used = 0;
+}
+
+/* The slot of (k1, k2), claimed (with new references to both) if new;
+ * NULL on no memory. *fresh says whether it was new. */
+static PtrSlot *
+ptrmap_get(PtrMap *m, PyObject *k1, PyObject *k2, int *fresh)
+{
+    if (2 * (m->used + 1) > m->cap) {
+        size_t cap = m->cap ? 2 * m->cap : 1024;
+        PtrSlot *s = PyMem_Calloc(cap, sizeof(PtrSlot));
+        if (s == NULL) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        for (size_t k = 0; k < m->cap; k++)
+            if (m->slot[k].k1 != NULL) {
+                size_t h = ptr_hash(m->slot[k].k1, m->slot[k].k2) & (cap - 1);
+                while (s[h].k1 != NULL)
+                    h = (h + 1) & (cap - 1);
+                s[h] = m->slot[k];
+            }
+        PyMem_Free(m->slot);
+        m->slot = s;
+        m->cap = cap;
+    }
+    size_t h = ptr_hash(k1, k2) & (m->cap - 1);
+    while (m->slot[h].k1 != NULL) {
+        if (m->slot[h].k1 == k1 && m->slot[h].k2 == k2) {
+            *fresh = 0;
+            return &m->slot[h];
+        }
+        h = (h + 1) & (m->cap - 1);
+    }
+    m->slot[h].k1 = Py_NewRef(k1);
+    m->slot[h].k2 = Py_XNewRef(k2);
+    m->slot[h].val = NULL;
+    m->slot[h].sum = 0;
+    m->used++;
+    *fresh = 1;
+    return &m->slot[h];
+}
+
+/* Add `v` to per_path[frames] (a Python int, no overflow). */
+static int
+dict_add(PyObject *per_path, PyObject *frames, int64_t v)
+{
+    PyObject *cur = PyDict_GetItemWithError(per_path, frames); /* borrowed */
+    if (cur == NULL && PyErr_Occurred())
+        return -1;
+    PyObject *add = PyLong_FromLongLong(v);
+    if (add == NULL)
+        return -1;
+    PyObject *sum = cur == NULL ? Py_NewRef(add) : PyNumber_Add(cur, add);
+    Py_DECREF(add);
+    if (sum == NULL)
+        return -1;
+    int rc = PyDict_SetItem(per_path, frames, sum);
+    Py_DECREF(sum);
+    return rc;
+}
+
+/* path_totals(per_path, segs) -> int
+ *
+ * merge_tree's first pass over one timeline: per_path[frames] += s1 - s0
+ * for each (s0, s1, frames) of `segs`, a path entering per_path when first
+ * seen (so the dict's order is the Python loop's); returns the summed
+ * duration. Paths are looked up by identity first (stitch_segments hands
+ * out one tuple per path), so a million segments cost no tuple hashes. */
+static PyObject *
+path_totals(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyDict_Check(args[0]) || !PyList_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "path_totals(per_path: dict, segs: list)");
+        return NULL;
+    }
+    PyObject *per_path = args[0], *segs = args[1], *result = NULL;
+    PtrMap m = {NULL, 0, 0};
+    PyObject *all = PyLong_FromLong(0);
+    if (all == NULL)
+        return NULL;
+    int64_t run = 0; /* of `all`, not yet added */
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(segs); k++) {
+        PyObject *seg = PyList_GET_ITEM(segs, k);
+        if (!PyTuple_Check(seg) || PyTuple_GET_SIZE(seg) != 3) {
+            PyErr_Format(PyExc_TypeError, "path_totals: segment %zd is not a (start, end, frames) tuple", k);
+            goto done;
+        }
+        long long s0 = PyLong_AsLongLong(PyTuple_GET_ITEM(seg, 0)), s1 = PyLong_AsLongLong(PyTuple_GET_ITEM(seg, 1));
+        if ((s0 == -1 || s1 == -1) && PyErr_Occurred())
+            goto done;
+        int64_t d;
+        if (__builtin_sub_overflow((int64_t)s1, (int64_t)s0, &d)) {
+            PyErr_SetString(PyExc_OverflowError, "path_totals: a segment's duration does not fit 64 bits");
+            goto done;
+        }
+        PyObject *frames = PyTuple_GET_ITEM(seg, 2);
+        int fresh;
+        PtrSlot *sl = ptrmap_get(&m, frames, NULL, &fresh);
+        if (sl == NULL)
+            goto done;
+        if (fresh) { /* first seen here: enter the dict now, for its order */
+            int has = PyDict_Contains(per_path, frames);
+            if (has < 0 || (!has && PyDict_SetItem(per_path, frames, zero) < 0))
+                goto done;
+        }
+        int64_t sum;
+        if (__builtin_add_overflow(sl->sum, d, &sum)) { /* past 64 bits: into the dict's int */
+            if (dict_add(per_path, frames, sl->sum) < 0)
+                goto done;
+            sum = d;
+        }
+        sl->sum = sum;
+        if (__builtin_add_overflow(run, d, &sum)) {
+            PyObject *r = PyLong_FromLongLong(run), *s = r == NULL ? NULL : PyNumber_Add(all, r);
+            Py_XDECREF(r);
+            if (s == NULL)
+                goto done;
+            Py_SETREF(all, s);
+            sum = d;
+        }
+        run = sum;
+    }
+    for (size_t k = 0; k < m.cap; k++)
+        if (m.slot[k].k1 != NULL && m.slot[k].sum && dict_add(per_path, m.slot[k].k1, m.slot[k].sum) < 0)
+            goto done;
+    PyObject *r = PyLong_FromLongLong(run);
+    if (r != NULL) {
+        result = PyNumber_Add(all, r);
+        Py_DECREF(r);
+    }
+done:
+    ptrmap_free(&m);
+    Py_DECREF(all);
+    return result;
+}
+
+/* Rows grouped by a key, in order of the key's first use: (key, bytes of
+ * int32 rows) pairs. gid[i] is row i's group (-1: none), key_of(g) the key
+ * object of group g. */
+static PyObject *
+group_rows(const int32_t *gid, Py_ssize_t n, Py_ssize_t n_groups, PyObject *(*key_of)(const void *, Py_ssize_t),
+           const void *ctx)
+{
+    PyObject *out = NULL;
+    Py_ssize_t *count = PyMem_Calloc((size_t)(n_groups > 0 ? n_groups : 1), sizeof(Py_ssize_t));
+    Py_ssize_t *order = PyMem_Malloc((size_t)(n_groups > 0 ? n_groups : 1) * sizeof(Py_ssize_t));
+    PyObject **bufs = PyMem_Calloc((size_t)(n_groups > 0 ? n_groups : 1), sizeof(PyObject *));
+    Py_ssize_t *fill = PyMem_Calloc((size_t)(n_groups > 0 ? n_groups : 1), sizeof(Py_ssize_t));
+    Py_ssize_t n_used = 0;
+    if (count == NULL || order == NULL || bufs == NULL || fill == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int32_t g = gid[i];
+        if (g < 0)
+            continue;
+        if (count[g]++ == 0)
+            order[n_used++] = g;
+    }
+    out = PyList_New(n_used);
+    if (out == NULL)
+        goto done;
+    for (Py_ssize_t k = 0; k < n_used; k++) {
+        Py_ssize_t g = order[k];
+        bufs[g] = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(count[g] * (Py_ssize_t)sizeof(int32_t)));
+        PyObject *key = bufs[g] == NULL ? NULL : key_of(ctx, g);
+        if (key == NULL)
+            goto fail;
+        PyObject *pair = PyTuple_Pack(2, key, bufs[g]);
+        Py_DECREF(key);
+        if (pair == NULL)
+            goto fail;
+        PyList_SET_ITEM(out, k, pair);
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int32_t g = gid[i];
+        if (g >= 0)
+            ((int32_t *)PyBytes_AS_STRING(bufs[g]))[fill[g]++] = (int32_t)i;
+    }
+    goto done;
+fail:
+    Py_CLEAR(out);
+done:
+    if (bufs != NULL)
+        for (Py_ssize_t k = 0; k < n_used; k++)
+            Py_XDECREF(bufs[order[k]]);
+    PyMem_Free(count);
+    PyMem_Free(order);
+    PyMem_Free(bufs);
+    PyMem_Free(fill);
+    return out;
+}
+
+static PyObject *
+key_index(const void *ctx, Py_ssize_t g)
+{
+    return PyLong_FromSsize_t(g);
+}
+
+static PyObject *
+key_id(const void *ctx, Py_ssize_t g)
+{
+    return PyLong_FromLongLong(((const int64_t *)ctx)[g]);
+}
+
+/* stitch_setup(tab, linked, known) -> (nested, tops, roots, links)
+ *
+ * _stitch._Stitcher's pass over every event, as (key, bytes of int32 rows)
+ * pairs in order of the key's first use: per track index, the rows of its
+ * ranges (not async, not instants: nested), of its top-level ones (tops:
+ * not nested on their track under a range that is not async), and of the
+ * tops that are roots; per spawner id, the tops that are links (linked[scope]
+ * nonzero, a sequence number > 0, and a spawner among `known`, the
+ * session's track ids, ascending). _stitch._setup_rows is the twin. */
+static PyObject *
+stitch_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyBytes_Check(args[1]) || PyBytes_GET_SIZE(args[1]) != 256) {
+        PyErr_SetString(PyExc_TypeError, "stitch_setup(tab, linked: bytes (256), known: array('q'))");
+        return NULL;
+    }
+    const unsigned char *linked = (const unsigned char *)PyBytes_AS_STRING(args[1]);
+    Cols t;
+    if (cols_get(args[0], &t) < 0)
+        return NULL;
+    Py_buffer kv;
+    Py_ssize_t n_known = get_column(args[2], &kv, 8, "known", 0);
+    PyObject *tracks = NULL, *result = NULL, *parts[4] = {NULL, NULL, NULL, NULL};
+    int32_t *gid = NULL;
+    uint8_t *cat = NULL;
+    if (n_known < 0)
+        goto done;
+    const int64_t *known = kv.buf;
+    tracks = PyObject_GetAttrString(args[0], "tracks");
+    if (tracks == NULL)
+        goto done;
+    Py_ssize_t nt = PyObject_Length(tracks), n = t.n;
+    if (nt < 0)
+        goto done;
+    gid = PyMem_Malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+    cat = PyMem_Malloc((size_t)(n > 0 ? n : 1));
+    if (gid == NULL || cat == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const uint8_t skip = FLAG_ASYNC | KIND_INSTANT;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int32_t tr = t.track[i], p = t.parent[i];
+        if (tr < 0 || tr >= nt || p >= n) {
+            PyErr_Format(PyExc_IndexError, "stitch_setup: row %zd has an index out of range", i);
+            goto done;
+        }
+        if (t.kind[i] & skip) {
+            cat[i] = 0;
+            continue;
+        }
+        if (p >= 0 && t.track[p] == tr && !(t.kind[p] & FLAG_ASYNC)) {
+            cat[i] = 1; /* nested on its track */
+            continue;
+        }
+        cat[i] = 2; /* a root, unless it is a link */
+        int64_t fwd = t.fwd[i];
+        if (fwd && linked[t.scope[i]] && t.seq[i] > 0) {
+            Py_ssize_t lo = 0, hi = n_known;
+            while (lo < hi) {
+                Py_ssize_t mid = (lo + hi) / 2;
+                if (known[mid] < fwd)
+                    lo = mid + 1;
+                else
+                    hi = mid;
+            }
+            if (lo < n_known && known[lo] == fwd)
+                cat[i] = 3;
+        }
+    }
+    for (int part = 0; part < 4; part++) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int c = cat[i];
+            int in = part == 0 ? c >= 1 : part == 1 ? c >= 2 : part == 2 ? c == 2 : c == 3;
+            gid[i] = -1;
+            if (in && part < 3)
+                gid[i] = t.track[i];
+            else if (in) { /* the spawner's place among `known` */
+                Py_ssize_t lo = 0, hi = n_known;
+                while (lo < hi) {
+                    Py_ssize_t mid = (lo + hi) / 2;
+                    if (known[mid] < t.fwd[i])
+                        lo = mid + 1;
+                    else
+                        hi = mid;
+                }
+                gid[i] = (int32_t)lo;
+            }
+        }
+        parts[part] = part < 3 ? group_rows(gid, n, nt, key_index, NULL) : group_rows(gid, n, n_known, key_id, known);
+        if (parts[part] == NULL)
+            goto done;
+    }
+    result = PyTuple_Pack(4, parts[0], parts[1], parts[2], parts[3]);
+done:
+    for (int part = 0; part < 4; part++)
+        Py_XDECREF(parts[part]);
+    Py_XDECREF(tracks);
+    PyMem_Free(gid);
+    PyMem_Free(cat);
+    if (n_known >= 0)
+        PyBuffer_Release(&kv);
+    cols_release(&t);
+    return result;
 }
 
 /* stitch_segments(tab, rows, a, b, labels, relabelled, max_frames) -> list */
 static PyObject *
 stitch_segments(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 7 || !PyList_Check(args[1]) || !PyLong_Check(args[2]) || !PyLong_Check(args[3]) ||
+    if (nargs != 7 || !PyLong_Check(args[2]) || !PyLong_Check(args[3]) ||
         !PyDict_Check(args[4]) || !PyBytes_Check(args[5]) || PyBytes_GET_SIZE(args[5]) != 256 ||
         !PyLong_Check(args[6])) {
-        PyErr_SetString(PyExc_TypeError, "stitch_segments(tab, rows: list, a: int, b: int, labels: dict, "
+        PyErr_SetString(PyExc_TypeError, "stitch_segments(tab, rows: list | array('i'), a: int, b: int, labels: dict, "
                                          "relabelled: bytes (256), max_frames: int)");
         return NULL;
     }
@@ -2288,9 +2641,19 @@ stitch_segments(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     const unsigned char *relabel = (const unsigned char *)PyBytes_AS_STRING(args[5]);
     PyObject *rows = args[1], *labels = args[4];
-    Cols t;
-    if (cols_get(args[0], &t) < 0)
+    int rows_listed = PyList_Check(rows);
+    Py_buffer rb = {0};
+    Py_ssize_t n_rows = rows_listed ? PyList_GET_SIZE(rows) : get_column(rows, &rb, 4, "rows", 0);
+    if (n_rows < 0)
         return NULL;
+    const int32_t *row_of = rb.buf;
+    PtrMap paths = {NULL, 0, 0}; /* (parent path, label) -> path: one tuple per path, not per range */
+    Cols t;
+    if (cols_get(args[0], &t) < 0) {
+        if (!rows_listed)
+            PyBuffer_Release(&rb);
+        return NULL;
+    }
     PyObject *names = PyObject_GetAttrString(args[0], "names");
     PyObject *out = NULL, *empty = PyTuple_New(0);
     int64_t *ends = NULL;
@@ -2306,8 +2669,8 @@ stitch_segments(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (out == NULL)
         goto fail;
     int64_t cur = a;
-    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(rows); k++) {
-        Py_ssize_t i = PyLong_AsSsize_t(PyList_GET_ITEM(rows, k));
+    for (Py_ssize_t k = 0; k < n_rows; k++) {
+        Py_ssize_t i = rows_listed ? PyLong_AsSsize_t(PyList_GET_ITEM(rows, k)) : row_of[k];
         if (i == -1 && PyErr_Occurred())
             goto fail;
         if (i < 0 || i >= t.n) {
@@ -2353,12 +2716,20 @@ stitch_segments(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                 }
                 label = PyList_GET_ITEM(names, ni);
             }
-            nf = PyTuple_New(len + 1);
-            if (nf == NULL)
+            int fresh;
+            PtrSlot *sl = ptrmap_get(&paths, up, label, &fresh);
+            if (sl == NULL)
                 goto fail;
-            for (Py_ssize_t q = 0; q < len; q++)
-                PyTuple_SET_ITEM(nf, q, Py_NewRef(PyTuple_GET_ITEM(up, q)));
-            PyTuple_SET_ITEM(nf, len, Py_NewRef(label));
+            if (fresh) {
+                nf = PyTuple_New(len + 1);
+                if (nf == NULL)
+                    goto fail;
+                for (Py_ssize_t q = 0; q < len; q++)
+                    PyTuple_SET_ITEM(nf, q, Py_NewRef(PyTuple_GET_ITEM(up, q)));
+                PyTuple_SET_ITEM(nf, len, Py_NewRef(label));
+                sl->val = Py_NewRef(nf);
+            } else
+                nf = Py_NewRef(sl->val);
         } else
             nf = Py_NewRef(up);
         if (sp == cap) {
@@ -2397,8 +2768,11 @@ done:
         Py_DECREF(frames[--sp]);
     PyMem_Free(ends);
     PyMem_Free(frames);
+    ptrmap_free(&paths);
     Py_XDECREF(names);
     Py_XDECREF(empty);
+    if (!rows_listed)
+        PyBuffer_Release(&rb);
     cols_release(&t);
     return out;
 }
@@ -2694,6 +3068,10 @@ static PyMethodDef event_functions[] = {
      "The HTML report's document: its flat event array as JSON text."},
     {"first_starts", (PyCFunction)(void (*)(void))first_starts, METH_FASTCALL,
      "The start of each track's first event (int64 per track index, INT64_MAX for none)."},
+    {"stitch_setup", (PyCFunction)(void (*)(void))stitch_setup, METH_FASTCALL,
+     "Who awaits whom: each track's ranges, top-level ranges, roots, and each spawner's links, as rows."},
+    {"path_totals", (PyCFunction)(void (*)(void))path_totals, METH_FASTCALL,
+     "Who awaits whom: add a timeline's segment durations to per_path by call path; their sum."},
     {"trim_heap", trim_heap, METH_NOARGS, "Give the C heap's free memory back to the system (glibc); whether it could."},
     {NULL, NULL, 0, NULL},
 };

@@ -343,10 +343,23 @@ def lod_flame(tab: Any, label: Any, /) -> tuple[bytes, bytes, bytes]:
     per node."""
 
 def stitch_segments(
-    tab: Any, rows: list[int], a: int, b: int, labels: dict[int, str], relabelled: bytes, max_frames: int, /
+    tab: Any, rows: Any, a: int, b: int, labels: dict[int, str], relabelled: bytes, max_frames: int, /
 ) -> list[tuple[int, int, tuple[str, ...]]]:
-    """``_stitch._range_segments`` over the rows ``rows`` of ``tab``; the rows
-    whose scope is nonzero in ``relabelled`` are named by ``labels``."""
+    """``_stitch._range_segments`` over the rows ``rows`` (a list, or an
+    int32 buffer) of ``tab``; the rows whose scope is nonzero in
+    ``relabelled`` are named by ``labels``. One tuple per call path."""
+
+def stitch_setup(
+    tab: Any, linked: bytes, known: Any, /
+) -> tuple[list[tuple[int, bytes]], list[tuple[int, bytes]], list[tuple[int, bytes]], list[tuple[int, bytes]]]:
+    """``_stitch.setup_rows``: (nested, tops, roots) as (track index, int32
+    rows) pairs and links as (spawner id, int32 rows) pairs, each in order
+    of the key's first use; ``known`` the session's track ids (int64,
+    ascending)."""
+
+def path_totals(per_path: dict[Any, int], segs: list[Any], /) -> int:
+    """``per_path[frames] += s1 - s0`` for each segment, in the Python
+    loop's order; the segments' summed duration."""
 
 def compact_detail_rows(tab: Any, own: Any, /) -> bytes:
     """``_compact._detail_rows``' pass over the columns: the rows (int32,

@@ -92,3 +92,74 @@ def test_an_empty_sessions_document() -> None:
         assert parts[1] == "[]"
     text = _html._data_json(session, _html.DEFAULT_BUDGET)
     assert json.loads(text)["events"] == []
+
+
+def _stitch_profile(backend: Backend) -> Session:
+    """Tasks that wait on children and on threads, with nested ranges and
+    async ranges: every kind of row the stitcher sorts."""
+    import aprof
+
+    def blocking(x: int) -> int:
+        with aprof.record_function("in thread"):
+            return x
+
+    async def child(i: int) -> None:
+        with aprof.record_function(f"child {i % 3}"):
+            await backend.sleep(0.001 * (i % 2))
+        await backend.to_thread(blocking, i)
+
+    async def main() -> aprof.profile:
+        async with aprof.profile() as prof:
+            r = aprof.record_function("async one").start()
+            with aprof.record_function("outer"):
+                async with backend.group() as g:
+                    for i in range(6):
+                        g.start_soon(child, i)
+            r.end()
+        return prof
+
+    return backend.run(main).session
+
+
+def test_the_c_stitching_passes_match_their_twins(backend: Backend) -> None:
+    # SPEC 14: stitch_setup, stitch_segments over array rows (one tuple per
+    # call path) and path_totals give what the Python loops give.
+    _needs_c()
+    from aprof._post import _stitch
+
+    for session in (_stitch_profile(backend), *_sessions(backend)):
+        tab = session._table
+        known = set(session._tracks)
+        got = _stitch.setup_rows(tab, known)
+        want = _twin(_stitch.setup_rows, tab, known)
+        assert [{k: list(v) for k, v in d.items()} for d in got] == list(want)
+        assert [list(d) for d in got] == [list(d) for d in want]  # the same key order
+        assert got[3], "links were there to compare"
+        labels = _stitch.relabelled(tab)
+        per_path: dict[tuple[str, ...], int] = {}
+        py_path: dict[tuple[str, ...], int] = {}
+        for rows in got[0].values():
+            a, b = min(tab.start[i] for i in rows), max(tab.end[i] for i in rows)
+            segs = _stitch.range_segments(tab, rows, a, b, labels)
+            assert segs == _stitch.range_segments(tab, list(rows), a, b, labels)
+            assert segs == _stitch._range_segments([tab.view(i) for i in rows], a, b)
+            span = _native.extension.path_totals(per_path, segs)
+            assert span == sum(s1 - s0 for s0, s1, _ in segs)
+            for s0, s1, frames in segs:
+                py_path[frames] = py_path.get(frames, 0) + s1 - s0
+        assert list(per_path.items()) == list(py_path.items())
+        timelines = _stitch.stitched_timelines(session)
+        assert timelines == _twin(_stitch.stitched_timelines, session)
+        assert _stitch.merge_tree(timelines) == _twin(_stitch.merge_tree, timelines)
+
+
+def test_path_totals_sums_past_64_bits_and_refuses_bad_segments() -> None:
+    # Python ints do not overflow: neither do the C sums.
+    _needs_c()
+    big = 2**62
+    segs = [(0, big, ("a",)), (0, big, ("a",)), (0, big, ("b",)), (0, big, ("a",))]
+    per_path: dict[tuple[str, ...], int] = {("b",): 1}
+    assert _native.extension.path_totals(per_path, segs) == 4 * big
+    assert list(per_path.items()) == [(("b",), big + 1), (("a",), 3 * big)]
+    with pytest.raises(TypeError, match="segment 0"):
+        _native.extension.path_totals({}, [(0, 1)])
