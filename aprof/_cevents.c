@@ -26,6 +26,9 @@
  *   name_totals()   key_averages by name over the columns.
  *   chrome_plain()  the Chrome trace lines of a run of plain ranges (the
  *                   exporter's common case; aprof/_export/_chrome.py).
+ *   take_columns(), many_children()
+ *                   EventTable.take's columns, and the rows with many
+ *                   children (the summary's repeated awaits).
  *   compact_detail_rows(), compact_events(), first_starts()
  *                   the HTML report's compact document: which rows need a
  *                   detail, the flat event array as JSON text, and each
@@ -2778,6 +2781,110 @@ done:
 }
 
 /* ------------------------------------------------------------------------ */
+/* take_columns, many_children: what a report past its budget reads         */
+/* ------------------------------------------------------------------------ */
+
+/* take_columns(tab, keep) -> tuple of 10 bytes
+ *
+ * EventTable.take's columns: the rows `keep` (int32, strictly ascending)
+ * of each column in COLUMNS order, a parent that is not kept -1 and a kept
+ * one its new index. At ten million events, the Python twin's generator
+ * per column and loop over the kept rows cost over a second. */
+static PyObject *
+take_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "take_columns(tab, keep: array('i'))");
+        return NULL;
+    }
+    Cols t;
+    if (cols_get(args[0], &t) < 0)
+        return NULL;
+    Py_buffer kv;
+    Py_ssize_t m = get_column(args[1], &kv, 4, "keep", 0);
+    PyObject *out = NULL;
+    int32_t *new_of = NULL;
+    if (m < 0)
+        goto done;
+    const int32_t *keep = kv.buf;
+    for (Py_ssize_t j = 0; j < m; j++)
+        if (keep[j] < 0 || keep[j] >= t.n || (j && keep[j] <= keep[j - 1])) {
+            PyErr_Format(PyExc_ValueError, "take_columns: keep[%zd] = %d is not an ascending row of the table", j,
+                         keep[j]);
+            goto done;
+        }
+    new_of = PyMem_Malloc((size_t)(t.n > 0 ? t.n : 1) * sizeof(int32_t));
+    out = PyTuple_New(N_COLUMNS);
+    if (new_of == NULL || out == NULL) {
+        if (new_of == NULL)
+            PyErr_NoMemory();
+        Py_CLEAR(out);
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < t.n; i++)
+        new_of[i] = -1;
+    for (Py_ssize_t j = 0; j < m; j++)
+        new_of[keep[j]] = (int32_t)j;
+    for (int c = 0; c < N_COLUMNS; c++) {
+        int w = column_widths[c];
+        PyObject *b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(m * w));
+        if (b == NULL) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        char *dst = PyBytes_AS_STRING(b);
+        const char *src = t.view[c].buf;
+        if (c == COL_PARENT) {
+            for (Py_ssize_t j = 0; j < m; j++) {
+                int32_t p = t.parent[keep[j]];
+                ((int32_t *)dst)[j] = p >= 0 && p < t.n ? new_of[p] : -1;
+            }
+        } else
+            for (Py_ssize_t j = 0; j < m; j++)
+                memcpy(dst + j * w, src + (Py_ssize_t)keep[j] * w, (size_t)w);
+        PyTuple_SET_ITEM(out, c, b);
+    }
+done:
+    PyMem_Free(new_of);
+    if (m >= 0)
+        PyBuffer_Release(&kv);
+    cols_release(&t);
+    return out;
+}
+
+/* many_children(off, k) -> bytes (int32 rows): the rows i with at least k
+ * children, off[i + 1] - off[i] >= k (off: children_index's int32
+ * offsets). The summary's repeated awaits start from these. */
+static PyObject *
+many_children(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "many_children(off: array('i'), k: int)");
+        return NULL;
+    }
+    long k = PyLong_AsLong(args[1]);
+    if (k == -1 && PyErr_Occurred())
+        return NULL;
+    Py_buffer ov;
+    Py_ssize_t n = get_column(args[0], &ov, 4, "off", 0);
+    if (n < 0)
+        return NULL;
+    const int32_t *off = ov.buf;
+    Py_ssize_t found = 0;
+    for (Py_ssize_t i = 0; i + 1 < n; i++)
+        found += (long)off[i + 1] - off[i] >= k;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(found * (Py_ssize_t)sizeof(int32_t)));
+    if (out != NULL) {
+        int32_t *rows = (int32_t *)PyBytes_AS_STRING(out);
+        for (Py_ssize_t i = 0, j = 0; i + 1 < n; i++)
+            if ((long)off[i + 1] - off[i] >= k)
+                rows[j++] = (int32_t)i;
+    }
+    PyBuffer_Release(&ov);
+    return out;
+}
+
+/* ------------------------------------------------------------------------ */
 /* The HTML report's compact document (aprof/_post/_compact.py)              */
 /* ------------------------------------------------------------------------ */
 
@@ -3062,6 +3169,10 @@ static PyMethodDef event_functions[] = {
      "Level of detail: ranges merged by call path over every event."},
     {"stitch_segments", (PyCFunction)(void (*)(void))stitch_segments, METH_FASTCALL,
      "Who awaits whom: a track's ranges cut into segments by the innermost open range."},
+    {"take_columns", (PyCFunction)(void (*)(void))take_columns, METH_FASTCALL,
+     "EventTable.take's columns: the kept rows of each, parents renumbered."},
+    {"many_children", (PyCFunction)(void (*)(void))many_children, METH_FASTCALL,
+     "The rows with at least k children, from children_index's offsets."},
     {"compact_detail_rows", (PyCFunction)(void (*)(void))compact_detail_rows, METH_FASTCALL,
      "The HTML report's document: the rows whose detail a column calls for (int32, ascending)."},
     {"compact_events", (PyCFunction)(void (*)(void))compact_events, METH_FASTCALL,

@@ -361,6 +361,14 @@ def path_totals(per_path: dict[Any, int], segs: list[Any], /) -> int:
     """``per_path[frames] += s1 - s0`` for each segment, in the Python
     loop's order; the segments' summed duration."""
 
+def take_columns(tab: Any, keep: Any, /) -> tuple[bytes, ...]:
+    """``EventTable.take``'s ten columns (COLUMNS order) of the rows ``keep``
+    (int32, strictly ascending, else ValueError), parents renumbered."""
+
+def many_children(off: Any, k: int, /) -> bytes:
+    """The rows (int32) with at least ``k`` children, from
+    ``children_index``'s offsets."""
+
 def compact_detail_rows(tab: Any, own: Any, /) -> bytes:
     """``_compact._detail_rows``' pass over the columns: the rows (int32,
     ascending) with a sequence number, a spawner, or an end on another

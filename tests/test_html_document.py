@@ -163,3 +163,24 @@ def test_path_totals_sums_past_64_bits_and_refuses_bad_segments() -> None:
     assert list(per_path.items()) == [(("b",), big + 1), (("a",), 3 * big)]
     with pytest.raises(TypeError, match="segment 0"):
         _native.extension.path_totals({}, [(0, 1)])
+
+
+def test_take_and_many_children_match_their_twins(backend: Backend) -> None:
+    # SPEC 14: EventTable.take (take_columns) and the summary's rows with
+    # many children (many_children) as the Python loops give them.
+    _needs_c()
+    from aprof._post._analysis import _many_children
+
+    for session in (_stitch_profile(backend), *_sessions(backend)):
+        tab = session._table
+        n = len(tab)
+        for keep in (array("i", range(0, n, 3)), array("i", range(n)), array("i"), array("i", sorted(tab.rare))):
+            got, want = tab.take(keep), _twin(tab.take, keep)
+            assert got.columns() == want.columns()
+            assert list(got.rare.items()) == list(want.rare.items())
+        for k in (0, 1, 2, 10):
+            assert list(_many_children(tab, k)) == list(_twin(_many_children, tab, k))
+    with pytest.raises(ValueError, match="not an ascending row"):
+        _native.extension.take_columns(tab, array("i", [1, 0]))
+    with pytest.raises(ValueError, match="not an ascending row"):
+        _native.extension.take_columns(tab, array("i", [n]))
