@@ -2265,25 +2265,6 @@ done:
  * so it is here. Frames are tuples of names, outermost first; a range's
  * tuple is its parent's plus its own name (past max_frames, the parent's). */
 
-static int
-seg_emit(PyObject *out, int64_t t0, int64_t t1, PyObject *frames)
-{
-    PyObject *seg = PyTuple_New(3);
-    if (seg == NULL)
-        return -1;
-    PyObject *a = PyLong_FromLongLong(t0), *b = PyLong_FromLongLong(t1);
-    PyTuple_SET_ITEM(seg, 0, a);
-    PyTuple_SET_ITEM(seg, 1, b);
-    PyTuple_SET_ITEM(seg, 2, Py_NewRef(frames));
-    if (a == NULL || b == NULL) {
-        Py_DECREF(seg);
-        return -1;
-    }
-    int rc = PyList_Append(out, seg);
-    Py_DECREF(seg);
-    return rc;
-}
-
 /* A pointer-keyed open-addressing table (the keys are kept alive by their
  * holders): frames paths by (parent path, label), and totals by path. */
 typedef struct {
@@ -2376,13 +2357,74 @@ dict_add(PyObject *per_path, PyObject *frames, int64_t v)
     return rc;
 }
 
+/* Time per call path, as merge_tree's first pass adds it up: a path enters
+ * per_path when first seen (so the dict's order is the Python loop's), its
+ * time is summed in C by the path's identity (stitch_segments hands out one
+ * tuple per path, so a million segments cost no tuple hashes), and sums
+ * past 64 bits go on in Python ints. */
+typedef struct {
+    PyObject *per_path; /* borrowed */
+    PtrMap sums;
+    int64_t run; /* the summed duration, not yet in `all` */
+    PyObject *all;
+} Totals;
+
+static int
+totals_add(Totals *T, PyObject *frames, int64_t d)
+{
+    int fresh;
+    PtrSlot *sl = ptrmap_get(&T->sums, frames, NULL, &fresh);
+    if (sl == NULL)
+        return -1;
+    if (fresh) {
+        int has = PyDict_Contains(T->per_path, frames);
+        if (has < 0 || (!has && PyDict_SetItem(T->per_path, frames, zero) < 0))
+            return -1;
+    }
+    int64_t sum;
+    if (__builtin_add_overflow(sl->sum, d, &sum)) { /* past 64 bits: into the dict's int */
+        if (dict_add(T->per_path, frames, sl->sum) < 0)
+            return -1;
+        sum = d;
+    }
+    sl->sum = sum;
+    if (__builtin_add_overflow(T->run, d, &sum)) {
+        PyObject *r = PyLong_FromLongLong(T->run), *a = r == NULL ? NULL : PyNumber_Add(T->all, r);
+        Py_XDECREF(r);
+        if (a == NULL)
+            return -1;
+        Py_SETREF(T->all, a);
+        sum = d;
+    }
+    T->run = sum;
+    return 0;
+}
+
+/* The sums into per_path; the summed duration (NULL on error). Frees T. */
+static PyObject *
+totals_finish(Totals *T, int ok)
+{
+    PyObject *result = NULL;
+    for (size_t k = 0; ok && k < T->sums.cap; k++)
+        if (T->sums.slot[k].k1 != NULL && T->sums.slot[k].sum && dict_add(T->per_path, T->sums.slot[k].k1, T->sums.slot[k].sum) < 0)
+            ok = 0;
+    if (ok) {
+        PyObject *r = PyLong_FromLongLong(T->run);
+        if (r != NULL) {
+            result = PyNumber_Add(T->all, r);
+            Py_DECREF(r);
+        }
+    }
+    ptrmap_free(&T->sums);
+    Py_CLEAR(T->all);
+    return result;
+}
+
 /* path_totals(per_path, segs) -> int
  *
  * merge_tree's first pass over one timeline: per_path[frames] += s1 - s0
- * for each (s0, s1, frames) of `segs`, a path entering per_path when first
- * seen (so the dict's order is the Python loop's); returns the summed
- * duration. Paths are looked up by identity first (stitch_segments hands
- * out one tuple per path), so a million segments cost no tuple hashes. */
+ * for each (s0, s1, frames) of `segs` (see Totals); returns the summed
+ * duration. */
 static PyObject *
 path_totals(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -2390,12 +2432,11 @@ path_totals(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "path_totals(per_path: dict, segs: list)");
         return NULL;
     }
-    PyObject *per_path = args[0], *segs = args[1], *result = NULL;
-    PtrMap m = {NULL, 0, 0};
-    PyObject *all = PyLong_FromLong(0);
-    if (all == NULL)
+    PyObject *segs = args[1];
+    Totals T = {args[0], {NULL, 0, 0}, 0, PyLong_FromLong(0)};
+    if (T.all == NULL)
         return NULL;
-    int64_t run = 0; /* of `all`, not yet added */
+    int ok = 0;
     for (Py_ssize_t k = 0; k < PyList_GET_SIZE(segs); k++) {
         PyObject *seg = PyList_GET_ITEM(segs, k);
         if (!PyTuple_Check(seg) || PyTuple_GET_SIZE(seg) != 3) {
@@ -2410,45 +2451,39 @@ path_totals(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             PyErr_SetString(PyExc_OverflowError, "path_totals: a segment's duration does not fit 64 bits");
             goto done;
         }
-        PyObject *frames = PyTuple_GET_ITEM(seg, 2);
-        int fresh;
-        PtrSlot *sl = ptrmap_get(&m, frames, NULL, &fresh);
-        if (sl == NULL)
+        if (totals_add(&T, PyTuple_GET_ITEM(seg, 2), d) < 0)
             goto done;
-        if (fresh) { /* first seen here: enter the dict now, for its order */
-            int has = PyDict_Contains(per_path, frames);
-            if (has < 0 || (!has && PyDict_SetItem(per_path, frames, zero) < 0))
-                goto done;
-        }
-        int64_t sum;
-        if (__builtin_add_overflow(sl->sum, d, &sum)) { /* past 64 bits: into the dict's int */
-            if (dict_add(per_path, frames, sl->sum) < 0)
-                goto done;
-            sum = d;
-        }
-        sl->sum = sum;
-        if (__builtin_add_overflow(run, d, &sum)) {
-            PyObject *r = PyLong_FromLongLong(run), *s = r == NULL ? NULL : PyNumber_Add(all, r);
-            Py_XDECREF(r);
-            if (s == NULL)
-                goto done;
-            Py_SETREF(all, s);
-            sum = d;
-        }
-        run = sum;
     }
-    for (size_t k = 0; k < m.cap; k++)
-        if (m.slot[k].k1 != NULL && m.slot[k].sum && dict_add(per_path, m.slot[k].k1, m.slot[k].sum) < 0)
-            goto done;
-    PyObject *r = PyLong_FromLongLong(run);
-    if (r != NULL) {
-        result = PyNumber_Add(all, r);
-        Py_DECREF(r);
-    }
+    ok = 1;
 done:
-    ptrmap_free(&m);
-    Py_DECREF(all);
-    return result;
+    return totals_finish(&T, ok);
+}
+
+/* Where stitch_segments puts a segment: a list, or (out NULL) Totals. */
+typedef struct {
+    PyObject *out;
+    Totals totals;
+} Sink;
+
+static int
+seg_emit(Sink *sink, int64_t t0, int64_t t1, PyObject *frames)
+{
+    if (sink->out == NULL)
+        return totals_add(&sink->totals, frames, t1 - t0);
+    PyObject *seg = PyTuple_New(3);
+    if (seg == NULL)
+        return -1;
+    PyObject *a = PyLong_FromLongLong(t0), *b = PyLong_FromLongLong(t1);
+    PyTuple_SET_ITEM(seg, 0, a);
+    PyTuple_SET_ITEM(seg, 1, b);
+    PyTuple_SET_ITEM(seg, 2, Py_NewRef(frames));
+    if (a == NULL || b == NULL) {
+        Py_DECREF(seg);
+        return -1;
+    }
+    int rc = PyList_Append(sink->out, seg);
+    Py_DECREF(seg);
+    return rc;
 }
 
 /* Rows grouped by a key, in order of the key's first use: (key, bytes of
@@ -2627,15 +2662,19 @@ done:
     return result;
 }
 
-/* stitch_segments(tab, rows, a, b, labels, relabelled, max_frames) -> list */
+/* stitch_segments(tab, rows, a, b, labels, relabelled, max_frames[, per_path]) -> list | int
+ *
+ * With per_path (a dict), the segments are not made: their time goes into
+ * per_path by call path as path_totals adds it, and the result is their
+ * summed duration (the HTML report needs only the merged flame graph). */
 static PyObject *
 stitch_segments(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 7 || !PyLong_Check(args[2]) || !PyLong_Check(args[3]) ||
+    if (nargs < 7 || nargs > 8 || (nargs == 8 && !PyDict_Check(args[7])) || !PyLong_Check(args[2]) || !PyLong_Check(args[3]) ||
         !PyDict_Check(args[4]) || !PyBytes_Check(args[5]) || PyBytes_GET_SIZE(args[5]) != 256 ||
         !PyLong_Check(args[6])) {
         PyErr_SetString(PyExc_TypeError, "stitch_segments(tab, rows: list | array('i'), a: int, b: int, labels: dict, "
-                                         "relabelled: bytes (256), max_frames: int)");
+                                         "relabelled: bytes (256), max_frames: int[, per_path: dict])");
         return NULL;
     }
     long long a = PyLong_AsLongLong(args[2]), b = PyLong_AsLongLong(args[3]);
@@ -2659,6 +2698,7 @@ stitch_segments(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     PyObject *names = PyObject_GetAttrString(args[0], "names");
     PyObject *out = NULL, *empty = PyTuple_New(0);
+    Sink sink = {NULL, {NULL, {NULL, 0, 0}, 0, NULL}};
     int64_t *ends = NULL;
     PyObject **frames = NULL;
     Py_ssize_t sp = 0, cap = 0;
@@ -2668,8 +2708,12 @@ stitch_segments(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "stitch_segments: tab.names is not a list");
         goto fail;
     }
-    out = PyList_New(0);
-    if (out == NULL)
+    if (nargs == 8) {
+        sink.totals.per_path = args[7];
+        if ((sink.totals.all = PyLong_FromLong(0)) == NULL)
+            goto fail;
+        out = Py_NewRef(Py_None); /* the result comes from totals_finish */
+    } else if ((sink.out = out = PyList_New(0)) == NULL)
         goto fail;
     int64_t cur = a;
     for (Py_ssize_t k = 0; k < n_rows; k++) {
@@ -2687,14 +2731,14 @@ stitch_segments(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             int64_t end = ends[--sp];
             PyObject *fr = frames[sp];
             int64_t t1 = end < b ? end : b;
-            int rc = t1 > cur ? seg_emit(out, cur, t1, fr) : 0;
+            int rc = t1 > cur ? seg_emit(&sink, cur, t1, fr) : 0;
             Py_DECREF(fr);
             if (rc < 0)
                 goto fail;
             if (end > cur)
                 cur = end;
         }
-        if (sp > 0 && s > cur && seg_emit(out, cur, s < b ? s : b, frames[sp - 1]) < 0)
+        if (sp > 0 && s > cur && seg_emit(&sink, cur, s < b ? s : b, frames[sp - 1]) < 0)
             goto fail;
         if (s > cur)
             cur = s;
@@ -2756,17 +2800,21 @@ stitch_segments(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         int64_t end = ends[--sp];
         PyObject *fr = frames[sp];
         int64_t t1 = end < b ? end : b;
-        int rc = t1 > cur ? seg_emit(out, cur, t1, fr) : 0;
+        int rc = t1 > cur ? seg_emit(&sink, cur, t1, fr) : 0;
         Py_DECREF(fr);
         if (rc < 0)
             goto fail;
         if (end > cur)
             cur = end;
     }
+    if (sink.out == NULL)
+        Py_SETREF(out, totals_finish(&sink.totals, 1));
     goto done;
 fail:
     Py_CLEAR(out);
 done:
+    if (sink.out == NULL && sink.totals.all != NULL)
+        totals_finish(&sink.totals, 0);
     while (sp > 0)
         Py_DECREF(frames[--sp]);
     PyMem_Free(ends);

@@ -343,11 +343,14 @@ def lod_flame(tab: Any, label: Any, /) -> tuple[bytes, bytes, bytes]:
     per node."""
 
 def stitch_segments(
-    tab: Any, rows: Any, a: int, b: int, labels: dict[int, str], relabelled: bytes, max_frames: int, /
-) -> list[tuple[int, int, tuple[str, ...]]]:
+    tab: Any, rows: Any, a: int, b: int, labels: dict[int, str], relabelled: bytes, max_frames: int,
+    per_path: dict[Any, int] | None = ..., /,
+) -> Any:
     """``_stitch._range_segments`` over the rows ``rows`` (a list, or an
     int32 buffer) of ``tab``; the rows whose scope is nonzero in
-    ``relabelled`` are named by ``labels``. One tuple per call path."""
+    ``relabelled`` are named by ``labels``. One tuple per call path. With
+    ``per_path``, the segments' time is added into it as ``path_totals``
+    adds it, and the result is their summed duration, not the segments."""
 
 def stitch_setup(
     tab: Any, linked: bytes, known: Any, /

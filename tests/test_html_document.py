@@ -147,10 +147,21 @@ def test_the_c_stitching_passes_match_their_twins(backend: Backend) -> None:
             assert span == sum(s1 - s0 for s0, s1, _ in segs)
             for s0, s1, frames in segs:
                 py_path[frames] = py_path.get(frames, 0) + s1 - s0
+            totals: dict[tuple[str, ...], int] = {}
+            assert _stitch.range_paths(tab, rows, a, b, labels, totals) == span  # no segments made
+            py_totals: dict[tuple[str, ...], int] = {}
+            assert _twin(_stitch.range_paths, tab, rows, a, b, labels, py_totals) == span
+            assert list(totals.items()) == list(py_totals.items())
+            assert list(totals) == list(dict.fromkeys(f for _, _, f in segs))
         assert list(per_path.items()) == list(py_path.items())
         timelines = _stitch.stitched_timelines(session)
         assert timelines == _twin(_stitch.stitched_timelines, session)
-        assert _stitch.merge_tree(timelines) == _twin(_stitch.merge_tree, timelines)
+        tree = _stitch.merge_tree(timelines)
+        assert tree == _twin(_stitch.merge_tree, timelines)
+        # The report's flame graph, made without the segments, is the same
+        # tree, children in the same order.
+        assert json.dumps(_stitch.stitched_tree(session)) == json.dumps(tree)
+        assert json.dumps(_twin(_stitch.stitched_tree, session)) == json.dumps(tree)
 
 
 def test_path_totals_sums_past_64_bits_and_refuses_bad_segments() -> None:

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from .._core import _native
@@ -56,7 +56,9 @@ if TYPE_CHECKING:
     from ._session import Session
     from ._table import EventTable
 
-__all__ = ["MAX_FRAMES", "QUEUED", "READY", "STITCHED_SUFFIX", "WAITING", "Segment", "merge_tree", "stitched_timelines"]
+__all__ = [
+    "MAX_FRAMES", "QUEUED", "READY", "STITCHED_SUFFIX", "WAITING", "Segment", "merge_tree", "stitched_timelines", "stitched_tree",
+]  # fmt: skip
 
 WAITING: Final = "(waiting)"
 READY: Final = "(ready, loop busy)"
@@ -221,6 +223,33 @@ class _Stitcher:
     def timeline(self, tid: int, a: int, b: int, depth: int, only: _Rows | None = None) -> list[Segment]:
         """Track ``tid``'s stitched segments within [a, b] (of the ranges in
         ``only`` and their descendants, or of every range there)."""
+        only, nested = self._ranges(tid, a, b, only)
+        segs = range_segments(self.tab, nested, a, b, self.labels)
+        track = self.tracks.get(tid)
+        if track is None or depth >= MAX_DEPTH:
+            return segs
+        charges = self._charges(track, only, a, b, depth)
+        if not charges:
+            return segs
+        self.spliced += 1
+        return _splice(segs, charges)
+
+    def root_paths(self, tid: int, a: int, b: int, only: _Rows, per_path: dict[tuple[str, ...], int]) -> int:
+        """``timeline(tid, a, b, 0, only)``'s time added into ``per_path`` by
+        call path as :func:`path_totals` adds it; the time it covers. A
+        timeline nothing was charged in (most, in a big profile) is added
+        up without making its segments."""
+        only, nested = self._ranges(tid, a, b, only)
+        track = self.tracks.get(tid)
+        charges = self._charges(track, only, a, b, 0) if track is not None else []
+        if not charges:
+            return range_paths(self.tab, nested, a, b, self.labels, per_path)
+        self.spliced += 1
+        return path_totals(per_path, _splice(range_segments(self.tab, nested, a, b, self.labels), charges))
+
+    def _ranges(self, tid: int, a: int, b: int, only: _Rows | None) -> tuple[_Rows, _Rows]:
+        """The top-level ranges of a timeline (``only``, or those of the track
+        in [a, b]) and the rows of them and their descendants, sorted."""
         tops = self.tops.get(tid, [])
         if only is None:
             only = tops
@@ -237,15 +266,7 @@ class _Stitcher:
         # Every top-level range of the track (a task's one range, mostly): its
         # nested list is already sorted.
         nested = self.nested.get(tid, []) if len(only) == len(tops) else _with_descendants(self.tab, only)
-        segs = range_segments(self.tab, nested, a, b, self.labels)
-        track = self.tracks.get(tid)
-        if track is None or depth >= MAX_DEPTH:
-            return segs
-        charges = self._charges(track, only, a, b, depth)
-        if not charges:
-            return segs
-        self.spliced += 1
-        return _splice(segs, charges)
+        return only, nested
 
     def _charges(self, track: Track, tops: _Rows, a: int, b: int, depth: int) -> list[tuple[int, int, list[Segment]]]:
         """Intervals of [a, b] charged to something the track waited on,
@@ -382,6 +403,33 @@ def range_segments(tab: EventTable, rows: Sequence[int], a: int, b: int, labels:
     return _range_segments([view(i) for i in rows], a, b)
 
 
+def range_paths(
+    tab: EventTable, rows: Sequence[int], a: int, b: int, labels: dict[int, str], per_path: dict[tuple[str, ...], int]
+) -> int:
+    """:func:`range_segments`' time added into ``per_path`` by call path
+    (:func:`path_totals`); the time they cover. The extension adds it up
+    as it walks, without making the segments."""
+    ext = _native.extension
+    if ext is not None:
+        return ext.stitch_segments(tab, rows, a, b, labels, _RELABELLED, MAX_FRAMES, per_path)  # type: ignore[no-any-return]
+    return path_totals(per_path, range_segments(tab, rows, a, b, labels))
+
+
+def path_totals(per_path: dict[tuple[str, ...], int], segs: list[Segment]) -> int:
+    """``per_path[frames] += end - start`` for each segment, a path entering
+    the dict when first seen; the segments' summed duration
+    (``path_totals`` in aprof/_cevents.c adds by the paths' identity, no
+    tuple hash per segment)."""
+    ext = _native.extension
+    if ext is not None:
+        return ext.path_totals(per_path, segs)  # type: ignore[no-any-return]
+    total = 0
+    for s0, s1, frames in segs:
+        per_path[frames] = per_path.get(frames, 0) + s1 - s0
+        total += s1 - s0
+    return total
+
+
 def _range_segments(evs: list[FunctionEvent], a: int, b: int) -> list[Segment]:
     """:func:`range_segments` over views (the pure-Python twin)."""
     out: list[Segment] = []
@@ -455,23 +503,56 @@ def stitched_timelines(session: Session, *, changed_only: bool = False) -> list[
         ``(track, segments)`` pairs; segments are sorted, do not overlap, and
         give the frames (outermost first) open at each time.
     """
-    st = _Stitcher(session)
     out: list[tuple[Track, list[Segment]]] = []
-    start, end = session._table.start, session._table.end
 
-    def add(tid: int, roots: _Rows) -> None:
-        track = st.tracks.get(tid)
-        if track is None:
-            return
-        a = min(map(start.__getitem__, roots))
-        b = max(map(end.__getitem__, roots))
+    def add(st: _Stitcher, track: Track, a: int, b: int, roots: _Rows) -> None:
         before = st.spliced
-        segs = st.timeline(tid, a, b, 0, only=roots)
+        segs = st.timeline(track.id, a, b, 0, only=roots)
         if segs and not (changed_only and st.spliced == before):
             out.append((track, segs))
 
+    _each_root(session, add)
+    if len(out) > 1:
+        out.sort(key=lambda ts: -_span(ts[1]))
+    return out
+
+
+def stitched_tree(session: Session) -> dict[str, Any]:
+    """``merge_tree(stitched_timelines(session))``, the same to the order of
+    equal children, without the timelines' segments where nothing was
+    charged (the HTML report's flame graph)."""
+    got: list[tuple[int, dict[tuple[str, ...], int]]] = []
+
+    def add(st: _Stitcher, track: Track, a: int, b: int, roots: _Rows) -> None:
+        per_path: dict[tuple[str, ...], int] = {}
+        span = st.root_paths(track.id, a, b, roots, per_path)
+        if span:  # segments are never empty: no time, no segments
+            got.append((span, per_path))
+
+    _each_root(session, add)
+    if len(got) > 1:
+        got.sort(key=lambda sp: -sp[0])  # stable, as stitched_timelines sorts
+    merged: dict[tuple[str, ...], int] = {}
+    for _, per_path in got:
+        for frames, d in per_path.items():
+            merged[frames] = merged.get(frames, 0) + d
+    return _tree(merged)
+
+
+def _each_root(session: Session, add: Callable[[_Stitcher, Track, int, int, _Rows], None]) -> None:
+    """Call ``add(stitcher, track, a, b, rows)`` for each root timeline in
+    order: the roots of each track, then the orphans (see below)."""
+    st = _Stitcher(session)
+    start, end = session._table.start, session._table.end
+
+    def root(tid: int, roots: _Rows) -> None:
+        track = st.tracks.get(tid)
+        if track is None:
+            return
+        add(st, track, min(map(start.__getitem__, roots)), max(map(end.__getitem__, roots)), roots)
+
     for tid, roots in st.roots.items():
-        add(tid, roots)
+        root(tid, roots)
     # Work spawned by a logical thread with no steps, outside any of its
     # ranges, was charged nowhere (its spawner's waits are unknown): it is a
     # root of its own. (Uncharged work of a task with steps did not hold the
@@ -488,10 +569,7 @@ def stitched_timelines(session: Session, *, changed_only: bool = False) -> list[
             break
         for lk in orphans:
             st.charged.add(id(lk))
-            add(lk.track, [lk.ev._i])
-    if len(out) > 1:
-        out.sort(key=lambda ts: -_span(ts[1]))
-    return out
+            root(lk.track, [lk.ev._i])
 
 
 def _span(segs: list[Segment]) -> int:
@@ -505,17 +583,16 @@ def _span(segs: list[Segment]) -> int:
 def merge_tree(timelines: Iterable[tuple[Any, list[Segment]]]) -> dict[str, Any]:
     """Segments merged by call path: ``{"name", "total", "children": [...]}``
     nodes under a root named ``all``, children sorted by total, largest first."""
-    root: dict[str, Any] = {"name": "all", "total": 0, "kids": {}}
-    # Time per distinct call path first: far fewer paths than segments, and
-    # a tuple's hash is one C call.
+    # Time per distinct call path first: far fewer paths than segments.
     per_path: dict[tuple[str, ...], int] = {}
-    ext = _native.extension
     for _, segs in timelines:
-        if ext is not None:  # path_totals in aprof/_cevents.c: paths by identity first, no tuple hashes
-            ext.path_totals(per_path, segs)
-            continue
-        for s0, s1, frames in segs:
-            per_path[frames] = per_path.get(frames, 0) + s1 - s0
+        path_totals(per_path, segs)
+    return _tree(per_path)
+
+
+def _tree(per_path: dict[tuple[str, ...], int]) -> dict[str, Any]:
+    """The tree of :func:`merge_tree` from the time per call path."""
+    root: dict[str, Any] = {"name": "all", "total": 0, "kids": {}}
     for frames, d in per_path.items():
         root["total"] += d
         node = root
