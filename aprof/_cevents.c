@@ -2941,20 +2941,31 @@ many_children(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
  * event; printing it from the columns costs a few nanoseconds. */
 
 /* Decimal digits of v, as json.dumps prints an int. */
+static const char digit_pairs[201] = "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+                                     "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+                                     "8081828384858687888990919293949596979899";
+
 static inline void
 buf_i64(Buf *b, int64_t v) /* room (21 bytes) reserved by the caller */
 {
     char tmp[24];
-    int k = 0;
+    int k = 24;
     uint64_t a = v < 0 ? 0ull - (uint64_t)v : (uint64_t)v;
-    do {
-        tmp[k++] = (char)('0' + a % 10u);
-        a /= 10u;
-    } while (a);
+    while (a >= 100u) { /* two digits a division */
+        unsigned r = (unsigned)(a % 100u);
+        a /= 100u;
+        tmp[--k] = digit_pairs[2 * r + 1];
+        tmp[--k] = digit_pairs[2 * r];
+    }
+    if (a >= 10u) {
+        tmp[--k] = digit_pairs[2 * a + 1];
+        tmp[--k] = digit_pairs[2 * a];
+    } else
+        tmp[--k] = (char)('0' + a);
     if (v < 0)
-        tmp[k++] = '-';
-    while (k)
-        b->p[b->len++] = tmp[--k];
+        tmp[--k] = '-';
+    memcpy(b->p + b->len, tmp + k, (size_t)(24 - k));
+    b->len += (size_t)(24 - k);
 }
 
 /* compact_detail_rows(tab, own) -> bytes (int32 rows, ascending)

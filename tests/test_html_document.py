@@ -195,3 +195,24 @@ def test_take_and_many_children_match_their_twins(backend: Backend) -> None:
         _native.extension.take_columns(tab, array("i", [1, 0]))
     with pytest.raises(ValueError, match="not an ascending row"):
         _native.extension.take_columns(tab, array("i", [n]))
+
+
+def test_the_c_event_array_prints_every_integer_as_json_does() -> None:
+    # SPEC 14: the C printer's digits, at the ends of the int64 range too.
+    _needs_c()
+    import random
+
+    rng = random.Random(17)
+    starts = [0, 1, 9, 10, 99, 100, 101, 12345, -1, -10, -99, -100, 2**63 - 1, -(2**63), 10**18, -(10**18)]
+    starts += [rng.randint(-(2**63), 2**63 - 1) for _ in range(5000)]
+    n = len(starts)
+    tab = EventTable()
+    tab.start = array("q", starts)
+    tab.end = array("q", starts)
+    for col, value in (("end_lt", -1), ("seq", -1), ("fwd", 0)):
+        setattr(tab, col, array("q", [value]) * n)
+    tab.name, tab.track, tab.parent = array("i", [0]) * n, array("i", [0]) * n, array("i", [-1]) * n
+    tab.scope, tab.kind = array("B", [0]) * n, array("B", [0]) * n
+    remap, rows = array("i", [0]), array("i")
+    want = json.dumps(_compact._flat_events(tab, remap, 0, rows), separators=(",", ":"))
+    assert _native.extension.compact_events(tab, 0, remap, _compact._FLAGS, rows) == want
