@@ -26,8 +26,18 @@
  *   name_totals()   key_averages by name over the columns.
  *   chrome_plain()  the Chrome trace lines of a run of plain ranges (the
  *                   exporter's common case; aprof/_export/_chrome.py).
- *   stitch_segments() a track's ranges as segments by innermost open range
- *                   (aprof/_post/_stitch.py).
+ *   take_columns(), many_children()
+ *                   EventTable.take's columns, and the rows with many
+ *                   children (the summary's repeated awaits).
+ *   compact_detail_rows(), compact_events(), first_starts()
+ *                   the HTML report's compact document: which rows need a
+ *                   detail, the flat event array as JSON text, and each
+ *                   track's first start (aprof/_post/_compact.py,
+ *                   Session.tracks).
+ *   stitch_setup(), stitch_segments(), path_totals()
+ *                   who awaits whom (aprof/_post/_stitch.py): the rows the
+ *                   stitcher starts from, a track's ranges as segments by
+ *                   innermost open range, and the segments' time per path.
  *   lod_keep(), lod_merge(), lod_flame()
  *                   level of detail for the HTML report past its budget
  *                   (aprof/_post/_lod.py).
@@ -2255,26 +2265,416 @@ done:
  * so it is here. Frames are tuples of names, outermost first; a range's
  * tuple is its parent's plus its own name (past max_frames, the parent's). */
 
-static int
-seg_emit(PyObject *out, int64_t t0, int64_t t1, PyObject *frames)
+/* A pointer-keyed open-addressing table (the keys are kept alive by their
+ * holders): frames paths by (parent path, label), and totals by path. */
+typedef struct {
+    PyObject *k1, *k2, *val; /* val: a new reference (interning), or NULL */
+    int64_t sum;
+} PtrSlot;
+
+typedef struct {
+    PtrSlot *slot;
+    size_t cap, used;
+} PtrMap;
+
+static inline size_t
+ptr_hash(const void *a, const void *b)
 {
-    PyObject *seg = Py_BuildValue("(LLO)", (long long)t0, (long long)t1, frames);
+    uintptr_t h = (uintptr_t)a * 0x9E3779B97F4A7C15ull ^ ((uintptr_t)b + 0x632BE59BD9B4E019ull) * 0xC2B2AE3D27D4EB4Full;
+    return (size_t)(h ^ (h >> 29));
+}
+
+static void
+ptrmap_free(PtrMap *m)
+{
+    for (size_t k = 0; k < m->cap; k++)
+        if (m->slot[k].k1 != NULL) {
+            Py_DECREF(m->slot[k].k1);
+            Py_XDECREF(m->slot[k].k2);
+            Py_XDECREF(m->slot[k].val);
+        }
+    PyMem_Free(m->slot);
+    m->slot = NULL;
+    m->cap = m->used = 0;
+}
+
+/* The slot of (k1, k2), claimed (with new references to both) if new;
+ * NULL on no memory. *fresh says whether it was new. */
+static PtrSlot *
+ptrmap_get(PtrMap *m, PyObject *k1, PyObject *k2, int *fresh)
+{
+    if (2 * (m->used + 1) > m->cap) {
+        size_t cap = m->cap ? 2 * m->cap : 1024;
+        PtrSlot *s = PyMem_Calloc(cap, sizeof(PtrSlot));
+        if (s == NULL) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        for (size_t k = 0; k < m->cap; k++)
+            if (m->slot[k].k1 != NULL) {
+                size_t h = ptr_hash(m->slot[k].k1, m->slot[k].k2) & (cap - 1);
+                while (s[h].k1 != NULL)
+                    h = (h + 1) & (cap - 1);
+                s[h] = m->slot[k];
+            }
+        PyMem_Free(m->slot);
+        m->slot = s;
+        m->cap = cap;
+    }
+    size_t h = ptr_hash(k1, k2) & (m->cap - 1);
+    while (m->slot[h].k1 != NULL) {
+        if (m->slot[h].k1 == k1 && m->slot[h].k2 == k2) {
+            *fresh = 0;
+            return &m->slot[h];
+        }
+        h = (h + 1) & (m->cap - 1);
+    }
+    m->slot[h].k1 = Py_NewRef(k1);
+    m->slot[h].k2 = Py_XNewRef(k2);
+    m->slot[h].val = NULL;
+    m->slot[h].sum = 0;
+    m->used++;
+    *fresh = 1;
+    return &m->slot[h];
+}
+
+/* Add `v` to per_path[frames] (a Python int, no overflow). */
+static int
+dict_add(PyObject *per_path, PyObject *frames, int64_t v)
+{
+    PyObject *cur = PyDict_GetItemWithError(per_path, frames); /* borrowed */
+    if (cur == NULL && PyErr_Occurred())
+        return -1;
+    PyObject *add = PyLong_FromLongLong(v);
+    if (add == NULL)
+        return -1;
+    PyObject *sum = cur == NULL ? Py_NewRef(add) : PyNumber_Add(cur, add);
+    Py_DECREF(add);
+    if (sum == NULL)
+        return -1;
+    int rc = PyDict_SetItem(per_path, frames, sum);
+    Py_DECREF(sum);
+    return rc;
+}
+
+/* Time per call path, as merge_tree's first pass adds it up: a path enters
+ * per_path when first seen (so the dict's order is the Python loop's), its
+ * time is summed in C by the path's identity (stitch_segments hands out one
+ * tuple per path, so a million segments cost no tuple hashes), and sums
+ * past 64 bits go on in Python ints. */
+typedef struct {
+    PyObject *per_path; /* borrowed */
+    PtrMap sums;
+    int64_t run; /* the summed duration, not yet in `all` */
+    PyObject *all;
+} Totals;
+
+static int
+totals_add(Totals *T, PyObject *frames, int64_t d)
+{
+    int fresh;
+    PtrSlot *sl = ptrmap_get(&T->sums, frames, NULL, &fresh);
+    if (sl == NULL)
+        return -1;
+    if (fresh) {
+        int has = PyDict_Contains(T->per_path, frames);
+        if (has < 0 || (!has && PyDict_SetItem(T->per_path, frames, zero) < 0))
+            return -1;
+    }
+    int64_t sum;
+    if (__builtin_add_overflow(sl->sum, d, &sum)) { /* past 64 bits: into the dict's int */
+        if (dict_add(T->per_path, frames, sl->sum) < 0)
+            return -1;
+        sum = d;
+    }
+    sl->sum = sum;
+    if (__builtin_add_overflow(T->run, d, &sum)) {
+        PyObject *r = PyLong_FromLongLong(T->run), *a = r == NULL ? NULL : PyNumber_Add(T->all, r);
+        Py_XDECREF(r);
+        if (a == NULL)
+            return -1;
+        Py_SETREF(T->all, a);
+        sum = d;
+    }
+    T->run = sum;
+    return 0;
+}
+
+/* The sums into per_path; the summed duration (NULL on error). Frees T. */
+static PyObject *
+totals_finish(Totals *T, int ok)
+{
+    PyObject *result = NULL;
+    for (size_t k = 0; ok && k < T->sums.cap; k++)
+        if (T->sums.slot[k].k1 != NULL && T->sums.slot[k].sum && dict_add(T->per_path, T->sums.slot[k].k1, T->sums.slot[k].sum) < 0)
+            ok = 0;
+    if (ok) {
+        PyObject *r = PyLong_FromLongLong(T->run);
+        if (r != NULL) {
+            result = PyNumber_Add(T->all, r);
+            Py_DECREF(r);
+        }
+    }
+    ptrmap_free(&T->sums);
+    Py_CLEAR(T->all);
+    return result;
+}
+
+/* path_totals(per_path, segs) -> int
+ *
+ * merge_tree's first pass over one timeline: per_path[frames] += s1 - s0
+ * for each (s0, s1, frames) of `segs` (see Totals); returns the summed
+ * duration. */
+static PyObject *
+path_totals(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyDict_Check(args[0]) || !PyList_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "path_totals(per_path: dict, segs: list)");
+        return NULL;
+    }
+    PyObject *segs = args[1];
+    Totals T = {args[0], {NULL, 0, 0}, 0, PyLong_FromLong(0)};
+    if (T.all == NULL)
+        return NULL;
+    int ok = 0;
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(segs); k++) {
+        PyObject *seg = PyList_GET_ITEM(segs, k);
+        if (!PyTuple_Check(seg) || PyTuple_GET_SIZE(seg) != 3) {
+            PyErr_Format(PyExc_TypeError, "path_totals: segment %zd is not a (start, end, frames) tuple", k);
+            goto done;
+        }
+        long long s0 = PyLong_AsLongLong(PyTuple_GET_ITEM(seg, 0)), s1 = PyLong_AsLongLong(PyTuple_GET_ITEM(seg, 1));
+        if ((s0 == -1 || s1 == -1) && PyErr_Occurred())
+            goto done;
+        int64_t d;
+        if (__builtin_sub_overflow((int64_t)s1, (int64_t)s0, &d)) {
+            PyErr_SetString(PyExc_OverflowError, "path_totals: a segment's duration does not fit 64 bits");
+            goto done;
+        }
+        if (totals_add(&T, PyTuple_GET_ITEM(seg, 2), d) < 0)
+            goto done;
+    }
+    ok = 1;
+done:
+    return totals_finish(&T, ok);
+}
+
+/* Where stitch_segments puts a segment: a list, or (out NULL) Totals. */
+typedef struct {
+    PyObject *out;
+    Totals totals;
+} Sink;
+
+static int
+seg_emit(Sink *sink, int64_t t0, int64_t t1, PyObject *frames)
+{
+    if (sink->out == NULL)
+        return totals_add(&sink->totals, frames, t1 - t0);
+    PyObject *seg = PyTuple_New(3);
     if (seg == NULL)
         return -1;
-    int rc = PyList_Append(out, seg);
+    PyObject *a = PyLong_FromLongLong(t0), *b = PyLong_FromLongLong(t1);
+    PyTuple_SET_ITEM(seg, 0, a);
+    PyTuple_SET_ITEM(seg, 1, b);
+    PyTuple_SET_ITEM(seg, 2, Py_NewRef(frames));
+    if (a == NULL || b == NULL) {
+        Py_DECREF(seg);
+        return -1;
+    }
+    int rc = PyList_Append(sink->out, seg);
     Py_DECREF(seg);
     return rc;
 }
 
-/* stitch_segments(tab, rows, a, b, labels, relabelled, max_frames) -> list */
+/* Rows grouped by a key, in order of the key's first use: (key, bytes of
+ * int32 rows) pairs. gid[i] is row i's group (-1: none), key_of(g) the key
+ * object of group g. */
+static PyObject *
+group_rows(const int32_t *gid, Py_ssize_t n, Py_ssize_t n_groups, PyObject *(*key_of)(const void *, Py_ssize_t),
+           const void *ctx)
+{
+    PyObject *out = NULL;
+    Py_ssize_t *count = PyMem_Calloc((size_t)(n_groups > 0 ? n_groups : 1), sizeof(Py_ssize_t));
+    Py_ssize_t *order = PyMem_Malloc((size_t)(n_groups > 0 ? n_groups : 1) * sizeof(Py_ssize_t));
+    PyObject **bufs = PyMem_Calloc((size_t)(n_groups > 0 ? n_groups : 1), sizeof(PyObject *));
+    Py_ssize_t *fill = PyMem_Calloc((size_t)(n_groups > 0 ? n_groups : 1), sizeof(Py_ssize_t));
+    Py_ssize_t n_used = 0;
+    if (count == NULL || order == NULL || bufs == NULL || fill == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int32_t g = gid[i];
+        if (g < 0)
+            continue;
+        if (count[g]++ == 0)
+            order[n_used++] = g;
+    }
+    out = PyList_New(n_used);
+    if (out == NULL)
+        goto done;
+    for (Py_ssize_t k = 0; k < n_used; k++) {
+        Py_ssize_t g = order[k];
+        bufs[g] = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(count[g] * (Py_ssize_t)sizeof(int32_t)));
+        PyObject *key = bufs[g] == NULL ? NULL : key_of(ctx, g);
+        if (key == NULL)
+            goto fail;
+        PyObject *pair = PyTuple_Pack(2, key, bufs[g]);
+        Py_DECREF(key);
+        if (pair == NULL)
+            goto fail;
+        PyList_SET_ITEM(out, k, pair);
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int32_t g = gid[i];
+        if (g >= 0)
+            ((int32_t *)PyBytes_AS_STRING(bufs[g]))[fill[g]++] = (int32_t)i;
+    }
+    goto done;
+fail:
+    Py_CLEAR(out);
+done:
+    if (bufs != NULL)
+        for (Py_ssize_t k = 0; k < n_used; k++)
+            Py_XDECREF(bufs[order[k]]);
+    PyMem_Free(count);
+    PyMem_Free(order);
+    PyMem_Free(bufs);
+    PyMem_Free(fill);
+    return out;
+}
+
+static PyObject *
+key_index(const void *ctx, Py_ssize_t g)
+{
+    return PyLong_FromSsize_t(g);
+}
+
+static PyObject *
+key_id(const void *ctx, Py_ssize_t g)
+{
+    return PyLong_FromLongLong(((const int64_t *)ctx)[g]);
+}
+
+/* stitch_setup(tab, linked, known) -> (nested, tops, roots, links)
+ *
+ * _stitch._Stitcher's pass over every event, as (key, bytes of int32 rows)
+ * pairs in order of the key's first use: per track index, the rows of its
+ * ranges (not async, not instants: nested), of its top-level ones (tops:
+ * not nested on their track under a range that is not async), and of the
+ * tops that are roots; per spawner id, the tops that are links (linked[scope]
+ * nonzero, a sequence number > 0, and a spawner among `known`, the
+ * session's track ids, ascending). _stitch._setup_rows is the twin. */
+static PyObject *
+stitch_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyBytes_Check(args[1]) || PyBytes_GET_SIZE(args[1]) != 256) {
+        PyErr_SetString(PyExc_TypeError, "stitch_setup(tab, linked: bytes (256), known: array('q'))");
+        return NULL;
+    }
+    const unsigned char *linked = (const unsigned char *)PyBytes_AS_STRING(args[1]);
+    Cols t;
+    if (cols_get(args[0], &t) < 0)
+        return NULL;
+    Py_buffer kv;
+    Py_ssize_t n_known = get_column(args[2], &kv, 8, "known", 0);
+    PyObject *tracks = NULL, *result = NULL, *parts[4] = {NULL, NULL, NULL, NULL};
+    int32_t *gid = NULL;
+    uint8_t *cat = NULL;
+    if (n_known < 0)
+        goto done;
+    const int64_t *known = kv.buf;
+    tracks = PyObject_GetAttrString(args[0], "tracks");
+    if (tracks == NULL)
+        goto done;
+    Py_ssize_t nt = PyObject_Length(tracks), n = t.n;
+    if (nt < 0)
+        goto done;
+    gid = PyMem_Malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+    cat = PyMem_Malloc((size_t)(n > 0 ? n : 1));
+    if (gid == NULL || cat == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const uint8_t skip = FLAG_ASYNC | KIND_INSTANT;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int32_t tr = t.track[i], p = t.parent[i];
+        if (tr < 0 || tr >= nt || p >= n) {
+            PyErr_Format(PyExc_IndexError, "stitch_setup: row %zd has an index out of range", i);
+            goto done;
+        }
+        if (t.kind[i] & skip) {
+            cat[i] = 0;
+            continue;
+        }
+        if (p >= 0 && t.track[p] == tr && !(t.kind[p] & FLAG_ASYNC)) {
+            cat[i] = 1; /* nested on its track */
+            continue;
+        }
+        cat[i] = 2; /* a root, unless it is a link */
+        int64_t fwd = t.fwd[i];
+        if (fwd && linked[t.scope[i]] && t.seq[i] > 0) {
+            Py_ssize_t lo = 0, hi = n_known;
+            while (lo < hi) {
+                Py_ssize_t mid = (lo + hi) / 2;
+                if (known[mid] < fwd)
+                    lo = mid + 1;
+                else
+                    hi = mid;
+            }
+            if (lo < n_known && known[lo] == fwd)
+                cat[i] = 3;
+        }
+    }
+    for (int part = 0; part < 4; part++) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int c = cat[i];
+            int in = part == 0 ? c >= 1 : part == 1 ? c >= 2 : part == 2 ? c == 2 : c == 3;
+            gid[i] = -1;
+            if (in && part < 3)
+                gid[i] = t.track[i];
+            else if (in) { /* the spawner's place among `known` */
+                Py_ssize_t lo = 0, hi = n_known;
+                while (lo < hi) {
+                    Py_ssize_t mid = (lo + hi) / 2;
+                    if (known[mid] < t.fwd[i])
+                        lo = mid + 1;
+                    else
+                        hi = mid;
+                }
+                gid[i] = (int32_t)lo;
+            }
+        }
+        parts[part] = part < 3 ? group_rows(gid, n, nt, key_index, NULL) : group_rows(gid, n, n_known, key_id, known);
+        if (parts[part] == NULL)
+            goto done;
+    }
+    result = PyTuple_Pack(4, parts[0], parts[1], parts[2], parts[3]);
+done:
+    for (int part = 0; part < 4; part++)
+        Py_XDECREF(parts[part]);
+    Py_XDECREF(tracks);
+    PyMem_Free(gid);
+    PyMem_Free(cat);
+    if (n_known >= 0)
+        PyBuffer_Release(&kv);
+    cols_release(&t);
+    return result;
+}
+
+/* stitch_segments(tab, rows, a, b, labels, relabelled, max_frames[, per_path]) -> list | int
+ *
+ * With per_path (a dict), the segments are not made: their time goes into
+ * per_path by call path as path_totals adds it, and the result is their
+ * summed duration (the HTML report needs only the merged flame graph). */
 static PyObject *
 stitch_segments(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 7 || !PyList_Check(args[1]) || !PyLong_Check(args[2]) || !PyLong_Check(args[3]) ||
+    if (nargs < 7 || nargs > 8 || (nargs == 8 && !PyDict_Check(args[7])) || !PyLong_Check(args[2]) || !PyLong_Check(args[3]) ||
         !PyDict_Check(args[4]) || !PyBytes_Check(args[5]) || PyBytes_GET_SIZE(args[5]) != 256 ||
         !PyLong_Check(args[6])) {
-        PyErr_SetString(PyExc_TypeError, "stitch_segments(tab, rows: list, a: int, b: int, labels: dict, "
-                                         "relabelled: bytes (256), max_frames: int)");
+        PyErr_SetString(PyExc_TypeError, "stitch_segments(tab, rows: list | array('i'), a: int, b: int, labels: dict, "
+                                         "relabelled: bytes (256), max_frames: int[, per_path: dict])");
         return NULL;
     }
     long long a = PyLong_AsLongLong(args[2]), b = PyLong_AsLongLong(args[3]);
@@ -2283,11 +2683,22 @@ stitch_segments(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     const unsigned char *relabel = (const unsigned char *)PyBytes_AS_STRING(args[5]);
     PyObject *rows = args[1], *labels = args[4];
-    Cols t;
-    if (cols_get(args[0], &t) < 0)
+    int rows_listed = PyList_Check(rows);
+    Py_buffer rb = {0};
+    Py_ssize_t n_rows = rows_listed ? PyList_GET_SIZE(rows) : get_column(rows, &rb, 4, "rows", 0);
+    if (n_rows < 0)
         return NULL;
+    const int32_t *row_of = rb.buf;
+    PtrMap paths = {NULL, 0, 0}; /* (parent path, label) -> path: one tuple per path, not per range */
+    Cols t;
+    if (cols_get(args[0], &t) < 0) {
+        if (!rows_listed)
+            PyBuffer_Release(&rb);
+        return NULL;
+    }
     PyObject *names = PyObject_GetAttrString(args[0], "names");
     PyObject *out = NULL, *empty = PyTuple_New(0);
+    Sink sink = {NULL, {NULL, {NULL, 0, 0}, 0, NULL}};
     int64_t *ends = NULL;
     PyObject **frames = NULL;
     Py_ssize_t sp = 0, cap = 0;
@@ -2297,12 +2708,16 @@ stitch_segments(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "stitch_segments: tab.names is not a list");
         goto fail;
     }
-    out = PyList_New(0);
-    if (out == NULL)
+    if (nargs == 8) {
+        sink.totals.per_path = args[7];
+        if ((sink.totals.all = PyLong_FromLong(0)) == NULL)
+            goto fail;
+        out = Py_NewRef(Py_None); /* the result comes from totals_finish */
+    } else if ((sink.out = out = PyList_New(0)) == NULL)
         goto fail;
     int64_t cur = a;
-    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(rows); k++) {
-        Py_ssize_t i = PyLong_AsSsize_t(PyList_GET_ITEM(rows, k));
+    for (Py_ssize_t k = 0; k < n_rows; k++) {
+        Py_ssize_t i = rows_listed ? PyLong_AsSsize_t(PyList_GET_ITEM(rows, k)) : row_of[k];
         if (i == -1 && PyErr_Occurred())
             goto fail;
         if (i < 0 || i >= t.n) {
@@ -2316,14 +2731,14 @@ stitch_segments(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             int64_t end = ends[--sp];
             PyObject *fr = frames[sp];
             int64_t t1 = end < b ? end : b;
-            int rc = t1 > cur ? seg_emit(out, cur, t1, fr) : 0;
+            int rc = t1 > cur ? seg_emit(&sink, cur, t1, fr) : 0;
             Py_DECREF(fr);
             if (rc < 0)
                 goto fail;
             if (end > cur)
                 cur = end;
         }
-        if (sp > 0 && s > cur && seg_emit(out, cur, s < b ? s : b, frames[sp - 1]) < 0)
+        if (sp > 0 && s > cur && seg_emit(&sink, cur, s < b ? s : b, frames[sp - 1]) < 0)
             goto fail;
         if (s > cur)
             cur = s;
@@ -2348,12 +2763,20 @@ stitch_segments(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                 }
                 label = PyList_GET_ITEM(names, ni);
             }
-            nf = PyTuple_New(len + 1);
-            if (nf == NULL)
+            int fresh;
+            PtrSlot *sl = ptrmap_get(&paths, up, label, &fresh);
+            if (sl == NULL)
                 goto fail;
-            for (Py_ssize_t q = 0; q < len; q++)
-                PyTuple_SET_ITEM(nf, q, Py_NewRef(PyTuple_GET_ITEM(up, q)));
-            PyTuple_SET_ITEM(nf, len, Py_NewRef(label));
+            if (fresh) {
+                nf = PyTuple_New(len + 1);
+                if (nf == NULL)
+                    goto fail;
+                for (Py_ssize_t q = 0; q < len; q++)
+                    PyTuple_SET_ITEM(nf, q, Py_NewRef(PyTuple_GET_ITEM(up, q)));
+                PyTuple_SET_ITEM(nf, len, Py_NewRef(label));
+                sl->val = Py_NewRef(nf);
+            } else
+                nf = Py_NewRef(sl->val);
         } else
             nf = Py_NewRef(up);
         if (sp == cap) {
@@ -2377,23 +2800,337 @@ stitch_segments(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         int64_t end = ends[--sp];
         PyObject *fr = frames[sp];
         int64_t t1 = end < b ? end : b;
-        int rc = t1 > cur ? seg_emit(out, cur, t1, fr) : 0;
+        int rc = t1 > cur ? seg_emit(&sink, cur, t1, fr) : 0;
         Py_DECREF(fr);
         if (rc < 0)
             goto fail;
         if (end > cur)
             cur = end;
     }
+    if (sink.out == NULL)
+        Py_SETREF(out, totals_finish(&sink.totals, 1));
     goto done;
 fail:
     Py_CLEAR(out);
 done:
+    if (sink.out == NULL && sink.totals.all != NULL)
+        totals_finish(&sink.totals, 0);
     while (sp > 0)
         Py_DECREF(frames[--sp]);
     PyMem_Free(ends);
     PyMem_Free(frames);
+    ptrmap_free(&paths);
     Py_XDECREF(names);
     Py_XDECREF(empty);
+    if (!rows_listed)
+        PyBuffer_Release(&rb);
+    cols_release(&t);
+    return out;
+}
+
+/* ------------------------------------------------------------------------ */
+/* take_columns, many_children: what a report past its budget reads         */
+/* ------------------------------------------------------------------------ */
+
+/* take_columns(tab, keep) -> tuple of 10 bytes
+ *
+ * EventTable.take's columns: the rows `keep` (int32, strictly ascending)
+ * of each column in COLUMNS order, a parent that is not kept -1 and a kept
+ * one its new index. At ten million events, the Python twin's generator
+ * per column and loop over the kept rows cost over a second. */
+static PyObject *
+take_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "take_columns(tab, keep: array('i'))");
+        return NULL;
+    }
+    Cols t;
+    if (cols_get(args[0], &t) < 0)
+        return NULL;
+    Py_buffer kv;
+    Py_ssize_t m = get_column(args[1], &kv, 4, "keep", 0);
+    PyObject *out = NULL;
+    int32_t *new_of = NULL;
+    if (m < 0)
+        goto done;
+    const int32_t *keep = kv.buf;
+    for (Py_ssize_t j = 0; j < m; j++)
+        if (keep[j] < 0 || keep[j] >= t.n || (j && keep[j] <= keep[j - 1])) {
+            PyErr_Format(PyExc_ValueError, "take_columns: keep[%zd] = %d is not an ascending row of the table", j,
+                         keep[j]);
+            goto done;
+        }
+    new_of = PyMem_Malloc((size_t)(t.n > 0 ? t.n : 1) * sizeof(int32_t));
+    out = PyTuple_New(N_COLUMNS);
+    if (new_of == NULL || out == NULL) {
+        if (new_of == NULL)
+            PyErr_NoMemory();
+        Py_CLEAR(out);
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < t.n; i++)
+        new_of[i] = -1;
+    for (Py_ssize_t j = 0; j < m; j++)
+        new_of[keep[j]] = (int32_t)j;
+    for (int c = 0; c < N_COLUMNS; c++) {
+        int w = column_widths[c];
+        PyObject *b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(m * w));
+        if (b == NULL) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        char *dst = PyBytes_AS_STRING(b);
+        const char *src = t.view[c].buf;
+        if (c == COL_PARENT) {
+            for (Py_ssize_t j = 0; j < m; j++) {
+                int32_t p = t.parent[keep[j]];
+                ((int32_t *)dst)[j] = p >= 0 && p < t.n ? new_of[p] : -1;
+            }
+        } else
+            for (Py_ssize_t j = 0; j < m; j++)
+                memcpy(dst + j * w, src + (Py_ssize_t)keep[j] * w, (size_t)w);
+        PyTuple_SET_ITEM(out, c, b);
+    }
+done:
+    PyMem_Free(new_of);
+    if (m >= 0)
+        PyBuffer_Release(&kv);
+    cols_release(&t);
+    return out;
+}
+
+/* many_children(off, k) -> bytes (int32 rows): the rows i with at least k
+ * children, off[i + 1] - off[i] >= k (off: children_index's int32
+ * offsets). The summary's repeated awaits start from these. */
+static PyObject *
+many_children(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "many_children(off: array('i'), k: int)");
+        return NULL;
+    }
+    long k = PyLong_AsLong(args[1]);
+    if (k == -1 && PyErr_Occurred())
+        return NULL;
+    Py_buffer ov;
+    Py_ssize_t n = get_column(args[0], &ov, 4, "off", 0);
+    if (n < 0)
+        return NULL;
+    const int32_t *off = ov.buf;
+    Py_ssize_t found = 0;
+    for (Py_ssize_t i = 0; i + 1 < n; i++)
+        found += (long)off[i + 1] - off[i] >= k;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(found * (Py_ssize_t)sizeof(int32_t)));
+    if (out != NULL) {
+        int32_t *rows = (int32_t *)PyBytes_AS_STRING(out);
+        for (Py_ssize_t i = 0, j = 0; i + 1 < n; i++)
+            if ((long)off[i + 1] - off[i] >= k)
+                rows[j++] = (int32_t)i;
+    }
+    PyBuffer_Release(&ov);
+    return out;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The HTML report's compact document (aprof/_post/_compact.py)              */
+/* ------------------------------------------------------------------------ */
+
+/* At a million events, building the flat event array as a list of eight
+ * million ints and having json.dumps print it cost about a microsecond an
+ * event; printing it from the columns costs a few nanoseconds. */
+
+/* Decimal digits of v, as json.dumps prints an int. */
+static const char digit_pairs[201] = "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+                                     "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+                                     "8081828384858687888990919293949596979899";
+
+static inline void
+buf_i64(Buf *b, int64_t v) /* room (21 bytes) reserved by the caller */
+{
+    char tmp[24];
+    int k = 24;
+    uint64_t a = v < 0 ? 0ull - (uint64_t)v : (uint64_t)v;
+    while (a >= 100u) { /* two digits a division */
+        unsigned r = (unsigned)(a % 100u);
+        a /= 100u;
+        tmp[--k] = digit_pairs[2 * r + 1];
+        tmp[--k] = digit_pairs[2 * r];
+    }
+    if (a >= 10u) {
+        tmp[--k] = digit_pairs[2 * a + 1];
+        tmp[--k] = digit_pairs[2 * a];
+    } else
+        tmp[--k] = (char)('0' + a);
+    if (v < 0)
+        tmp[--k] = '-';
+    memcpy(b->p + b->len, tmp + k, (size_t)(24 - k));
+    b->len += (size_t)(24 - k);
+}
+
+/* compact_detail_rows(tab, own) -> bytes (int32 rows, ascending)
+ *
+ * The rows whose compact detail says more than the columns because of a
+ * column: a sequence number, a spawner, or an end on another logical
+ * thread than own[track] (the track's id). The caller adds the rows with
+ * rare fields (_compact._detail_rows is the twin). */
+static PyObject *
+compact_detail_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "compact_detail_rows(tab, own: array('q'))");
+        return NULL;
+    }
+    Cols t;
+    if (cols_get(args[0], &t) < 0)
+        return NULL;
+    Py_buffer ov;
+    Py_ssize_t n_own = get_column(args[1], &ov, 8, "own", 0);
+    PyObject *result = NULL;
+    int32_t *rows = NULL;
+    if (n_own < 0)
+        goto done;
+    const int64_t *own = ov.buf;
+    Py_ssize_t k = 0;
+    rows = PyMem_Malloc((size_t)(t.n > 0 ? t.n : 1) * sizeof(int32_t));
+    if (rows == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < t.n; i++) {
+        int32_t tr = t.track[i];
+        if (tr < 0 || tr >= n_own) {
+            PyErr_Format(PyExc_IndexError, "compact_detail_rows: row %zd has track index %d", i, tr);
+            goto done;
+        }
+        if (t.seq[i] != -1 || t.fwd[i] || (t.end_lt[i] != -1 && t.end_lt[i] != own[tr]))
+            rows[k++] = (int32_t)i;
+    }
+    result = PyBytes_FromStringAndSize((const char *)rows, (Py_ssize_t)(k * (Py_ssize_t)sizeof(int32_t)));
+done:
+    PyMem_Free(rows);
+    if (n_own >= 0)
+        PyBuffer_Release(&ov);
+    cols_release(&t);
+    return result;
+}
+
+/* compact_events(tab, base, remap, flags, detail_rows) -> str
+ *
+ * The document's "events" array as json.dumps(..., separators=(",", ":"))
+ * prints it: eight integers per row (remap[track], start - base, end -
+ * start, parent, name, scope, flags[kind], detail), where the row
+ * detail_rows[j] (ascending) has detail j and every other row -1
+ * (_compact._flat_events is the twin). */
+static PyObject *
+compact_events(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 || !PyBytes_Check(args[3]) || PyBytes_GET_SIZE(args[3]) != 256) {
+        PyErr_SetString(PyExc_TypeError,
+                        "compact_events(tab, base: int, remap: array('i'), flags: bytes (256), detail_rows: array('i'))");
+        return NULL;
+    }
+    long long base = PyLong_AsLongLong(args[1]);
+    if (base == -1 && PyErr_Occurred())
+        return NULL;
+    const unsigned char *flags = (const unsigned char *)PyBytes_AS_STRING(args[3]);
+    Cols t;
+    if (cols_get(args[0], &t) < 0)
+        return NULL;
+    Py_buffer rv = {0}, dv = {0};
+    PyObject *result = NULL;
+    Buf b = {NULL, 0, 0};
+    Py_ssize_t n_remap = get_column(args[2], &rv, 4, "remap", 0);
+    Py_ssize_t n_detail = n_remap < 0 ? -1 : get_column(args[4], &dv, 4, "detail_rows", 0);
+    if (n_detail < 0)
+        goto done;
+    const int32_t *remap = rv.buf, *detail = dv.buf;
+    Py_ssize_t dpos = 0;
+    if (buf_grow(&b, 2) < 0)
+        goto done;
+    buf_put(&b, "[", 1);
+    for (Py_ssize_t i = 0; i < t.n; i++) {
+        int32_t tr = t.track[i];
+        if (tr < 0 || tr >= n_remap) {
+            PyErr_Format(PyExc_IndexError, "compact_events: row %zd has track index %d", i, tr);
+            goto done;
+        }
+        int64_t d = -1;
+        if (dpos < n_detail && detail[dpos] < i) {
+            PyErr_SetString(PyExc_ValueError, "compact_events: detail_rows are not ascending rows of the table");
+            goto done;
+        }
+        if (dpos < n_detail && detail[dpos] == i)
+            d = dpos++;
+        int64_t v[8] = {remap[tr], (int64_t)((uint64_t)t.start[i] - (uint64_t)base),
+                        (int64_t)((uint64_t)t.end[i] - (uint64_t)t.start[i]), t.parent[i], t.name[i],
+                        t.scope[i], flags[t.kind[i]], d};
+        if (buf_grow(&b, 8 * 22 + 2) < 0)
+            goto done;
+        for (int c = 0; c < 8; c++) {
+            if (i || c)
+                b.p[b.len++] = ',';
+            buf_i64(&b, v[c]);
+        }
+    }
+    if (dpos != n_detail) {
+        PyErr_SetString(PyExc_ValueError, "compact_events: detail_rows are not ascending rows of the table");
+        goto done;
+    }
+    buf_put(&b, "]", 1);
+    result = PyUnicode_DecodeASCII(b.p, (Py_ssize_t)b.len, "strict");
+done:
+    PyMem_Free(b.p);
+    if (n_remap >= 0)
+        PyBuffer_Release(&rv);
+    if (n_detail >= 0)
+        PyBuffer_Release(&dv);
+    cols_release(&t);
+    return result;
+}
+
+/* first_starts(tab) -> bytes (int64 per track index)
+ *
+ * The start of each track's first event, for Session.tracks()' order: the
+ * earliest start of the first events of its runs of rows; INT64_MAX for a
+ * track with none (_session._first_start is the twin). */
+static PyObject *
+first_starts(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "first_starts(tab, n_tracks: int)");
+        return NULL;
+    }
+    Py_ssize_t nt = PyLong_AsSsize_t(args[1]);
+    if (nt == -1 && PyErr_Occurred())
+        return NULL;
+    if (nt < 0) {
+        PyErr_SetString(PyExc_ValueError, "first_starts: n_tracks < 0");
+        return NULL;
+    }
+    Cols t;
+    if (cols_get(args[0], &t) < 0)
+        return NULL;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(nt * (Py_ssize_t)sizeof(int64_t)));
+    if (out == NULL)
+        goto done;
+    int64_t *first = (int64_t *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t k = 0; k < nt; k++)
+        first[k] = INT64_MAX;
+    for (Py_ssize_t i = 0, last = -1; i < t.n; i++) {
+        int32_t tr = t.track[i];
+        if (tr == last) /* events come track by track in start order: a run's first is its earliest */
+            continue;
+        last = tr;
+        if (tr < 0 || tr >= nt) {
+            PyErr_Format(PyExc_IndexError, "first_starts: row %zd has track index %d", i, tr);
+            Py_CLEAR(out);
+            goto done;
+        }
+        if (t.start[i] < first[tr])
+            first[tr] = t.start[i];
+    }
+done:
     cols_release(&t);
     return out;
 }
@@ -2491,6 +3228,20 @@ static PyMethodDef event_functions[] = {
      "Level of detail: ranges merged by call path over every event."},
     {"stitch_segments", (PyCFunction)(void (*)(void))stitch_segments, METH_FASTCALL,
      "Who awaits whom: a track's ranges cut into segments by the innermost open range."},
+    {"take_columns", (PyCFunction)(void (*)(void))take_columns, METH_FASTCALL,
+     "EventTable.take's columns: the kept rows of each, parents renumbered."},
+    {"many_children", (PyCFunction)(void (*)(void))many_children, METH_FASTCALL,
+     "The rows with at least k children, from children_index's offsets."},
+    {"compact_detail_rows", (PyCFunction)(void (*)(void))compact_detail_rows, METH_FASTCALL,
+     "The HTML report's document: the rows whose detail a column calls for (int32, ascending)."},
+    {"compact_events", (PyCFunction)(void (*)(void))compact_events, METH_FASTCALL,
+     "The HTML report's document: its flat event array as JSON text."},
+    {"first_starts", (PyCFunction)(void (*)(void))first_starts, METH_FASTCALL,
+     "The start of each track's first event (int64 per track index, INT64_MAX for none)."},
+    {"stitch_setup", (PyCFunction)(void (*)(void))stitch_setup, METH_FASTCALL,
+     "Who awaits whom: each track's ranges, top-level ranges, roots, and each spawner's links, as rows."},
+    {"path_totals", (PyCFunction)(void (*)(void))path_totals, METH_FASTCALL,
+     "Who awaits whom: add a timeline's segment durations to per_path by call path; their sum."},
     {"trim_heap", trim_heap, METH_NOARGS, "Give the C heap's free memory back to the system (glibc); whether it could."},
     {NULL, NULL, 0, NULL},
 };

@@ -343,10 +343,48 @@ def lod_flame(tab: Any, label: Any, /) -> tuple[bytes, bytes, bytes]:
     per node."""
 
 def stitch_segments(
-    tab: Any, rows: list[int], a: int, b: int, labels: dict[int, str], relabelled: bytes, max_frames: int, /
-) -> list[tuple[int, int, tuple[str, ...]]]:
-    """``_stitch._range_segments`` over the rows ``rows`` of ``tab``; the rows
-    whose scope is nonzero in ``relabelled`` are named by ``labels``."""
+    tab: Any, rows: Any, a: int, b: int, labels: dict[int, str], relabelled: bytes, max_frames: int,
+    per_path: dict[Any, int] | None = ..., /,
+) -> Any:
+    """``_stitch._range_segments`` over the rows ``rows`` (a list, or an
+    int32 buffer) of ``tab``; the rows whose scope is nonzero in
+    ``relabelled`` are named by ``labels``. One tuple per call path. With
+    ``per_path``, the segments' time is added into it as ``path_totals``
+    adds it, and the result is their summed duration, not the segments."""
+
+def stitch_setup(
+    tab: Any, linked: bytes, known: Any, /
+) -> tuple[list[tuple[int, bytes]], list[tuple[int, bytes]], list[tuple[int, bytes]], list[tuple[int, bytes]]]:
+    """``_stitch.setup_rows``: (nested, tops, roots) as (track index, int32
+    rows) pairs and links as (spawner id, int32 rows) pairs, each in order
+    of the key's first use; ``known`` the session's track ids (int64,
+    ascending)."""
+
+def path_totals(per_path: dict[Any, int], segs: list[Any], /) -> int:
+    """``per_path[frames] += s1 - s0`` for each segment, in the Python
+    loop's order; the segments' summed duration."""
+
+def take_columns(tab: Any, keep: Any, /) -> tuple[bytes, ...]:
+    """``EventTable.take``'s ten columns (COLUMNS order) of the rows ``keep``
+    (int32, strictly ascending, else ValueError), parents renumbered."""
+
+def many_children(off: Any, k: int, /) -> bytes:
+    """The rows (int32) with at least ``k`` children, from
+    ``children_index``'s offsets."""
+
+def compact_detail_rows(tab: Any, own: Any, /) -> bytes:
+    """``_compact._detail_rows``' pass over the columns: the rows (int32,
+    ascending) with a sequence number, a spawner, or an end on another
+    logical thread than ``own[track]``."""
+
+def compact_events(tab: Any, base: int, remap: Any, flags: bytes, detail_rows: Any, /) -> str:
+    """``json.dumps(_compact._flat_events(tab, remap, base, detail_rows),
+    separators=(",", ":"))``, printed from the columns."""
+
+def first_starts(tab: Any, n_tracks: int, /) -> bytes:
+    """``_session._first_start``'s pass: per track index (int64), the
+    earliest start among the first events of its runs of rows, or
+    ``2**63 - 1``."""
 
 def trim_heap() -> bool:
     """Give the C heap's free memory back to the system (glibc's

@@ -1,4 +1,4 @@
-"""Instructions per event of stop, save, load and the summary table, under callgrind (issue 17).
+"""Instructions per event of stop, save, load, the summary table and the HTML report, under callgrind (issue 17).
 
     python bench/scale_callgrind.py --report                 # 50k and 100k events: ~3 minutes
     python bench/scale_callgrind.py --report --events 200000 --only stop,load
@@ -9,7 +9,8 @@ runs one step once on a session of N ranges recorded as ``bench/scale.py``
 records them (nested three deep, four names, every 100th with args), the
 step inside ``eval()`` so that ``--toggle-collect=builtin_eval`` counts it
 alone: ``stop`` (consolidation), ``save`` (the binary format), ``load``
-(of a file saved outside the count), ``table`` (``key_averages().table()``).
+(of a file saved outside the count), ``table`` (``key_averages().table()``),
+``html`` (``export_html``: the report's document, to a temporary file).
 ``--report`` runs each step at N/2 and N, one valgrind at a time under
 ``nice``, and prints the marginal instructions per event, ``(count N -
 count N/2) / (N/2)``, which cancels what does not grow with N. To compare
@@ -29,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-STEPS = ("stop", "save", "load", "table")
+STEPS = ("stop", "save", "load", "table", "html")
 
 
 def run_step(step: str, n: int) -> None:
@@ -49,6 +50,9 @@ def run_step(step: str, n: int) -> None:
     elif step == "load":
         session.save(path)
         eval("aprof.load(path)", {"aprof": aprof, "path": path})
+    elif step == "html":
+        out = os.path.join(os.path.dirname(path), "r.html")
+        eval("session.export_html(out)", {"session": session, "out": out})
     else:
         eval("session.key_averages().table()", {"session": session})
 

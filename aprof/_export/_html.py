@@ -40,9 +40,9 @@ from os import PathLike
 from typing import TYPE_CHECKING, Any, Final
 
 from .._core._callbacks import RecordScope
-from .._post._compact import compact_document
+from .._post._compact import compact_parts
 from .._post._lod import ITEM, keep_rows, merge_rows, range_flame
-from .._post._stitch import merge_tree, stitched_timelines
+from .._post._stitch import stitched_tree
 from .._post._table import SCOPES
 from ._files import atomic_write_text, check_output_path
 from ._labels import frame_label
@@ -74,7 +74,14 @@ _APROF_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.se
 
 
 def _template() -> str:
-    return resources.files(__package__).joinpath("_report.html").read_text(encoding="utf-8")
+    # Next to this file when aprof is installed as files (the usual case):
+    # importlib.resources' first use imports its readers and zipfile, a few
+    # milliseconds, a third of a 10k-event report's time.
+    try:
+        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "_report.html"), encoding="utf-8") as f:
+            return f.read()
+    except OSError:  # pragma: no cover - a zipped install
+        return resources.files(__package__).joinpath("_report.html").read_text(encoding="utf-8")
 
 
 def _library_dirs() -> list[str]:
@@ -172,7 +179,7 @@ def _stitched(session: Session) -> list[Any]:
     Flat, not nested: a deep chain of awaits must neither hit the recursion
     limit here nor nest the page's JSON deeper than a reader accepts.
     """
-    tree = merge_tree(stitched_timelines(session))
+    tree = stitched_tree(session)
     out: list[Any] = [[tree["name"], tree["total"], -1]]
     queue = [tree]
     i = 0
@@ -204,9 +211,11 @@ def _sections(session: Session) -> dict[str, list[list[Any]]]:
     }
 
 
-def _data_json(session: Session, budget: int) -> str:
+def _data_chunks(session: Session, budget: int) -> Iterator[str]:
+    """The page's data, the compact document with the summary, the stitched
+    flame graph and what else the page needs, as JSON text in chunks."""
     detail, lod = (session, None) if len(session._table) <= budget else _level_of_detail(session, budget)
-    doc = compact_document(detail)
+    doc, events = compact_parts(detail)
     if lod is not None:
         doc["lod"] = lod
     rows = sorted(session.key_averages(), key=lambda r: (r.total_ns, r.sampled_ns), reverse=True)[:_SUMMARY_ROWS]
@@ -223,10 +232,34 @@ def _data_json(session: Session, budget: int) -> str:
         doc["cwd"] = os.path.join(os.getcwd(), "")
     except OSError:
         doc["cwd"] = ""
-    text = json.dumps(doc, separators=(",", ":"), allow_nan=False, default=repr)
-    # '<' only occurs inside JSON strings; escaped, no '</script>' or '<!--'
-    # in a name can end the data tag early.
-    return text.replace("<", "\\u003c")
+    return _dumps(doc, {"events": events})
+
+
+def _data_json(session: Session, budget: int) -> str:
+    """The page's data: the JSON text of the document (see :func:`_data_chunks`)."""
+    return "".join(_data_chunks(session, budget))
+
+
+def _dumps(doc: dict[str, Any], texts: dict[str, str]) -> Iterator[str]:
+    """``doc`` as JSON, in chunks (joined, one text), the keys in ``texts``
+    given as JSON text already (the event array: printing it from the
+    columns beats a list of millions of ints through json.dumps), in
+    ``doc``'s order. The chunks are not joined here: at a million events
+    the array is 30 MB, and each copy of it costs tens of milliseconds.
+
+    '<' only occurs inside JSON strings; escaped, no '</script>' or '<!--'
+    in a name can end the data tag early. (The texts given are numbers.)
+    """
+    sep = "{"
+    for k, v in doc.items():
+        text = texts.get(k)
+        if text is None:
+            yield sep + json.dumps({k: v}, separators=(",", ":"), allow_nan=False, default=repr)[1:-1].replace("<", "\\u003c")
+        else:
+            yield sep + json.dumps(k) + ":"
+            yield text
+        sep = ","
+    yield "{}" if sep == "{" else "}"
 
 
 def html_chunks(session: Session, budget: int = DEFAULT_BUDGET) -> Iterator[str]:
@@ -236,7 +269,7 @@ def html_chunks(session: Session, budget: int = DEFAULT_BUDGET) -> Iterator[str]
     if not sep:  # pragma: no cover - the template ships with the package
         raise RuntimeError("aprof: the HTML report template has no data placeholder")
     yield head
-    yield _data_json(session, budget)
+    yield from _data_chunks(session, budget)
     yield tail
 
 

@@ -28,8 +28,11 @@ read back, such a document gives the events it holds, and the session's
 
 from __future__ import annotations
 
+import json
+from array import array
 from typing import TYPE_CHECKING, Any, Final
 
+from .._core import _native
 from .._core._callbacks import RecordScope
 from .._core._recorder import FLAG_ASYNC, FLAG_UNFINISHED, KIND_INSTANT, KIND_RANGE
 from ._events import EventTable, FunctionEvent, Track, add_event, set_parents
@@ -39,7 +42,7 @@ from ._validate import check_parent_indexes
 if TYPE_CHECKING:
     from ._session import Session
 
-__all__ = ["FORMAT", "LOD_KEY", "compact_document", "session_from_compact"]
+__all__ = ["FORMAT", "LOD_KEY", "compact_document", "compact_parts", "session_from_compact"]
 
 FORMAT: Final = "aprof-compact"
 VERSION: Final = 1
@@ -72,25 +75,61 @@ def _details(ev: FunctionEvent) -> dict[str, Any] | None:
 
 def compact_document(session: Session) -> dict[str, Any]:
     """``session`` as a compact document (a JSON-ready dict)."""
-    base = int(session.metadata.get("start_ns", 0))
     tracks = session.tracks()
+    doc, details = _document(session, tracks)
+    base = int(session.metadata.get("start_ns", 0))
+    doc["events"] = _flat_events(session._table, _remap(session, tracks), base, details[0])
+    doc["details"] = details[1]
+    return doc
+
+
+def compact_parts(session: Session) -> tuple[dict[str, Any], str]:
+    """:func:`compact_document` with ``"events"`` left None and given apart,
+    as the JSON text ``json.dumps(..., separators=(",", ":"))`` makes of it:
+    the HTML report splices it in (with the extension, the text is printed
+    from the columns, ``compact_events`` in aprof/_cevents.c)."""
+    tracks = session.tracks()
+    doc, (rows, details) = _document(session, tracks)
+    base = int(session.metadata.get("start_ns", 0))
+    tab = session._table
+    remap = _remap(session, tracks)
+    ext = _native.extension
+    if ext is not None:
+        text: str = ext.compact_events(tab, base, remap, _FLAGS, rows)
+    else:
+        text = json.dumps(_flat_events(tab, remap, base, rows), separators=(",", ":"))
+    doc["details"] = details
+    return doc, text
+
+
+def _document(
+    session: Session, tracks: list[Track]
+) -> tuple[dict[str, Any], tuple[array[int], list[dict[str, Any]]]]:
+    """The document but its events (None) and details (None), and the
+    details: the rows that have one (ascending) and theirs."""
+    base = int(session.metadata.get("start_ns", 0))
     track_index = {t.id: i for i, t in enumerate(tracks)}
-    flat, name_list, scope_list, details = _flat_events(session, tracks, base)
     doc = {
         "format": FORMAT,
         "version": VERSION,
         "metadata": session.metadata,
-        "names": name_list,
-        "scopes": scope_list,
+        "names": session._table.names,
+        "scopes": [s.value for s in SCOPES],
         "tracks": [
             {**t.to_dict(), "steps": [s - base for s in t.steps] if t.steps is not None else None} for t in tracks
         ],
-        "events": flat,
-        "details": details,
+        "events": None,
+        "details": None,
     }
     if session.samples is not None:
         doc["samples"] = compact_samples(session, base, track_index)
-    return doc
+    return doc, _details_of(session._table)
+
+
+def _remap(session: Session, tracks: list[Track]) -> array[int]:
+    """Each table track's index in the document (``tracks``, the session's order)."""
+    order = {id(t): i for i, t in enumerate(tracks)}
+    return array("i", [order[id(t)] for t in session._table.tracks])
 
 
 #: Record kind bits (1 instant, 2 unfinished, 4 async) -> the document's F_* flags.
@@ -100,30 +139,46 @@ _FLAGS: Final = bytes(
 )
 
 
-def _flat_events(
-    session: Session, tracks: list[Track], base: int
-) -> tuple[list[int], list[str], list[str], list[dict[str, Any]]]:
-    """The flat event array from the session's columns, a slice assignment
-    per field; only the events that have details go through :func:`_details`."""
-    tab = session._table
-    n = len(tab)
-    order = {id(t): i for i, t in enumerate(tracks)}
-    remap = [order[id(t)] for t in tab.tracks]
-    start, end, end_lt, seq, fwd, name, track, parent, scope, kind = tab.columns()
-    own = [t.id for t in tab.tracks]
-    # _details says more than the columns for these: rare fields, a sequence
-    # number, a spawner, or an end on another thread.
-    with_details = set(tab.rare)
-    with_details.update(i for i, v in enumerate(seq) if v != -1)
-    with_details.update(i for i, v in enumerate(fwd) if v)
-    with_details.update(i for i, v in enumerate(end_lt) if v != -1 and v != own[track[i]])
+def _detail_rows(tab: EventTable) -> list[int]:
+    """The rows :func:`_details` may say more than the columns for: rare
+    fields, a sequence number, a spawner, or an end on another thread
+    (``compact_detail_rows`` in aprof/_cevents.c is the C twin of the
+    column part)."""
+    own = array("q", [t.id for t in tab.tracks])
+    ext = _native.extension
+    if ext is not None:
+        found = array("i")
+        found.frombytes(ext.compact_detail_rows(tab, own))
+        with_details = set(found)
+    else:
+        seq, fwd, end_lt, track = tab.seq, tab.fwd, tab.end_lt, tab.track
+        with_details = {i for i, v in enumerate(seq) if v != -1}
+        with_details.update(i for i, v in enumerate(fwd) if v)
+        with_details.update(i for i, v in enumerate(end_lt) if v != -1 and v != own[track[i]])
+    with_details.update(tab.rare)
+    return sorted(with_details)
+
+
+def _details_of(tab: EventTable) -> tuple[array[int], list[dict[str, Any]]]:
+    """The rows that have details, ascending, and their details."""
+    rows = array("i")
     details: list[dict[str, Any]] = []
-    detail = [-1] * n
-    for i in sorted(with_details):
+    for i in _detail_rows(tab):
         d = _details(tab.view(i))
         if d is not None:
-            detail[i] = len(details)
+            rows.append(i)
             details.append(d)
+    return rows, details
+
+
+def _flat_events(tab: EventTable, remap: array[int], base: int, rows: array[int]) -> list[int]:
+    """The flat event array from the columns, a slice assignment per field
+    (the twin of ``compact_events``); row ``rows[j]`` has detail ``j``."""
+    n = len(tab)
+    start, end, _, _, _, name, track, parent, scope, kind = tab.columns()
+    detail = [-1] * n
+    for j, i in enumerate(rows):
+        detail[i] = j
     flat: list[int] = [0] * (STRIDE * n)
     flat[0::STRIDE] = [remap[t] for t in track]
     flat[1::STRIDE] = [s - base for s in start]
@@ -133,7 +188,7 @@ def _flat_events(
     flat[5::STRIDE] = scope.tolist()
     flat[6::STRIDE] = list(kind.tobytes().translate(_FLAGS))
     flat[7::STRIDE] = detail
-    return flat, tab.names, [s.value for s in SCOPES], details
+    return flat
 
 
 def compact_samples(session: Session, base: int, track_index: dict[int, int]) -> dict[str, Any]:

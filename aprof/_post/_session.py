@@ -18,6 +18,7 @@ import gc
 import os
 import sys
 import time
+from array import array
 from os import PathLike
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
     from ._analysis import EventAverages, Summary
 
 __all__ = ["Session", "load"]
+
+_NONE: Final = 2**63 - 1  # first_starts' value for a track with no events
 
 FORMAT: Final = "aprof-session"
 VERSION: Final = 1
@@ -241,6 +244,17 @@ def _first_start(tab: EventTable) -> Any:
     """Sort key for tracks: the start of their first event, then their id."""
     first: dict[int, int] = {}
     get = first.get
+    ext = _native.extension
+    if ext is not None:
+        # first_starts in aprof/_cevents.c: the same scan in C (the HTML
+        # report asks for the tracks' order a few times over a million events).
+        starts = array("q")
+        starts.frombytes(ext.first_starts(tab, len(tab.tracks)))
+        for t, start in zip(tab.tracks, starts, strict=True):
+            cur = get(t.id)
+            if start != _NONE and (cur is None or start < cur):
+                first[t.id] = start
+        return lambda t: (get(t.id, 0), t.id)
     last = -1
     tracks = tab.tracks
     for ti, start in zip(tab.track, tab.start, strict=True):

@@ -41,8 +41,9 @@ graph, and speedscope gets one evented profile per root.
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from .._core import _native
@@ -55,7 +56,9 @@ if TYPE_CHECKING:
     from ._session import Session
     from ._table import EventTable
 
-__all__ = ["MAX_FRAMES", "QUEUED", "READY", "STITCHED_SUFFIX", "WAITING", "Segment", "merge_tree", "stitched_timelines"]
+__all__ = [
+    "MAX_FRAMES", "QUEUED", "READY", "STITCHED_SUFFIX", "WAITING", "Segment", "merge_tree", "stitched_timelines", "stitched_tree",
+]  # fmt: skip
 
 WAITING: Final = "(waiting)"
 READY: Final = "(ready, loop busy)"
@@ -100,45 +103,74 @@ class _Link:
         self.track = ev.thread_id
 
 
+_Rows = Sequence[int]  # rows of the table: a list, or an array("i") from the extension
+
+
+def setup_rows(
+    tab: EventTable, known: set[int]
+) -> tuple[dict[int, _Rows], dict[int, _Rows], dict[int, _Rows], dict[int, _Rows]]:
+    """The stitcher's pass over every event: per track id, the rows of its
+    ranges (not async, not instants), of its top-level ones, and of those
+    that are roots; per spawner id (one of ``known``), the top-level rows
+    that are its links (tasks and executor jobs with a sequence number).
+    Rows in table order; each dict in order of its keys' first use.
+    ``stitch_setup`` in aprof/_cevents.c is the C twin."""
+    track_ids = [t.id for t in tab.tracks]
+    ext = _native.extension
+    if ext is not None:
+        out: list[dict[int, _Rows]] = []
+        for part, pairs in enumerate(ext.stitch_setup(tab, _LINKED, array("q", sorted(known)))):
+            got: dict[int, _Rows] = {}
+            for key, data in pairs:
+                rows = array("i")
+                rows.frombytes(data)
+                got[track_ids[key] if part < 3 else key] = rows
+            out.append(got)
+        return out[0], out[1], out[2], out[3]
+    nested: dict[int, list[int]] = {}
+    tops: dict[int, list[int]] = {}
+    roots: dict[int, list[int]] = {}
+    links: dict[int, list[int]] = {}
+    skip = FLAG_ASYNC | KIND_INSTANT
+    kind, track, parent, fwds, seqs, scope = tab.kind, tab.track, tab.parent, tab.fwd, tab.seq, tab.scope
+    lst: list[int] = []
+    last = -1
+    for i in range(len(tab)):  # track by track, each in start order
+        if kind[i] & skip:
+            continue
+        ti = track[i]
+        tid = track_ids[ti]
+        if ti != last:
+            last = ti
+            lst = nested.setdefault(tid, [])
+        lst.append(i)
+        p = parent[i]
+        if p >= 0 and track[p] == ti and not kind[p] & FLAG_ASYNC:
+            continue  # nested on its track
+        tops.setdefault(tid, []).append(i)
+        fwd = fwds[i]
+        if fwd and _LINKED[scope[i]] and seqs[i] > 0 and fwd in known:
+            links.setdefault(fwd, []).append(i)
+        else:
+            roots.setdefault(tid, []).append(i)
+    return dict(nested), dict(tops), dict(roots), dict(links)
+
+
+#: Scopes that link to a spawner (tasks, executor jobs), a byte per scope index.
+_LINKED: Final = bytes(1 if s in (RecordScope.TASK, RecordScope.EXECUTOR) else 0 for s in SCOPES).ljust(256, b"\0")
+
+
 class _Stitcher:
     def __init__(self, session: Session) -> None:
         self.tracks = {t.id: t for t in session.tracks()}
-        self.tab = session._table
-        self.nested: dict[int, list[int]] = {}  # rows of each track's ranges, in start order
-        self.labels = relabelled(self.tab)
-        self.links: dict[int, list[_Link]] = {}  # by spawner, sorted by end
-        self.roots: dict[int, list[FunctionEvent]] = {}
-        self.tops: dict[int, list[FunctionEvent]] = {}  # top-level ranges of each track, by start
-        # One pass over the columns (the fields the properties read): this
-        # runs over every event of the session.
-        nested, tops, roots, links = self.nested, self.tops, self.roots, self.links
-        tracks = self.tracks
-        skip = FLAG_ASYNC | KIND_INSTANT
-        linked = bytes(1 if s in (RecordScope.TASK, RecordScope.EXECUTOR) else 0 for s in SCOPES)
-        tab = session._table
-        view, kind, track, parent, fwds, seqs, scope = tab.view, tab.kind, tab.track, tab.parent, tab.fwd, tab.seq, tab.scope
-        track_ids = [t.id for t in tab.tracks]
-        lst: list[int] = []
-        last = -1
-        for i in range(len(tab)):  # track by track, each in start order
-            if kind[i] & skip:
-                continue
-            ti = track[i]
-            tid = track_ids[ti]
-            if ti != last:
-                last = ti
-                lst = nested.setdefault(tid, [])
-            lst.append(i)
-            p = parent[i]
-            if p >= 0 and track[p] == ti and not kind[p] & FLAG_ASYNC:
-                continue  # nested on its track
-            ev = view(i)
-            tops.setdefault(tid, []).append(ev)
-            fwd = fwds[i]
-            if fwd and linked[scope[i]] and seqs[i] > 0 and fwd in tracks:
-                links.setdefault(fwd, []).append(_Link(ev))
-            else:
-                roots.setdefault(tid, []).append(ev)
+        self.tab = tab = session._table
+        self.labels = relabelled(tab)
+        # One pass over the columns (in C with the extension): this runs
+        # over every event of the session. Rows, not views: a view per
+        # top-level range cost more than the walk itself.
+        self.nested, self.tops, self.roots, link_rows = setup_rows(tab, set(self.tracks))
+        # Work each spawner spawned, sorted by end.
+        self.links: dict[int, list[_Link]] = {fwd: [_Link(tab.view(i)) for i in rows] for fwd, rows in link_rows.items()}
         self._top_bounds: dict[int, tuple[list[int], list[int]]] = {}
         for spawned in self.links.values():
             spawned.sort(key=lambda lk: lk.end)
@@ -188,21 +220,10 @@ class _Stitcher:
 
     # -- timelines
 
-    def timeline(self, tid: int, a: int, b: int, depth: int, only: list[FunctionEvent] | None = None) -> list[Segment]:
+    def timeline(self, tid: int, a: int, b: int, depth: int, only: _Rows | None = None) -> list[Segment]:
         """Track ``tid``'s stitched segments within [a, b] (of the ranges in
         ``only`` and their descendants, or of every range there)."""
-        tops = self.tops.get(tid, [])
-        if only is None:
-            only = tops
-            if len(tops) > 1:  # the top-level ranges in [a, b]
-                # They do not overlap: their starts and ends are both sorted.
-                bounds = self._top_bounds.get(tid)
-                if bounds is None:
-                    bounds = self._top_bounds[tid] = ([e.start_ns for e in tops], [e.end_ns for e in tops])
-                only = tops[bisect_right(bounds[1], a) : bisect_left(bounds[0], b)]
-        # Every top-level range of the track (a task's one range, mostly): its
-        # nested list is already sorted.
-        nested = self.nested.get(tid, []) if len(only) == len(tops) else _with_descendants(only)
+        only, nested = self._ranges(tid, a, b, only)
         segs = range_segments(self.tab, nested, a, b, self.labels)
         track = self.tracks.get(tid)
         if track is None or depth >= MAX_DEPTH:
@@ -213,16 +234,52 @@ class _Stitcher:
         self.spliced += 1
         return _splice(segs, charges)
 
-    def _charges(self, track: Track, tops: list[FunctionEvent], a: int, b: int, depth: int) -> list[tuple[int, int, list[Segment]]]:
+    def root_paths(self, tid: int, a: int, b: int, only: _Rows, per_path: dict[tuple[str, ...], int]) -> int:
+        """``timeline(tid, a, b, 0, only)``'s time added into ``per_path`` by
+        call path as :func:`path_totals` adds it; the time it covers. A
+        timeline nothing was charged in (most, in a big profile) is added
+        up without making its segments."""
+        only, nested = self._ranges(tid, a, b, only)
+        track = self.tracks.get(tid)
+        charges = self._charges(track, only, a, b, 0) if track is not None else []
+        if not charges:
+            return range_paths(self.tab, nested, a, b, self.labels, per_path)
+        self.spliced += 1
+        return path_totals(per_path, _splice(range_segments(self.tab, nested, a, b, self.labels), charges))
+
+    def _ranges(self, tid: int, a: int, b: int, only: _Rows | None) -> tuple[_Rows, _Rows]:
+        """The top-level ranges of a timeline (``only``, or those of the track
+        in [a, b]) and the rows of them and their descendants, sorted."""
+        tops = self.tops.get(tid, [])
+        if only is None:
+            only = tops
+            if len(tops) > 1:  # the top-level ranges in [a, b]
+                # They do not overlap: their starts and ends are both sorted.
+                bounds = self._top_bounds.get(tid)
+                if bounds is None:
+                    tab = self.tab
+                    bounds = self._top_bounds[tid] = (
+                        list(map(tab.start.__getitem__, tops)),
+                        list(map(tab.end.__getitem__, tops)),
+                    )
+                only = tops[bisect_right(bounds[1], a) : bisect_left(bounds[0], b)]
+        # Every top-level range of the track (a task's one range, mostly): its
+        # nested list is already sorted.
+        nested = self.nested.get(tid, []) if len(only) == len(tops) else _with_descendants(self.tab, only)
+        return only, nested
+
+    def _charges(self, track: Track, tops: _Rows, a: int, b: int, depth: int) -> list[tuple[int, int, list[Segment]]]:
         """Intervals of [a, b] charged to something the track waited on,
         each with the segments (frames below the track's own) to show there."""
         out: list[tuple[int, int, list[Segment]]] = []
+        start, end = self.tab.start, self.tab.end
         links = self.links.get(track.id, [])
         ends = self.link_ends.get(track.id, [])
         steps = track.steps
         if steps:
-            task = next((e for e in tops if e.scope is RecordScope.TASK), None)
-            lo, hi = (task.start_ns, task.end_ns) if task is not None else (steps[0], steps[-1])
+            scope = self.tab.scope
+            task = next((i for i in tops if scope[i] == _TASK), None)
+            lo, hi = (start[task], end[task]) if task is not None else (steps[0], steps[-1])
             for w0, w1 in _gaps(steps, max(a, lo), min(b, hi)):
                 i = bisect_right(ends, w1) - 1
                 lk = links[i] if i >= 0 else None
@@ -239,7 +296,7 @@ class _Stitcher:
         if not links:
             return out
         for r in tops:
-            r0, r1 = max(a, r.start_ns), min(b, r.end_ns)
+            r0, r1 = max(a, start[r]), min(b, end[r])
             if r1 <= r0:
                 continue
             t = r1
@@ -268,7 +325,7 @@ class _Stitcher:
             q0 = max(c0, lk.link_ns)
             if lk.start > q0:
                 segs.append((q0, lk.start, (label, QUEUED)))
-            return segs + self.timeline(lk.track, lk.start, lk.end, depth + 1, only=[ev])
+            return segs + self.timeline(lk.track, lk.start, lk.end, depth + 1, only=[ev._i])
         return self.timeline(lk.track, max(c0, lk.start), lk.end, depth + 1)
 
 
@@ -304,14 +361,14 @@ def _gaps(steps: list[int], a: int, b: int) -> list[tuple[int, int]]:
     return out
 
 
-def _with_descendants(evs: list[FunctionEvent]) -> list[int]:
-    """The rows of ``evs`` and their descendants, by start then longest first."""
+def _with_descendants(tab: EventTable, rows: _Rows) -> list[int]:
+    """``rows`` and their descendants, by start then longest first."""
     out: list[int] = []
-    for ev in evs:
-        out.append(ev._i)
-        out.extend(d._i for d in ev.iter_descendants())
+    for i in rows:
+        out.append(i)
+        out.extend(d._i for d in tab.view(i).iter_descendants())
     if out:
-        start, end = evs[0]._tab.start, evs[0]._tab.end
+        start, end = tab.start, tab.end
         out.sort(key=lambda i: (start[i], -end[i]))
     return out
 
@@ -326,11 +383,13 @@ def relabelled(tab: EventTable) -> dict[int, str]:
 MAX_FRAMES: Final = 256  # frames kept per call path, outermost first
 
 
+_TASK: Final = SCOPES.index(RecordScope.TASK)
+
 #: Scopes whose frame is not the range's name (see _label), as a byte per scope index.
 _RELABELLED: Final = bytes(1 if s in (RecordScope.TASK, RecordScope.EXECUTOR) else 0 for s in SCOPES).ljust(256, b"\0")
 
 
-def range_segments(tab: EventTable, rows: list[int], a: int, b: int, labels: dict[int, str]) -> list[Segment]:
+def range_segments(tab: EventTable, rows: Sequence[int], a: int, b: int, labels: dict[int, str]) -> list[Segment]:
     """Segments of [a, b] by the innermost open range, from ``rows`` (nested
     ranges of ``tab``, sorted by start then longest first); times with no
     range open are left out. ``labels`` names the task and executor rows'
@@ -342,6 +401,33 @@ def range_segments(tab: EventTable, rows: list[int], a: int, b: int, labels: dic
         return ext.stitch_segments(tab, rows, a, b, labels, _RELABELLED, MAX_FRAMES)  # type: ignore[no-any-return]
     view = tab.view
     return _range_segments([view(i) for i in rows], a, b)
+
+
+def range_paths(
+    tab: EventTable, rows: Sequence[int], a: int, b: int, labels: dict[int, str], per_path: dict[tuple[str, ...], int]
+) -> int:
+    """:func:`range_segments`' time added into ``per_path`` by call path
+    (:func:`path_totals`); the time they cover. The extension adds it up
+    as it walks, without making the segments."""
+    ext = _native.extension
+    if ext is not None:
+        return ext.stitch_segments(tab, rows, a, b, labels, _RELABELLED, MAX_FRAMES, per_path)  # type: ignore[no-any-return]
+    return path_totals(per_path, range_segments(tab, rows, a, b, labels))
+
+
+def path_totals(per_path: dict[tuple[str, ...], int], segs: list[Segment]) -> int:
+    """``per_path[frames] += end - start`` for each segment, a path entering
+    the dict when first seen; the segments' summed duration
+    (``path_totals`` in aprof/_cevents.c adds by the paths' identity, no
+    tuple hash per segment)."""
+    ext = _native.extension
+    if ext is not None:
+        return ext.path_totals(per_path, segs)  # type: ignore[no-any-return]
+    total = 0
+    for s0, s1, frames in segs:
+        per_path[frames] = per_path.get(frames, 0) + s1 - s0
+        total += s1 - s0
+    return total
 
 
 def _range_segments(evs: list[FunctionEvent], a: int, b: int) -> list[Segment]:
@@ -417,22 +503,56 @@ def stitched_timelines(session: Session, *, changed_only: bool = False) -> list[
         ``(track, segments)`` pairs; segments are sorted, do not overlap, and
         give the frames (outermost first) open at each time.
     """
-    st = _Stitcher(session)
     out: list[tuple[Track, list[Segment]]] = []
 
-    def add(tid: int, roots: list[FunctionEvent]) -> None:
-        track = st.tracks.get(tid)
-        if track is None:
-            return
-        a = min(r.start_ns for r in roots)
-        b = max(r.end_ns for r in roots)
+    def add(st: _Stitcher, track: Track, a: int, b: int, roots: _Rows) -> None:
         before = st.spliced
-        segs = st.timeline(tid, a, b, 0, only=roots)
+        segs = st.timeline(track.id, a, b, 0, only=roots)
         if segs and not (changed_only and st.spliced == before):
             out.append((track, segs))
 
+    _each_root(session, add)
+    if len(out) > 1:
+        out.sort(key=lambda ts: -_span(ts[1]))
+    return out
+
+
+def stitched_tree(session: Session) -> dict[str, Any]:
+    """``merge_tree(stitched_timelines(session))``, the same to the order of
+    equal children, without the timelines' segments where nothing was
+    charged (the HTML report's flame graph)."""
+    got: list[tuple[int, dict[tuple[str, ...], int]]] = []
+
+    def add(st: _Stitcher, track: Track, a: int, b: int, roots: _Rows) -> None:
+        per_path: dict[tuple[str, ...], int] = {}
+        span = st.root_paths(track.id, a, b, roots, per_path)
+        if span:  # segments are never empty: no time, no segments
+            got.append((span, per_path))
+
+    _each_root(session, add)
+    if len(got) > 1:
+        got.sort(key=lambda sp: -sp[0])  # stable, as stitched_timelines sorts
+    merged: dict[tuple[str, ...], int] = {}
+    for _, per_path in got:
+        for frames, d in per_path.items():
+            merged[frames] = merged.get(frames, 0) + d
+    return _tree(merged)
+
+
+def _each_root(session: Session, add: Callable[[_Stitcher, Track, int, int, _Rows], None]) -> None:
+    """Call ``add(stitcher, track, a, b, rows)`` for each root timeline in
+    order: the roots of each track, then the orphans (see below)."""
+    st = _Stitcher(session)
+    start, end = session._table.start, session._table.end
+
+    def root(tid: int, roots: _Rows) -> None:
+        track = st.tracks.get(tid)
+        if track is None:
+            return
+        add(st, track, min(map(start.__getitem__, roots)), max(map(end.__getitem__, roots)), roots)
+
     for tid, roots in st.roots.items():
-        add(tid, roots)
+        root(tid, roots)
     # Work spawned by a logical thread with no steps, outside any of its
     # ranges, was charged nowhere (its spawner's waits are unknown): it is a
     # root of its own. (Uncharged work of a task with steps did not hold the
@@ -449,21 +569,30 @@ def stitched_timelines(session: Session, *, changed_only: bool = False) -> list[
             break
         for lk in orphans:
             st.charged.add(id(lk))
-            add(lk.track, [lk.ev])
-    out.sort(key=lambda ts: -sum(s[1] - s[0] for s in ts[1]))
-    return out
+            root(lk.track, [lk.ev._i])
+
+
+def _span(segs: list[Segment]) -> int:
+    """The time ``segs`` cover (they do not overlap)."""
+    ext = _native.extension
+    if ext is not None:
+        return ext.path_totals({}, segs)  # type: ignore[no-any-return]
+    return sum(s[1] - s[0] for s in segs)
 
 
 def merge_tree(timelines: Iterable[tuple[Any, list[Segment]]]) -> dict[str, Any]:
     """Segments merged by call path: ``{"name", "total", "children": [...]}``
     nodes under a root named ``all``, children sorted by total, largest first."""
-    root: dict[str, Any] = {"name": "all", "total": 0, "kids": {}}
-    # Time per distinct call path first: far fewer paths than segments, and
-    # a tuple's hash is one C call.
+    # Time per distinct call path first: far fewer paths than segments.
     per_path: dict[tuple[str, ...], int] = {}
     for _, segs in timelines:
-        for s0, s1, frames in segs:
-            per_path[frames] = per_path.get(frames, 0) + s1 - s0
+        path_totals(per_path, segs)
+    return _tree(per_path)
+
+
+def _tree(per_path: dict[tuple[str, ...], int]) -> dict[str, Any]:
+    """The tree of :func:`merge_tree` from the time per call path."""
+    root: dict[str, Any] = {"name": "all", "total": 0, "kids": {}}
     for frames, d in per_path.items():
         root["total"] += d
         node = root

@@ -33,6 +33,7 @@ reference cycle, the pure-Python twin with a dict.
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Final, overload
 
@@ -268,18 +269,32 @@ class EventTable(Sequence["FunctionEvent"]):
         """A table of the rows ``keep`` (ascending indexes), sharing names
         and tracks; a parent that is not kept becomes -1."""
         out = EventTable()
-        for (attr, code), col in zip(COLUMNS, self.columns(), strict=True):
-            setattr(out, attr, array(code, map(col.__getitem__, keep)))
-        new = array("i", [-1]) * len(self)
-        for j, i in enumerate(keep):
-            new[i] = j
-        out.parent = array("i", [-1 if p < 0 else new[p] for p in out.parent])
+        ext = _native.extension
+        if ext is not None:  # take_columns in aprof/_cevents.c (ValueError unless keep ascends)
+            for (attr, code), data in zip(COLUMNS, ext.take_columns(self, array("i", keep)), strict=True):
+                col = array(code)
+                col.frombytes(data)
+                setattr(out, attr, col)
+        else:
+            for (attr, code), col in zip(COLUMNS, self.columns(), strict=True):
+                setattr(out, attr, array(code, map(col.__getitem__, keep)))
+            new = array("i", [-1]) * len(self)
+            for j, i in enumerate(keep):
+                new[i] = j
+            out.parent = array("i", [-1 if p < 0 else new[p] for p in out.parent])
         out.names = self.names
         out._name_ids = self._name_ids
         for t in self.tracks:
             out.add_track(t)
+        # The rare rows (far fewer than the kept ones) found among the kept,
+        # in ascending order as before.
         rare = self.rare
-        out.rare = {j: rare[i] for j, i in enumerate(keep) if i in rare}
+        n_keep = len(keep)
+        out.rare = {}
+        for i in sorted(rare):
+            j = bisect_left(keep, i)
+            if j < n_keep and keep[j] == i:
+                out.rare[j] = rare[i]
         return out
 
     def children_of(self, i: int) -> list[FunctionEvent]:
