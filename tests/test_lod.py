@@ -21,11 +21,11 @@ from aprof._export import _html
 from aprof._post import _lod
 from aprof._post._readers import read_profile
 from aprof._post._session import Session
-from aprof._post._table import SCOPES, EventTable
+from aprof._post._table import EventTable
 
 from .conftest import Backend
 
-ALWAYS = bytes(1 if sc in _html._KEPT_SCOPES else 0 for sc in SCOPES).ljust(256, b"\0")
+ALWAYS = _lod.always_kept()
 
 
 def mixed_profile(backend: Backend, n: int = 40) -> aprof.profile:

@@ -57,6 +57,7 @@ from .._core._recorder import (
     R_START,
 )
 from .._post._events import overlap
+from .._post._lod import always_kept, longest_rows
 from .._post._table import SCOPES
 from ._files import atomic_write_text, check_output_path
 from ._labels import task_coroutines, track_label
@@ -74,9 +75,6 @@ UINT32_MAX = 2**32 - 1
 #: Perfetto's UI (it parses the trace inside the browser tab) loads slowly,
 #: or not at all: writing one warns, and ``max_events`` caps it.
 LARGE_TRACE = 2_000_000
-#: Scopes a capped trace always keeps: the structure (tasks, executor jobs,
-#: loop blocks) the arrows and the summary hang on.
-_KEPT_SCOPES = frozenset({RecordScope.TASK, RecordScope.EXECUTOR, RecordScope.LOOP_BLOCK})
 # The category of the zero-length slices flow arrows start on.
 LINK_CATEGORY = "spawn"
 
@@ -371,36 +369,9 @@ def cap_events(session: Session, max_events: int) -> tuple[Session, dict[str, in
 
     tab = session._table
     n = len(tab)
-    kept_mask = bytes(1 if sc in _KEPT_SCOPES else 0 for sc in SCOPES).ljust(256, b"\0")
-    always = tab.scope.tobytes().translate(kept_mask)  # 1 where the event is always kept
-    kept_always = always.count(1)
-    budget = max(0, max_events - kept_always)
-    start, end = tab.start, tab.end
-    buckets = [0] * 66  # by bit length of the duration; instants (0) first to go
-    for i in range(n):
-        if not always[i]:
-            buckets[(end[i] - start[i]).bit_length()] += 1
-    # The shortest bucket kept whole, then how many of the one below it fit.
-    room = budget
-    cut = len(buckets)
-    while cut > 0 and buckets[cut - 1] <= room:
-        cut -= 1
-        room -= buckets[cut]
-    partial = cut - 1  # the bucket that is kept in part (room of its events)
-    kept = array("i")
-    shortest = None
-    for i in range(n):
-        if not always[i]:
-            d = end[i] - start[i]
-            b = d.bit_length()
-            if b < partial or (b == partial and room <= 0):
-                continue
-            if b == partial:
-                room -= 1
-            if shortest is None or d < shortest:
-                shortest = d
-        kept.append(i)
-    info = {"events": n, "kept": len(kept), "dropped": n - len(kept), "shortest_kept_ns": shortest or 0}
+    keep, shortest = longest_rows(tab, tab.scope.tobytes().translate(always_kept()), max_events)
+    kept = array("i", [i for i in range(n) if keep[i]])
+    info = {"events": n, "kept": len(kept), "dropped": n - len(kept), "shortest_kept_ns": shortest}
     return Session(tab.take(kept), session._tracks, session.metadata, session.samples), info
 
 

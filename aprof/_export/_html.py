@@ -41,9 +41,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 from .._core._callbacks import RecordScope
 from .._post._compact import compact_parts
-from .._post._lod import ITEM, keep_rows, merge_rows, range_flame
+from .._post._lod import ITEM, always_kept, keep_rows, merge_rows, range_flame
 from .._post._stitch import stitched_tree
-from .._post._table import SCOPES
 from ._files import atomic_write_text, check_output_path
 from ._labels import frame_label
 
@@ -67,9 +66,6 @@ DEFAULT_BUDGET: Final = 1_000_000
 #: fourfold until the blocks number at most half the budget (or it passes
 #: the span).
 _LOD_COLUMNS = 10_000
-#: Scopes a budgeted report always keeps in full: the structure that groups,
-#: arrows, the tables and the summary hang on.
-_KEPT_SCOPES = frozenset({RecordScope.TASK, RecordScope.EXECUTOR, RecordScope.LOOP_BLOCK})
 _APROF_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
@@ -121,7 +117,7 @@ def _level_of_detail(session: Session, budget: int) -> tuple[Session, dict[str, 
 
     tab = session._table
     n = len(tab)
-    always = bytes(1 if sc in _KEPT_SCOPES else 0 for sc in SCOPES).ljust(256, b"\0")
+    always = always_kept()
     mask, rows, shortest = keep_rows(tab, always, budget)
     detail = Session(tab.take(rows), session._tracks, session.metadata, session.samples)
     order = {id(t): i for i, t in enumerate(detail.tracks())}  # the document's track order

@@ -28,12 +28,19 @@ from array import array
 from typing import TYPE_CHECKING, Final
 
 from .._core import _native
+from .._core._callbacks import RecordScope
 from .._core._recorder import FLAG_ASYNC, KIND_INSTANT
+from ._table import SCOPES
 
 if TYPE_CHECKING:
     from ._table import EventTable
 
-__all__ = ["ITEM", "depths", "keep_rows", "merge_rows", "range_flame"]
+__all__ = ["ITEM", "KEPT_SCOPES", "always_kept", "depths", "keep_rows", "longest_rows", "merge_rows", "range_flame"]
+
+#: Scopes a budgeted HTML report or a capped Chrome trace always keeps
+#: whole: the structure that groups, arrows, the tables and the summary
+#: hang on.
+KEPT_SCOPES: Final = frozenset({RecordScope.TASK, RecordScope.EXECUTOR, RecordScope.LOOP_BLOCK})
 
 #: Integers per merged block: track, depth (-1: the async row), start,
 #: duration, events merged, their summed duration.
@@ -71,6 +78,49 @@ def depths(tab: EventTable) -> array[int]:
     return depth
 
 
+def always_kept() -> bytes:
+    """The translate table of the scopes a budgeted or capped output keeps
+    whole (:data:`KEPT_SCOPES`): 256 bytes, 1 at their scope indexes."""
+    return bytes(1 if sc in KEPT_SCOPES else 0 for sc in SCOPES).ljust(256, b"\0")
+
+
+def longest_rows(tab: EventTable, alw: bytes, budget: int) -> tuple[bytearray, int]:
+    """The rows marked in ``alw`` (a byte per row) and, of the others, the
+    longest, ``budget`` in all (or the marked ones alone, if more): a byte
+    per row (1: kept) and the shortest duration kept by length (0 if none).
+
+    Linear: durations are counted by their power of two; the longest powers
+    are kept whole, and of the first power that does not fit, the first
+    events in table order. Instants (duration 0) go first.
+    """
+    n = len(tab)
+    start, end = tab.start, tab.end
+    buckets = [0] * 66
+    for i in range(n):
+        if not alw[i]:
+            buckets[(end[i] - start[i]).bit_length()] += 1
+    room = max(0, budget - (n - sum(buckets)))
+    cut = len(buckets)
+    while cut > 0 and buckets[cut - 1] <= room:
+        cut -= 1
+        room -= buckets[cut]
+    partial = cut - 1  # the bucket kept in part (room of its events)
+    keep = bytearray(n)
+    shortest = -1
+    for i in range(n):
+        if not alw[i]:
+            d = end[i] - start[i]
+            b = d.bit_length()
+            if b < partial or (b == partial and room <= 0):
+                continue
+            if b == partial:
+                room -= 1
+            if shortest < 0 or d < shortest:
+                shortest = d
+        keep[i] = 1
+    return keep, max(shortest, 0)
+
+
 def keep_rows(tab: EventTable, always: bytes, budget: int) -> tuple[bytes, array[int], int]:
     """The events kept in full detail: ``(mask, rows, shortest_ns)``.
 
@@ -94,38 +144,14 @@ def keep_rows(tab: EventTable, always: bytes, budget: int) -> tuple[bytes, array
         rows.frombytes(rows_b)
         return mask, rows, shortest
     n = len(tab)
-    alw = tab.scope.tobytes().translate(always)
-    start, end = tab.start, tab.end
-    buckets = [0] * 66
-    for i in range(n):
-        if not alw[i]:
-            buckets[(end[i] - start[i]).bit_length()] += 1
-    room = max(0, budget - (n - sum(buckets)))
-    cut = len(buckets)
-    while cut > 0 and buckets[cut - 1] <= room:
-        cut -= 1
-        room -= buckets[cut]
-    partial = cut - 1
-    keep = bytearray(n)
-    shortest = -1
-    for i in range(n):
-        if not alw[i]:
-            d = end[i] - start[i]
-            b = d.bit_length()
-            if b < partial or (b == partial and room <= 0):
-                continue
-            if b == partial:
-                room -= 1
-            if shortest < 0 or d < shortest:
-                shortest = d
-        keep[i] = 1
+    keep, shortest = longest_rows(tab, tab.scope.tobytes().translate(always), budget)
     for i in range(n):  # ancestors: each set once, so linear in all
         if keep[i]:
             j = i
             while _is_child(tab, j) and not keep[tab.parent[j]]:
                 j = tab.parent[j]
                 keep[j] = 1
-    return bytes(keep), array("i", [i for i in range(n) if keep[i]]), max(shortest, 0)
+    return bytes(keep), array("i", [i for i in range(n) if keep[i]]), shortest
 
 
 def merge_rows(
