@@ -89,6 +89,7 @@ aprof_block_open(RangeBlock *b, PyObject *name, PyObject *args)
 void
 aprof_block_close(RangeBlock *b, Py_ssize_t i, int64_t end, int64_t end_tid, PyObject *exc)
 {
+    assert(exc == NULL || exc == Py_None || PyUnicode_CheckExact(exc));
     if (i < 0 || i >= b->n)
         return;
     BlockSlot *s = &b->slots[i];
@@ -108,6 +109,10 @@ RangeBlock_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     PyObject *scope;
     if (!PyArg_ParseTuple(args, "U:RangeBlock", &scope))
         return NULL;
+    if (!PyUnicode_CheckExact(scope)) { /* a block holds exact strs only: it is no GC container */
+        PyErr_SetString(PyExc_TypeError, "RangeBlock(scope): scope must be a str, not a subclass");
+        return NULL;
+    }
     if (kwds != NULL && PyDict_GET_SIZE(kwds) > 0) {
         PyErr_SetString(PyExc_TypeError, "RangeBlock() takes no keyword arguments");
         return NULL;
@@ -142,9 +147,11 @@ RangeBlock_close(RangeBlock *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "RangeBlock.close(index: int, end: int, end_thread_id: int, exc: str | None)");
         return NULL;
     }
-    if (((i = PyLong_AsSsize_t(args[0])) == -1 || (end = PyLong_AsLongLong(args[1])) == -1 ||
-         (tid = PyLong_AsLongLong(args[2])) == -1) &&
-        PyErr_Occurred())
+    if ((i = PyLong_AsSsize_t(args[0])) == -1 && PyErr_Occurred())
+        return NULL;
+    if ((end = PyLong_AsLongLong(args[1])) == -1 && PyErr_Occurred())
+        return NULL;
+    if ((tid = PyLong_AsLongLong(args[2])) == -1 && PyErr_Occurred())
         return NULL;
     if (i < 0 || i >= self->n) {
         PyErr_Format(PyExc_IndexError, "RangeBlock.close: no slot %zd in a block of %zd", i, self->n);
@@ -159,10 +166,11 @@ RangeBlock_close(RangeBlock *self, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 RangeBlock_rows(RangeBlock *self, PyObject *Py_UNUSED(ignored))
 {
-    PyObject *out = PyList_New(self->n);
+    Py_ssize_t n = self->n; /* once: a finalizer run by the loop's allocations may open a slot */
+    PyObject *out = PyList_New(n);
     if (out == NULL)
         return NULL;
-    for (Py_ssize_t i = 0; i < self->n; i++) {
+    for (Py_ssize_t i = 0; i < n; i++) {
         BlockSlot *s = &self->slots[i];
         PyObject *row;
         if (s->end == BLOCK_OPEN)

@@ -1510,7 +1510,11 @@ consolidate(PyObject *raw, long long tid, PyObject *lead, long track, long long 
             int si = member == NULL ? -1 : scope_index(member);
             if (si < 0)
                 goto done;
-            for (Py_ssize_t k = 0; k < b->n; k++) {
+            if (b->n > n_rows - r.n) { /* counted above; nothing runs in between that opens a slot */
+                PyErr_SetString(PyExc_RuntimeError, "aprof: a range block grew during consolidation");
+                goto done;
+            }
+            for (Py_ssize_t k = 0, nb = b->n; k < nb; k++) {
                 const BlockSlot *sl = &b->slots[k];
                 Py_ssize_t row = r.n++;
                 r.name[row] = sl->name;

@@ -116,7 +116,8 @@ RangeBlock *aprof_block_new(PyObject *scope);
  * (an exact str or None), start 0 and open: the caller sets the start. The
  * slot's index, or -1 with an exception set. */
 Py_ssize_t aprof_block_open(RangeBlock *b, PyObject *name, PyObject *args);
-/* Slot i's range ends (ignored if it already has). `exc`: str, None or NULL. */
+/* Slot i's range ends (ignored if it already has). `exc`: an exact str,
+ * None or NULL. */
 void aprof_block_close(RangeBlock *b, Py_ssize_t i, int64_t end, int64_t end_tid, PyObject *exc);
 /* Add RangeBlock to the module. Returns -1 with an exception set on failure. */
 int aprof_blocks_init(PyObject *module);

@@ -888,8 +888,10 @@ RangeCore_exit(RangeCore *self, PyObject *const *args, Py_ssize_t nargs)
         if (et != Py_None) {
             if ((exc = PyObject_GetAttr(et, str_name)) == NULL)
                 goto block_done;
-            if (!PyUnicode_CheckExact(exc)) {
+            if (!PyUnicode_CheckExact(exc)) { /* a block holds exact strs only (no GC container) */
                 Py_SETREF(exc, PyObject_Str(exc));
+                if (exc != NULL && !PyUnicode_CheckExact(exc))
+                    Py_SETREF(exc, PyUnicode_FromObject(exc)); /* a subclass's exact copy */
                 if (exc == NULL)
                     goto block_done;
             }

@@ -2155,6 +2155,8 @@ ctracer_replay(PyObject *module, PyObject *args)
             continue;
         if (tag == EV_EXC) {
             pending_exc = PyList_GET_ITEM(names, (Py_ssize_t)p);
+            if (pending_exc != Py_None && !PyUnicode_CheckExact(pending_exc))
+                pending_exc = Py_None; /* a block holds exact strs only; _replay.replay passes no other */
             continue;
         }
         if (tag == EV_RECV) {
@@ -2209,9 +2211,9 @@ ctracer_replay(PyObject *module, PyObject *args)
             }
             RangeBlock *b = replay_block(blocks, tids, lts, lt, scope);
             Py_ssize_t slot;
-            if (b == NULL || !PyUnicode_CheckExact(name)) {
+            if (b == NULL || !PyUnicode_CheckExact(name)) { /* names are exact strs: _replay.replay sees to it */
                 if (b != NULL)
-                    PyErr_SetString(PyExc_TypeError, "replay: a call's name is not a str");
+                    PyErr_SetString(PyExc_TypeError, "replay: a call's name is not an exact str");
                 ok = 0;
                 break;
             }

@@ -171,7 +171,6 @@ def test_c_ranges_are_packed_into_one_block_the_gc_does_not_walk() -> None:
         (records,) = raw_lists().values()
         (block,) = records
         assert type(block) is _native.extension.RangeBlock  # type: ignore[union-attr]
-        assert not gc.is_tracked(block)
         (name_a, scope, start_a, args_a, end_a, tid_a, exc_a), (name_b, _, start_b, args_b, end_b, tid_b, exc_b) = (
             block.rows()
         )
@@ -186,6 +185,40 @@ def test_c_ranges_are_packed_into_one_block_the_gc_does_not_walk() -> None:
     b = next(e for e in prof.events() if e.name == "b")
     assert b.exception == "KeyError"
     assert [e.name for e in prof.events()] == ["a", "b", "c"]
+
+
+def test_a_block_keeps_exact_strs_only_so_the_gc_need_not_walk_it() -> None:
+    # Issue 17 item 4: a block is no GC container, so what it holds must not
+    # be able to close a cycle: an exception whose __name__ is a str
+    # subclass (which may carry a __dict__) is kept as an exact copy, and a
+    # str-subclass name keeps the tuple form.
+    _require_extension()
+
+    class S(str):
+        def __str__(self) -> str:
+            return self  # str() of it stays a subclass
+
+    class Odd(Exception):
+        pass
+
+    Odd.__name__ = S("Odd")
+    with aprof.profile() as prof:
+        try:
+            with aprof.record_function("r"):
+                raise Odd
+        except Odd:
+            pass
+        with aprof.record_function(S("sub")):
+            pass
+        block, tup, _end = next(iter(raw_lists().values()))
+        exc = block.rows()[0][6]
+        assert exc == "Odd"
+        assert type(exc) is str
+        assert type(tup) is tuple
+        assert type(tup[0]) is S
+    assert [(e.name, e.exception) for e in prof.events()] == [("r", "Odd"), ("sub", None)]
+    with pytest.raises(TypeError, match="not a subclass"):
+        _native.extension.RangeBlock(S("user_scope"))  # type: ignore[union-attr]
 
 
 def test_a_block_sits_among_the_tuples_in_the_order_things_were_recorded() -> None:
@@ -239,7 +272,7 @@ def test_unpacked_blocks_consolidate_like_the_blocks() -> None:
     block.close(j, 99, TID, None)  # a second end is ignored
     block.close(i, 30, TID + 1, None)  # ended on another logical thread: async
     block.open("open", None, 31)  # still open at stop
-    raw += [block, (0, 40, TID, None)]
+    raw += [block, (0, 40, TID, None), ("t1", "user_scope", 41, None), (3, 45, TID, "KeyError")]
     unpacked = _events.unpack_blocks(raw)
     assert not any(type(t) is ext.RangeBlock for t in unpacked)
 
@@ -259,8 +292,9 @@ def test_unpacked_blocks_consolidate_like_the_blocks() -> None:
         assert getattr(one, col) == getattr(two, col), col
     assert one.names == two.names
     assert one.rare == two.rare
-    assert [one.names[k] for k in one.name] == ["t0", "outer", "inner", "open"]
-    assert list(one.end) == [40, 30, 15, 50]
+    assert [one.names[k] for k in one.name] == ["t0", "outer", "inner", "open", "t1"]
+    assert list(one.end) == [40, 30, 15, 50, 45]  # t1's end tuple names it at its place after the block
+    assert one.rare[4][0] == "KeyError"
 
 
 def test_c_records_keep_a_str_subclass_name_tracked() -> None:

@@ -144,11 +144,11 @@ def replay(data: bytes, objs: list[Any], start_ns: int, state: ProfilerState, fa
         for i, obj in enumerate(objs):
             if isinstance(obj, LogicalThread):
                 lts[i] = (state.list_for(obj), obj.id)
-            else:
-                names[i] = _describe(obj, prefixes)
+            else:  # exact strs (str.__str__ copies a subclass): the C replay packs them in RangeBlocks
+                names[i] = str.__str__(_describe(obj, prefixes))
 
         def recv_name(code: int, recv: int) -> str:
-            return describe_receiver(objs[code], objs[recv], prefixes)
+            return str.__str__(describe_receiver(objs[code], objs[recv], prefixes))
 
         fast(data, names, lts, start_ns, _SCOPE, recv_name)
         return
