@@ -198,6 +198,20 @@ def no_leftovers() -> Any:
         pytest.fail("; ".join(problems))
 
 
+def twin(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` with the C extension switched off for the call: the
+    pure-Python twins run, as under ``APROF_PURE_PYTHON=1`` (for parity
+    tests of a C function and its twin in one process)."""
+    from aprof._core import _native
+
+    ext = _native.extension
+    _native.extension = None
+    try:
+        return fn(*args)
+    finally:
+        _native.extension = ext
+
+
 def require_c_extension() -> ModuleType:
     """The built C extension ``aprof._ctracer``, or end the test.
 

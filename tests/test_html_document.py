@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from array import array
-from typing import Any
 
 import pytest
 
@@ -16,18 +15,9 @@ from aprof._post import _compact
 from aprof._post._session import Session, _first_start
 from aprof._post._table import EventTable
 
-from .conftest import Backend
+from .conftest import Backend, twin
 from .test_formats import nested_profile
 from .test_lod import mixed_profile
-
-
-def _twin(fn: Any, *args: Any) -> Any:
-    ext = _native.extension
-    _native.extension = None
-    try:
-        return fn(*args)
-    finally:
-        _native.extension = ext
 
 
 def _needs_c() -> None:
@@ -44,7 +34,7 @@ def test_the_event_array_text_is_the_documents_event_array(backend: Backend) -> 
     # events, and the details are the same, on both paths.
     for session in _sessions(backend):
         doc = _compact.compact_document(session)
-        for parts in (_compact.compact_parts(session), _twin(_compact.compact_parts, session)):
+        for parts in (_compact.compact_parts(session), twin(_compact.compact_parts, session)):
             head, text = parts
             assert text == json.dumps(doc["events"], separators=(",", ":"))
             assert head["events"] is None
@@ -59,7 +49,7 @@ def test_the_c_document_passes_match_their_twins(backend: Backend) -> None:
     _needs_c()
     for session in _sessions(backend):
         tab = session._table
-        assert _compact._detail_rows(tab) == _twin(_compact._detail_rows, tab)
+        assert _compact._detail_rows(tab) == twin(_compact._detail_rows, tab)
         rows, _ = _compact._details_of(tab)
         remap = array("i", reversed(range(len(tab.tracks))))
         for base in (0, 123, tab.start[0]):
@@ -67,7 +57,7 @@ def test_the_c_document_passes_match_their_twins(backend: Backend) -> None:
             want = json.dumps(_compact._flat_events(tab, remap, base, rows), separators=(",", ":"))
             assert _native.extension.compact_events(tab, base, remap, flags, rows) == want
         tracks = list(session._tracks.values())
-        assert sorted(tracks, key=_first_start(tab)) == sorted(tracks, key=_twin(_first_start, tab))
+        assert sorted(tracks, key=_first_start(tab)) == sorted(tracks, key=twin(_first_start, tab))
 
 
 def test_the_c_document_passes_refuse_bad_arguments(backend: Backend) -> None:
@@ -88,7 +78,7 @@ def test_the_c_document_passes_refuse_bad_arguments(backend: Backend) -> None:
 def test_an_empty_sessions_document() -> None:
     # The smallest document: no events, no tracks; both paths agree.
     session = Session(EventTable(), {}, {"start_ns": 0})
-    for parts in (_compact.compact_parts(session), _twin(_compact.compact_parts, session)):
+    for parts in (_compact.compact_parts(session), twin(_compact.compact_parts, session)):
         assert parts[1] == "[]"
     text = _html._data_json(session, _html.DEFAULT_BUDGET)
     assert json.loads(text)["events"] == []
@@ -131,7 +121,7 @@ def test_the_c_stitching_passes_match_their_twins(backend: Backend) -> None:
         tab = session._table
         known = set(session._tracks)
         got = _stitch.setup_rows(tab, known)
-        want = _twin(_stitch.setup_rows, tab, known)
+        want = twin(_stitch.setup_rows, tab, known)
         assert [{k: list(v) for k, v in d.items()} for d in got] == list(want)
         assert [list(d) for d in got] == [list(d) for d in want]  # the same key order
         assert got[3], "links were there to compare"
@@ -150,18 +140,18 @@ def test_the_c_stitching_passes_match_their_twins(backend: Backend) -> None:
             totals: dict[tuple[str, ...], int] = {}
             assert _stitch.range_paths(tab, rows, a, b, labels, totals) == span  # no segments made
             py_totals: dict[tuple[str, ...], int] = {}
-            assert _twin(_stitch.range_paths, tab, rows, a, b, labels, py_totals) == span
+            assert twin(_stitch.range_paths, tab, rows, a, b, labels, py_totals) == span
             assert list(totals.items()) == list(py_totals.items())
             assert list(totals) == list(dict.fromkeys(f for _, _, f in segs))
         assert list(per_path.items()) == list(py_path.items())
         timelines = _stitch.stitched_timelines(session)
-        assert timelines == _twin(_stitch.stitched_timelines, session)
+        assert timelines == twin(_stitch.stitched_timelines, session)
         tree = _stitch.merge_tree(timelines)
-        assert tree == _twin(_stitch.merge_tree, timelines)
+        assert tree == twin(_stitch.merge_tree, timelines)
         # The report's flame graph, made without the segments, is the same
         # tree, children in the same order.
         assert json.dumps(_stitch.stitched_tree(session)) == json.dumps(tree)
-        assert json.dumps(_twin(_stitch.stitched_tree, session)) == json.dumps(tree)
+        assert json.dumps(twin(_stitch.stitched_tree, session)) == json.dumps(tree)
 
 
 def test_path_totals_sums_past_64_bits_and_refuses_bad_segments() -> None:
@@ -186,11 +176,11 @@ def test_take_and_many_children_match_their_twins(backend: Backend) -> None:
         tab = session._table
         n = len(tab)
         for keep in (array("i", range(0, n, 3)), array("i", range(n)), array("i"), array("i", sorted(tab.rare))):
-            got, want = tab.take(keep), _twin(tab.take, keep)
+            got, want = tab.take(keep), twin(tab.take, keep)
             assert got.columns() == want.columns()
             assert list(got.rare.items()) == list(want.rare.items())
         for k in (0, 1, 2, 10):
-            assert list(_many_children(tab, k)) == list(_twin(_many_children, tab, k))
+            assert list(_many_children(tab, k)) == list(twin(_many_children, tab, k))
     with pytest.raises(ValueError, match="not an ascending row"):
         _native.extension.take_columns(tab, array("i", [1, 0]))
     with pytest.raises(ValueError, match="not an ascending row"):

@@ -23,7 +23,7 @@ from aprof._post._readers import read_profile
 from aprof._post._session import Session
 from aprof._post._table import EventTable
 
-from .conftest import Backend
+from .conftest import Backend, twin
 
 ALWAYS = _lod.always_kept()
 
@@ -53,15 +53,6 @@ def mixed_profile(backend: Backend, n: int = 40) -> aprof.profile:
         return prof
 
     return backend.run(main)
-
-
-def _twin(fn: Any, *args: Any) -> Any:
-    ext = _native.extension
-    _native.extension = None
-    try:
-        return fn(*args)
-    finally:
-        _native.extension = ext
 
 
 def _is_child(tab: EventTable, i: int) -> bool:
@@ -164,11 +155,11 @@ def test_the_c_passes_match_their_python_twins(backend: Backend) -> None:
     remap = array("i", reversed(range(len(tab.tracks))))
     for budget in (0, 5, 40, 10**6):
         got = _lod.keep_rows(tab, ALWAYS, budget)
-        assert got == _twin(_lod.keep_rows, tab, ALWAYS, budget)
+        assert got == twin(_lod.keep_rows, tab, ALWAYS, budget)
         for resolution in (1, 10_000, 10**12):
-            assert _lod.merge_rows(tab, got[0], 123, resolution, remap) == _twin(_lod.merge_rows, tab, got[0], 123, resolution, remap)
+            assert _lod.merge_rows(tab, got[0], 123, resolution, remap) == twin(_lod.merge_rows, tab, got[0], 123, resolution, remap)
     label = array("i", [k % 3 for k in tab.name])
-    assert _lod.range_flame(tab, label) == _twin(_lod.range_flame, tab, label)
+    assert _lod.range_flame(tab, label) == twin(_lod.range_flame, tab, label)
 
 
 def test_bad_arguments_are_refused_by_both(backend: Backend) -> None:
@@ -179,7 +170,7 @@ def test_bad_arguments_are_refused_by_both(backend: Backend) -> None:
     with pytest.raises(ValueError, match="resolution must be >= 1 ns, got 0"):
         _lod.merge_rows(tab, mask, 0, 0, remap)
     with pytest.raises(ValueError, match="resolution must be >= 1 ns, got 0"):
-        _twin(_lod.merge_rows, tab, mask, 0, 0, remap)
+        twin(_lod.merge_rows, tab, mask, 0, 0, remap)
     if _native.extension is not None:
         with pytest.raises(ValueError, match="keep has 2 bytes"):
             _native.extension.lod_merge(tab, b"\1\1", 0, 1, remap)
