@@ -239,10 +239,334 @@ PyTypeObject RangeBlockType = {
     .tp_as_sequence = &RangeBlock_as_sequence,
 };
 
+/* ------------------------------------------------------------------------ */
+/* Budget: a profile's memory budget (issue 19)                              */
+/* ------------------------------------------------------------------------ */
+
+/* Every recording path takes room in the budget before it records (the C
+ * range fast path inline, the Python paths through take()). Taking is a
+ * count and a compare; when the count reaches the limit, on_full (Python,
+ * aprof._core._ring) runs once: it rotates the ring (keep the latest: the
+ * oldest generation of records is let go) or fills the budget (keep the
+ * first: `full` is set and every later record is dropped and counted here,
+ * by kind). */
+
+int
+aprof_budget_take(Budget *b, int kind, Py_ssize_t n)
+{
+    if (b->full) {
+        b->dropped[kind] += n;
+        return 1;
+    }
+    b->count += n;
+    if (APROF_UNLIKELY(b->count >= b->limit) && !b->in_full && b->on_full != NULL) {
+        b->in_full = 1;
+#if PY_VERSION_HEX >= 0x030C0000
+        PyObject *exc = PyErr_GetRaisedException();
+#else
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+#endif
+        PyObject *r = PyObject_CallNoArgs(b->on_full);
+        if (r == NULL) /* aprof's bug: never into the program (on_full warns itself first) */
+            PyErr_Clear();
+        Py_XDECREF(r);
+#if PY_VERSION_HEX >= 0x030C0000
+        PyErr_SetRaisedException(exc);
+#else
+        PyErr_Restore(et, ev, tb);
+#endif
+        b->in_full = 0;
+    }
+    return 0; /* the record that reaches the limit is kept, even if on_full filled the budget */
+}
+
+static PyObject *
+Budget_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PyObject *on_full;
+    Py_ssize_t limit;
+    static char *kwlist[] = {"on_full", "limit", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "On:Budget", kwlist, &on_full, &limit))
+        return NULL;
+    if (!PyCallable_Check(on_full) || limit < 1) {
+        PyErr_SetString(PyExc_ValueError, "Budget(on_full: callable, limit: int >= 1)");
+        return NULL;
+    }
+    Budget *b = (Budget *)type->tp_alloc(type, 0);
+    if (b == NULL)
+        return NULL;
+    b->on_full = Py_NewRef(on_full);
+    b->limit = limit;
+    return (PyObject *)b;
+}
+
+static int
+Budget_traverse(Budget *b, visitproc visit, void *arg)
+{
+    Py_VISIT(b->on_full);
+    return 0;
+}
+
+static int
+Budget_clear(Budget *b)
+{
+    Py_CLEAR(b->on_full);
+    return 0;
+}
+
+static void
+Budget_dealloc(Budget *b)
+{
+    PyObject_GC_UnTrack(b);
+    Budget_clear(b);
+    Py_TYPE(b)->tp_free((PyObject *)b);
+}
+
+/* take(kind, n=1) -> bool: whether to record n records of kind (0 range,
+ * 1 instant, 2 task, 3 step). */
+static PyObject *
+Budget_take(Budget *b, PyObject *const *args, Py_ssize_t nargs)
+{
+    Py_ssize_t kind, n = 1;
+    if (nargs < 1 || nargs > 2 || (kind = PyLong_AsSsize_t(args[0])) == -1 ||
+        (nargs == 2 && (n = PyLong_AsSsize_t(args[1])) == -1)) {
+        if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_TypeError, "Budget.take(kind: int, n: int = 1)");
+        }
+        return NULL;
+    }
+    if (kind < 0 || kind > 3 || n < 0) {
+        PyErr_Format(PyExc_ValueError, "Budget.take: kind %zd or n %zd out of range", kind, n);
+        return NULL;
+    }
+    return PyBool_FromLong(aprof_budget_take(b, (int)kind, n) == 0);
+}
+
+static PyObject *
+Budget_get_dropped(Budget *b, void *closure)
+{
+    return Py_BuildValue("(nnnn)", b->dropped[0], b->dropped[1], b->dropped[2], b->dropped[3]);
+}
+
+static PyObject *
+Budget_get_full(Budget *b, void *closure)
+{
+    return PyBool_FromLong(b->full);
+}
+
+static int
+Budget_set_full(Budget *b, PyObject *v, void *closure)
+{
+    int t = v == NULL ? -1 : PyObject_IsTrue(v);
+    if (t < 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "Budget.full cannot be deleted");
+        return -1;
+    }
+    b->full = t;
+    return 0;
+}
+
+static PyMethodDef Budget_methods[] = {
+    {"take", (PyCFunction)(void (*)(void))Budget_take, METH_FASTCALL,
+     "take(kind, n=1) -> bool: room for n records of kind (0 range, 1 instant, 2 task, 3 step)?"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef Budget_members[] = {
+    {"count", T_PYSSIZET, offsetof(Budget, count), 0, "Records taken since on_full last ran."},
+    {"limit", T_PYSSIZET, offsetof(Budget, limit), 0, "on_full runs when count reaches this."},
+    {NULL},
+};
+
+static PyGetSetDef Budget_getset[] = {
+    {"dropped", (getter)Budget_get_dropped, NULL, "Dropped while full: (ranges, instants, tasks, steps).", NULL},
+    {"full", (getter)Budget_get_full, (setter)Budget_set_full, "Keep the first: drop every later record.", NULL},
+    {NULL},
+};
+
+PyTypeObject BudgetType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "aprof._ctracer.Budget",
+    .tp_basicsize = sizeof(Budget),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Budget(on_full, limit)\n--\n\nA profile's memory budget (see aprof/_cblocks.c).",
+    .tp_new = Budget_new,
+    .tp_dealloc = (destructor)Budget_dealloc,
+    .tp_traverse = (traverseproc)Budget_traverse,
+    .tp_clear = (inquiry)Budget_clear,
+    .tp_methods = Budget_methods,
+    .tp_members = Budget_members,
+    .tp_getset = Budget_getset,
+};
+
+/* ------------------------------------------------------------------------ */
+/* What a generation of raw records holds                                    */
+/* ------------------------------------------------------------------------ */
+
+/* The bytes a str held by a record costs the ring: its size if the record is
+ * all that holds it (an args string made for the range), else nothing (a
+ * name the program holds anyway). */
+static size_t
+owned_str_bytes(PyObject *s)
+{
+    if (s == NULL || !PyUnicode_Check(s) || Py_REFCNT(s) != 1)
+        return 0;
+    return sizeof(PyASCIIObject) + 8 + (size_t)PyUnicode_GET_LENGTH(s) * PyUnicode_KIND(s);
+}
+
+#define GC_HEAD_BYTES 16
+#define INT_BYTES 32 /* a perf_counter_ns value: two 30-bit digits */
+
+/* raw_seal(lst) -> bytes: what a raw list's records hold, trimming every
+ * block's spare capacity first (a sealed generation takes no new slots;
+ * ends of ranges still open are written into the slots they have). */
+static PyObject *
+raw_seal(PyObject *module, PyObject *lst)
+{
+    if (!PyList_CheckExact(lst)) {
+        PyErr_SetString(PyExc_TypeError, "raw_seal(lst: list)");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(lst);
+    size_t bytes = sizeof(PyListObject) + GC_HEAD_BYTES + (size_t)n * sizeof(PyObject *);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *t = PyList_GET_ITEM(lst, i);
+        if (RangeBlock_Check(t)) {
+            RangeBlock *b = (RangeBlock *)t;
+            if (b->cap > b->n && b->n > 0) {
+                BlockSlot *slots = PyMem_Realloc(b->slots, (size_t)b->n * sizeof(BlockSlot));
+                if (slots != NULL) {
+                    b->slots = slots;
+                    b->cap = b->n;
+                }
+            }
+            bytes += sizeof(RangeBlock) + (size_t)b->cap * sizeof(BlockSlot);
+            for (Py_ssize_t k = 0; k < b->n; k++)
+                bytes += owned_str_bytes(b->slots[k].args) + owned_str_bytes(b->slots[k].exc);
+        }
+        else if (PyTuple_CheckExact(t)) {
+            Py_ssize_t size = PyTuple_GET_SIZE(t);
+            bytes += sizeof(PyTupleObject) + GC_HEAD_BYTES + (size_t)(size - 1) * sizeof(PyObject *);
+            for (Py_ssize_t k = 0; k < size; k++) {
+                PyObject *v = PyTuple_GET_ITEM(t, k);
+                if (PyLong_CheckExact(v) && Py_REFCNT(v) == 1)
+                    bytes += INT_BYTES;
+                else
+                    bytes += owned_str_bytes(v);
+            }
+        }
+        else
+            bytes += 64; /* an object of another kind: a guess, none are expected */
+    }
+    return PyLong_FromSize_t(bytes);
+}
+
+/* raw_counts(lst) -> (ranges, instants): the events a raw list records (a
+ * range's end tuple is part of its range). */
+static PyObject *
+raw_counts(PyObject *module, PyObject *lst)
+{
+    if (!PyList_CheckExact(lst)) {
+        PyErr_SetString(PyExc_TypeError, "raw_counts(lst: list)");
+        return NULL;
+    }
+    Py_ssize_t ranges = 0, instants = 0, n = PyList_GET_SIZE(lst);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *t = PyList_GET_ITEM(lst, i);
+        if (RangeBlock_Check(t))
+            ranges += ((RangeBlock *)t)->n;
+        else if (PyTuple_Check(t) && PyTuple_GET_SIZE(t) >= 4 && !PyLong_CheckExact(PyTuple_GET_ITEM(t, 0))) {
+            PyObject *kind = PyTuple_GET_SIZE(t) == 10 ? PyTuple_GET_ITEM(t, 8) : NULL;
+            if (kind != NULL && PyLong_CheckExact(kind) && PyLong_AsLong(kind) == 1) /* KIND_INSTANT */
+                instants++;
+            else
+                ranges++;
+        }
+    }
+    return Py_BuildValue("(nn)", ranges, instants);
+}
+
+/* A copy of block b as it is now (its slots, their references taken). */
+static PyObject *
+block_copy(RangeBlock *b)
+{
+    RangeBlock *c = aprof_block_new(b->scope);
+    if (c == NULL)
+        return NULL;
+    Py_ssize_t n = b->n;
+    if (n > 0) {
+        c->slots = PyMem_Malloc((size_t)n * sizeof(BlockSlot));
+        if (c->slots == NULL) {
+            Py_DECREF(c);
+            return PyErr_NoMemory();
+        }
+        memcpy(c->slots, b->slots, (size_t)n * sizeof(BlockSlot));
+        for (Py_ssize_t k = 0; k < n; k++) {
+            Py_XINCREF(c->slots[k].name);
+            Py_XINCREF(c->slots[k].args);
+            Py_XINCREF(c->slots[k].exc);
+        }
+        c->n = c->cap = n;
+    }
+    return (PyObject *)c;
+}
+
+/* raw_snapshot(lists) -> copies: each raw list as it is now, its blocks
+ * copied (a range that ends later stays open in the copy), in one call, so
+ * that no thread records in between (a flight recorder's dump, issue 19;
+ * the caller pauses the cyclic GC, whose finalizers could run Python). */
+static PyObject *
+raw_snapshot(PyObject *module, PyObject *lists)
+{
+    if (!PyList_CheckExact(lists)) {
+        PyErr_SetString(PyExc_TypeError, "raw_snapshot(lists: list[list])");
+        return NULL;
+    }
+    Py_ssize_t nl = PyList_GET_SIZE(lists);
+    PyObject *out = PyList_New(nl);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t j = 0; j < nl; j++) {
+        PyObject *lst = PyList_GET_ITEM(lists, j);
+        if (!PyList_CheckExact(lst)) {
+            PyErr_SetString(PyExc_TypeError, "raw_snapshot(lists: list[list])");
+            goto fail;
+        }
+        Py_ssize_t n = PyList_GET_SIZE(lst);
+        PyObject *copy = PyList_New(n);
+        if (copy == NULL)
+            goto fail;
+        PyList_SET_ITEM(out, j, copy);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *t = PyList_GET_ITEM(lst, i);
+            PyObject *c = RangeBlock_Check(t) ? block_copy((RangeBlock *)t) : Py_NewRef(t);
+            if (c == NULL)
+                goto fail;
+            PyList_SET_ITEM(copy, i, c);
+        }
+    }
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
+static PyMethodDef block_functions[] = {
+    {"raw_snapshot", raw_snapshot, METH_O, "raw_snapshot(lists) -> copies of the raw lists, blocks copied."},
+    {"raw_seal", raw_seal, METH_O, "raw_seal(lst) -> bytes the raw records hold (blocks trimmed to size)."},
+    {"raw_counts", raw_counts, METH_O, "raw_counts(lst) -> (ranges, instants) a raw list records."},
+    {NULL, NULL, 0, NULL},
+};
+
 int
 aprof_blocks_init(PyObject *module)
 {
-    if (PyType_Ready(&RangeBlockType) < 0)
+    if (PyType_Ready(&RangeBlockType) < 0 || PyType_Ready(&BudgetType) < 0)
         return -1;
-    return PyModule_AddObjectRef(module, "RangeBlock", (PyObject *)&RangeBlockType);
+    if (PyModule_AddObjectRef(module, "RangeBlock", (PyObject *)&RangeBlockType) < 0 ||
+        PyModule_AddObjectRef(module, "Budget", (PyObject *)&BudgetType) < 0)
+        return -1;
+    return PyModule_AddFunctions(module, block_functions);
 }

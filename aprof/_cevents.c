@@ -1455,13 +1455,25 @@ static PyObject *
 consolidate(PyObject *raw, long long tid, PyObject *lead, long track, long long stop_ns, PyObject *tab,
             PyObject *linked)
 {
-    Py_ssize_t n_raw = PyList_GET_SIZE(raw), n_lead = PyList_GET_SIZE(lead), base = PyObject_Length(tab);
+    /* raw is one list, or a tuple of lists: a bounded profile's chunks of
+     * one logical thread, oldest first (aprof/_core/_ring.py), each end
+     * tuple naming its start's index in its own chunk. */
+    PyObject **chunks = PyTuple_Check(raw) ? PySequence_Fast_ITEMS(raw) : &raw;
+    Py_ssize_t n_chunks = PyTuple_Check(raw) ? PyTuple_GET_SIZE(raw) : 1;
+    Py_ssize_t n_raw = 0, n_lead = PyList_GET_SIZE(lead), base = PyObject_Length(tab);
     if (base < 0)
         return NULL;
     Py_ssize_t n_rows = n_lead; /* a block holds many ranges, a tuple one */
-    for (Py_ssize_t i = 0; i < n_raw; i++) {
-        PyObject *t = PyList_GET_ITEM(raw, i);
-        n_rows += RangeBlock_Check(t) ? ((RangeBlock *)t)->n : 1;
+    for (Py_ssize_t c = 0; c < n_chunks; c++) {
+        if (!PyList_CheckExact(chunks[c])) {
+            PyErr_SetString(PyExc_TypeError, "consolidate_raw: raw is not a list or a tuple of lists");
+            return NULL;
+        }
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(chunks[c]); i++) {
+            PyObject *t = PyList_GET_ITEM(chunks[c], i);
+            n_rows += RangeBlock_Check(t) ? ((RangeBlock *)t)->n : 1;
+        }
+        n_raw += PyList_GET_SIZE(chunks[c]);
     }
     if (track < 0 || track > INT32_MAX || base + n_rows > INT32_MAX) {
         PyErr_Format(PyExc_ValueError, "aprof: more than %d events in one session", INT32_MAX);
@@ -1501,8 +1513,15 @@ consolidate(PyObject *raw, long long tid, PyObject *lead, long track, long long 
     /* Pair (records_of). */
     PyObject *last_scope_value = NULL;
     int last_scope = 0;
-    for (Py_ssize_t i = 0; i < n_raw; i++) {
-        PyObject *t = PyList_GET_ITEM(raw, i);
+    Py_ssize_t chunk_base = 0;
+    for (Py_ssize_t c = 0; c < n_chunks; chunk_base += PyList_GET_SIZE(chunks[c]), c++)
+    for (Py_ssize_t ci = 0; ci < PyList_GET_SIZE(chunks[c]); ci++) {
+        PyObject *t = PyList_GET_ITEM(chunks[c], ci);
+        Py_ssize_t i = chunk_base + ci;
+        if (i >= n_raw) { /* counted above; nothing runs in between that appends */
+            PyErr_SetString(PyExc_RuntimeError, "aprof: a raw list grew during consolidation");
+            goto done;
+        }
         at[i] = -1;
         if (RangeBlock_Check(t)) { /* packed plain ranges (_cblocks.c): no end tuple names them */
             RangeBlock *b = (RangeBlock *)t;
@@ -1544,7 +1563,7 @@ consolidate(PyObject *raw, long long tid, PyObject *lead, long track, long long 
             Py_ssize_t idx = PyLong_AsSsize_t(t0);
             if (idx == -1 && PyErr_Occurred())
                 goto done;
-            int32_t row = idx >= 0 && idx < i ? at[idx] : -1;
+            int32_t row = idx >= 0 && idx < ci ? at[chunk_base + idx] : -1;
             if (row < 0 || !r.open[row])
                 continue; /* no such start, or a second end for it */
             int64_t end, end_tid;
@@ -1767,9 +1786,11 @@ consolidate_raw(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_RuntimeError, "aprof: _events_setup() was not called");
         return NULL;
     }
-    if (nargs != 7 || !PyList_Check(args[0]) || !PyLong_Check(args[1]) || !PyList_Check(args[2]) ||
+    if (nargs != 7 || !(PyList_Check(args[0]) || PyTuple_CheckExact(args[0])) || !PyLong_Check(args[1]) ||
+        !PyList_Check(args[2]) ||
         !PyLong_Check(args[3]) || !PyLong_Check(args[4]) || !PyList_Check(args[6])) {
-        PyErr_SetString(PyExc_TypeError, "consolidate_raw(raw: list, tid: int, lead: list, track: int, stop_ns: int, "
+        PyErr_SetString(PyExc_TypeError, "consolidate_raw(raw: list | tuple[list, ...], tid: int, lead: list, track: int, "
+                                         "stop_ns: int, "
                                          "tab: EventTable, linked: list)");
         return NULL;
     }
@@ -1813,14 +1834,17 @@ nest(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 raw_first_start(PyObject *module, PyObject *raw)
 {
-    if (!PyList_Check(raw)) {
-        PyErr_SetString(PyExc_TypeError, "raw_first_start(raw: list)");
-        return NULL;
-    }
+    PyObject **chunks = PyTuple_CheckExact(raw) ? PySequence_Fast_ITEMS(raw) : &raw;
+    Py_ssize_t n_chunks = PyTuple_CheckExact(raw) ? PyTuple_GET_SIZE(raw) : 1;
     int found = 0;
     int64_t best = 0;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(raw); i++) {
-        PyObject *t = PyList_GET_ITEM(raw, i);
+    for (Py_ssize_t c = 0; c < n_chunks; c++) {
+    if (!PyList_Check(chunks[c])) {
+        PyErr_SetString(PyExc_TypeError, "raw_first_start(raw: list | tuple[list, ...])");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(chunks[c]); i++) {
+        PyObject *t = PyList_GET_ITEM(chunks[c], i);
         if (RangeBlock_Check(t)) {
             const RangeBlock *b = (const RangeBlock *)t;
             for (Py_ssize_t k = 0; k < b->n; k++)
@@ -1839,6 +1863,7 @@ raw_first_start(PyObject *module, PyObject *raw)
             best = s;
             found = 1;
         }
+    }
     }
     if (!found)
         Py_RETURN_NONE;

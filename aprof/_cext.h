@@ -119,7 +119,25 @@ Py_ssize_t aprof_block_open(RangeBlock *b, PyObject *name, PyObject *args);
 /* Slot i's range ends (ignored if it already has). `exc`: an exact str,
  * None or NULL. */
 void aprof_block_close(RangeBlock *b, Py_ssize_t i, int64_t end, int64_t end_tid, PyObject *exc);
-/* Add RangeBlock to the module. Returns -1 with an exception set on failure. */
+/* A profile's memory budget (issue 19): see _cblocks.c. */
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t count;      /* records taken since the last call of on_full */
+    Py_ssize_t limit;      /* on_full is called when count reaches it */
+    int full;              /* keep the first: every later record is dropped */
+    int in_full;           /* on_full is running */
+    Py_ssize_t dropped[4]; /* dropped while full: ranges, instants, tasks, steps */
+    PyObject *on_full;     /* called when count reaches limit: rotates the ring or fills the budget */
+} Budget;
+
+extern PyTypeObject BudgetType;
+#define Budget_Check(o) Py_IS_TYPE((o), &BudgetType)
+enum { BUDGET_RANGE = 0, BUDGET_INSTANT = 1, BUDGET_TASK = 2, BUDGET_STEP = 3 };
+/* Take room for n records of `kind`: 0 record them, 1 drop them (counted). */
+int aprof_budget_take(Budget *b, int kind, Py_ssize_t n);
+
+/* Add RangeBlock, Budget and the raw-list helpers to the module. Returns -1
+ * with an exception set on failure. */
 int aprof_blocks_init(PyObject *module);
 
 #endif

@@ -63,7 +63,8 @@ typedef struct {
     unsigned int seen_version; /* its tp_version_tag then (never 0) */
 } slot_reader;
 
-static slot_reader rd_mode, rd_recorder, rd_state, rd_lists, rd_id, rd_os_thread_id, rd_task_ref, rd_with_stack;
+static slot_reader rd_mode, rd_recorder, rd_state, rd_lists, rd_id, rd_os_thread_id, rd_task_ref, rd_with_stack,
+    rd_budget;
 
 /* Point `r` at cls.<name> if that is an object slot; else GetAttr always. */
 static int
@@ -729,8 +730,25 @@ fast_start(RangeCore *self, PyObject *recorder)
         return 0;
     }
     int rc = -1;
-    PyObject *lists = NULL, *lst = NULL, *tup = NULL;
-    PyObject *lt = logical_thread();
+    PyObject *lists = NULL, *lst = NULL, *tup = NULL, *lt = NULL;
+    PyObject *budget = slot_get(&rd_budget, ps);
+    if (budget == NULL)
+        goto done;
+    if (budget != Py_None) { /* a bounded profile (issue 19): room for one more range? */
+        int drop = Budget_Check(budget) ? aprof_budget_take((Budget *)budget, BUDGET_RANGE, 1) : -1;
+        Py_DECREF(budget);
+        if (drop < 0) {
+            PyErr_SetString(PyExc_TypeError, "aprof: a profile's budget is not a Budget");
+            goto done;
+        }
+        if (drop) {
+            rc = 0;
+            goto done;
+        }
+    }
+    else
+        Py_DECREF(budget);
+    lt = logical_thread();
     if (lt == NULL)
         goto done;
     lists = slot_get(&rd_lists, ps);
@@ -1098,7 +1116,8 @@ range_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         slot_reader_init(&rd_state, recorder, "state") < 0 || slot_reader_init(&rd_lists, profiler_state, "lists") < 0 ||
         slot_reader_init(&rd_id, logical, "id") < 0 || slot_reader_init(&rd_os_thread_id, logical, "os_thread_id") < 0 ||
         slot_reader_init(&rd_task_ref, logical, "_task_ref") < 0 ||
-        slot_reader_init(&rd_with_stack, profiler_state, "with_stack") < 0)
+        slot_reader_init(&rd_with_stack, profiler_state, "with_stack") < 0 ||
+        slot_reader_init(&rd_budget, profiler_state, "budget") < 0)
         return NULL;
     Py_XSETREF(rf_state_var, Py_NewRef(args[0]));
     PyObject *g = PyDict_GetItemWithError(args[1], str_global_entries); /* borrowed */
@@ -1118,7 +1137,7 @@ static PyObject *
 range_slots(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
     slot_reader *all[] = {&rd_mode,         &rd_recorder, &rd_state,     &rd_lists,
-                          &rd_id,           &rd_os_thread_id, &rd_task_ref, &rd_with_stack};
+                          &rd_id,           &rd_os_thread_id, &rd_task_ref, &rd_with_stack, &rd_budget};
     PyObject *names = PyList_New(0);
     for (size_t i = 0; names != NULL && i < sizeof all / sizeof all[0]; i++) {
         if (all[i]->offset >= 0 && PyList_Append(names, all[i]->name) < 0)

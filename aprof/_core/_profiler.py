@@ -29,6 +29,7 @@ from ._callbacks import RF_STATE, AprofWarning, RecordFunctionCallback
 from ._debug_info import DEBUG_INFO, DebugInfoKind, SlotRef
 from ._record_function import RecordFunction, get_default_node_id
 from ._recorder import ProfilerState, Recorder
+from ._ring import check_budget
 from ._sampler import SamplerRun, check_interval
 from ._schedule import ProfilerAction, check_schedule
 from ._threads import current_logical_thread
@@ -67,11 +68,24 @@ class profile:
             8.1): each call is a
             ``PYTHON_FUNCTION`` range on the track of the task or thread
             that ran it.
-        max_events: With ``python_tracer``, keep at most this many raw
-            tracer events (16 bytes each); later ones are not recorded and
-            are counted in ``session.dropped``. With ``sample_interval``, at
-            most this many samples too (24 bytes each, counted in
-            ``session.samples.dropped``). ``None``: no limit.
+        max_events: Hold at most this many events while recording:
+            ranges, instants, tasks and loop blocks (a task's steps are part
+            of its task), and, with ``python_tracer``, this many raw tracer
+            events (16 bytes each, always the first ones); with
+            ``sample_interval``, this many samples too (24 bytes each,
+            counted in ``session.samples.dropped``). What is not kept is
+            counted, by kind, in ``session.dropped_by_kind``. ``None``: no
+            limit.
+        max_bytes: Hold at most this many bytes of recorded ranges,
+            instants, tasks (with their steps) and loop blocks (the records'
+            own memory: a range is 48 bytes; at least 64 KiB). ``None``: no
+            limit.
+        keep: Past ``max_events`` or ``max_bytes``: ``"first"`` (the
+            default) keeps what was recorded first and drops the rest;
+            ``"latest"`` is a ring: the oldest whole events are let go, an
+            eighth of the budget at a time, so the profile can stay on (see
+            "In production" in the guide). Not with ``python_tracer``, whose
+            buffer keeps the first events.
         sample_interval: Take a stack sample of every thread running the
             profiled work every this many seconds (SPEC 8.4), each charged
             to the task or thread that was running (``session.samples``).
@@ -128,6 +142,8 @@ class profile:
         with_stack: bool = False,
         python_tracer: bool = False,
         max_events: int | None = None,
+        max_bytes: int | None = None,
+        keep: Literal["first", "latest"] = "first",
         sample_interval: float | None = None,
         c_calls: bool = False,
         instance_ids: bool = False,
@@ -142,9 +158,15 @@ class profile:
         self.with_stack = _check_bool("with_stack", with_stack)
         self.tasks = _check_bool("tasks", tasks)
         self.python_tracer = _check_bool("python_tracer", python_tracer)
-        if max_events is not None and (isinstance(max_events, bool) or not isinstance(max_events, int) or max_events <= 0):
-            raise ValueError(f"profile: option 'max_events' must be an int > 0 or None, got {max_events!r}")
+        check_budget(max_events, max_bytes, keep)
+        if keep == "latest" and python_tracer:
+            raise ValueError(
+                "profile: keep='latest' cannot bound python_tracer: the tracer's buffer keeps the first "
+                "max_events events (use keep='first', or sample_interval for an always-on CPU view)"
+            )
         self.max_events = max_events
+        self.max_bytes = max_bytes
+        self.keep: Literal["first", "latest"] = keep
         self.sample_interval = check_interval(sample_interval)
         self.c_calls = _check_bool("c_calls", c_calls)
         self.instance_ids = _check_bool("instance_ids", instance_ids)
@@ -257,6 +279,8 @@ class profile:
         state = ProfilerState(
             record_inputs=self.record_inputs, with_stack=self.with_stack, node_id=node, start_lt=lt, tasks=self.tasks
         )
+        if self.max_events is not None or self.max_bytes is not None:
+            state.bound(self.max_events, self.max_bytes, self.keep)
         recorder = Recorder(state)
         tracer = None
         if self.python_tracer:
@@ -619,6 +643,8 @@ def _after_fork_in_child() -> None:
             state.running = False
             state.lists = {}
             state.task_records = []
+            if state.ring is not None:
+                state.ring.clear()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

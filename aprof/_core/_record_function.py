@@ -554,7 +554,8 @@ class _PyRangeCore:
                 self._slow_start()
                 return self
             ps = st.recorder.state  # type: ignore[union-attr]
-            if ps is not None:  # None once the profile stopped
+            # None once the profile stopped; a full budget drops the range.
+            if ps is not None and (ps.budget is None or ps.budget.take(0)):
                 lt = current_logical_thread()
                 lst = ps.lists.get(lt)
                 if lst is None:

@@ -29,10 +29,10 @@ from __future__ import annotations
 import os
 import sys
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from time import perf_counter_ns
 from types import CodeType, FrameType
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from . import _native
 from ._threads import LogicalThread
@@ -40,6 +40,7 @@ from ._threads import LogicalThread
 if TYPE_CHECKING:
     from ._callbacks import RecordScope
     from ._record_function import RecordFunction
+    from ._ring import Ring
 
 ASYNC_SAME_THREAD: Final = -1
 
@@ -153,10 +154,12 @@ class ProfilerState:
 
     __slots__ = (
         "__weakref__",
+        "budget",
         "dropped",
         "lists",
         "node_id",
         "record_inputs",
+        "ring",
         "running",
         "start_lt",
         "start_ns",
@@ -182,6 +185,35 @@ class ProfilerState:
         self.start_ns = perf_counter_ns()
         self.stop_ns: int | None = None
         self.dropped = 0
+        # A bounded profile's budget (issue 19, aprof._core._ring): every
+        # recording path takes room in it first. None: unbounded.
+        self.ring: Ring | None = None
+        self.budget: Any = None
+
+    def bound(self, max_events: int | None, max_bytes: int | None, keep: Literal["first", "latest"]) -> None:
+        """Hold at most this much while recording (see aprof._core._ring)."""
+        from ._ring import Ring
+
+        self.ring = Ring(self, max_events, max_bytes, keep)
+        self.budget = self.ring.budget
+
+    def raw_lists(self) -> Mapping[LogicalThread, list[Any] | tuple[list[Any], ...]]:
+        """Every logical thread's raw records: its list, or a bounded
+        profile's lists from each generation, oldest first."""
+        ring = self.ring
+        if ring is None:
+            return self.lists
+        return {lt: chunks[0] if len(chunks) == 1 else tuple(chunks) for lt, chunks in ring.lists().values()}
+
+    def all_task_records(self) -> list[Any]:
+        """Every task record kept (a bounded profile's from each generation)."""
+        ring = self.ring
+        return self.task_records if ring is None else ring.task_records()
+
+    def admit(self, kind: int) -> bool:
+        """Room in the budget for one record of ``kind`` (aprof._core._ring)?"""
+        budget = self.budget
+        return budget is None or bool(budget.take(kind))
 
     def list_for(self, lt: LogicalThread) -> list[tuple[Any, ...]]:
         lst = self.lists.get(lt)
@@ -221,8 +253,10 @@ class Recorder:
             inputs = tuple(safe_repr(v) for v in rf._inputs)
             if rf._kwinputs:
                 inputs += tuple(f"{k}={safe_repr(v)}" for k, v in rf._kwinputs.items())
-        stack = capture_stack(skip + 1) if st.with_stack else None
         kind = KIND_INSTANT if rf._instant else KIND_RANGE
+        if st.budget is not None and not st.budget.take(kind):
+            return None
+        stack = capture_stack(skip + 1) if st.with_stack else None
         lst = st.list_for(lt)
         t = (rf.name, rf.scope.value, perf_counter_ns(), rf._args, rf.seq_nr, rf.forward_thread_id, inputs, stack, kind, rf._extra)
         lst.append(t)
@@ -246,6 +280,8 @@ class Recorder:
     def instant(self, name: str, scope: RecordScope, lt: LogicalThread, args: str | None) -> None:
         st = self.state
         if st is None or not st.running:
+            return
+        if st.budget is not None and not st.budget.take(KIND_INSTANT):
             return
         stack = capture_stack(2) if st.with_stack else None
         st.list_for(lt).append((name, scope.value, perf_counter_ns(), args, -1, 0, None, stack, KIND_INSTANT, None))

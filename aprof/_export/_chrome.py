@@ -165,6 +165,8 @@ def chrome_trace_chunks(session: Session, batch: int = 4096, capped: dict[str, i
         if session.samples is not None and 2 * run_base + max((t.id for t in tracks), default=0) > UINT32_MAX:
             raise ValueError("export_chrome_trace: thread ids leave no 32-bit room for the sampled rows")
     other = {"producer": "aprof", "aprof_version": session.metadata.get("aprof_version"), "dropped": session.metadata.get("dropped", 0), "start_ns": base}
+    if "dropped_by_kind" in session.metadata:  # what the profile's memory budget let go, by kind
+        other["dropped_by_kind"] = session.metadata["dropped_by_kind"]
     for field in ("stop_ns", "unix_offset_ns"):  # for readers: the profile's end, the wall clock
         if field in session.metadata:
             other[field] = session.metadata[field]

@@ -158,6 +158,7 @@ def export_opentelemetry(
         attributes={
             "aprof.version": str(meta.get("aprof_version")),
             "aprof.dropped": int(meta.get("dropped", 0)),
+            **{f"aprof.dropped.{k}": int(v) for k, v in session.dropped_by_kind.items() if v},
             "aprof.python_frames": python_frames,
         },
     )

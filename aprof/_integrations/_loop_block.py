@@ -424,7 +424,7 @@ class LoopBlocks:
         """Every recorded task step longer than the threshold."""
         out: list[_Block] = []
         threshold = self.threshold_ns
-        for rec in list(self.state.task_records):
+        for rec in self.state.all_task_records():
             info = _task_info(rec)
             if info is None:
                 continue
@@ -479,6 +479,8 @@ class LoopBlocks:
             if lt is None:
                 lt = tracks[b.thread_id] = LogicalThread("thread", _track_name(b.thread_id))
                 lt.os_thread_id = b.thread_id
+            if not st.admit(0):
+                continue
             name, stack, extra = b.describe(self)
             lst = st.list_for(lt)
             idx = len(lst)

@@ -123,7 +123,7 @@ class TaskThread(LogicalThread):
     :meth:`finished` once; after that the object holds no profile.
     """
 
-    __slots__ = ("_idx", "_more", "_state", "coro_name", "fwd", "ready_ns", "seq", "spawn_ns", "spawn_site", "steps", "waits")
+    __slots__ = ("_idx", "_more", "_records", "_state", "coro_name", "fwd", "ready_ns", "seq", "spawn_ns", "spawn_site", "steps", "waits")
 
     coro_name: str
     fwd: int
@@ -157,13 +157,18 @@ class TaskThread(LogicalThread):
         self.waits = None
         self.ready_ns = 0
         self.spawn_site = user_site()
-        self._more: list[tuple[ProfilerState, int]] | None = None
+        self._more: list[tuple[ProfilerState, list[Any], int]] | None = None
         self._state: ProfilerState | None = None
+        # Where its record sits: a bounded profile starts a new list of
+        # task records with each generation (aprof._core._ring).
+        self._records: list[Any] = []
         self._idx = 0
         self.spawn_ns = perf_counter_ns()
         # Complete before it is published: another thread may stop a profile
         # (and read this object) as soon as it is in a list.
         for ps in (states,) if type(states) is ProfilerState else states:  # type: ignore[union-attr]
+            if ps.budget is not None and not ps.budget.take(2):  # a full budget: not recorded there
+                continue
             lst = ps.task_records
             lst.append(self)
             # Another thread may append at the same moment: find our slot
@@ -172,11 +177,11 @@ class TaskThread(LogicalThread):
             while lst[i] is not self:
                 i -= 1
             if self._state is None:
-                self._state, self._idx = ps, i
+                self._state, self._records, self._idx = ps, lst, i
             else:
                 if self._more is None:
                     self._more = []
-                self._more.append((ps, i))
+                self._more.append((ps, lst, i))
 
     def finished(self, outcome: str, exc_name: str | None, end_ns: int) -> None:
         """Close the TASK range in every profile still recording it."""
@@ -198,20 +203,21 @@ class TaskThread(LogicalThread):
             self.id, self.name, self.kind, self.os_thread_id, self.coro_name, self.spawn_ns, self.seq, self.fwd,
             end_ns, outcome, exc_name, steps, waits.runs if waits is not None else None, self.spawn_site,
         )  # fmt: skip
-        _put(st, self._idx, self, rec)
+        _put(self._records, self._idx, self, rec)
         more = self._more
         if more is not None:
-            for ps, i in more:
-                _put(ps, i, self, rec)
+            for _, lst, i in more:
+                _put(lst, i, self, rec)
             self._more = None
         self._state = None
+        self._records = _NO_RECORDS
         self.steps = DISCARD_STEPS  # the record has them now
         self.waits = None
 
     def stopped(self) -> None:
         """A profile recording the task stopped while it runs: stop keeping
         its steps if no running profile records it any more."""
-        profiles = [self._state] + [ps for ps, _ in self._more or ()]
+        profiles = [self._state] + [ps for ps, _, _ in self._more or ()]
         if not any(ps is not None and ps.running for ps in profiles):
             self.steps = DISCARD_STEPS
             self._state = self._more = None
@@ -236,7 +242,7 @@ class TaskThread(LogicalThread):
         task's range then starts where the first of them did."""
         self.id = lt.id
         starts = [self.spawn_ns]
-        for ps, _ in [(self._state, 0), *(self._more or ())]:
+        for ps in [self._state, *(ps for ps, _, _ in self._more or ())]:
             if ps is None:
                 continue
             lst = ps.lists.pop(lt, None)
@@ -283,9 +289,12 @@ def report(where: str, exc: BaseException) -> None:
         pass
 
 
-def _put(state: ProfilerState, idx: int, task: TaskThread, rec: tuple[Any, ...]) -> None:
-    # After stop the state's list is a new, empty one: the late end is dropped.
-    lst = state.task_records
+_NO_RECORDS: Final[list[Any]] = []
+
+
+def _put(lst: list[Any], idx: int, task: TaskThread, rec: tuple[Any, ...]) -> None:
+    # After stop nobody reads the list, and a bounded profile empties the
+    # list of a generation it lets go: the late end is dropped.
     if idx < len(lst) and lst[idx] is task:
         lst[idx] = rec
 

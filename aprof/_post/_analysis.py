@@ -534,6 +534,9 @@ class Summary:
     pending: tuple[PendingLine, ...]
     pending_count: int
     repeated_awaits: tuple[RepeatLine, ...]
+    #: What the profile's memory budget (or the tracer's buffer) did not
+    #: keep, by kind (``Session.dropped_by_kind``), only the kinds with any.
+    dropped: tuple[tuple[str, int], ...] = ()
 
     def render(self) -> str:
         """The sections as text; "" when none has content."""
@@ -585,6 +588,7 @@ def summarize(session: Session, limit: int = 5) -> Summary:
         pending=pending,
         pending_count=pending_count,
         repeated_awaits=tuple(_repeats(parents, executors, tasks, by_track)[:limit]),
+        dropped=tuple((k, v) for k, v in session.dropped_by_kind.items() if v),
     )
 
 
@@ -970,6 +974,9 @@ def _function_of(label: str) -> str:
 
 def _render(s: Summary) -> str:
     out: list[str] = []
+    if s.dropped:
+        what = ", ".join(f"{v:,} {k.replace('_', ' ')}" for k, v in s.dropped)
+        out.append(f"Data dropped: {what} were not kept (the profile's memory budget or the tracer's buffer)")
     if s.slowest_tasks:
         out.append("Slowest tasks (wall time = running on the loop + waiting)")
         rows = [["Total", "Running", "Waiting", "Max step", "Task"]]

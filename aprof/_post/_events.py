@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_right
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from operator import itemgetter
 from types import CodeType
 from typing import TYPE_CHECKING, Any, Final
@@ -340,7 +340,7 @@ def set_parents(tab: EventTable, parents: list[int] | array[int]) -> None:
 
 
 def consolidate(
-    lists: dict[LogicalThread, list[tuple[Any, ...]]],
+    lists: Mapping[LogicalThread, list[Any] | tuple[list[Any], ...]],
     stop_ns: int,
     node_id: int,
     task_records: list[Any] | None = None,
@@ -580,30 +580,35 @@ def _steps_until(flat: list[int], stop_ns: int) -> list[int]:
     return out
 
 
-def unpack_blocks(raw: list[Any]) -> list[Any]:
+def unpack_blocks(raw: list[Any] | tuple[list[Any], ...]) -> list[Any]:
     """``raw`` with each RangeBlock (``aprof/_cblocks.c``: the C paths' plain
     ranges, packed) spelled out as start and end tuples, for the paths that
     pair tuples (``records_of``); the end tuples already there are renumbered
-    to their starts' new places. ``raw`` itself if it has no block."""
+    to their starts' new places. ``raw`` itself if it is one list with no
+    block. A tuple of lists is a bounded profile's chunks of one logical
+    thread (aprof._core._ring), each end naming a start in its own chunk:
+    they are joined into one list."""
     block = _native.extension.RangeBlock if _native.extension is not None else None
-    if block is None or not any(type(t) is block for t in raw):
-        return raw
+    chunks = raw if type(raw) is tuple else (raw,)
+    if type(raw) is not tuple and (block is None or not any(type(t) is block for t in raw)):
+        return raw  # type: ignore[return-value]
     out: list[Any] = []
     ends: list[tuple[Any, ...]] = []
-    moved: dict[int, int] = {}  # old index of a start tuple -> its new one
-    for i, t in enumerate(raw):
-        if type(t) is block:
-            for name, scope, start, args, end, end_tid, exc in t.rows():
-                if end is not None:
-                    ends.append((len(out), end, end_tid, exc))
-                out.append((name, scope, start, args))
-        elif type(t[0]) is int:
-            new = moved.get(t[0])
-            if new is not None:
-                ends.append((new, *t[1:]))
-        else:
-            moved[i] = len(out)
-            out.append(t)
+    for chunk in chunks:
+        moved: dict[int, int] = {}  # old index of a start tuple -> its new one
+        for i, t in enumerate(chunk):
+            if type(t) is block:
+                for name, scope, start, args, end, end_tid, exc in t.rows():
+                    if end is not None:
+                        ends.append((len(out), end, end_tid, exc))
+                    out.append((name, scope, start, args))
+            elif type(t[0]) is int:
+                new = moved.get(t[0])
+                if new is not None:
+                    ends.append((new, *t[1:]))
+            else:
+                moved[i] = len(out)
+                out.append(t)
     return out + ends
 
 

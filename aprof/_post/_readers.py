@@ -222,6 +222,9 @@ def read_chrome_trace(doc: dict[str, Any] | list[Any]) -> Session:
         "dropped": int(other.get("dropped", 0)),
         "source": "chrome trace",
     }
+    by_kind = other.get("dropped_by_kind")
+    if type(by_kind) is dict and all(type(v) is int and v >= 0 for v in by_kind.values()):
+        metadata["dropped_by_kind"] = {str(k): v for k, v in by_kind.items()}
     if _int_or(other.get("unix_offset_ns"), None) is not None:
         metadata["unix_offset_ns"] = other["unix_offset_ns"]
     samples = _samples_of(other, labels, track_for)

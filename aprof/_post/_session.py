@@ -40,6 +40,11 @@ __all__ = ["Session", "load"]
 
 _NONE: Final = 2**63 - 1  # first_starts' value for a track with no events
 
+#: ``dropped_by_kind``'s keys, and those counted in ``dropped`` (a step is
+#: part of its task, not an event of its own).
+DROPPED_KINDS: Final = ("ranges", "instants", "tasks", "steps", "tracer_events")
+DROPPED_EVENTS: Final = ("ranges", "instants", "tasks", "tracer_events")
+
 FORMAT: Final = "aprof-session"
 VERSION: Final = 1
 SUFFIXES: Final = (".aprof",)
@@ -77,18 +82,37 @@ class Session:
         gc_was_enabled = gc.isenabled()
         gc.disable()
         try:
-            table, tracks = consolidate(state.lists, stop_ns, state.node_id, state.task_records, state.with_stack)
+            records = state.all_task_records()
+            table, tracks = consolidate(state.raw_lists(), stop_ns, state.node_id, records, state.with_stack)
         finally:
             if gc_was_enabled:
                 gc.enable()
-        state.lists = {}  # the raw records are not needed any more
+        # The raw records are not needed any more. The lists of task records
+        # are emptied, not just let go: a task still running holds the one
+        # its record is in.
+        records.clear()
+        state.lists = {}
         state.task_records = []
+        ring = state.ring
+        by_kind = dict.fromkeys(DROPPED_KINDS, 0)
+        if ring is not None:
+            by_kind.update(ring.dropped())
+            ring.clear()
+        by_kind["tracer_events"] = state.dropped
         ext = _native.extension
         if ext is not None:
             # Their memory, several times the columns', is free in the middle
             # of the C heap: give it back, so RSS after stop is about the
             # session's size (docs/how-it-works.md, "The columns").
             ext.trim_heap()
+        metadata = cls.base_metadata(state, stop_ns)
+        metadata["dropped"] = sum(by_kind[k] for k in DROPPED_EVENTS)
+        metadata["dropped_by_kind"] = by_kind
+        return cls(table, tracks, metadata)
+
+    @staticmethod
+    def base_metadata(state: ProfilerState, stop_ns: int) -> dict[str, Any]:
+        """A recorded session's metadata, but for what was dropped."""
         metadata = {
             "aprof_version": _version.__version__,
             "python": sys.version.split()[0],
@@ -96,7 +120,6 @@ class Session:
             "pids": {str(state.node_id): os.getpid()},
             "start_ns": state.start_ns,
             "stop_ns": stop_ns,
-            "dropped": state.dropped,
             # perf_counter_ns -> Unix epoch ns, for exports that need wall
             # time (OpenTelemetry, SPEC 11.5).
             "unix_offset_ns": time.time_ns() - time.perf_counter_ns(),
@@ -106,7 +129,7 @@ class Session:
             # The task or thread that started the profile spawns work but
             # often records nothing itself: exports name its row from this.
             metadata["start_thread"] = {"id": lt.id, "name": lt.name, "kind": lt.kind}
-        return cls(table, tracks, metadata)
+        return metadata
 
     def events(self) -> list[FunctionEvent]:
         """All events, track by track, in start order."""
@@ -118,8 +141,24 @@ class Session:
 
     @property
     def dropped(self) -> int:
-        """Events that were not kept (buffer limits)."""
+        """Events that were not kept (the profile's memory budget and the
+        tracer's buffer): ranges, instants, tasks and tracer events."""
         return int(self.metadata.get("dropped", 0))
+
+    @property
+    def dropped_by_kind(self) -> dict[str, int]:
+        """What was not kept, by kind: ``ranges``, ``instants``, ``tasks``,
+        ``steps`` (of the tasks dropped) and ``tracer_events``; samples are
+        counted in ``samples.dropped``. A session recorded before these
+        counts existed (or read from another tool's file) has every event it
+        dropped under ``tracer_events``."""
+        got = self.metadata.get("dropped_by_kind")
+        out = dict.fromkeys(DROPPED_KINDS, 0)
+        if isinstance(got, dict):
+            out.update({k: int(v) for k, v in got.items() if k in out and type(v) is int})
+        else:
+            out["tracer_events"] = self.dropped
+        return out
 
     def key_averages(self, group_by: str = "name") -> EventAverages:
         """Aggregate events by ``"name"``, ``"track"`` or ``"stack"`` (SPEC 6.4).

@@ -370,6 +370,11 @@ def _check_metadata(metadata: object) -> None:
         raise ValueError(f"metadata start_thread is {start_thread!r}, not a thread's id, name and kind")
     if metadata.get("dropped", 0) < 0:
         raise ValueError(f"metadata dropped is {metadata['dropped']}, below 0")
+    by_kind = metadata.get("dropped_by_kind", {})
+    if type(by_kind) is not dict or not all(
+        type(k) is str and len(k) < 64 and _is_int(v) and v >= 0 for k, v in by_kind.items()
+    ):
+        raise ValueError(f"metadata dropped_by_kind is {by_kind!r}, not a map of kinds to counts >= 0")
     start, stop = metadata.get("start_ns"), metadata.get("stop_ns")
     if start is not None and stop is not None and stop < start:
         raise ValueError(f"metadata stop_ns {stop} is before start_ns {start}")
