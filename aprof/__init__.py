@@ -29,6 +29,7 @@ from ._core._callbacks import (
     set_record_function_seed_for_testing,
 )
 from ._core._debug_info import ContextState, DebugInfoGuard, DebugInfoKind, get_debug_info
+from ._core._flight import flight_recorder
 from ._core._profiler import profile
 from ._core._propagation import install_propagation, launch, propagating, uninstall_propagation, wrap
 from ._core._record_function import (
@@ -80,6 +81,7 @@ __all__ = [
     "current_thread_id",
     "disable_callback",
     "enable_record_function",
+    "flight_recorder",
     "get_debug_info",
     "get_default_node_id",
     "has_callbacks",

@@ -28,7 +28,7 @@ from typing import Any, Final
 from .. import _version
 from .._core._profiler import profile
 from .._core._propagation import install_propagation, uninstall_propagation
-from .._export._files import check_output_path
+from .._export._files import check_output_path, write_by_suffix
 from .._export._html import DEFAULT_BUDGET
 from .._post._analysis import _SORT_KEYS
 from .._post._compact import LOD_KEY
@@ -261,17 +261,7 @@ def _is_html(out: Path) -> bool:
 
 
 def _write(session: Session, out: Path, max_events: int | None = None, html_budget: int | None = None) -> None:
-    name = out.name.lower()
-    if name.endswith(".aprof"):
-        session.save(out)
-    elif name.endswith(".speedscope.json"):
-        session.export_speedscope(out)
-    elif name.endswith(".folded"):
-        session.export_folded(out)
-    elif name.endswith(".html"):
-        session.export_html(out, DEFAULT_BUDGET if html_budget is None else html_budget)
-    else:
-        session.export_chrome_trace(out, max_events)
+    write_by_suffix(session, out, max_events, DEFAULT_BUDGET if html_budget is None else html_budget)
 
 
 class _Finish:

@@ -14,8 +14,34 @@ import tempfile
 from collections.abc import Iterable
 from os import PathLike
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "check_output_path"]
+if TYPE_CHECKING:
+    from .._post._session import Session
+
+__all__ = ["atomic_write_bytes", "atomic_write_text", "check_output_path", "write_by_suffix"]
+
+
+def write_by_suffix(
+    session: Session, out: Path, max_events: int | None = None, html_budget: int | None = None
+) -> None:
+    """Write ``session`` to ``out`` in the format its name says, as
+    ``aprof run -o`` does: ``.aprof`` (session), ``.speedscope.json``,
+    ``.folded``, ``.html``, else a Chrome trace (``.json``, ``.json.gz``)."""
+    name = out.name.lower()
+    if name.endswith(".aprof"):
+        session.save(out)
+    elif name.endswith(".speedscope.json"):
+        session.export_speedscope(out)
+    elif name.endswith(".folded"):
+        session.export_folded(out)
+    elif name.endswith(".html"):
+        if html_budget is None:
+            session.export_html(out)
+        else:
+            session.export_html(out, html_budget)
+    else:
+        session.export_chrome_trace(out, max_events)
 
 
 def check_output_path(path: object, what: str, suffixes: tuple[str, ...]) -> Path:

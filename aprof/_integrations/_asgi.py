@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, Final
 from urllib.parse import parse_qs
 
+from .._core import _flight
 from .._core._callbacks import AprofWarning
 from .._core._profiler import profile
 from .._core._record_function import record_function
@@ -206,6 +207,12 @@ class ProfilerMiddleware:
             ``AprofWarning``; the response is not affected.
         tracer_provider: The provider for those spans; None uses the
             global one.
+        for_flight_recorder: The middleware is there for a running
+            :class:`aprof.flight_recorder` alone (each request a range in its
+            ring, and its ``slow_request`` trigger): no policy is needed, and
+            none is warned about. With or without it, while a flight
+            recorder runs, every request not profiled on its own is a range
+            in the recorder's ring.
 
     Raises:
         TypeError: an argument has the wrong type (the message names it).
@@ -245,6 +252,7 @@ class ProfilerMiddleware:
         query_param: str | None = "aprof",
         opentelemetry: bool = False,
         tracer_provider: object = None,
+        for_flight_recorder: bool = False,
     ) -> None:
         if not callable(app):
             raise TypeError(f"{_WHAT}: app must be an ASGI application (a callable), got {type(app).__name__}")
@@ -309,7 +317,9 @@ class ProfilerMiddleware:
             _SAMPLED: _RateLimit(max_per_minute, time.monotonic),
         }
         self._names = itertools.count()
-        if secret is None and allow is None and not self.sample_rate:
+        if for_flight_recorder and secret is None and allow is None and not self.sample_rate:
+            pass  # it feeds a flight recorder alone: nothing to warn about
+        elif secret is None and allow is None and not self.sample_rate:
             warnings.warn(
                 f"{_WHAT}: no policy given (secret=, allow= or sample_rate=): no request will be profiled",
                 AprofWarning,
@@ -394,13 +404,29 @@ class ProfilerMiddleware:
 
     # -- the request ----------------------------------------------------------
 
+    async def _flight_request(self, recorder: _flight.flight_recorder, scope: Scope, receive: Receive, send: Send) -> None:
+        """A request not profiled on its own while a flight recorder runs: a
+        range in the recorder's ring, and its time, so that a request slower
+        than ``slow_request`` dumps the ring (issue 19)."""
+        name = f"{scope.get('method', 'GET')} {scope.get('path', '/')}"
+        t0 = time.perf_counter_ns()
+        try:
+            with record_function(name):
+                await self.app(scope, receive, send)
+        finally:
+            recorder.request_done(name, time.perf_counter_ns() - t0)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope.get("type") != "http":
             await self.app(scope, receive, send)
             return
         via = self._policy(scope)
         if via is None:
-            await self.app(scope, receive, send)
+            recorder = _flight.active()
+            if recorder is None:
+                await self.app(scope, receive, send)
+            else:
+                await self._flight_request(recorder, scope, receive, send)
             return
         if not self._limits[via].take():
             # An authenticated caller learns why; anyone else sees nothing.

@@ -1,0 +1,267 @@
+"""The flight recorder (issue 19 item 2): always on, dumps its last seconds.
+
+``aprof.flight_recorder`` records into a ring and, on a call, a signal, a
+slow request or a remote command, writes the last ``window`` seconds as a
+normal file without stopping: only complete events of that window, with the
+tracks they need; atomically, reporting a failure once and recording on.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import aprof
+from aprof._post._readers import read_profile
+
+from .conftest import Backend
+from .tracecheck import validate_trace
+
+
+def _wait_for(pred: Any, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out")
+        time.sleep(0.01)
+
+
+def _user(session: aprof.Session) -> list[str]:
+    return [e.name for e in session.events() if e.scope == aprof.RecordScope.USER_SCOPE]
+
+
+def test_a_dump_holds_the_window_complete_events_only_and_recording_goes_on(tmp_path: Path) -> None:
+    with aprof.flight_recorder(window=0.2, max_bytes=4_000_000, signal=None) as rec:
+        with aprof.record_function("old"):
+            pass
+        time.sleep(0.3)
+        with aprof.record_function("open"):  # still open at the dump
+            with aprof.record_function("recent"):
+                pass
+            out = rec.dump(tmp_path / "d.json")
+        with aprof.record_function("after"):
+            pass
+        second = rec.snapshot()
+    trace = validate_trace(out)
+    names = {e["name"] for e in trace["traceEvents"] if e.get("ph") == "X"}
+    assert "recent" in names
+    assert "old" not in names
+    assert "open" not in names
+    meta = trace["otherData"]
+    assert meta["dropped"] == 0
+    assert "after" in _user(second)
+    assert "open" in _user(second)
+    assert set(_user(rec.session)) >= {"old", "open", "recent", "after"}  # the profile recorded on
+
+
+def test_every_format_by_suffix_opens(tmp_path: Path) -> None:
+    with aprof.flight_recorder(signal=None) as rec:
+        with aprof.record_function("x"):
+            pass
+        paths = [rec.dump(tmp_path / f"d.{ext}") for ext in ("json.gz", "aprof", "html", "speedscope.json")]
+    assert [e.name for e in aprof.load(paths[1]).events()] == ["x"]
+    assert "x" in _user(read_profile(paths[0]))
+    assert paths[2].read_text().lower().startswith("<!doctype html>")
+    assert read_profile(paths[3]).events()
+
+
+def test_on_every_backend_a_dump_shows_tasks_on_their_tracks(backend: Backend, tmp_path: Path) -> None:
+    async def child(i: int) -> None:
+        with aprof.record_function(f"work{i}"):
+            await backend.sleep(0.001)
+
+    async def main() -> Path:
+        async with aprof.flight_recorder(window=5.0, max_bytes=4_000_000, signal=None) as rec:
+            async with backend.group() as g:
+                for i in range(5):
+                    g.start_soon(child, i)
+            return rec.dump(tmp_path / "d.aprof")
+
+    s = aprof.load(backend.run(main))
+    work = [e for e in s.events() if e.name.startswith("work")]
+    assert len(work) == 5
+    tasks = {e.thread_id for e in s.events() if e.scope == aprof.RecordScope.TASK}
+    assert {e.thread_id for e in work} <= tasks
+
+
+def test_only_one_flight_recorder_runs_at_a_time() -> None:
+    with aprof.flight_recorder(signal=None):
+        with pytest.raises(RuntimeError, match="already running"):
+            aprof.flight_recorder(signal=None).start()
+    with aprof.flight_recorder(signal=None):  # the first one's stop freed the place
+        pass
+
+
+def test_bad_options_name_the_option() -> None:
+    for kwargs, message in [
+        ({"window": 0}, "window"),
+        ({"slow_request": -1}, "slow_request"),
+        ({"dump_format": "xml"}, "dump_format"),
+        ({"max_dumps_per_minute": 0}, "max_dumps_per_minute"),
+        ({"max_bytes": 10}, "max_bytes"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            aprof.flight_recorder(**kwargs)
+
+
+def test_a_failed_dump_keeps_the_previous_file_and_the_recorder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Atomic write: a full disk (the rename of the finished temporary file
+    # fails) leaves the file already there as it was, and no temporary file.
+    from aprof._export import _files
+
+    target = tmp_path / "d.json"
+    with aprof.flight_recorder(signal=None) as rec:
+        with aprof.record_function("first"):
+            pass
+        rec.dump(target)
+        before = target.read_bytes()
+
+        def full_disk(src: str, dst: str) -> None:
+            raise OSError(28, "No space left on device")
+
+        with monkeypatch.context() as m:
+            m.setattr(_files.os, "replace", full_disk)
+            with aprof.record_function("second"):
+                pass
+            with pytest.raises(OSError, match="No space left"):
+                rec.dump(target)
+        assert target.read_bytes() == before
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["d.json"]
+        with aprof.record_function("later"):
+            pass
+        assert "later" in _user(rec.snapshot())
+
+
+def test_an_automatic_dump_that_fails_warns_once_and_records_on(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with aprof.flight_recorder(signal=None, dump_dir=blocker / "sub", max_dumps_per_minute=10) as rec:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert rec.trigger("test")
+            _wait_for(lambda: rec.last_error is not None)
+            assert rec.trigger("test")
+            _wait_for(lambda: not rec._pending)
+            time.sleep(0.2)
+        failed = [w for w in caught if issubclass(w.category, aprof.AprofWarning) and "failed" in str(w.message)]
+        assert len(failed) == 1
+        assert isinstance(rec.last_error, OSError)
+        with aprof.record_function("still"):
+            pass
+        assert "still" in _user(rec.snapshot())
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGUSR2"), reason="no SIGUSR2 here")
+def test_sigusr2_dumps_into_dump_dir_and_restores_the_handler(tmp_path: Path) -> None:
+    before = signal.getsignal(signal.SIGUSR2)
+    with aprof.flight_recorder(dump_dir=tmp_path / "dumps") as rec:
+        with aprof.record_function("before the signal"):
+            pass
+        os.kill(os.getpid(), signal.SIGUSR2)
+        _wait_for(lambda: len(rec.dumps) == 1)
+        # a second signal while the first dump may still be running
+        os.kill(os.getpid(), signal.SIGUSR2)
+        _wait_for(lambda: len(rec.dumps) + rec.skipped == 2)
+    assert signal.getsignal(signal.SIGUSR2) == before
+    files = sorted((tmp_path / "dumps").iterdir())
+    assert files
+    assert all(f.name.startswith(f"aprof-flight-{os.getpid()}-") for f in files)
+    assert oct((tmp_path / "dumps").stat().st_mode & 0o777) == oct(0o700)
+    trace = validate_trace(files[0])
+    assert trace["otherData"]["producer"] == "aprof"
+    assert "before the signal" in {e["name"] for e in trace["traceEvents"] if e.get("ph") == "X"}
+
+
+def test_the_rate_limit_counts_what_it_skips(tmp_path: Path) -> None:
+    with aprof.flight_recorder(signal=None, dump_dir=tmp_path, max_dumps_per_minute=2) as rec:
+        queued = [rec.trigger("test") for _ in range(5)]
+        _wait_for(lambda: len(rec.dumps) == 2)
+    assert queued == [True, True, False, False, False]
+    assert rec.skipped == 3
+
+
+def test_dumps_from_two_threads_at_once_and_while_stopping(tmp_path: Path) -> None:
+    errors: list[BaseException] = []
+    written: list[Path] = []
+    rec = aprof.flight_recorder(signal=None, scope="global").start()
+    stop = threading.Event()
+
+    def dumper(k: int) -> None:
+        i = 0
+        while not stop.is_set():
+            try:
+                written.append(rec.dump(tmp_path / f"t{k}-{i}.json"))
+            except RuntimeError as exc:  # stopped under it: said clearly
+                if "not running" not in str(exc):
+                    errors.append(exc)
+                return
+            except BaseException as exc:
+                errors.append(exc)
+                return
+            i += 1
+
+    def work() -> None:
+        for _ in range(2_000):
+            with aprof.record_function("w"):
+                pass
+
+    threads = [threading.Thread(target=dumper, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    work()
+    _wait_for(lambda: len(written) >= 2)
+    rec.stop()
+    stop.set()
+    for t in threads:
+        t.join(30)
+    assert not errors
+    for p in written:
+        validate_trace(p)
+    with pytest.raises(RuntimeError, match="not running"):
+        rec.dump(tmp_path / "late.json")
+
+
+def test_a_slow_request_through_the_middleware_dumps_the_ring(backend: Backend, tmp_path: Path) -> None:
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        with aprof.record_function("handler"):
+            await backend.sleep(0.08 if scope["path"] == "/slow" else 0)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    mw = aprof.ProfilerMiddleware(app, for_flight_recorder=True)
+
+    async def call(path: str) -> None:
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": b""}
+
+        async def send(message: Any) -> None:
+            pass
+
+        await mw({"type": "http", "method": "GET", "path": path, "query_string": b"", "headers": []}, receive, send)
+
+    async def main() -> aprof.flight_recorder:
+        async with aprof.flight_recorder(signal=None, slow_request=0.05, dump_dir=tmp_path, dump_format="aprof") as rec:
+            await call("/fast")
+            assert not rec.dumps
+            await call("/slow")
+            await backend.sleep(0)
+            _wait_for(lambda: len(rec.dumps) == 1)
+        return rec
+
+    rec = backend.run(main)
+    s = aprof.load(rec.dumps[0])
+    names = [e.name for e in s.events()]
+    assert "GET /slow" in names
+    assert "GET /fast" in names
+    assert names.count("handler") == 2
+    trigger = s.metadata["flight_recorder"]["trigger"]
+    assert trigger["reason"] == "slow request"
+    assert trigger["request"] == "GET /slow"
+    assert trigger["duration_ns"] > 50_000_000
