@@ -533,14 +533,23 @@ RangeCore_init(RangeCore *self, PyObject *args, PyObject *kwds)
  * _set_global_callbacks(), so the hot path reads an int, not a module
  * dict. */
 static int global_callbacks_on;
+/* The one global profile's Recorder when it is all that listens globally
+ * (_callbacks.global_fast): ranges in contexts with no profile of their own
+ * take fast_start into it. NULL otherwise. */
+static PyObject *global_fast_recorder;
 
 static PyObject *
-set_global_callbacks(PyObject *module, PyObject *flag)
+set_global_callbacks(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    int on = PyObject_IsTrue(flag);
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "_set_global_callbacks(on: bool, fast_recorder: Recorder | None)");
+        return NULL;
+    }
+    int on = PyObject_IsTrue(args[0]);
     if (on < 0)
         return NULL;
     global_callbacks_on = on;
+    Py_XSETREF(global_fast_recorder, args[1] == Py_None ? NULL : Py_NewRef(args[1]));
     Py_RETURN_NONE;
 }
 
@@ -858,7 +867,13 @@ RangeCore_enter(RangeCore *self, PyObject *Py_UNUSED(ignored))
         rc = -1;
     }
     else if (mode == MODE_IDLE) {
-        rc = global_callbacks_on ? call_method(self, str_slow_start) : 0;
+        if (global_fast_recorder != NULL) { /* a global profile alone: inline, as a context one */
+            PyObject *recorder = Py_NewRef(global_fast_recorder); /* fast_start may run Python that resets it */
+            rc = fast_start(self, recorder);
+            Py_DECREF(recorder);
+        }
+        else
+            rc = global_callbacks_on ? call_method(self, str_slow_start) : 0;
     }
     else if (mode == MODE_FAST) {
         if (global_callbacks_on) {
@@ -1151,8 +1166,9 @@ static PyMethodDef range_functions[] = {
      "Give the range fast path RF_STATE, _callbacks.__dict__, current_logical_thread, _threads.__dict__, "
      "the 3.11 hint variable and the classes whose slots it reads."},
     {"_range_vectorcall", range_vectorcall, METH_O, "Let calls of the class (record_function) skip type.__call__."},
-    {"_set_global_callbacks", set_global_callbacks, METH_O,
-     "Tell the range fast path whether _callbacks.global_entries is non-empty."},
+    {"_set_global_callbacks", (PyCFunction)(void (*)(void))set_global_callbacks, METH_FASTCALL,
+     "Tell the range fast path whether _callbacks.global_entries is non-empty, and the global recorder it may "
+     "record into inline."},
     {"_range_slots", range_slots, METH_NOARGS, "The attributes the range fast path reads as slots."},
     {"stack_here", (PyCFunction)(void (*)(void))stack_here, METH_FASTCALL,
      "stack_here(skip, prefix) -> (codes, lastis): the caller's stack, raw (see with_stack)."},

@@ -154,6 +154,30 @@ class RangeBlock:
         """``(name, scope, start, args, end or None, end_thread_id, exc)`` per range."""
     def __len__(self) -> int: ...
 
+class Budget:
+    """A profile's memory budget (issue 19, ``aprof/_cblocks.c``): every
+    recording path takes room in it; ``on_full`` runs when ``count``
+    reaches ``limit``."""
+
+    count: int
+    limit: int
+    full: bool
+    def __init__(self, on_full: Callable[[], object], limit: int) -> None: ...
+    def take(self, kind: int, n: int = 1, /) -> bool:
+        """Room for ``n`` records of ``kind`` (0 range, 1 instant, 2 task, 3 step)?"""
+    @property
+    def dropped(self) -> tuple[int, int, int, int]:
+        """Dropped while full: (ranges, instants, tasks, steps)."""
+
+def raw_seal(lst: list[Any], /) -> int:
+    """The bytes a raw list's records hold, its blocks trimmed to size first."""
+
+def raw_counts(lst: list[Any], /) -> tuple[int, int]:
+    """(ranges, instants) a raw list records."""
+
+def raw_snapshot(lists: list[list[Any]], /) -> list[list[Any]]:
+    """Copies of raw lists as they are, blocks copied, in one call."""
+
 class RangeCore:
     """``record_function``'s fields, ``__init__``, ``__enter__`` and
     ``__exit__`` in C; the contract is ``_PyRangeCore`` in
@@ -190,7 +214,7 @@ def _range_vectorcall(cls: type[RangeCore], /) -> None:
     """Let calls of ``cls`` (``record_function``) skip ``type.__call__``:
     a positional name and args build the object directly."""
 
-def _set_global_callbacks(on: bool, /) -> None:
+def _set_global_callbacks(on: bool, fast_recorder: Any, /) -> None:
     """Tell the range fast path whether a global callback is registered
     (``_callbacks._publish_globals`` calls it whenever that changes)."""
 
@@ -301,14 +325,14 @@ def nest(records: list[list[Any]], track: int, stop_ns: int, tab: Any, linked: l
     ``linked``)."""
 
 def consolidate_raw(
-    raw: list[Any], tid: int, lead: list[list[Any]], track: int, stop_ns: int, tab: Any,
+    raw: list[Any] | tuple[list[Any], ...], tid: int, lead: list[list[Any]], track: int, stop_ns: int, tab: Any,
     linked: list[int], /,
 ) -> None:
     """``nest(sort_by_start(lead + records_of(raw, tid)))`` into the table in
     one pass over C arrays, with no record per range (not for raw stacks that
     need naming)."""
 
-def raw_first_start(raw: list[Any], /) -> int | None:
+def raw_first_start(raw: list[Any] | tuple[list[Any], ...], /) -> int | None:
     """The earliest start among ``raw``'s start tuples and blocks, or None."""
 
 def children_index(parent: Any, track: Any, kind: Any, /) -> tuple[bytes, bytes]:

@@ -265,3 +265,25 @@ def test_a_slow_request_through_the_middleware_dumps_the_ring(backend: Backend, 
     assert trigger["reason"] == "slow request"
     assert trigger["request"] == "GET /slow"
     assert trigger["duration_ns"] > 50_000_000
+
+
+def test_a_loop_block_longer_than_the_threshold_dumps_the_ring(backend: Backend, tmp_path: Path) -> None:
+    async def main() -> aprof.flight_recorder:
+        async with aprof.flight_recorder(signal=None, slow_loop_block=0.05, dump_dir=tmp_path, dump_format="aprof") as rec:
+            with aprof.record_function("before"):
+                await backend.sleep(0.03)
+            assert not rec.dumps
+            time.sleep(0.2)  # holds the loop
+            for _ in range(50):
+                await backend.sleep(0.01)  # the heartbeat comes back
+                if rec.dumps:
+                    break
+            _wait_for(lambda: len(rec.dumps) == 1)
+        return rec
+
+    rec = backend.run(main)
+    s = aprof.load(rec.dumps[0])
+    trigger = s.metadata["flight_recorder"]["trigger"]
+    assert trigger["reason"] == "loop block"
+    assert trigger["duration_ns"] > 150_000_000
+    assert "before" in _user(s)

@@ -122,9 +122,14 @@ class RecordFunctionCallback:
         ['load']
     """
 
-    __slots__ = ("_end", "_needs_ids", "_needs_inputs", "_needs_outputs", "_prob", "_scopes", "_should_run", "_start")
+    __slots__ = (
+        "_aprof_recorder", "_end", "_needs_ids", "_needs_inputs", "_needs_outputs", "_prob", "_scopes", "_should_run",
+        "_start",
+    )  # fmt: skip
 
     def __init__(self, start: StartFn, end: EndFn | None = None) -> None:
+        # A global profile's own callback: its Recorder (see global_fast).
+        self._aprof_recorder: Any = None
         if not callable(start):
             raise TypeError(f"RecordFunctionCallback: start must be callable, got {start!r}")
         if end is not None and not callable(end):
@@ -356,11 +361,24 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 _registry: weakref.WeakValueDictionary[int, Entry] = weakref.WeakValueDictionary()
 
 
+#: The recorder of the one global profile when it is all that listens
+#: globally (its callback is marked ``_aprof_recorder``, and it records no
+#: inputs): ranges in contexts with no profile of their own take the inline
+#: path into it, as a context profile's do, instead of the general one.
+global_fast: Any = None
+
+
 def _publish_globals() -> None:
-    global global_entries
+    global global_entries, global_fast
     global_entries = tuple(e for e in _global_all if e.enabled and not e.removed)
+    fast = None
+    if len(global_entries) == 1:
+        rec = getattr(global_entries[0].callback, "_aprof_recorder", None)
+        if rec is not None and rec.fast:
+            fast = rec
+    global_fast = fast
     if _native.extension is not None:
-        _native.extension._set_global_callbacks(bool(global_entries))  # the C range path's copy
+        _native.extension._set_global_callbacks(bool(global_entries), fast)  # the C range path's copy
 
 
 def add_global_callback(cb: RecordFunctionCallback) -> CallbackHandle:

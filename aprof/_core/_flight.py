@@ -12,6 +12,8 @@ normal trace or session file, without stopping:
 - a slow request: with ``slow_request``, every request through
   :class:`aprof.ProfilerMiddleware` slower than that is dumped the same way
   (with ``max_dumps_per_minute`` as the rate limit);
+- a loop block: with ``slow_loop_block``, the loop-block watchdog's
+  heartbeat, late by more than that, dumps the same way;
 - :func:`aprof.enable_remote_control`'s ``aprof ctl PID dump OUT``.
 
 A dump copies the ring's raw records in one C call (no thread records in
@@ -85,6 +87,10 @@ class flight_recorder:
         slow_request: Dump the ring when a request through
             :class:`aprof.ProfilerMiddleware` takes longer than this many
             seconds.
+        slow_loop_block: Dump the ring when something holds the event loop
+            longer than this many seconds (seen by the loop-block
+            watchdog's heartbeat when the loop comes back; it switches on
+            ``loop_block_threshold`` if needed).
         max_dumps_per_minute: The most automatic dumps (signal, slow
             request) written in any 60 seconds; the rest are counted in
             ``skipped``.
@@ -106,6 +112,7 @@ class flight_recorder:
         dump_dir: str | PathLike[str] | None = None,
         dump_format: str = "json.gz",
         slow_request: float | None = None,
+        slow_loop_block: float | None = None,
         max_dumps_per_minute: int = 6,
     ) -> None:
         if isinstance(window, bool) or not isinstance(window, (int, float)) or not 0 < window < float("inf"):
@@ -114,6 +121,14 @@ class flight_recorder:
             isinstance(slow_request, bool) or not isinstance(slow_request, (int, float)) or not slow_request > 0
         ):
             raise ValueError(f"flight_recorder: slow_request must be a number of seconds > 0 or None, got {slow_request!r}")
+        if slow_loop_block is not None and (
+            isinstance(slow_loop_block, bool) or not isinstance(slow_loop_block, (int, float)) or not slow_loop_block > 0
+        ):
+            raise ValueError(
+                f"flight_recorder: slow_loop_block must be a number of seconds > 0 or None, got {slow_loop_block!r}"
+            )
+        if slow_loop_block is not None:  # the watchdog must see blocks that short
+            loop_block_threshold = min(loop_block_threshold or slow_loop_block, slow_loop_block)
         if dump_format not in FORMATS:
             raise ValueError(f"flight_recorder: dump_format must be one of {', '.join(FORMATS)}, got {dump_format!r}")
         if type(max_dumps_per_minute) is not int or max_dumps_per_minute < 1:
@@ -125,6 +140,7 @@ class flight_recorder:
         self.dump_dir = Path(dump_dir) if dump_dir is not None else None
         self.dump_format = dump_format
         self.slow_request = slow_request
+        self.slow_loop_block = slow_loop_block
         self.max_dumps_per_minute = max_dumps_per_minute
         # The options are checked here, by profile().
         self.profile = profile(
@@ -265,6 +281,17 @@ class flight_recorder:
         slow = self.slow_request
         if slow is not None and duration_ns > slow * 1e9:
             self.trigger("slow request", request=name, duration_ns=duration_ns)
+
+    def loop_blocked(self, duration_ns: int) -> None:
+        """(the loop-block watchdog's heartbeat, on the loop) The loop was
+        held about ``duration_ns``: dump if longer than ``slow_loop_block``."""
+        slow = self.slow_loop_block
+        if slow is not None and duration_ns > slow * 1e9:
+            self.trigger("loop block", duration_ns=duration_ns)
+
+    def records(self, state: object) -> bool:
+        """Whether ``state`` is this recorder's profile's (running) state."""
+        return self.profile._state is state
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self.trigger("signal", signal=signum)

@@ -720,4 +720,7 @@ def _global_callback(recorder: Recorder) -> RecordFunctionCallback:
         if rec is not None and rf._end_lt is not None:
             Recorder.end(rec, rf._end_thread_id_for_record(), rf._exception)
 
-    return RecordFunctionCallback(start, end)
+    cb = RecordFunctionCallback(start, end)
+    # Alone, it is run inline (_callbacks.global_fast), not through start/end.
+    cb._aprof_recorder = recorder
+    return cb

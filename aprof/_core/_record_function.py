@@ -548,39 +548,47 @@ class _PyRangeCore:
         mode = st.mode
         if mode == 1:  # MODE_IDLE
             if _callbacks.global_entries:
-                self._slow_start()
+                glob = _callbacks.global_fast
+                if glob is None:
+                    self._slow_start()
+                else:  # only a global profile listens: its recorder, inline
+                    self._fast_start(glob)
         elif mode == 2:  # MODE_FAST: only this context's profile is listening
             if _callbacks.global_entries:
                 self._slow_start()
                 return self
-            ps = st.recorder.state  # type: ignore[union-attr]
-            # None once the profile stopped; a full budget drops the range.
-            if ps is not None and (ps.budget is None or ps.budget.take(0)):
-                lt = current_logical_thread()
-                lst = ps.lists.get(lt)
-                if lst is None:
-                    lst = ps.list_for(lt)
-                # Append, then find the index: a signal handler may open
-                # ranges of its own on this list between any two bytecodes
-                # (list.append itself is atomic), so len() taken before the
-                # append could name the handler's record (the C core has no
-                # such gap).
-                t: tuple[Any, ...]
-                if ps.with_stack:  # the raw stack, named at stop (taken before the clock read)
-                    stack = capture_stack(0)
-                    t = (self.name, "user_scope", perf_counter_ns(), self.args, stack)
-                else:
-                    t = (self.name, "user_scope", perf_counter_ns(), self.args)
-                lst.append(t)
-                idx = len(lst) - 1
-                if lst[idx] is not t:
-                    idx = index_of(lst, t, idx)
-                self._idx = idx
-                self._rec = lst
-                self._lt = lt
+            self._fast_start(st.recorder)  # type: ignore[arg-type]
         elif mode == 3:  # MODE_SLOW
             self._slow_start()
         return self
+
+    def _fast_start(self, recorder: Recorder) -> None:
+        """The inline path: a plain range in ``recorder``'s raw list (the C core's fast_start)."""
+        ps = recorder.state
+        # None once the profile stopped; a full budget drops the range.
+        if ps is not None and (ps.budget is None or ps.budget.take(0)):
+            lt = current_logical_thread()
+            lst = ps.lists.get(lt)
+            if lst is None:
+                lst = ps.list_for(lt)
+            # Append, then find the index: a signal handler may open
+            # ranges of its own on this list between any two bytecodes
+            # (list.append itself is atomic), so len() taken before the
+            # append could name the handler's record (the C core has no
+            # such gap).
+            t: tuple[Any, ...]
+            if ps.with_stack:  # the raw stack, named at stop (taken before the clock read)
+                stack = capture_stack(0)
+                t = (self.name, "user_scope", perf_counter_ns(), self.args, stack)
+            else:
+                t = (self.name, "user_scope", perf_counter_ns(), self.args)
+            lst.append(t)
+            idx = len(lst) - 1
+            if lst[idx] is not t:
+                idx = index_of(lst, t, idx)
+            self._idx = idx
+            self._rec = lst
+            self._lt = lt
 
     def __exit__(
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None

@@ -48,6 +48,7 @@ from collections.abc import Callable
 from time import perf_counter_ns
 from typing import Any, Final
 
+from .._core import _flight
 from .._core._recorder import KIND_RANGE, ProfilerState
 from .._core._threads import LogicalThread
 
@@ -169,6 +170,9 @@ class _Watch:
             # Late: kept as a stall. Its samples may belong to a task step
             # longer than the threshold even when the lateness is not.
             self.blocks.stalls.append((due, now, self.loop_thread_id, samples))
+            recorder = _flight.active()
+            if recorder is not None and recorder.records(self.blocks.state):
+                recorder.loop_blocked(now - due + self.interval_ns)
 
     def in_progress(self, now: int) -> None:
         """At stop: a stall still under way (the blocking code stopped the profile)."""

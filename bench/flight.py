@@ -1,0 +1,100 @@
+"""The memory budget and the flight recorder (issue 19): bytes held per range
+in the ring, RSS over a run ten times the ring, and the time to dump a full
+ring.
+
+    python bench/flight.py [--ring-mb 50] [--json out.json]
+
+A server-like load runs through ``aprof.flight_recorder(max_bytes=ring)``:
+requests as tasks (``asyncio.gather`` of 1,000 at a time), each with a
+``handle`` range and nine nested ``step`` ranges. Reported:
+
+- bytes per range the ring holds once full (the sealed generations are
+  measured exactly; the target is at most 48);
+- RSS every tenth of the run, and the spread after the ring is full (the
+  target: within 10%);
+- the dump of the full ring to a Chrome trace (``.json``), to a gzipped
+  one and to a session (``.aprof``), each the median of three (the target
+  for the Chrome trace: at most 1 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _common import dump, header, rss_bytes  # noqa: E402
+
+
+async def _request() -> None:
+    import aprof
+
+    with aprof.record_function("handle"):
+        for _ in range(9):
+            with aprof.record_function("step"):
+                pass
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ring-mb", type=int, default=50)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    import aprof
+
+    ring_bytes = args.ring_mb * 1_000_000
+    # about 10x the ring: a request is ~10 ranges of 48 B and a task record
+    batches = max(10, ring_bytes * 10 // (1_000 * 700))
+    print(header())
+    print(f"ring {args.ring_mb} MB, {batches} batches of 1,000 requests (10 ranges each)\n")
+    rss: list[int] = []
+    dumps: dict[str, list[float]] = {"chrome .json": [], "chrome .json.gz": [], "session .aprof": []}
+
+    async def run() -> aprof.flight_recorder:
+        rec = aprof.flight_recorder(window=3600.0, max_bytes=ring_bytes, signal=None)
+        rec.start()
+        t0 = time.perf_counter()
+        for b in range(batches):
+            await asyncio.gather(*(_request() for _ in range(1_000)))
+            if b % (batches // 10) == batches // 10 - 1:
+                gc.collect()
+                rss.append(rss_bytes() or 0)
+        elapsed = time.perf_counter() - t0
+        print(f"recorded {batches * 10_000:,} ranges and {batches * 1_000:,} tasks in {elapsed:.1f} s")
+        ring = rec.profile._state.ring
+        held, events = ring._held_bytes, ring._held_events
+        print(f"ring: {ring.held_bytes() / 1e6:.1f} MB held, sealed generations {held / max(events, 1):.1f} bytes/event")
+        with tempfile.TemporaryDirectory() as tmp:
+            for _ in range(3):
+                for name, suffix in (("chrome .json", "json"), ("chrome .json.gz", "json.gz"), ("session .aprof", "aprof")):
+                    t = time.perf_counter()
+                    out = rec.dump(Path(tmp) / f"d.{suffix}")
+                    dumps[name].append(time.perf_counter() - t)
+                    size = out.stat().st_size
+            snap = rec.snapshot()
+            print(f"a dump holds {len(snap.events()):,} events (last file {size / 1e6:.1f} MB)")
+        rec.stop()
+        return rec
+
+    asyncio.run(run())
+    settled = rss[len(rss) // 2 :]
+    print("\nRSS (MB) every tenth of the run:", " ".join(f"{r / 1e6:.0f}" for r in rss))
+    spread = max(settled) / min(settled) - 1
+    print(f"after the ring is full: {min(settled) / 1e6:.0f}..{max(settled) / 1e6:.0f} MB, spread {spread:.1%}")
+    print("\ndump of the full ring (median of 3, min):")
+    for name, ts in dumps.items():
+        print(f"  {name:<16} {statistics.median(ts):6.2f} s  (min {min(ts):.2f})")
+    if args.json:
+        dump(args.json, [], {"rss": rss, "dumps": dumps, "spread": spread})
+
+
+if __name__ == "__main__":
+    main()
