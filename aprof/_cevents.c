@@ -666,14 +666,47 @@ ascii_of(PyObject *s, Py_ssize_t *n)
  * '"pid":P,"tid":T' for a track with no task steps, None for one with;
  * json_names caches dumps(name) by name id; cats[scope] is the category;
  * rare the sorted int32 indexes of the rows with rare fields. */
+/* Time in [start, end] covered by the (start, end) pairs of the flat list
+ * `flat` (sorted): _events.overlap. */
+static int
+steps_overlap(PyObject *flat, int64_t start, int64_t end, long long *out)
+{
+    Py_ssize_t n = PyList_GET_SIZE(flat), lo = 0, hi = n;
+    while (lo < hi) { /* bisect_right(flat, start) */
+        Py_ssize_t mid = (lo + hi) / 2;
+        long long v = PyLong_AsLongLong(PyList_GET_ITEM(flat, mid));
+        if (v == -1 && PyErr_Occurred())
+            return -1;
+        if (start < v)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    long long total = 0;
+    for (Py_ssize_t i = lo - lo % 2; i + 1 < n; i += 2) {
+        long long s0 = PyLong_AsLongLong(PyList_GET_ITEM(flat, i)), s1 = PyLong_AsLongLong(PyList_GET_ITEM(flat, i + 1));
+        if ((s0 == -1 || s1 == -1) && PyErr_Occurred())
+            return -1;
+        if (s0 >= end)
+            break;
+        long long a = s0 > start ? s0 : start, z = s1 < end ? s1 : end;
+        if (z > a)
+            total += z - a;
+    }
+    *out = total;
+    return 0;
+}
+
 static PyObject *
 chrome_plain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 9 || !PyList_Check(args[3]) || !PyDict_Check(args[4]) || !PyTuple_Check(args[5]) ||
-        !PyCallable_Check(args[6])) {
-        PyErr_SetString(PyExc_TypeError, "chrome_plain(tab, i, base, wheres, json_names, cats, dumps, limit, rare)");
+    if (nargs != 10 || !PyList_Check(args[3]) || !PyDict_Check(args[4]) || !PyTuple_Check(args[5]) ||
+        !PyCallable_Check(args[6]) || !PyList_Check(args[9]) || PyList_GET_SIZE(args[9]) != PyList_GET_SIZE(args[3])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "chrome_plain(tab, i, base, wheres, json_names, cats, dumps, limit, rare, steps)");
         return NULL;
     }
+    PyObject *steps_of = args[9]; /* per track: None, or a task's flat (start, end) step list */
     PyObject *tab = args[0], *wheres = args[3], *jnames = args[4], *cats = args[5], *dumps = args[6];
     Py_ssize_t i = PyLong_AsSsize_t(args[1]);
     long long base = PyLong_AsLongLong(args[2]);
@@ -708,8 +741,14 @@ chrome_plain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         if (tr < 0 || tr >= nwheres || t.scope[i] >= ncats || nm < 0 || nm >= n_names)
             break;
         PyObject *where = PyList_GET_ITEM(wheres, tr), *cat = PyTuple_GET_ITEM(cats, t.scope[i]);
-        if (where == Py_None) /* a task's track: steps to report */
-            break;
+        PyObject *steps = PyList_GET_ITEM(steps_of, tr);
+        long long running = 0;
+        if (steps != Py_None) { /* a task's track: the range's running time (_events.overlap) */
+            if (!PyList_Check(steps) || PyList_GET_SIZE(steps) % 2 != 0)
+                break;
+            if (steps_overlap(steps, t.start[i], t.end[i], &running) < 0)
+                goto done;
+        }
         PyObject *key = PyLong_FromLong(nm);
         if (key == NULL)
             goto done;
@@ -747,6 +786,13 @@ chrome_plain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         buf_us(&b, t.start[i] - base);
         buf_put(&b, ",\"dur\":", 7);
         buf_us(&b, t.end[i] - t.start[i]);
+        if (steps != Py_None) { /* json.dumps' spelling, as _chrome's Python path */
+            long long waiting = t.end[i] - t.start[i] - running;
+            char num[96];
+            int k = snprintf(num, sizeof num, ",\"args\":{\"running_ns\": %lld, \"waiting_ns\": %lld}", running,
+                             waiting > 0 ? waiting : 0);
+            buf_put(&b, num, (size_t)k);
+        }
         buf_put(&b, "}", 1);
         written++;
     }

@@ -339,11 +339,13 @@ def children_index(parent: Any, track: Any, kind: Any, /) -> tuple[bytes, bytes]
     """``_table._py_children_index``: (offsets, children) as int32 bytes."""
 
 def chrome_plain(
-    tab: Any, i: int, base: int, wheres: list[str | None], json_names: dict[int, str], cats: tuple[str, ...],
-    dumps: Callable[[Any], str], limit: int, rare: Any, /,
+    tab: Any, i: int, base: int, wheres: list[str], json_names: dict[int, str], cats: tuple[str, ...],
+    dumps: Callable[[Any], str], limit: int, rare: Any, steps: list[list[int] | None], /,
 ) -> tuple[str, int]:
     """The Chrome ``X`` lines, joined by ``",\\n"``, of the run of plain ranges
-    starting at row ``i`` of ``tab`` (at most ``limit``), and the index after it."""
+    starting at row ``i`` of ``tab`` (at most ``limit``), and the index after
+    it; on a task's track (``steps[track]``) with their running and waiting
+    time."""
 
 def encode_column(col: Any, c: int, starts: Any, /) -> bytes:
     """``_binary._encode``: column ``c`` as the file stores it."""

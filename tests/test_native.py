@@ -466,7 +466,7 @@ def test_c_ranges_read_aprofs_slots_directly() -> None:
     # Issue #4 item 4: the C path reads these __slots__ without getattr.
     _require_extension()
     assert sorted(_native.extension._range_slots()) == sorted(  # type: ignore[union-attr]
-        ["mode", "recorder", "state", "lists", "id", "os_thread_id", "_task_ref", "with_stack"]
+        ["mode", "recorder", "state", "lists", "id", "os_thread_id", "_task_ref", "with_stack", "budget"]
     )
 
 
@@ -783,7 +783,7 @@ def test_c_chrome_times_print_as_python_prints_them(offset_ns: int) -> None:
     _events.add_event(tab, rec, track, is_async=False, unfinished=False)
     cats = tuple(sc.value for sc in _events.SCOPES)
     text, nxt = _native.extension.chrome_plain(  # type: ignore[union-attr]
-        tab, 0, base, ['"pid":1,"tid":1'], {}, cats, json.dumps, 10, array("i")
+        tab, 0, base, ['"pid":1,"tid":1'], {}, cats, json.dumps, 10, array("i"), [None]
     )
     assert nxt == 1
     assert text == f'{{"ph":"X","name":"r","cat":"user_scope","pid":1,"tid":1,"ts":{offset_ns / 1000.0:.3f},"dur":2.500}}'
@@ -802,13 +802,19 @@ def test_c_chrome_writer_stops_at_the_first_event_it_does_not_write() -> None:
     cats = tuple(sc.value for sc in _events.SCOPES)
     where = ['"pid":1,"tid":1']
     chrome_plain = _native.extension.chrome_plain  # type: ignore[union-attr]
-    text, nxt = chrome_plain(tab, 0, 0, where, {}, cats, json.dumps, 100, rare)
+    no_steps = [None]
+    text, nxt = chrome_plain(tab, 0, 0, where, {}, cats, json.dumps, 100, rare, no_steps)
     assert nxt == 2
     assert text.count('"ph":"X"') == 2
-    assert chrome_plain(tab, 2, 0, where, {}, cats, json.dumps, 100, rare) == ("", 2)
-    assert chrome_plain(tab, 3, 0, where, {}, cats, json.dumps, 100, rare)[1] == 4  # past the one with args
-    assert chrome_plain(tab, 0, 0, where, {}, cats, json.dumps, 1, rare)[1] == 1  # the batch limit
-    assert chrome_plain(tab, 0, 0, [None], {}, cats, json.dumps, 100, rare) == ("", 0)  # a track with task steps
+    assert chrome_plain(tab, 2, 0, where, {}, cats, json.dumps, 100, rare, no_steps) == ("", 2)
+    assert chrome_plain(tab, 3, 0, where, {}, cats, json.dumps, 100, rare, no_steps)[1] == 4  # past the one with args
+    assert chrome_plain(tab, 0, 0, where, {}, cats, json.dumps, 1, rare, no_steps)[1] == 1  # the batch limit
+    # On a task's track (its steps: ran 5..15 and 18..30), a range's
+    # running and waiting time, as the Python path spells them.
+    text, nxt = chrome_plain(tab, 0, 0, where, {}, cats, json.dumps, 1, rare, [[5, 15, 18, 30]])
+    assert nxt == 1
+    assert text.endswith(',"args":{"running_ns": 7, "waiting_ns": 3}}')
+    assert json.loads(text)["args"] == {"running_ns": 7, "waiting_ns": 3}
 
 
 def test_the_stub_names_everything_the_extension_has() -> None:

@@ -233,9 +233,8 @@ def chrome_trace_chunks(session: Session, batch: int = 4096, capped: dict[str, i
     # are written in C when the extension is active; the loop below writes
     # everything else, and everything on the pure-Python path.
     plain = None if _native.extension is None else _native.extension.chrome_plain
-    wheres = [
-        None if t.steps is not None else f'"pid":{pids.get(t.node_id, t.node_id)},"tid":{t.id}' for t in tab_tracks
-    ]
+    wheres = [f'"pid":{pids.get(t.node_id, t.node_id)},"tid":{t.id}' for t in tab_tracks]
+    track_steps = [t.steps for t in tab_tracks]  # a task track's ranges report running and waiting time
     json_names: dict[int, str] = {}
     cats = tuple(sc.value for sc in SCOPES)
     rare = array("i", sorted(tab.rare))
@@ -250,7 +249,7 @@ def chrome_trace_chunks(session: Session, batch: int = 4096, capped: dict[str, i
             lines.clear()
             pending = 0
         if plain is not None:
-            text, j = plain(tab, i, base, wheres, json_names, cats, _dumps, batch, rare)
+            text, j = plain(tab, i, base, wheres, json_names, cats, _dumps, batch, rare, track_steps)
             if j > i:
                 emit(text)
                 pending += j - i
@@ -290,6 +289,25 @@ def chrome_trace_chunks(session: Session, batch: int = 4096, capped: dict[str, i
             and not extra
         ):  # a plain range: the common case, and no args
             emit(f'{{"ph":"X",{nc},{where},"ts":{ts:.3f},"dur":{(r[R_END] - start_ns) / 1000.0:.3f}}}')
+            continue
+        if (
+            r[R_ARGS] is None
+            and r[R_EXC] is None
+            and not kind
+            and r[R_SEQ] < 0
+            and not fwd
+            and r[R_END_LT] is None
+            and r[R_INPUTS] is None
+            and r[R_STACK] is None
+            and not extra
+        ):  # a plain range on a task's track: its running and waiting time alone (json.dumps' spelling)
+            end_ns = r[R_END]
+            running = overlap(steps, start_ns, end_ns)  # type: ignore[arg-type]
+            waiting = max(0, end_ns - start_ns - running)
+            emit(
+                f'{{"ph":"X",{nc},{where},"ts":{ts:.3f},"dur":{(end_ns - start_ns) / 1000.0:.3f},'
+                f'"args":{{"running_ns": {running}, "waiting_ns": {waiting}}}}}'
+            )
             continue
         args = _event_args(r, tid, steps)
         args_part = f',"args":{args}' if args else ""
