@@ -165,6 +165,42 @@ def test_ring_on_every_backend_keeps_tasks_steps_and_ranges_consistent(backend: 
         assert t.running_ns >= 0
 
 
+def test_a_long_running_task_let_go_keeps_no_steps(backend: Backend) -> None:
+    # A connection's task that lives as long as the server: when the ring
+    # lets go of its generation, the task (counted dropped) stops keeping
+    # its steps, so it does not grow without bound; its later ranges are
+    # kept on its track like any others.
+    from aprof._core._threads import current_logical_thread
+
+    seen: list[Any] = []
+
+    async def long_lived() -> None:
+        for i in range(3_000):
+            await backend.checkpoint()
+            if i == 2_990:
+                seen.append(current_logical_thread())
+                with aprof.record_function("late"):
+                    pass
+
+    async def churn() -> None:
+        for _ in range(300):
+            _ranges(10)
+            await backend.checkpoint()
+
+    async def main() -> Any:
+        async with aprof.profile(max_events=400, keep="latest") as prof:
+            async with backend.group() as g:
+                g.start_soon(long_lived)
+                g.start_soon(churn)
+            assert len(seen[0].steps) == 0  # let go: nothing kept while it ran on
+        return prof
+
+    prof = backend.run(main)
+    assert prof.session.dropped_by_kind["tasks"] >= 2
+    late = [e for e in prof.events() if e.name == "late"]
+    assert len(late) == 1 and late[0].thread_id == seen[0].id
+
+
 def test_a_range_open_across_generations_keeps_its_end() -> None:
     # A range that starts in one generation and ends after several
     # rotations is kept whole while its generation is kept.

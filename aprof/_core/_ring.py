@@ -20,7 +20,9 @@ the budget's limit, :meth:`Ring.on_full` runs, once:
 A range still open when its generation is let go is dropped with it (it
 started before everything kept); its end, written later, goes nowhere. A
 task's record holds its steps: they are dropped with it, and a task still
-running keeps its steps until it ends.
+running then stops keeping them (a long-lived task, a server's connection,
+does not grow the ring: it is dropped whole when its generation goes, and its
+ranges after that are kept on its track like any others).
 
 Bytes are the records' own memory, measured when a generation is sealed
 (``raw_seal``): blocks, tuples, the ints in them, and strings only the
@@ -289,6 +291,9 @@ class Ring:
         for lst in gen.lists.values():
             lst.clear()
         gen.lists.clear()
+        for rec in gen.task_records:
+            if type(rec) is not tuple:  # still running: it keeps no steps for us any more
+                rec.let_go(self.state)
         gen.task_records.clear()
 
     # -- reading -------------------------------------------------------------

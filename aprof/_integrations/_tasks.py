@@ -222,6 +222,15 @@ class TaskThread(LogicalThread):
             self.steps = DISCARD_STEPS
             self._state = self._more = None
 
+    def let_go(self, state: ProfilerState) -> None:
+        """``state``'s ring let go of this running task's record (its
+        generation went, aprof._core._ring): stop keeping its steps, unless
+        another running profile records it."""
+        if self._state is state and not self._more:
+            self.steps = DISCARD_STEPS
+            self._state = None
+            self._records = _NO_RECORDS
+
     def waiting_on(self) -> Wait | None:
         """What the task, still pending, waits on now (None if it is gone,
         running, or not waiting on anything aprof can name)."""
