@@ -198,7 +198,8 @@ def test_a_long_running_task_let_go_keeps_no_steps(backend: Backend) -> None:
     prof = backend.run(main)
     assert prof.session.dropped_by_kind["tasks"] >= 2
     late = [e for e in prof.events() if e.name == "late"]
-    assert len(late) == 1 and late[0].thread_id == seen[0].id
+    assert len(late) == 1
+    assert late[0].thread_id == seen[0].id
 
 
 def test_a_range_open_across_generations_keeps_its_end() -> None:
