@@ -33,7 +33,7 @@ import json
 import math
 import warnings
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .._core import _native
@@ -100,9 +100,17 @@ def _json_default(value: object) -> str:
     return repr(value)
 
 
+_encode_str: Callable[[str], str] = json.encoder.encode_basestring_ascii
+
+
 def _dumps(value: Any) -> str:
     """Strict JSON: no NaN/Infinity, unknown objects as their repr."""
-    return json.dumps(_finite(value), default=_json_default, allow_nan=False)
+    if type(value) is str:  # names and labels, most calls: what json.dumps would write, in C
+        return _encode_str(value)
+    try:  # the common case: nothing to replace, so no walk over the value first
+        return json.dumps(value, default=_json_default, allow_nan=False)
+    except (ValueError, TypeError):  # a NaN or an infinity (spelled as its repr), or a key not a str
+        return json.dumps(_finite(value), default=_json_default, allow_nan=False)
 
 
 def _finite(value: Any) -> Any:
