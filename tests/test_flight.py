@@ -287,3 +287,23 @@ def test_a_loop_block_longer_than_the_threshold_dumps_the_ring(backend: Backend,
     assert trigger["reason"] == "loop block"
     assert trigger["duration_ns"] > 150_000_000
     assert "before" in _user(s)
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGUSR2"), reason="no SIGUSR2 here")
+def test_a_signal_during_a_dump_waits_its_turn(tmp_path: Path) -> None:
+    # The handler takes no lock: a signal that arrives while a dump holds
+    # the recorder (here: held by hand) is written after it, and the
+    # program is not held up.
+    with aprof.flight_recorder(dump_dir=tmp_path) as rec:
+        with aprof.record_function("r"):
+            pass
+        with rec._dump_lock:  # a dump in progress
+            os.kill(os.getpid(), signal.SIGUSR2)
+            t0 = time.monotonic()
+            for _ in range(10):
+                with aprof.record_function("meanwhile"):
+                    time.sleep(0.02)
+            assert time.monotonic() - t0 < 5
+            assert not rec.dumps
+        _wait_for(lambda: len(rec.dumps) == 1)
+    assert "meanwhile" in {e["name"] for e in validate_trace(rec.dumps[0])["traceEvents"] if e.get("ph") == "X"}

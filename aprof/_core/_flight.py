@@ -7,8 +7,10 @@ program runs, and on a trigger writes the last ``window`` seconds as a
 normal trace or session file, without stopping:
 
 - a call: :meth:`flight_recorder.dump`;
-- a signal (``SIGUSR2`` by default): the handler only wakes the recorder's
-  dump thread, which writes ``dump_dir/aprof-flight-<pid>-<time>.<format>``;
+- a signal (``SIGUSR2`` by default): the handler only sets a flag (it takes
+  no lock: it may run while the main thread holds any), which the recorder's
+  dump thread reads every 0.1 s and writes
+  ``dump_dir/aprof-flight-<pid>-<time>-<n>.<format>``;
 - a slow request: with ``slow_request``, every request through
   :class:`aprof.ProfilerMiddleware` slower than that is dumped the same way
   (with ``max_dumps_per_minute`` as the rate limit);
@@ -51,6 +53,9 @@ __all__ = ["active", "flight_recorder"]
 
 #: What a dump triggered by a signal or a slow request is written as.
 FORMATS: Final = ("json.gz", "json", "aprof", "html")
+
+#: How often the dump thread looks for a signal's request (seconds).
+_POLL: Final = 0.1
 
 _lock = threading.Lock()
 _active: flight_recorder | None = None
@@ -156,6 +161,7 @@ class flight_recorder:
         self._times: deque[float] = deque()
         self._dump_lock = threading.Lock()
         self._wake = threading.Event()
+        self._signalled = 0
         self._pending: list[tuple[str, dict[str, Any]]] = []
         self._thread: threading.Thread | None = None
         self._old_handler: Any = None
@@ -259,8 +265,8 @@ class flight_recorder:
     def trigger(self, reason: str, **info: Any) -> bool:
         """Ask for an automatic dump (as a signal or a slow request does):
         written by the recorder's thread into ``dump_dir``, unless past the
-        rate limit. Safe from a signal handler. Returns whether it was
-        queued."""
+        rate limit. Not from a signal handler (it takes a lock): give the
+        recorder the ``signal`` instead. Returns whether it was queued."""
         if not self._running:
             return False
         now = time.monotonic()
@@ -294,12 +300,18 @@ class flight_recorder:
         return self.profile._state is state
 
     def _on_signal(self, signum: int, frame: object) -> None:
-        self.trigger("signal", signal=signum)
+        # Only a flag: the handler runs between two bytecodes of the main
+        # thread, which may hold any lock (the wake-up Event's among them).
+        # The dump thread looks at it every _POLL seconds.
+        self._signalled = signum
 
     def _dump_loop(self) -> None:
         while True:
-            self._wake.wait()
+            self._wake.wait(_POLL)
             self._wake.clear()
+            signum, self._signalled = self._signalled, 0
+            if signum:
+                self.trigger("signal", signal=signum)
             while self._pending:
                 reason, info = self._pending.pop(0)
                 self._auto_dump(reason, info)
