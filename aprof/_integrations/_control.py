@@ -532,10 +532,13 @@ def enable_remote_control(*, announce: bool = True) -> Path:
 
     Example:
         >>> import aprof
+        >>> import aprof, os
         >>> path = aprof.enable_remote_control(announce=False)
-        >>> path.name == f"{os.getpid()}.sock"  # doctest: +SKIP
+        >>> path.name == f"{os.getpid()}.sock"
         True
         >>> aprof.disable_remote_control()
+        >>> path.exists()
+        False
     """
     global _server, _announced
     with _server_lock:
@@ -598,8 +601,10 @@ def _update_home(server: _Server) -> None:
 def disable_remote_control() -> None:
     """Close the control socket opened by :func:`enable_remote_control`, and remove it.
 
-    A profile started remotely and still running is stopped, and its
-    results dropped (say so on stderr). No-op when remote control is off.
+    Runs at interpreter exit too. A profile started remotely and still
+    running is stopped and its results dropped, which is said on stderr
+    (``aprof run --control`` writes it instead). No-op when remote control
+    is off.
     """
     prof = _close()
     if prof is not None:

@@ -1,0 +1,280 @@
+"""The cost of leaving aprof on in production (issue 19 item 4).
+
+    python bench/always_on.py                   # full run (~3 minutes)
+    python bench/always_on.py --quick           # a smoke test
+    python bench/always_on.py --ring            # with the 50 MB ring, where this aprof has it
+    python bench/always_on.py --json /tmp/always_on.json
+
+The always-on configuration: a global profile, tasks on, ranges on, no
+Python tracer, no sampler (``--ring``: ``max_bytes=50_000_000,
+keep="latest"``, passed only when ``aprof.profile`` accepts them; the note
+says which ran). A second variant adds the loop-block watch at 50 ms, as
+``aprof run`` has it by default.
+
+(a) The 2,000-task fan-out of ``bench/tasks.py`` (gather of N tasks, each
+with sleeps, ~40 us of sync work and one executor call), plain and under
+the always-on profile, interleaved rounds in one process; wall time of the
+fan-out only.
+
+(b) An aiohttp server on loopback in a child process, under a bounded
+closed-loop load generator (this process: ``--concurrency`` clients sending
+``--requests`` requests per round; requests/s, p50 and p99 latency). The
+profile is switched on and off in the running server between rounds with
+the control socket (``aprof.enable_remote_control()``, the protocol of
+``aprof ctl``), so plain and profiled rounds alternate against the same
+server process, warmed up the same. Each request's handler opens one range
+(``aprof.record_function``) around a little JSON work. The profiled round's
+stop and write happen between rounds, outside the timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import inspect
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import Case, dump, header, interleave, table  # noqa: E402
+from tasks import PLAIN, identity, timed_fan_out  # noqa: E402
+
+import aprof  # noqa: E402
+from aprof._cli._ctl import send  # noqa: E402
+from aprof._integrations._control import PROTOCOL_VERSION, VERSION_KEY  # noqa: E402
+
+ALWAYS_ON = "aprof always-on"
+ALWAYS_ON_BLOCKS = "aprof always-on + loop-block 50 ms"
+
+#: The issue's targets.
+TARGET_FANOUT = 1.15
+TARGET_RPS = 0.95
+TARGET_P99 = 1.10
+
+RING = {"max_bytes": 50_000_000, "keep": "latest"}
+
+
+def always_on_options(ring: bool) -> tuple[dict[str, Any], str]:
+    """The profile's options, and a note saying whether the ring is in them."""
+    opts: dict[str, Any] = {"tasks": True}
+    if not ring:
+        return opts, "no memory budget (run with --ring for max_bytes=50 MB, keep='latest')"
+    accepted = inspect.signature(aprof.profile).parameters
+    if all(k in accepted for k in RING):
+        return {**opts, **RING}, "ring: max_bytes=50_000_000, keep='latest'"
+    return opts, "--ring asked, but this aprof's profile() has no max_bytes/keep: measured without a budget"
+
+
+# -- (a) the fan-out ---------------------------------------------------------------
+
+
+def fanout_cases(n: int, opts: dict[str, Any]) -> list[Case]:
+    def profiled(name: str, extra: dict[str, Any]) -> Case:
+        async def main() -> float:
+            prof = aprof.profile(scope="global", **opts, **extra)
+            prof.start()
+            try:
+                return await timed_fan_out(n, aprof.wrap, name)
+            finally:
+                prof.stop()
+
+        return Case(name, lambda: asyncio.run(main()))
+
+    return [
+        Case(PLAIN, lambda: asyncio.run(timed_fan_out(n, identity, PLAIN))),
+        profiled(ALWAYS_ON, {}),
+        profiled(ALWAYS_ON_BLOCKS, {"loop_block_threshold": 0.05}),
+    ]
+
+
+# -- (b) the aiohttp server ----------------------------------------------------------
+
+SERVER = textwrap.dedent(
+    """
+    import asyncio, json, os, sys
+    import aprof
+    from aiohttp import web
+
+    async def handle(request):
+        with aprof.record_function("handler"):
+            await asyncio.sleep(0)
+            body = json.dumps({"path": request.path, "items": list(range(20))})
+        return web.Response(text=body, content_type="application/json")
+
+    async def main():
+        aprof.enable_remote_control(announce=False)
+        app = web.Application()
+        app.router.add_get("/{tail:.*}", handle)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        print(os.getpid(), port, flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the bench closes stdin
+        await runner.cleanup()
+
+    asyncio.run(main())
+    """
+)
+
+
+async def load(port: int, requests: int, concurrency: int) -> tuple[float, list[float]]:
+    """``requests`` GETs by ``concurrency`` clients; (wall seconds, latencies in seconds)."""
+    import aiohttp
+
+    latencies: list[float] = []
+    left = requests
+    url = f"http://127.0.0.1:{port}/item"
+
+    async def client(session: aiohttp.ClientSession) -> None:
+        nonlocal left
+        while left > 0:
+            left -= 1
+            t0 = time.perf_counter()
+            async with session.get(url) as resp:
+                await resp.read()
+                if resp.status != 200:
+                    raise RuntimeError(f"status {resp.status}")
+            latencies.append(time.perf_counter() - t0)
+
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client(session) for _ in range(concurrency)))
+        wall = time.perf_counter() - t0
+    return wall, latencies
+
+
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def server_bench(rounds: int, requests: int, concurrency: int, opts: dict[str, Any]) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "server.py"
+        script.write_text(SERVER)
+        proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout is not None
+            pid_s, port_s = proc.stdout.readline().split()
+            pid, port = int(pid_s), int(port_s)
+
+            def ctl(command: str, **fields: Any) -> dict[str, Any]:
+                reply = send(pid, {VERSION_KEY: PROTOCOL_VERSION, "command": command, **fields})
+                if not reply.get("ok"):
+                    raise RuntimeError(f"aprof ctl {command}: {reply.get('error')}")
+                return reply
+
+            asyncio.run(load(port, requests, concurrency))  # warm-up
+            results: dict[str, dict[str, list[float]]] = {
+                name: {"rps": [], "p50": [], "p99": []} for name in (PLAIN, ALWAYS_ON)
+            }
+            events: list[int] = []
+            for r in range(rounds):
+                order = [PLAIN, ALWAYS_ON] if r % 2 == 0 else [ALWAYS_ON, PLAIN]
+                for name in order:
+                    if name == ALWAYS_ON:
+                        ctl("start", options={**opts, "loop_block_threshold": None})
+                    wall, lat = asyncio.run(load(port, requests, concurrency))
+                    if name == ALWAYS_ON:
+                        events.append(ctl("stop", output=str(Path(tmp) / "round.aprof"))["events"])
+                    results[name]["rps"].append(requests / wall)
+                    results[name]["p50"].append(pct(lat, 0.50) * 1e3)
+                    results[name]["p99"].append(pct(lat, 0.99) * 1e3)
+                print(".", end="", file=sys.stderr, flush=True)
+            print(file=sys.stderr)
+        finally:
+            if proc.stdin is not None:
+                proc.stdin.close()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    return {"results": results, "events_per_profiled_round": events}
+
+
+def format_server(res: dict[str, Any], requests: int) -> list[str]:
+    r = res["results"]
+    med = {name: {k: statistics.median(v) for k, v in r[name].items()} for name in r}
+    mins = {name: {"rps": max(r[name]["rps"]), "p50": min(r[name]["p50"]), "p99": min(r[name]["p99"])} for name in r}
+    lines = [f"{'case':<20} {'req/s median':>13} {'req/s best':>11} {'p50 ms':>8} {'p99 ms':>8} {'p99 best':>9}"]
+    for name in r:
+        lines.append(
+            f"{name:<20} {med[name]['rps']:>13,.0f} {mins[name]['rps']:>11,.0f} {med[name]['p50']:>8.2f} "
+            f"{med[name]['p99']:>8.2f} {mins[name]['p99']:>9.2f}"
+        )
+    p, a = med[PLAIN], med[ALWAYS_ON]
+    ratios = {"rps": a["rps"] / p["rps"], "p50": a["p50"] / p["p50"], "p99": a["p99"] / p["p99"]}
+    ok_rps = "ok" if ratios["rps"] >= TARGET_RPS else "MISSED"
+    ok_p99 = "ok" if ratios["p99"] <= TARGET_P99 else "MISSED"
+    lines.append(
+        f"always-on / plain: throughput x{ratios['rps']:.3f} (target >= {TARGET_RPS}: {ok_rps}), "
+        f"p50 x{ratios['p50']:.3f}, p99 x{ratios['p99']:.3f} (target <= {TARGET_P99}: {ok_p99})"
+    )
+    ev = res["events_per_profiled_round"]
+    if ev:
+        lines.append(f"events recorded per profiled round of {requests:,} requests: median {statistics.median(ev):,.0f}")
+    res["ratios"] = ratios
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--ring", action="store_true", help="max_bytes=50_000_000, keep='latest' (where this aprof has them)")
+    ap.add_argument("--tasks", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=15, help="fan-out rounds (each case once per round)")
+    ap.add_argument("--server-rounds", type=int, default=10, help="server rounds (plain and profiled once each)")
+    ap.add_argument("--requests", type=int, default=4000, help="requests per server round")
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--skip-fanout", action="store_true")
+    ap.add_argument("--skip-server", action="store_true")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    if args.quick:
+        args.tasks, args.rounds, args.server_rounds, args.requests = 300, 3, 2, 500
+    opts, note = always_on_options(args.ring)
+    print(header())
+    print(f"always-on: {opts} ({note})")
+    extra: dict[str, Any] = {"options": opts, "note": note}
+    cases: list[Case] = []
+    if not args.skip_fanout:
+        cases = fanout_cases(args.tasks, opts)
+        interleave(cases, args.rounds, collect=True, rotate=True, progress=True)
+        print(f"\n(a) fan-out of {args.tasks:,} tasks, {args.rounds} interleaved rounds, wall ms")
+        for c in cases:
+            c.samples = [s * 1e3 for s in c.samples]
+        print(table(cases, PLAIN, "ms"))
+        base = statistics.median(cases[0].samples)
+        ratio = statistics.median(cases[1].samples) / base
+        print(f"always-on / plain: x{ratio:.3f} (target <= {TARGET_FANOUT}: {'ok' if ratio <= TARGET_FANOUT else 'MISSED'})")
+        extra["fanout_ratio"] = ratio
+    if not args.skip_server:
+        try:
+            import aiohttp  # noqa: F401
+        except ImportError:
+            print("\n(b) aiohttp is not installed: pip install -e '.[bench]'")
+        else:
+            res = server_bench(args.server_rounds, args.requests, args.concurrency, opts)
+            print(
+                f"\n(b) aiohttp server on loopback, {args.server_rounds} rounds x {args.requests:,} requests, "
+                f"{args.concurrency} concurrent clients (medians over rounds)"
+            )
+            print("\n".join(format_server(res, args.requests)))
+            extra["server"] = res
+    dump(args.json, cases, extra)
+
+
+if __name__ == "__main__":
+    main()
