@@ -4,6 +4,7 @@
     python bench/always_on.py --quick           # a smoke test
     python bench/always_on.py --ring            # with the 50 MB ring, where this aprof has it
     python bench/always_on.py --json /tmp/always_on.json
+    python bench/always_on.py --callgrind 2000  # instructions per fan-out task: plain, context, global
 
 The always-on configuration: a global profile, tasks on, ranges on, no
 Python tracer, no sampler (``--ring``: ``max_bytes=50_000_000,
@@ -229,7 +230,75 @@ def format_server(res: dict[str, Any], requests: int) -> list[str]:
     return lines
 
 
+# -- instructions, under callgrind ----------------------------------------------------
+
+
+def callgrind_child(variant: str, n: int) -> None:
+    """One fan-out counted inside ``eval()`` (``--toggle-collect=builtin_eval``):
+    plain, the always-on global profile, or a context profile (for comparison)."""
+    import contextvars
+
+    import tasks as bench
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(loop.run_in_executor(None, bench.sync_work, b"warm"))
+    prof: Any = None
+    wrap: Any = bench.identity
+    if variant != "plain":
+        prof = aprof.profile(scope="global" if variant == "global" else "context", tasks=True)
+        wrap = aprof.wrap
+
+        async def start() -> contextvars.Context:
+            prof.start()
+            return contextvars.copy_context()
+
+        ctx = loop.run_until_complete(start())
+    else:
+        ctx = contextvars.copy_context()
+    eval(  # noqa: S307
+        "loop.run_until_complete(loop.create_task(bench.fan_out(n, wrap), context=ctx))",
+        {"loop": loop, "bench": bench, "n": n, "wrap": wrap, "ctx": ctx},
+    )
+    if prof is not None:
+
+        async def stop() -> None:
+            prof.stop()
+
+        loop.run_until_complete(stop())
+    loop.run_until_complete(loop.shutdown_default_executor())
+    loop.close()
+
+
+def callgrind_report(n: int) -> dict[str, float]:
+    """Marginal instructions per fan-out task on the loop's thread, over plain."""
+    import re
+
+    def count(variant: str, k: int) -> int:
+        out = subprocess.run(
+            ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", "--toggle-collect=builtin_eval",
+             sys.executable, __file__, "--callgrind-child", variant, str(k)],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        m = re.search(r"Collected : (\d+)", out.stderr)
+        if m is None:
+            raise RuntimeError(out.stderr[-2000:])
+        return int(m.group(1))
+
+    half = n // 2
+    c = {(v, k): count(v, k) for v in ("plain", "context", "global") for k in (half, n)}
+    plain = (c["plain", n] - c["plain", half]) / (n - half)
+    out = {"plain per task": plain}
+    for v in ("context", "global"):
+        out[f"{v} per task"] = (c[v, n] - c[v, half]) / (n - half)
+        out[f"{v} extra per task"] = out[f"{v} per task"] - plain
+        out[f"{v} ratio"] = out[f"{v} per task"] / plain
+    return out
+
+
 def main() -> None:
+    if len(sys.argv) == 4 and sys.argv[1] == "--callgrind-child":
+        callgrind_child(sys.argv[2], int(sys.argv[3]))
+        return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--ring", action="store_true", help="max_bytes=50_000_000, keep='latest' (where this aprof has them)")
@@ -240,8 +309,14 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--skip-fanout", action="store_true")
     ap.add_argument("--skip-server", action="store_true")
+    ap.add_argument("--callgrind", type=int, metavar="N", help="only: instructions per fan-out task (N and N/2 tasks) under callgrind")
     ap.add_argument("--json")
     args = ap.parse_args()
+    if args.callgrind:
+        print(header())
+        for k, v in callgrind_report(args.callgrind).items():
+            print(f"{k:>24}: {v:,.3f}" if "ratio" in k else f"{k:>24}: {v:,.0f} instructions")
+        return
     if args.quick:
         args.tasks, args.rounds, args.server_rounds, args.requests = 300, 3, 2, 500
     opts, note = always_on_options(args.ring)

@@ -310,6 +310,32 @@ def test_remote_profile_records_the_running_loops_tasks(backend: Backend, runtim
     assert any(e.scope is aprof.RecordScope.LOOP_BLOCK for e in events)
 
 
+def test_command_for_a_blocked_loop_fails_and_never_runs_late(backend: Backend, runtime_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # SPEC 15.3, 15.6: the loop is blocked past the wait: the client gets an
+    # error, and the start is not carried out when the loop runs again.
+    import threading
+
+    monkeypatch.setattr(_control, "LOOP_TIMEOUT", 0.2)
+    replies: list[dict[str, Any]] = []
+
+    async def program() -> None:
+        path = aprof.enable_remote_control(announce=False)
+        try:
+            client = threading.Thread(target=lambda: replies.append(ask(path, "start")))
+            client.start()
+            time.sleep(0.6)  # blocks the loop past LOOP_TIMEOUT
+            await backend.to_thread(client.join)
+            await backend.sleep(0.05)  # the loop runs its queue: the abandoned start is skipped
+            status = await backend.to_thread(ask, path, "status")
+            assert status["running"] is False
+        finally:
+            aprof.disable_remote_control()
+
+    backend.run(program)
+    assert replies[0]["ok"] is False
+    assert "did not run the command within 0.2 s" in replies[0]["error"]
+
+
 # -- the command line, against a real child process ------------------------------------------
 
 CHILD = textwrap.dedent(

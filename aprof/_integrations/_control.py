@@ -452,8 +452,14 @@ class _Server:
         if os.getpid() == self.pid:
             with contextlib.suppress(OSError):
                 os.unlink(self.path)
-        with self.controller.lock:
+        # A command may still wait on a loop that is gone (at most
+        # LOOP_TIMEOUT): exit does not wait for it.
+        if not self.controller.lock.acquire(timeout=1.0):
+            return None
+        try:
             return self.controller.close()
+        finally:
+            self.controller.lock.release()
 
 
 def _peer_uid(conn: socket.socket) -> int | None:
@@ -566,7 +572,7 @@ def enable_remote_control(*, announce: bool = True) -> Path:
         _update_home(server)
         server.start()
         _server = server
-    if announce and not _announced:
+    if announce and not _announced and sys.stderr is not None:
         _announced = True
         sys.stderr.write(f"aprof: remote control on {path} (aprof ctl {os.getpid()} status|start|stop OUT|dump OUT)\n")
     return path
@@ -607,7 +613,7 @@ def disable_remote_control() -> None:
     is off.
     """
     prof = _close()
-    if prof is not None:
+    if prof is not None and sys.stderr is not None:
         sys.stderr.write(f"aprof: a profile started by aprof ctl was still running in {os.getpid()}: stopped, not written\n")
 
 
