@@ -10,7 +10,9 @@ The always-on configuration: a global profile, tasks on, ranges on, no
 Python tracer, no sampler (``--ring``: ``max_bytes=50_000_000,
 keep="latest"``, passed only when ``aprof.profile`` accepts them; the note
 says which ran). A second variant adds the loop-block watch at 50 ms, as
-``aprof run`` has it by default.
+``aprof run`` has it by default; a third is the same profile in context
+scope (``async with aprof.profile()`` around the fan-out), for reference:
+``aprof ctl start`` and ``aprof run`` start global profiles.
 
 (a) The 2,000-task fan-out of ``bench/tasks.py`` (gather of N tasks, each
 with sleeps, ~40 us of sync work and one executor call), plain and under
@@ -26,6 +28,9 @@ the control socket (``aprof.enable_remote_control()``, the protocol of
 server process, warmed up the same. Each request's handler opens one range
 (``aprof.record_function``) around a little JSON work. The profiled round's
 stop and write happen between rounds, outside the timing.
+
+(c) One range's cost by scope: no profile, a context profile, a global
+profile (what ``aprof ctl start`` and ``aprof run`` start).
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ from aprof._integrations._control import PROTOCOL_VERSION, VERSION_KEY  # noqa: 
 
 ALWAYS_ON = "aprof always-on"
 ALWAYS_ON_BLOCKS = "aprof always-on + loop-block 50 ms"
+CONTEXT = "aprof context scope (reference)"
 
 #: The issue's targets.
 TARGET_FANOUT = 1.15
@@ -78,9 +84,9 @@ def always_on_options(ring: bool) -> tuple[dict[str, Any], str]:
 
 
 def fanout_cases(n: int, opts: dict[str, Any]) -> list[Case]:
-    def profiled(name: str, extra: dict[str, Any]) -> Case:
+    def profiled(name: str, extra: dict[str, Any], scope: str = "global") -> Case:
         async def main() -> float:
-            prof = aprof.profile(scope="global", **opts, **extra)
+            prof = aprof.profile(scope=scope, **opts, **extra)
             prof.start()
             try:
                 return await timed_fan_out(n, aprof.wrap, name)
@@ -93,6 +99,7 @@ def fanout_cases(n: int, opts: dict[str, Any]) -> list[Case]:
         Case(PLAIN, lambda: asyncio.run(timed_fan_out(n, identity, PLAIN))),
         profiled(ALWAYS_ON, {}),
         profiled(ALWAYS_ON_BLOCKS, {"loop_block_threshold": 0.05}),
+        profiled(CONTEXT, {}, scope="context"),
     ]
 
 
@@ -230,6 +237,36 @@ def format_server(res: dict[str, Any], requests: int) -> list[str]:
     return lines
 
 
+# -- (c) one range, by scope ---------------------------------------------------------
+
+
+def range_cost(n: int, repeats: int) -> dict[str, float]:
+    """ns per ``with record_function("x"): pass`` with no profile, a context
+    profile and a global one (best of ``repeats``, interleaved)."""
+
+    def loop() -> float:
+        rf = aprof.record_function
+        t0 = time.perf_counter_ns()
+        for _ in range(n):
+            with rf("x"):
+                pass
+        return (time.perf_counter_ns() - t0) / n
+
+    best: dict[str, float] = {}
+    for _ in range(repeats):
+        for scope in ("no profile", "context", "global"):
+            prof = None if scope == "no profile" else aprof.profile(scope=scope)
+            if prof is not None:
+                prof.start()
+            try:
+                v = loop()
+            finally:
+                if prof is not None:
+                    prof.stop()
+            best[scope] = min(v, best.get(scope, v))
+    return best
+
+
 # -- instructions, under callgrind ----------------------------------------------------
 
 
@@ -348,6 +385,11 @@ def main() -> None:
             )
             print("\n".join(format_server(res, args.requests)))
             extra["server"] = res
+    ranges = range_cost(20_000 if args.quick else 100_000, 3 if args.quick else 7)
+    print("\n(c) one range (with record_function: pass), best of interleaved runs, ns")
+    for k, v in ranges.items():
+        print(f"{k:>12}: {v:8,.0f} ns")
+    extra["range_ns"] = ranges
     dump(args.json, cases, extra)
 
 
