@@ -111,8 +111,14 @@ SERVER = textwrap.dedent(
     import aprof
     from aiohttp import web
 
+    RANGE = sys.argv[1] == "range"
+
     async def handle(request):
-        with aprof.record_function("handler"):
+        if RANGE:
+            with aprof.record_function("handler"):
+                await asyncio.sleep(0)
+                body = json.dumps({"path": request.path, "items": list(range(20))})
+        else:
             await asyncio.sleep(0)
             body = json.dumps({"path": request.path, "items": list(range(20))})
         return web.Response(text=body, content_type="application/json")
@@ -167,11 +173,11 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-def server_bench(rounds: int, requests: int, concurrency: int, opts: dict[str, Any]) -> dict[str, Any]:
+def server_bench(rounds: int, requests: int, concurrency: int, opts: dict[str, Any], with_range: bool = True) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "server.py"
         script.write_text(SERVER)
-        proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen([sys.executable, str(script), "range" if with_range else "none"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         try:
             assert proc.stdout is not None
             pid_s, port_s = proc.stdout.readline().split()
@@ -344,6 +350,7 @@ def main() -> None:
     ap.add_argument("--server-rounds", type=int, default=10, help="server rounds (plain and profiled once each)")
     ap.add_argument("--requests", type=int, default=4000, help="requests per server round")
     ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--no-range", action="store_true", help="the server's handler opens no range (tasks only)")
     ap.add_argument("--skip-fanout", action="store_true")
     ap.add_argument("--skip-server", action="store_true")
     ap.add_argument("--callgrind", type=int, metavar="N", help="only: instructions per fan-out task (N and N/2 tasks) under callgrind")
@@ -378,10 +385,11 @@ def main() -> None:
         except ImportError:
             print("\n(b) aiohttp is not installed: pip install -e '.[bench]'")
         else:
-            res = server_bench(args.server_rounds, args.requests, args.concurrency, opts)
+            res = server_bench(args.server_rounds, args.requests, args.concurrency, opts, not args.no_range)
             print(
                 f"\n(b) aiohttp server on loopback, {args.server_rounds} rounds x {args.requests:,} requests, "
                 f"{args.concurrency} concurrent clients (medians over rounds)"
+                + ("; the handler opens no range" if args.no_range else "; one range per request")
             )
             print("\n".join(format_server(res, args.requests)))
             extra["server"] = res
