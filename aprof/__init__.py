@@ -46,6 +46,7 @@ from ._core._record_function import (
 from ._core._schedule import ProfilerAction, schedule, trace_handler
 from ._core._threads import current_thread_id
 from ._integrations._asgi import ProfilerMiddleware
+from ._integrations._control import disable_remote_control, enable_remote_control
 from ._post._analysis import EventAverages, FunctionEventAvg
 from ._post._events import FunctionEvent, Track
 from ._post._samples import Samples
@@ -80,7 +81,9 @@ __all__ = [
     "clear_global_callbacks",
     "current_thread_id",
     "disable_callback",
+    "disable_remote_control",
     "enable_record_function",
+    "enable_remote_control",
     "flight_recorder",
     "get_debug_info",
     "get_default_node_id",

@@ -153,10 +153,13 @@ def _runtime_patches() -> list[str]:
 
 
 def _aprof_threads() -> list[Any]:
+    from aprof._integrations._control import remote_control_running
     from aprof._integrations._loop_block import live_watchdogs
 
     found: list[Any] = [t for t in threading.enumerate() if getattr(t, "_aprof_owned", False) and t.is_alive()]
     n = live_watchdogs()  # bare threads, not in threading.enumerate()
+    if remote_control_running():  # a bare thread too
+        found.append("the remote-control server")
     return found + [f"{n} loop-block watchdog(s)"] if n else found
 
 

@@ -107,6 +107,12 @@ def _parser() -> argparse.ArgumentParser:
         help=f"record every stretch in which one task step or callback held the event loop (or trio run) longer than this, with the blocking stack (default {DEFAULT_LOOP_BLOCK_THRESHOLD})",
     )
     run.add_argument("--no-loop-block", action="store_true", help="do not watch for loop blocks")
+    run.add_argument(
+        "--control",
+        action="store_true",
+        help="record nothing at launch: open the control socket (aprof.enable_remote_control()) so that aprof ctl PID start/stop/dump "
+        "switches profiling on and off while the program runs; a profile still running at exit is written to -o",
+    )
     run.add_argument("--sort", default="total", choices=sorted(_SORT_KEYS), help="sort the summary table by this column (default total)")
     run.add_argument("--row-limit", type=int, default=30, help="rows in the summary table (default 30)")
     run.add_argument("--no-summary", action="store_true", help="print neither the summary table nor the sections under it")
@@ -145,6 +151,9 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="for a Chrome trace: keep the N longest events (tasks, executor jobs and loop blocks always), for a viewer that cannot load them all",
     )
+    from ._ctl import add_parser as add_ctl_parser
+
+    add_ctl_parser(sub, _positive_int, _positive_seconds, _sample_interval, _FORMATS)
     return p
 
 
@@ -376,6 +385,8 @@ def _run(args: argparse.Namespace) -> int:
     sys.argv = [prog, *args.args]
     if args.target:
         sys.path.insert(0, str(Path(args.target).resolve().parent))
+    if args.control:
+        return _run_control(args, out, shown)
     if args.scope == "global":
         import asyncio  # noqa: F401  (so the global profile can hook the loops the program creates)
     prof = profile(
@@ -427,6 +438,42 @@ def _run(args: argparse.Namespace) -> int:
     if interrupted is not None:
         # As python does with an uncaught KeyboardInterrupt: the traceback,
         # then the end by SIGINT, after the program's atexit handlers.
+        raise interrupted
+    return code
+
+
+def _run_control(args: argparse.Namespace, out: Path, shown: str) -> int:
+    """``aprof run --control``: the program runs unprofiled with its control
+    socket open; a profile started by ``aprof ctl`` and running at exit is
+    stopped, summarised and written to ``out``."""
+    given = [flag for flag, on in (("--python-tracer", args.python_tracer), ("--sample", args.sample is not None), ("--max-events", args.max_events is not None), ("--with-stack", args.with_stack), ("--c-calls", args.c_calls)) if on]
+    if given:
+        raise _UsageError(f"run: with --control, aprof ctl PID start starts the profile: give {given[0]} to it there")
+    from .._integrations import _control
+
+    try:
+        _control.enable_remote_control()
+    except OSError as exc:
+        raise _UsageError(f"run: --control: {exc}") from None
+    code = 0
+    interrupted: KeyboardInterrupt | None = None
+    try:
+        if args.module:
+            runpy.run_module(args.module, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(args.target, run_name="__main__")
+    except SystemExit as exc:
+        code = _exit_code(exc.code)
+    except KeyboardInterrupt as exc:
+        print("aprof: interrupted", file=sys.stderr)
+        interrupted = exc
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    prof = _control._close()
+    if prof is not None:
+        code = _Finish(prof, args, out, shown, []).finish(code)
+    if interrupted is not None:
         raise interrupted
     return code
 
@@ -511,6 +558,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run(args)
         if args.command == "convert":
             return _convert(args)
+        if args.command == "ctl":
+            from ._ctl import ctl
+
+            return ctl(args, _FORMATS)
         return _report(args)
     except _UsageError as exc:
         print(f"aprof: {exc}", file=sys.stderr)

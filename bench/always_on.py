@@ -1,0 +1,405 @@
+"""The cost of leaving aprof on in production (issue 19 item 4).
+
+    python bench/always_on.py                   # full run (~3 minutes)
+    python bench/always_on.py --quick           # a smoke test
+    python bench/always_on.py --ring            # with the 50 MB ring, where this aprof has it
+    python bench/always_on.py --json /tmp/always_on.json
+    python bench/always_on.py --callgrind 2000  # instructions per fan-out task: plain, context, global
+
+The always-on configuration: a global profile, tasks on, ranges on, no
+Python tracer, no sampler (``--ring``: ``max_bytes=50_000_000,
+keep="latest"``, passed only when ``aprof.profile`` accepts them; the note
+says which ran). A second variant adds the loop-block watch at 50 ms, as
+``aprof run`` has it by default; a third is the same profile in context
+scope (``async with aprof.profile()`` around the fan-out), for reference:
+``aprof ctl start`` and ``aprof run`` start global profiles.
+
+(a) The 2,000-task fan-out of ``bench/tasks.py`` (gather of N tasks, each
+with sleeps, ~40 us of sync work and one executor call), plain and under
+the always-on profile, interleaved rounds in one process; wall time of the
+fan-out only.
+
+(b) An aiohttp server on loopback in a child process, under a bounded
+closed-loop load generator (this process: ``--concurrency`` clients sending
+``--requests`` requests per round; requests/s, p50 and p99 latency). The
+profile is switched on and off in the running server between rounds with
+the control socket (``aprof.enable_remote_control()``, the protocol of
+``aprof ctl``), so plain and profiled rounds alternate against the same
+server process, warmed up the same. Each request's handler opens one range
+(``aprof.record_function``) around a little JSON work. The profiled round's
+stop and write happen between rounds, outside the timing.
+
+(c) One range's cost by scope: no profile, a context profile, a global
+profile (what ``aprof ctl start`` and ``aprof run`` start).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import inspect
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import Case, dump, header, interleave, table  # noqa: E402
+from tasks import PLAIN, identity, timed_fan_out  # noqa: E402
+
+import aprof  # noqa: E402
+from aprof._cli._ctl import send  # noqa: E402
+from aprof._integrations._control import PROTOCOL_VERSION, VERSION_KEY  # noqa: E402
+
+ALWAYS_ON = "aprof always-on"
+ALWAYS_ON_BLOCKS = "aprof always-on + loop-block 50 ms"
+CONTEXT = "aprof context scope (reference)"
+
+#: The issue's targets.
+TARGET_FANOUT = 1.15
+TARGET_RPS = 0.95
+TARGET_P99 = 1.10
+
+RING = {"max_bytes": 50_000_000, "keep": "latest"}
+
+
+def always_on_options(ring: bool) -> tuple[dict[str, Any], str]:
+    """The profile's options, and a note saying whether the ring is in them."""
+    opts: dict[str, Any] = {"tasks": True}
+    if not ring:
+        return opts, "no memory budget (run with --ring for max_bytes=50 MB, keep='latest')"
+    accepted = inspect.signature(aprof.profile).parameters
+    if all(k in accepted for k in RING):
+        return {**opts, **RING}, "ring: max_bytes=50_000_000, keep='latest'"
+    return opts, "--ring asked, but this aprof's profile() has no max_bytes/keep: measured without a budget"
+
+
+# -- (a) the fan-out ---------------------------------------------------------------
+
+
+def fanout_cases(n: int, opts: dict[str, Any]) -> list[Case]:
+    def profiled(name: str, extra: dict[str, Any], scope: str = "global") -> Case:
+        async def main() -> float:
+            prof = aprof.profile(scope=scope, **opts, **extra)
+            prof.start()
+            try:
+                return await timed_fan_out(n, aprof.wrap, name)
+            finally:
+                prof.stop()
+
+        return Case(name, lambda: asyncio.run(main()))
+
+    return [
+        Case(PLAIN, lambda: asyncio.run(timed_fan_out(n, identity, PLAIN))),
+        profiled(ALWAYS_ON, {}),
+        profiled(ALWAYS_ON_BLOCKS, {"loop_block_threshold": 0.05}),
+        profiled(CONTEXT, {}, scope="context"),
+    ]
+
+
+# -- (b) the aiohttp server ----------------------------------------------------------
+
+SERVER = textwrap.dedent(
+    """
+    import asyncio, json, os, sys
+    import aprof
+    from aiohttp import web
+
+    RANGE = sys.argv[1] == "range"
+
+    async def handle(request):
+        if RANGE:
+            with aprof.record_function("handler"):
+                await asyncio.sleep(0)
+                body = json.dumps({"path": request.path, "items": list(range(20))})
+        else:
+            await asyncio.sleep(0)
+            body = json.dumps({"path": request.path, "items": list(range(20))})
+        return web.Response(text=body, content_type="application/json")
+
+    async def main():
+        aprof.enable_remote_control(announce=False)
+        app = web.Application()
+        app.router.add_get("/{tail:.*}", handle)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        print(os.getpid(), port, flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the bench closes stdin
+        await runner.cleanup()
+
+    asyncio.run(main())
+    """
+)
+
+
+async def load(port: int, requests: int, concurrency: int) -> tuple[float, list[float]]:
+    """``requests`` GETs by ``concurrency`` clients; (wall seconds, latencies in seconds)."""
+    import aiohttp
+
+    latencies: list[float] = []
+    left = requests
+    url = f"http://127.0.0.1:{port}/item"
+
+    async def client(session: aiohttp.ClientSession) -> None:
+        nonlocal left
+        while left > 0:
+            left -= 1
+            t0 = time.perf_counter()
+            async with session.get(url) as resp:
+                await resp.read()
+                if resp.status != 200:
+                    raise RuntimeError(f"status {resp.status}")
+            latencies.append(time.perf_counter() - t0)
+
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client(session) for _ in range(concurrency)))
+        wall = time.perf_counter() - t0
+    return wall, latencies
+
+
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def server_bench(rounds: int, requests: int, concurrency: int, opts: dict[str, Any], with_range: bool = True) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "server.py"
+        script.write_text(SERVER)
+        proc = subprocess.Popen([sys.executable, str(script), "range" if with_range else "none"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout is not None
+            pid_s, port_s = proc.stdout.readline().split()
+            pid, port = int(pid_s), int(port_s)
+
+            def ctl(command: str, **fields: Any) -> dict[str, Any]:
+                reply = send(pid, {VERSION_KEY: PROTOCOL_VERSION, "command": command, **fields})
+                if not reply.get("ok"):
+                    raise RuntimeError(f"aprof ctl {command}: {reply.get('error')}")
+                return reply
+
+            asyncio.run(load(port, requests, concurrency))  # warm-up
+            results: dict[str, dict[str, list[float]]] = {
+                name: {"rps": [], "p50": [], "p99": []} for name in (PLAIN, ALWAYS_ON)
+            }
+            events: list[int] = []
+            for r in range(rounds):
+                order = [PLAIN, ALWAYS_ON] if r % 2 == 0 else [ALWAYS_ON, PLAIN]
+                for name in order:
+                    if name == ALWAYS_ON:
+                        ctl("start", options={**opts, "loop_block_threshold": None})
+                    wall, lat = asyncio.run(load(port, requests, concurrency))
+                    if name == ALWAYS_ON:
+                        events.append(ctl("stop", output=str(Path(tmp) / "round.aprof"))["events"])
+                    results[name]["rps"].append(requests / wall)
+                    results[name]["p50"].append(pct(lat, 0.50) * 1e3)
+                    results[name]["p99"].append(pct(lat, 0.99) * 1e3)
+                print(".", end="", file=sys.stderr, flush=True)
+            print(file=sys.stderr)
+        finally:
+            if proc.stdin is not None:
+                proc.stdin.close()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    return {"results": results, "events_per_profiled_round": events}
+
+
+def format_server(res: dict[str, Any], requests: int) -> list[str]:
+    r = res["results"]
+    med = {name: {k: statistics.median(v) for k, v in r[name].items()} for name in r}
+    mins = {name: {"rps": max(r[name]["rps"]), "p50": min(r[name]["p50"]), "p99": min(r[name]["p99"])} for name in r}
+    lines = [f"{'case':<20} {'req/s median':>13} {'req/s best':>11} {'p50 ms':>8} {'p99 ms':>8} {'p99 best':>9}"]
+    for name in r:
+        lines.append(
+            f"{name:<20} {med[name]['rps']:>13,.0f} {mins[name]['rps']:>11,.0f} {med[name]['p50']:>8.2f} "
+            f"{med[name]['p99']:>8.2f} {mins[name]['p99']:>9.2f}"
+        )
+    p, a = med[PLAIN], med[ALWAYS_ON]
+    ratios = {"rps": a["rps"] / p["rps"], "p50": a["p50"] / p["p50"], "p99": a["p99"] / p["p99"]}
+    ok_rps = "ok" if ratios["rps"] >= TARGET_RPS else "MISSED"
+    ok_p99 = "ok" if ratios["p99"] <= TARGET_P99 else "MISSED"
+    lines.append(
+        f"always-on / plain: throughput x{ratios['rps']:.3f} (target >= {TARGET_RPS}: {ok_rps}), "
+        f"p50 x{ratios['p50']:.3f}, p99 x{ratios['p99']:.3f} (target <= {TARGET_P99}: {ok_p99})"
+    )
+    ev = res["events_per_profiled_round"]
+    if ev:
+        lines.append(f"events recorded per profiled round of {requests:,} requests: median {statistics.median(ev):,.0f}")
+    res["ratios"] = ratios
+    return lines
+
+
+# -- (c) one range, by scope ---------------------------------------------------------
+
+
+def range_cost(n: int, repeats: int) -> dict[str, float]:
+    """ns per ``with record_function("x"): pass`` with no profile, a context
+    profile and a global one (best of ``repeats``, interleaved)."""
+
+    def loop() -> float:
+        rf = aprof.record_function
+        t0 = time.perf_counter_ns()
+        for _ in range(n):
+            with rf("x"):
+                pass
+        return (time.perf_counter_ns() - t0) / n
+
+    best: dict[str, float] = {}
+    for _ in range(repeats):
+        for scope in ("no profile", "context", "global"):
+            prof = None if scope == "no profile" else aprof.profile(scope=scope)
+            if prof is not None:
+                prof.start()
+            try:
+                v = loop()
+            finally:
+                if prof is not None:
+                    prof.stop()
+            best[scope] = min(v, best.get(scope, v))
+    return best
+
+
+# -- instructions, under callgrind ----------------------------------------------------
+
+
+def callgrind_child(variant: str, n: int) -> None:
+    """One fan-out counted inside ``eval()`` (``--toggle-collect=builtin_eval``):
+    plain, the always-on global profile, or a context profile (for comparison)."""
+    import contextvars
+
+    import tasks as bench
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(loop.run_in_executor(None, bench.sync_work, b"warm"))
+    prof: Any = None
+    wrap: Any = bench.identity
+    if variant != "plain":
+        prof = aprof.profile(scope="global" if variant == "global" else "context", tasks=True)
+        wrap = aprof.wrap
+
+        async def start() -> contextvars.Context:
+            prof.start()
+            return contextvars.copy_context()
+
+        ctx = loop.run_until_complete(start())
+    else:
+        ctx = contextvars.copy_context()
+    eval(  # noqa: S307
+        "loop.run_until_complete(loop.create_task(bench.fan_out(n, wrap), context=ctx))",
+        {"loop": loop, "bench": bench, "n": n, "wrap": wrap, "ctx": ctx},
+    )
+    if prof is not None:
+
+        async def stop() -> None:
+            prof.stop()
+
+        loop.run_until_complete(stop())
+    loop.run_until_complete(loop.shutdown_default_executor())
+    loop.close()
+
+
+def callgrind_report(n: int) -> dict[str, float]:
+    """Marginal instructions per fan-out task on the loop's thread, over plain."""
+    import re
+
+    def count(variant: str, k: int) -> int:
+        out = subprocess.run(
+            ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", "--toggle-collect=builtin_eval",
+             sys.executable, __file__, "--callgrind-child", variant, str(k)],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        m = re.search(r"Collected : (\d+)", out.stderr)
+        if m is None:
+            raise RuntimeError(out.stderr[-2000:])
+        return int(m.group(1))
+
+    half = n // 2
+    c = {(v, k): count(v, k) for v in ("plain", "context", "global") for k in (half, n)}
+    plain = (c["plain", n] - c["plain", half]) / (n - half)
+    out = {"plain per task": plain}
+    for v in ("context", "global"):
+        out[f"{v} per task"] = (c[v, n] - c[v, half]) / (n - half)
+        out[f"{v} extra per task"] = out[f"{v} per task"] - plain
+        out[f"{v} ratio"] = out[f"{v} per task"] / plain
+    return out
+
+
+def main() -> None:
+    if len(sys.argv) == 4 and sys.argv[1] == "--callgrind-child":
+        callgrind_child(sys.argv[2], int(sys.argv[3]))
+        return
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--ring", action="store_true", help="max_bytes=50_000_000, keep='latest' (where this aprof has them)")
+    ap.add_argument("--tasks", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=15, help="fan-out rounds (each case once per round)")
+    ap.add_argument("--server-rounds", type=int, default=10, help="server rounds (plain and profiled once each)")
+    ap.add_argument("--requests", type=int, default=4000, help="requests per server round")
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--no-range", action="store_true", help="the server's handler opens no range (tasks only)")
+    ap.add_argument("--skip-fanout", action="store_true")
+    ap.add_argument("--skip-server", action="store_true")
+    ap.add_argument("--callgrind", type=int, metavar="N", help="only: instructions per fan-out task (N and N/2 tasks) under callgrind")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    if args.callgrind:
+        print(header())
+        for k, v in callgrind_report(args.callgrind).items():
+            print(f"{k:>24}: {v:,.3f}" if "ratio" in k else f"{k:>24}: {v:,.0f} instructions")
+        return
+    if args.quick:
+        args.tasks, args.rounds, args.server_rounds, args.requests = 300, 3, 2, 500
+    opts, note = always_on_options(args.ring)
+    print(header())
+    print(f"always-on: {opts} ({note})")
+    extra: dict[str, Any] = {"options": opts, "note": note}
+    cases: list[Case] = []
+    if not args.skip_fanout:
+        cases = fanout_cases(args.tasks, opts)
+        interleave(cases, args.rounds, collect=True, rotate=True, progress=True)
+        print(f"\n(a) fan-out of {args.tasks:,} tasks, {args.rounds} interleaved rounds, wall ms")
+        for c in cases:
+            c.samples = [s * 1e3 for s in c.samples]
+        print(table(cases, PLAIN, "ms"))
+        base = statistics.median(cases[0].samples)
+        ratio = statistics.median(cases[1].samples) / base
+        print(f"always-on / plain: x{ratio:.3f} (target <= {TARGET_FANOUT}: {'ok' if ratio <= TARGET_FANOUT else 'MISSED'})")
+        extra["fanout_ratio"] = ratio
+    if not args.skip_server:
+        try:
+            import aiohttp  # noqa: F401
+        except ImportError:
+            print("\n(b) aiohttp is not installed: pip install -e '.[bench]'")
+        else:
+            res = server_bench(args.server_rounds, args.requests, args.concurrency, opts, not args.no_range)
+            print(
+                f"\n(b) aiohttp server on loopback, {args.server_rounds} rounds x {args.requests:,} requests, "
+                f"{args.concurrency} concurrent clients (medians over rounds)"
+                + ("; the handler opens no range" if args.no_range else "; one range per request")
+            )
+            print("\n".join(format_server(res, args.requests)))
+            extra["server"] = res
+    ranges = range_cost(20_000 if args.quick else 100_000, 3 if args.quick else 7)
+    print("\n(c) one range (with record_function: pass), best of interleaved runs, ns")
+    for k, v in ranges.items():
+        print(f"{k:>12}: {v:8,.0f} ns")
+    extra["range_ns"] = ranges
+    dump(args.json, cases, extra)
+
+
+if __name__ == "__main__":
+    main()
