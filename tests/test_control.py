@@ -15,7 +15,6 @@ import subprocess
 import sys
 import textwrap
 import time
-import types
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from aprof._integrations import _control
 from aprof._post._readers import read_profile
 
 from .conftest import BACKENDS, Backend
+from .tracecheck import validate_trace
 
 CHILD_TIMEOUT = 60
 
@@ -235,37 +235,29 @@ def test_another_users_connection_is_refused(server: Path, monkeypatch: pytest.M
     not_running(server)
 
 
-def test_dump_without_a_flight_recorder(server: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dump_without_a_flight_recorder(server: Path, tmp_path: Path) -> None:
     # SPEC 15.2, 15.3
-    fake = types.ModuleType("aprof._core._flight")
-    fake.active = lambda: None  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "aprof._core._flight", fake)
     reply = ask(server, "dump", output=str(tmp_path / "d.json"))
     assert reply["ok"] is False
     assert f"no flight recorder running in {os.getpid()}" in reply["error"]
     assert not (tmp_path / "d.json").exists()
 
 
-def test_dump_writes_the_flight_recorders_window(server: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # SPEC 15.2, 15.3. A stand-in for the flight recorder (aprof._core._flight:
-    # active() -> recorder, recorder.dump(path) -> Path): the control side only.
-    dumped: list[Path] = []
-
-    class Recorder:
-        def dump(self, path: Path) -> Path:
-            Path(path).write_text("{}")
-            dumped.append(Path(path))
-            return Path(path)
-
-    fake = types.ModuleType("aprof._core._flight")
-    fake.active = Recorder  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "aprof._core._flight", fake)
+def test_dump_writes_the_flight_recorders_window(server: Path, tmp_path: Path) -> None:
+    # SPEC 15.2, 15.3; issue 19 items 2 and 3: the running flight
+    # recorder's window, written where the client asks, recording on.
     out = tmp_path / "window.json"
-    reply = ask(server, "dump", output=str(out))
-    assert reply["ok"] is True
-    assert reply["output"] == str(out)
-    assert dumped == [out]
-    assert ask(server, "status")["flight_recorder"] is True
+    with aprof.flight_recorder(signal=None) as recorder:
+        with aprof.record_function("before the dump"):
+            pass
+        reply = ask(server, "dump", output=str(out))
+        assert reply["ok"] is True
+        assert reply["output"] == str(out)
+        assert ask(server, "status")["flight_recorder"] is True
+        assert recorder.running
+    names = {e["name"] for e in validate_trace(out)["traceEvents"] if e.get("ph") == "X"}
+    assert "before the dump" in names
+    assert ask(server, "status")["flight_recorder"] is False
 
 
 # -- on every backend, in process: commands run on the program's loop ------------------------
@@ -344,6 +336,7 @@ CHILD = textwrap.dedent(
     import aprof
 
     backend, flag = sys.argv[1], sys.argv[2]
+    flight = sys.argv[3:] == ["flight"]  # an always-on flight recorder too
 
     def ready(port):
         print(os.getpid(), port, flush=True)
@@ -363,6 +356,8 @@ CHILD = textwrap.dedent(
 
         async def main():
             aprof.enable_remote_control()
+            if flight:
+                aprof.flight_recorder(signal=None).start()
             listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
             port = listener.extra(anyio.abc.SocketAttribute.local_port)
             async with anyio.create_task_group() as tg:
@@ -389,6 +384,8 @@ CHILD = textwrap.dedent(
             if backend == "asyncio-eager":
                 asyncio.get_running_loop().set_task_factory(asyncio.eager_task_factory)
             aprof.enable_remote_control()
+            if flight:
+                aprof.flight_recorder(signal=None).start()
             server = await asyncio.start_server(handle, "127.0.0.1", 0)
             ready(server.sockets[0].getsockname()[1])
             deadline = time.monotonic() + 50
@@ -471,6 +468,42 @@ def test_ctl_drives_a_running_server(child_backend: str, tmp_path: Path, runtime
     gone = ctl(str(pid), "status", cwd=tmp_path)
     assert gone.returncode == 2
     assert f"no process {pid}" in gone.stderr
+
+
+@pytest.mark.parametrize("child_backend", ["asyncio", "trio"])
+def test_ctl_dump_writes_a_running_servers_flight_recorder(child_backend: str, tmp_path: Path, runtime_dir: Path) -> None:
+    # Issue 19 items 2 and 3, end to end: a server with a flight recorder
+    # on; `aprof ctl PID dump OUT` writes its window, and it records on.
+    (tmp_path / "child.py").write_text(CHILD)
+    flag = tmp_path / "quit"
+    proc = subprocess.Popen(
+        [sys.executable, "child.py", child_backend, str(flag), "flight"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        pid_text, port_text = proc.stdout.readline().split()
+        pid, port = int(pid_text), int(port_text)
+        for _ in range(3):
+            request(port)
+        assert "flight recorder" in ctl(str(pid), "status", cwd=tmp_path).stdout
+        dumped = ctl(str(pid), "dump", "window.json", cwd=tmp_path)
+        assert dumped.returncode == 0, dumped.stderr
+        request(port)
+        again = ctl(str(pid), "dump", "later.aprof", cwd=tmp_path)
+        assert again.returncode == 0, again.stderr
+        flag.write_text("")
+        _, err = proc.communicate(timeout=CHILD_TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
+    first = [e for e in validate_trace(tmp_path / "window.json")["traceEvents"] if e.get("name") == "request"]
+    assert len(first) == 3
+    assert len({e["tid"] for e in first}) == 3  # each request on its task's track
+    assert len([e for e in read_profile(tmp_path / "later.aprof").events() if e.name == "request"]) == 4
 
 
 def test_aprof_run_control_writes_a_profile_still_running_at_exit(tmp_path: Path, runtime_dir: Path) -> None:

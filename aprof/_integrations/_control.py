@@ -27,7 +27,6 @@ import _thread
 import atexit
 import contextlib
 import errno
-import importlib
 import json
 import os
 import select
@@ -231,13 +230,9 @@ def _here(fn: Callable[[], Any]) -> Any:
 
 
 def _flight_recorder() -> Any:
-    # The flight recorder (issue 19 item 2), imported by name: remote
-    # control works with or without it.
-    try:
-        flight = importlib.import_module("aprof._core._flight")
-    except ImportError:
-        return None
-    return flight.active()
+    from .._core import _flight  # the flight recorder (issue 19 item 2)
+
+    return _flight.active()
 
 
 def _output_arg(command: str, output: Any) -> Path:
@@ -254,9 +249,9 @@ def _output_arg(command: str, output: Any) -> Path:
 
 
 def _write(session: Any, out: Path) -> None:
-    from .._cli._main import _write as write
+    from .._export._files import write_by_suffix
 
-    write(session, out)
+    write_by_suffix(session, out)
 
 
 def handle(request: Any, controller: _Controller | None = None) -> dict[str, Any]:
