@@ -143,6 +143,23 @@ def test_ctrl_c_still_writes_the_trace(tmp_path: Path) -> None:
     assert "before" in {e.get("name") for e in events}
 
 
+def test_run_keep_latest_keeps_the_last_ranges_and_says_what_it_dropped(tmp_path: Path) -> None:
+    # Issue 19 item 1: aprof run --max-events N --keep latest is a ring; the
+    # summary names the drops, the trace counts them by kind.
+    (tmp_path / "many.py").write_text(
+        "import aprof\nfor i in range(5000):\n    with aprof.record_function(f'r{i}'):\n        pass\n"
+    )
+    out = tmp_path / "t.json"
+    proc = run_aprof("run", "--max-events", "800", "--keep", "latest", "-o", str(out), "many.py", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    doc = validate_trace(out)
+    names = [e["name"] for e in doc["traceEvents"] if e.get("cat") == "user_scope"]
+    dropped = doc["otherData"]["dropped_by_kind"]["ranges"]
+    assert len(names) + dropped == 5000
+    assert names[-1] == "r4999"
+    assert f"Data dropped: {dropped:,} ranges" in proc.stdout + proc.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -154,7 +171,9 @@ def test_ctrl_c_still_writes_the_trace(tmp_path: Path) -> None:
         (["report", "garbage.json"], "'garbage.json' is not a session, a Chrome trace or an HTML report"),
         (["convert", "nothere.json", "out.html"], "no such file 'nothere.json'"),
         (["convert", "garbage.json", "out.html"], "'garbage.json' is not a session"),
-        (["run", "--max-events", "5", "s.py"], "--max-events limits the Python tracer's events and the samples: add --python-tracer or --sample"),
+        (["run", "--keep", "latest", "s.py"], "--keep latest needs a budget: add --max-events N or --max-bytes B"),
+        (["run", "--keep", "latest", "--max-events", "5", "--python-tracer", "s.py"], "--keep latest cannot bound --python-tracer"),
+        (["run", "--max-bytes", "1000", "s.py"], "--max-bytes must be at least 65536"),
         (["run", "--no-c-calls", "s.py"], "--no-c-calls changes what the Python tracer records: add --python-tracer"),
         (["run", "--c-calls", "s.py"], "--c-calls changes what the Python tracer records: add --python-tracer"),
         (["run", "--python-tracer", "--c-calls", "--no-c-calls", "s.py"], "--c-calls and --no-c-calls contradict"),

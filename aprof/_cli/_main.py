@@ -50,7 +50,7 @@ DEFAULT_LOOP_BLOCK_THRESHOLD: Final = 0.05
 #: aprof run's options that take a value (the rest are flags): the command
 #: line is split by hand at the script or ``-m module``, so that whatever
 #: follows is the program's, untouched.
-_RUN_VALUE_OPTIONS: Final = ("-o", "--output", "--scope", "--max-events", "--html-budget", "--loop-block-threshold", "--sort", "--row-limit")
+_RUN_VALUE_OPTIONS: Final = ("-o", "--output", "--scope", "--max-events", "--max-bytes", "--keep", "--html-budget", "--loop-block-threshold", "--sort", "--row-limit")
 
 
 _HTML_BUDGET_HELP: Final = (
@@ -89,7 +89,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--python-tracer", action="store_true", help="record every Python function call and return, on the tracks of the tasks that made them")
     run.add_argument("--c-calls", action="store_true", help="with --python-tracer, record the C functions Python code calls too (costs more: on 3.11 several times)")
     run.add_argument("--no-c-calls", action="store_true", help="with --python-tracer, Python frames only: the default now, accepted so older command lines still run")
-    run.add_argument("--max-events", type=_positive_int, metavar="N", help="with --python-tracer or --sample, keep the first N raw tracer events (and N samples) and count the rest as dropped")
+    run.add_argument("--max-events", type=_positive_int, metavar="N", help="hold at most N events while recording (ranges, instants, tasks, loop blocks; and N raw tracer events, N samples) and count the rest as dropped")
+    run.add_argument("--max-bytes", type=_positive_int, metavar="B", help="hold at most B bytes of recorded events (at least 65536; a range is 48 bytes)")
+    run.add_argument("--keep", choices=("first", "latest"), default="first", help="past --max-events/--max-bytes: keep the first events (default), or the latest (a ring: the oldest whole events are let go)")
     run.add_argument("--html-budget", type=_positive_int, metavar="N", help=_HTML_BUDGET_HELP)
     run.add_argument(
         "--sample",
@@ -369,8 +371,12 @@ def _run(args: argparse.Namespace) -> int:
         raise _UsageError("run: give a script (aprof run script.py) or a module (aprof run -m module)")
     if args.target and not Path(args.target).is_file():
         raise _UsageError(f"run: cannot find script {args.target!r}")
-    if args.max_events is not None and not (args.python_tracer or args.sample is not None):
-        raise _UsageError("run: --max-events limits the Python tracer's events and the samples: add --python-tracer or --sample")
+    if args.keep == "latest" and args.max_events is None and args.max_bytes is None:
+        raise _UsageError("run: --keep latest needs a budget: add --max-events N or --max-bytes B")
+    if args.keep == "latest" and args.python_tracer:
+        raise _UsageError("run: --keep latest cannot bound --python-tracer (the tracer keeps its first events): use --keep first")
+    if args.max_bytes is not None and args.max_bytes < 65536:
+        raise _UsageError(f"run: --max-bytes must be at least 65536 (64 KiB), got {args.max_bytes}")
     if args.c_calls and not args.python_tracer:
         raise _UsageError("run: --c-calls changes what the Python tracer records: add --python-tracer")
     if args.no_c_calls and not args.python_tracer:
@@ -394,6 +400,8 @@ def _run(args: argparse.Namespace) -> int:
         with_stack=args.with_stack,
         python_tracer=args.python_tracer,
         max_events=args.max_events,
+        max_bytes=args.max_bytes,
+        keep=args.keep,
         sample_interval=args.sample,
         c_calls=args.c_calls,
         loop_block_threshold=None if args.no_loop_block else args.loop_block_threshold,
@@ -446,7 +454,7 @@ def _run_control(args: argparse.Namespace, out: Path, shown: str) -> int:
     """``aprof run --control``: the program runs unprofiled with its control
     socket open; a profile started by ``aprof ctl`` and running at exit is
     stopped, summarised and written to ``out``."""
-    given = [flag for flag, on in (("--python-tracer", args.python_tracer), ("--sample", args.sample is not None), ("--max-events", args.max_events is not None), ("--with-stack", args.with_stack), ("--c-calls", args.c_calls)) if on]
+    given = [flag for flag, on in (("--python-tracer", args.python_tracer), ("--sample", args.sample is not None), ("--max-events", args.max_events is not None), ("--max-bytes", args.max_bytes is not None), ("--keep", args.keep != "first"), ("--with-stack", args.with_stack), ("--c-calls", args.c_calls)) if on]
     if given:
         raise _UsageError(f"run: with --control, aprof ctl PID start starts the profile: give {given[0]} to it there")
     from .._integrations import _control
