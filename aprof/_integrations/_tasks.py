@@ -161,7 +161,7 @@ class TaskThread(LogicalThread):
         self._state: ProfilerState | None = None
         # Where its record sits: a bounded profile starts a new list of
         # task records with each generation (aprof._core._ring).
-        self._records: list[Any] = []
+        self._records: list[Any] = _NO_RECORDS
         self._idx = 0
         self.spawn_ns = perf_counter_ns()
         # Complete before it is published: another thread may stop a profile

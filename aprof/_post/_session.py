@@ -91,6 +91,7 @@ class Session:
         # are emptied, not just let go: a task still running holds the one
         # its record is in.
         records.clear()
+        state.task_records.clear()  # a bounded profile's current generation's (records is a copy then)
         state.lists = {}
         state.task_records = []
         ring = state.ring
