@@ -399,3 +399,17 @@ def test_soak_two_million_ranges_and_200k_tasks_stay_at_constant_memory() -> Non
     # within 10%.
     settled = rss[len(rss) // 2 :]
     assert max(settled) <= min(settled) * 1.10, [r // 1_000_000 for r in rss]
+
+
+def test_a_pinned_ring_seals_but_lets_nothing_go() -> None:
+    # A dump copying the generations pins the ring: a rotation meanwhile
+    # (another thread recording) must not empty what is being copied.
+    with aprof.profile(max_events=80, keep="latest") as prof:
+        ring = prof._state.ring
+        ring.pins += 1
+        _ranges(400)
+        assert sum(g.events for g in ring.sealed) >= 390
+        ring.pins -= 1
+        _ranges(100)
+    assert len(_names(prof)) <= 80
+    assert len(_names(prof)) + prof.session.dropped_by_kind["ranges"] == 500

@@ -354,6 +354,7 @@ class flight_recorder:
         now = perf_counter_ns()
         gc_was_enabled = gc.isenabled()
         gc.disable()  # no finalizer runs (and records) while the records are copied
+        ring.pins += 1  # and no generation is let go (emptied) under the copy
         try:
             views = list(ring.lists().values())
             records = ring.task_records()
@@ -362,6 +363,7 @@ class flight_recorder:
             copies = ext.raw_snapshot(flat) if ext is not None else [list(lst) for lst in flat]
             dropped = ring.dropped()
         finally:
+            ring.pins -= 1
             if gc_was_enabled:
                 gc.enable()
         lists: dict[Any, Any] = {}

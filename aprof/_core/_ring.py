@@ -178,7 +178,7 @@ class Ring:
 
     __slots__ = (
         "__weakref__", "_bpe", "_dropped", "_failed", "_held_bytes", "_held_events", "_start_ns", "budget", "keep",
-        "max_bytes", "max_events", "sealed", "state",
+        "max_bytes", "max_events", "pins", "sealed", "state",
     )  # fmt: skip
 
     def __init__(
@@ -195,6 +195,9 @@ class Ring:
         self._bpe = _FIRST_GUESS
         self._start_ns = state.start_ns
         self._failed = False
+        #: Readers copying the generations (a flight recorder's dump): while
+        #: any is, generations are sealed but none is let go.
+        self.pins = 0
         self.budget = Budget(self.on_full, self._limit(0))
 
     # -- the budget ------------------------------------------------------------
@@ -271,7 +274,7 @@ class Ring:
         self._held_events += events
         keep_bytes = None if self.max_bytes is None else self.max_bytes - self.max_bytes // GENERATIONS
         keep_events = None if self.max_events is None else self.max_events - self.max_events // GENERATIONS
-        while self.sealed and (
+        while self.sealed and not self.pins and (
             (keep_bytes is not None and self._held_bytes > keep_bytes)
             or (keep_events is not None and self._held_events > keep_events)
         ):
