@@ -1490,6 +1490,94 @@ cmp_start(const void *a, const void *b)
     return (x->row > y->row) - (x->row < y->row); /* stable: the order they came in */
 }
 
+/* ColumnStage: the columns of the tracks consolidated so far, in C, so that
+ * a session of many small tracks (a task per request) makes one frombytes()
+ * per column at the end, not one per column per track (_events.consolidate
+ * flushes it into the table once). */
+typedef struct {
+    PyObject_HEAD
+    char *buf[N_COLUMNS];
+    Py_ssize_t n, cap; /* rows staged, rows of room */
+} ColumnStage;
+
+static PyTypeObject ColumnStageType;
+
+static void
+ColumnStage_dealloc(ColumnStage *st)
+{
+    for (int c = 0; c < N_COLUMNS; c++)
+        PyMem_Free(st->buf[c]);
+    Py_TYPE(st)->tp_free((PyObject *)st);
+}
+
+/* Append n rows of every column (out[c]: n values of its width). */
+static int
+stage_put(ColumnStage *st, void *const *out, Py_ssize_t n)
+{
+    if (st->n + n > st->cap) {
+        Py_ssize_t cap = st->cap ? st->cap : 1024;
+        while (cap < st->n + n)
+            cap *= 2;
+        for (int c = 0; c < N_COLUMNS; c++) {
+            char *b = PyMem_Realloc(st->buf[c], (size_t)cap * (size_t)column_widths[c]);
+            if (b == NULL) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            st->buf[c] = b;
+        }
+        st->cap = cap;
+    }
+    for (int c = 0; c < N_COLUMNS; c++)
+        memcpy(st->buf[c] + (size_t)st->n * (size_t)column_widths[c], out[c], (size_t)n * (size_t)column_widths[c]);
+    st->n += n;
+    return 0;
+}
+
+/* flush(tab): append the staged rows to the EventTable's columns; empty. */
+static PyObject *
+ColumnStage_flush(ColumnStage *st, PyObject *tab)
+{
+    for (int c = 0; c < N_COLUMNS && st->n > 0; c++) {
+        PyObject *col = PyObject_GetAttrString(tab, column_attrs[c]);
+        PyObject *res = col == NULL ? NULL
+                                    : PyObject_CallMethod(col, "frombytes", "y#", st->buf[c],
+                                                          (Py_ssize_t)(st->n * column_widths[c]));
+        Py_XDECREF(col);
+        if (res == NULL)
+            return NULL; /* the columns may differ in length now: the table is not used after an error */
+        Py_DECREF(res);
+    }
+    st->n = 0;
+    Py_RETURN_NONE;
+}
+
+static Py_ssize_t
+ColumnStage_len(ColumnStage *st)
+{
+    return st->n;
+}
+
+static PyMethodDef ColumnStage_methods[] = {
+    {"flush", (PyCFunction)ColumnStage_flush, METH_O, "flush(tab): append the staged rows to the table's columns."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PySequenceMethods ColumnStage_as_sequence = {
+    .sq_length = (lenfunc)ColumnStage_len,
+};
+
+static PyTypeObject ColumnStageType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "aprof._ctracer.ColumnStage",
+    .tp_basicsize = sizeof(ColumnStage),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "ColumnStage()\n--\n\nRows consolidated into C buffers, flushed into an EventTable at once.",
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)ColumnStage_dealloc,
+    .tp_methods = ColumnStage_methods,
+    .tp_as_sequence = &ColumnStage_as_sequence,
+};
+
 /* consolidate_raw(raw, tid, lead, track, stop_ns, tab, linked): the same as
  * nest(sort_by_start(lead + records_of(raw, tid))) into the EventTable `tab`
  * (see those), without building a record per range: the raw tuples are
@@ -1499,7 +1587,7 @@ cmp_start(const void *a, const void *b)
  * (with_stack): those go through records_of and name_stacks. */
 static PyObject *
 consolidate(PyObject *raw, long long tid, PyObject *lead, long track, long long stop_ns, PyObject *tab,
-            PyObject *linked)
+            PyObject *linked, ColumnStage *stage)
 {
     /* raw is one list, or a tuple of lists: a bounded profile's chunks of
      * one logical thread, oldest first (aprof/_core/_ring.py), each end
@@ -1509,6 +1597,8 @@ consolidate(PyObject *raw, long long tid, PyObject *lead, long track, long long 
     Py_ssize_t n_raw = 0, n_lead = PyList_GET_SIZE(lead), base = PyObject_Length(tab);
     if (base < 0)
         return NULL;
+    if (stage != NULL)
+        base += stage->n; /* rows staged come before these */
     Py_ssize_t n_rows = n_lead; /* a block holds many ranges, a tuple one */
     for (Py_ssize_t c = 0; c < n_chunks; c++) {
         if (!PyList_CheckExact(chunks[c])) {
@@ -1797,16 +1887,21 @@ consolidate(PyObject *raw, long long tid, PyObject *lead, long track, long long 
                 goto done;
         }
     }
-    for (int c = 0; c < N_COLUMNS; c++) {
-        PyObject *col = PyObject_GetAttrString(tab, column_attrs[c]);
-        PyObject *res = col == NULL ? NULL
-                                    : PyObject_CallMethod(col, "frombytes", "y#", (const char *)out[c],
-                                                          (Py_ssize_t)(n * column_widths[c]));
-        Py_XDECREF(col);
-        if (res == NULL)
+    if (stage != NULL) {
+        if (stage_put(stage, out, n) < 0)
             goto done;
-        Py_DECREF(res);
     }
+    else
+        for (int c = 0; c < N_COLUMNS; c++) {
+            PyObject *col = PyObject_GetAttrString(tab, column_attrs[c]);
+            PyObject *res = col == NULL ? NULL
+                                        : PyObject_CallMethod(col, "frombytes", "y#", (const char *)out[c],
+                                                              (Py_ssize_t)(n * column_widths[c]));
+            Py_XDECREF(col);
+            if (res == NULL)
+                goto done;
+            Py_DECREF(res);
+        }
     result = Py_NewRef(Py_None);
 done:
     if (rows_ok)
@@ -1832,8 +1927,12 @@ consolidate_raw(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_RuntimeError, "aprof: _events_setup() was not called");
         return NULL;
     }
-    if (nargs != 7 || !(PyList_Check(args[0]) || PyTuple_CheckExact(args[0])) || !PyLong_Check(args[1]) ||
-        !PyList_Check(args[2]) ||
+    if (nargs == 8 && args[7] != Py_None && !Py_IS_TYPE(args[7], &ColumnStageType)) {
+        PyErr_SetString(PyExc_TypeError, "consolidate_raw: stage must be a ColumnStage or None");
+        return NULL;
+    }
+    if ((nargs != 7 && nargs != 8) || !(PyList_Check(args[0]) || PyTuple_CheckExact(args[0])) ||
+        !PyLong_Check(args[1]) || !PyList_Check(args[2]) ||
         !PyLong_Check(args[3]) || !PyLong_Check(args[4]) || !PyList_Check(args[6])) {
         PyErr_SetString(PyExc_TypeError, "consolidate_raw(raw: list | tuple[list, ...], tid: int, lead: list, track: int, "
                                          "stop_ns: int, "
@@ -1844,7 +1943,8 @@ consolidate_raw(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     long track = PyLong_AsLong(args[3]);
     if ((tid == -1 || stop_ns == -1 || track == -1) && PyErr_Occurred())
         return NULL;
-    return consolidate(args[0], tid, args[2], track, stop_ns, args[5], args[6]);
+    ColumnStage *stage = nargs == 8 && args[7] != Py_None ? (ColumnStage *)args[7] : NULL;
+    return consolidate(args[0], tid, args[2], track, stop_ns, args[5], args[6], stage);
 }
 
 /* nest(records, track, stop_ns, tab, linked): see _events._nest. Appends
@@ -1870,7 +1970,7 @@ nest(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     PyObject *none = PyList_New(0);
     if (none == NULL)
         return NULL;
-    PyObject *result = consolidate(none, 0, args[0], track, stop_ns, args[3], args[4]);
+    PyObject *result = consolidate(none, 0, args[0], track, stop_ns, args[3], args[4], NULL);
     Py_DECREF(none);
     return result;
 }
@@ -3331,10 +3431,11 @@ aprof_events_init(PyObject *module)
     zero = PyLong_FromLong(0);
     if (str_submit_ns == NULL || str_sort == NULL || str_key == NULL || minus_one == NULL || zero == NULL)
         return -1;
-    if (PyType_Ready(&EventViewType) < 0 || PyType_Ready(&ViewCacheType) < 0)
+    if (PyType_Ready(&EventViewType) < 0 || PyType_Ready(&ViewCacheType) < 0 || PyType_Ready(&ColumnStageType) < 0)
         return -1;
     if (PyModule_AddObjectRef(module, "EventView", (PyObject *)&EventViewType) < 0 ||
-        PyModule_AddObjectRef(module, "ViewCache", (PyObject *)&ViewCacheType) < 0)
+        PyModule_AddObjectRef(module, "ViewCache", (PyObject *)&ViewCacheType) < 0 ||
+        PyModule_AddObjectRef(module, "ColumnStage", (PyObject *)&ColumnStageType) < 0)
         return -1;
     return PyModule_AddFunctions(module, event_functions);
 }

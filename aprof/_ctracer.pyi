@@ -324,9 +324,16 @@ def nest(records: list[list[Any]], track: int, stop_ns: int, tab: Any, linked: l
     ``tab`` (and the indexes of the top-level ones with a forward thread to
     ``linked``)."""
 
+class ColumnStage:
+    """Rows consolidated into C buffers (``consolidate_raw``'s ``stage``),
+    added to an EventTable's columns at once by ``flush(tab)``."""
+
+    def flush(self, tab: Any, /) -> None: ...
+    def __len__(self) -> int: ...
+
 def consolidate_raw(
     raw: list[Any] | tuple[list[Any], ...], tid: int, lead: list[list[Any]], track: int, stop_ns: int, tab: Any,
-    linked: list[int], /,
+    linked: list[int], stage: ColumnStage | None = None, /,
 ) -> None:
     """``nest(sort_by_start(lead + records_of(raw, tid)))`` into the table in
     one pass over C arrays, with no record per range (not for raw stacks that
