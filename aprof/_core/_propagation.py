@@ -118,8 +118,24 @@ class _Wrapped:
         # trio names its worker thread after the function it runs.
         return getattr(self.__wrapped__, name)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled: handed to another process (a process pool, from
+        # loop.run_in_executor(pool, aprof.wrap(fn))). A context cannot
+        # cross, the profile can: in the context captured at wrap(), this
+        # becomes the call the child profiles (SPEC 11.4), or fn itself
+        # when no profile runs there.
+        from .._integrations._processes import process_call
+
+        call, _ = self._ctx.run(process_call, self.__wrapped__, self._fwd, self._seq, self._submit_ns)
+        return (_same, (call,))
+
     def __repr__(self) -> str:
         return f"<aprof.wrap of {self.__wrapped__!r}>"
+
+
+def _same(x: Any) -> Any:
+    """Unpickles a wrapped callable as what it pickled as."""
+    return x
 
 
 class _InWorker:
@@ -287,10 +303,22 @@ class _PropagatingExecutor(Executor):
 
     def __init__(self, inner: Executor) -> None:
         self._inner = inner
+        self._processes = isinstance(inner, concurrent.futures.ProcessPoolExecutor)
 
     def submit(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         if not callable(fn):
             raise TypeError(f"propagating(...).submit: expected a callable, got {fn!r}")
+        if self._processes:
+            # Another process: the profile's options and the link go with
+            # the call, and the child's session comes back at stop (SPEC 11.4).
+            from .._integrations._processes import process_call
+
+            call, tell = process_call(
+                fn, (stepping.lt or current_logical_thread()).id, next_sequence_nr(), perf_counter_ns()
+            )
+            fut = self._inner.submit(call, *args, **kwargs)
+            tell(fut)
+            return fut
         return self._inner.submit(_Wrapped(fn), *args, **kwargs)
 
     def map(self, fn: Callable[..., R], *iterables: Any, timeout: float | None = None, chunksize: int = 1) -> Iterator[R]:
@@ -312,16 +340,23 @@ class _PropagatingExecutor(Executor):
 def propagating(executor: Executor) -> Executor:
     """Wrap ``executor`` so ``submit`` and ``map`` carry the submitter's context.
 
+    With a ``ProcessPoolExecutor``, each call runs in the child inside a
+    profile with the submitter's profile's options, as an ``EXECUTOR``
+    range; at the submitter's ``stop()`` the child's events are merged into
+    its session, on the child's tracks under the child's node id (its
+    pid), linked to the submit (SPEC 11.4). Work that did not come back
+    (the child was killed, or still running at stop) is listed in
+    ``session.lost``.
+
     Args:
-        executor: A ``ThreadPoolExecutor`` or any thread-based ``Executor``.
+        executor: A ``ThreadPoolExecutor``, a ``ProcessPoolExecutor`` or
+            any thread-based ``Executor``.
 
     Returns:
         An ``Executor``; shutting it down shuts down ``executor``.
 
     Raises:
         TypeError: ``executor`` is not an ``Executor``.
-        NotImplementedError: ``executor`` is a ``ProcessPoolExecutor``
-            (contexts cannot cross processes yet; SPEC 11.4).
 
     Example:
         >>> import aprof
@@ -330,11 +365,6 @@ def propagating(executor: Executor) -> Executor:
         ...     pool.submit(sum, [1, 2]).result()
         3
     """
-    if isinstance(executor, concurrent.futures.ProcessPoolExecutor):
-        raise NotImplementedError(
-            "propagating: ProcessPoolExecutor is not supported yet: a context cannot cross into "
-            "another process (SPEC 11.4); use a ThreadPoolExecutor"
-        )
     if not isinstance(executor, Executor):
         raise TypeError(f"propagating: expected a concurrent.futures.Executor, got {executor!r}")
     if isinstance(executor, _PropagatingExecutor):

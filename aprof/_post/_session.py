@@ -100,7 +100,15 @@ class Session:
             # perf_counter_ns -> Unix epoch ns, for exports that need wall
             # time (OpenTelemetry, SPEC 11.5).
             "unix_offset_ns": time.time_ns() - time.perf_counter_ns(),
+            # For merges (aprof/_post/_merge.py): which session this is (one
+            # given twice is refused), and whose perf_counter clock it uses.
+            "session_id": os.urandom(8).hex(),
         }
+        from ._merge import boot_id
+
+        boot = boot_id()
+        if boot is not None:
+            metadata["boot_id"] = boot
         lt = state.start_lt
         if lt is not None:
             # The task or thread that started the profile spawns work but
@@ -115,6 +123,14 @@ class Session:
     def tracks(self) -> list[Track]:
         """The tracks that have events, in order of first activity."""
         return sorted(self._tracks.values(), key=_first_start(self._table))
+
+    @property
+    def lost(self) -> list[dict[str, Any]]:
+        """Work of other processes that never came back (SPEC 15.4): one
+        record per job or process, ``{"node_id", "pid", "name", "reason"}``
+        (``node_id`` and ``pid`` are None when the process never said who
+        it was). Empty when everything came back."""
+        return [dict(x) for x in self.metadata.get("lost") or () if type(x) is dict]
 
     @property
     def dropped(self) -> int:

@@ -1,0 +1,312 @@
+"""Profiling work handed to other processes (SPEC 11.4, 15.4; issue 20).
+
+A context cannot cross into another process, but a profile's *options* can,
+like a distributed-tracing header. At submit time (in the submitter's
+context) :func:`process_call` looks for the running profile; if there is
+one, the callable is wrapped in a picklable :class:`ProcessCall` that
+carries:
+
+* the profile's options (tracer, stacks, inputs, tasks, event budget),
+* the link to the submit point: the submitting logical thread, the
+  submit's sequence number and its time,
+* the parent's node id, and a private directory the parent made for this
+  profile (``tempfile.mkdtemp``: mode 0700, in the system's temp dir, never
+  the working directory).
+
+In the child, the call runs inside a profile of its own (node id = the
+child's pid), as an ``EXECUTOR`` range with everything it does inside.
+Before starting it creates ``<job>-<pid>.part`` in the directory; when the
+call ends (returned or raised) it writes its session there and renames it
+``<job>-<pid>.aprof``, before the result goes back to the parent, so a job
+whose future has completed always has its file.
+
+At the parent's ``stop()``, :func:`collect` reads the files of the jobs
+submitted under that profile, merges them into the parent's session
+(:mod:`aprof._post._merge`: each child process on its own tracks under its
+node id, the submit linked to the child's range) and removes the
+directory. A job that did not come back is named in ``session.lost``: its
+process ended mid-job (a ``.part`` without a session: crashed or killed),
+it was still queued or running at stop, or its file could not be read.
+Only that job's work is lost; the parent's events are untouched.
+
+Anything that goes wrong on the child's side (aprof cannot start there,
+the directory is gone because the parent stopped) runs the job unprofiled;
+a real failure says so once per process with a warning. The job itself
+never fails because of aprof.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import os
+import shutil
+import tempfile
+import threading
+import warnings
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, Final
+
+from .._core._callbacks import RF_STATE
+from .._core._recorder import ProfilerState
+
+__all__ = ["ProcessCall", "collect", "discard", "process_call"]
+
+#: Options of the parent's profile that the child's profile takes.
+_FORWARDED: Final = ("record_inputs", "with_stack", "python_tracer", "c_calls", "tasks", "max_events", "loop_block_threshold")
+
+
+class _Job:
+    """What a child needs to profile one submitted call (picklable)."""
+
+    __slots__ = ("dir", "fwd", "id", "node_id", "options", "seq", "submit_ns")
+
+    def __init__(self, id: int, dir: str, options: dict[str, Any], node_id: int, fwd: int, seq: int, submit_ns: int) -> None:
+        self.id = id
+        self.dir = dir
+        self.options = options
+        self.node_id = node_id
+        self.fwd = fwd
+        self.seq = seq
+        self.submit_ns = submit_ns
+
+    def __getstate__(self) -> tuple[Any, ...]:
+        return (self.id, self.dir, self.options, self.node_id, self.fwd, self.seq, self.submit_ns)
+
+    def __setstate__(self, state: tuple[Any, ...]) -> None:
+        self.id, self.dir, self.options, self.node_id, self.fwd, self.seq, self.submit_ns = state
+
+
+class ProcessCall:
+    """``fn`` submitted to another process under a profile: in that process,
+    runs it inside a profile of its own and leaves the session for the
+    parent. Pickles as ``fn`` and the job (``fn`` must pickle as it would
+    without aprof, and fails the same way if it does not)."""
+
+    __slots__ = ("__wrapped__", "_job")
+
+    def __init__(self, fn: Callable[..., Any], job: _Job) -> None:
+        self.__wrapped__ = fn
+        self._job = job
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ProcessCall, (self.__wrapped__, self._job))
+
+    def __repr__(self) -> str:
+        return repr(self.__wrapped__)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        fn = self.__wrapped__
+        job = self._job
+        try:
+            started = _start_in_child(job)
+        except Exception as exc:  # noqa: BLE001 - the job runs anyway (issue 20, "Bad input")
+            _warn_once(f"aprof: could not profile work in process {os.getpid()} ({type(exc).__name__}: {exc}); it runs unprofiled")
+            started = None
+        if started is None:
+            return fn(*args, **kwargs)
+        prof, part = started
+        from .._core._propagation import _run_executor_range
+
+        try:
+            # fwd 0: the submitter is in another process; the merge points
+            # this range at it through the session's parent_link.
+            return _run_executor_range(fn, args, kwargs, 0, job.seq, job.submit_ns)
+        finally:
+            _finish_in_child(prof, part, job)
+
+
+_warned: list[bool] = []
+
+
+def _warn_once(message: str) -> None:
+    if not _warned:
+        _warned.append(True)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def _start_in_child(job: _Job) -> tuple[Any, str] | None:
+    from .._core._profiler import profile
+
+    part = os.path.join(job.dir, f"{job.id}-{os.getpid()}.part")
+    try:
+        # O_EXCL: a job runs once; the file says which process took it.
+        os.close(os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileNotFoundError:
+        return None  # the parent stopped and removed the directory: nobody will read it
+    prof = profile(node_id=os.getpid(), **job.options)
+    try:
+        prof.start()
+    except BaseException:
+        os.unlink(part)
+        raise
+    return prof, part
+
+
+def _finish_in_child(prof: Any, part: str, job: _Job) -> None:
+    from .._post._binary import write_binary
+
+    try:
+        prof.stop()
+        session = prof.session
+        session.metadata["parent_link"] = {"node_id": job.node_id, "fwd": job.fwd, "seq": job.seq}
+        with open(part, "wb") as f:
+            f.writelines(write_binary(session))
+        os.replace(part, part[: -len(".part")] + ".aprof")
+    except FileNotFoundError:
+        pass  # the parent stopped meanwhile: its session names this job as lost
+    except Exception as exc:  # noqa: BLE001 - never fail the job for its profile
+        with contextlib.suppress(OSError):
+            os.unlink(part)  # not a crash: the parent says no profile came back
+        _warn_once(f"aprof: could not save the profile of work in process {os.getpid()} ({type(exc).__name__}: {exc})")
+
+
+# ---------------------------------------------------------------------------
+# The parent's side
+# ---------------------------------------------------------------------------
+
+
+class _Run:
+    """The jobs one profile handed to other processes."""
+
+    __slots__ = ("dir", "jobs", "options")
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        self.dir = tempfile.mkdtemp(prefix="aprof-children-")  # 0700, in the temp dir
+        self.options = options
+        #: (job id, name, future or None)
+        self.jobs: list[tuple[int, str, Future[Any] | None]] = []
+
+
+_lock = threading.Lock()
+_runs: dict[int, tuple[ProfilerState, _Run]] = {}
+_ids = itertools.count(1)
+
+
+def _current_state() -> tuple[ProfilerState, dict[str, Any]] | None:
+    """The profile recording the current context (or a global one), with its options."""
+    from .._core import _profiler
+
+    rec = RF_STATE.get().recorder
+    state = rec.state if rec is not None else None
+    found = None
+    for prof in list(_profiler._live):
+        st = prof._state
+        if st is None or not st.running:
+            continue
+        if st is state or (state is None and prof.scope == "global"):
+            found = prof
+            break
+    if found is None or found._state is None:
+        return None
+    options = {k: getattr(found, k) for k in _FORWARDED}
+    return found._state, options
+
+
+def _name_of(fn: Callable[..., Any]) -> str:
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__qualname__
+
+
+def process_call(fn: Callable[..., Any], fwd: int, seq: int, submit_ns: int) -> tuple[Callable[..., Any], Callable[[Future[Any]], None]]:
+    """What to hand a process pool for ``fn``, and how to tell the future.
+
+    Called in the submitter's context. Without a running profile, ``fn``
+    itself (and a no-op): the child runs it as it would without aprof.
+    """
+    found = _current_state()
+    if found is None:
+        return fn, _no_future
+    state, options = found
+    with _lock:
+        entry = _runs.get(id(state))
+        if entry is None or entry[0] is not state:
+            entry = _runs[id(state)] = (state, _Run(options))
+        run = entry[1]
+        job_id = next(_ids)
+        record: list[Any] = [job_id, _name_of(fn), None]
+        run.jobs.append(record)  # type: ignore[arg-type]
+    job = _Job(job_id, run.dir, run.options, state.node_id, fwd, seq, submit_ns)
+
+    def tell(fut: Future[Any]) -> None:
+        record[2] = fut
+
+    return ProcessCall(fn, job), tell
+
+
+def _no_future(fut: Future[Any]) -> None:
+    pass
+
+
+def _lost(name: str, pid: int | None, reason: str) -> dict[str, Any]:
+    return {"node_id": pid, "pid": pid, "name": name, "reason": reason}
+
+
+def collect(state: ProfilerState, session: Any) -> Any:
+    """The parent's session with its children's merged in (at stop)."""
+    with _lock:
+        entry = _runs.pop(id(state), None)
+    if entry is None or entry[0] is not state:
+        return session
+    run = entry[1]
+    from .._post._merge import merge_sessions
+    from .._post._session import load
+
+    try:
+        names = os.listdir(run.dir)
+    except OSError:
+        names = []
+    done: dict[int, tuple[str, int]] = {}
+    started: dict[int, int] = {}
+    for n in names:
+        stem, _, ext = n.rpartition(".")
+        job_s, _, pid_s = stem.partition("-")
+        if not (job_s.isdigit() and pid_s.isdigit()):
+            continue
+        if ext == "aprof":
+            done[int(job_s)] = (os.path.join(run.dir, n), int(pid_s))
+        elif ext == "part":
+            started[int(job_s)] = int(pid_s)
+    children = []
+    lost: list[dict[str, Any]] = []
+    for job_id, name, fut in run.jobs:
+        if job_id in done:
+            path, done_pid = done[job_id]
+            try:
+                children.append(load(path))
+            except (OSError, ValueError) as exc:
+                lost.append(_lost(name, done_pid, f"its profile could not be read ({exc})"))
+            continue
+        pid = started.get(job_id)
+        if fut is not None and not fut.done():
+            what = "still running" if pid is not None else "still queued or running"
+            lost.append(_lost(name, pid, f"{what} in another process when the profile stopped"))
+        elif pid is not None:
+            lost.append(_lost(name, pid, f"process {pid} ended before the job finished (it crashed or was killed)"))
+        elif fut is not None and fut.cancelled():
+            continue  # never ran: nothing was lost
+        elif fut is not None and isinstance(fut.exception(), BrokenProcessPool):
+            lost.append(_lost(name, None, "the process pool broke (a worker died) before the job ran"))
+        elif fut is not None and fut.exception() is not None:
+            continue  # failed in the parent (it could not be pickled): it never ran
+        else:
+            lost.append(_lost(name, None, "no profile came back from the process that ran it"))
+    shutil.rmtree(run.dir, ignore_errors=True)
+    if lost:
+        session.metadata["lost"] = [*(session.metadata.get("lost") or ()), *lost]
+    if not children:
+        return session
+    children.sort(key=lambda s: s.metadata["start_ns"])
+    return merge_sessions([session, *children])
+
+
+def discard(state: ProfilerState) -> None:
+    """Forget a profile's jobs without reading them (warmup, abandoned)."""
+    with _lock:
+        entry = _runs.pop(id(state), None)
+    if entry is not None:
+        shutil.rmtree(entry[1].dir, ignore_errors=True)
