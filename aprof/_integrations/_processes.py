@@ -50,7 +50,7 @@ from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Final
 
-from .._core._callbacks import RF_STATE
+from .._core._callbacks import RF_STATE, AprofWarning
 from .._core._recorder import ProfilerState
 
 __all__ = ["ProcessCall", "collect", "discard", "process_call"]
@@ -125,19 +125,19 @@ _warned: list[bool] = []
 def _warn_once(message: str) -> None:
     if not _warned:
         _warned.append(True)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        warnings.warn(message, AprofWarning, stacklevel=3)
 
 
 def _start_in_child(job: _Job) -> tuple[Any, str] | None:
     from .._core._profiler import profile
 
+    prof = profile(node_id=os.getpid(), **job.options)
     part = os.path.join(job.dir, f"{job.id}-{os.getpid()}.part")
     try:
         # O_EXCL: a job runs once; the file says which process took it.
         os.close(os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     except FileNotFoundError:
         return None  # the parent stopped and removed the directory: nobody will read it
-    prof = profile(node_id=os.getpid(), **job.options)
     try:
         prof.start()
     except BaseException:

@@ -167,8 +167,8 @@ def merge_sessions(sessions: Sequence[Session], names: Sequence[str] | None = No
     used_ids: set[int] = set()
     next_id = [max((max(s._tracks, default=0) for s in sessions), default=0) + 1]
 
-    def fresh(old: int) -> int:
-        if old not in used_ids:
+    def fresh(old: int, keep: bool) -> int:
+        if keep or old not in used_ids:  # the first session keeps its ids
             return old
         while next_id[0] in used_ids:
             next_id[0] += 1
@@ -176,6 +176,12 @@ def merge_sessions(sessions: Sequence[Session], names: Sequence[str] | None = No
             raise ValueError(f"merge: more than {_MAX_ID:,} tracks")
         return next_id[0]
 
+    # The first session's submitters of linked child jobs keep their ids,
+    # even when they recorded nothing (the thread that waits for the pool).
+    for s in sessions[1:]:
+        link = s.metadata.get("parent_link")
+        if type(link) is dict and type(link.get("fwd")) is int and link.get("node_id") == first.metadata.get("node_id"):
+            used_ids.add(link["fwd"])
     id_maps: list[dict[int, int]] = []  # per session: old logical thread id -> merged id
     track_maps: list[array[int]] = []  # per session: old track index -> merged track index
     out = EventTable()
@@ -184,11 +190,13 @@ def merge_sessions(sessions: Sequence[Session], names: Sequence[str] | None = No
     for k, s in enumerate(sessions):
         ids: dict[int, int] = {0: 0, -1: -1}
         home = s.metadata.get("node_id", 0)
+        for node in sorted({t.node_id for t in s._table.tracks} | ({home} if type(home) is int else set())):
+            node_for(k, s, node)  # every process of every input, with its pid, even without tracks
         for t in s._table.tracks:
             pkey = _proc_of(s, k, t.node_id)
             mt = track_map.get((pkey, t.id))
             if mt is None:
-                new_id = fresh(t.id)
+                new_id = fresh(t.id, k == 0)
                 used_ids.add(new_id)
                 mt = track_map[(pkey, t.id)] = Track(new_id, t.name, t.kind, t.os_thread_id, node_for(k, s, t.node_id))
                 mt.steps = None if t.steps is None else [x + shifts[k] for x in t.steps]
@@ -214,7 +222,7 @@ def merge_sessions(sessions: Sequence[Session], names: Sequence[str] | None = No
                     if mt is not None:
                         ids[v] = mt.id
                     else:
-                        new_id = fresh(v)
+                        new_id = fresh(v, k == 0)
                         used_ids.add(new_id)
                         ids[v] = new_id
         id_maps.append(ids)
@@ -266,6 +274,7 @@ def merge_sessions(sessions: Sequence[Session], names: Sequence[str] | None = No
 
     # -- cross-process links ---------------------------------------------------
     executor = SCOPE_INDEX[RecordScope.EXECUTOR]
+    linked_to: set[int] = set()
     for k, s in enumerate(sessions):
         link = s.metadata.get("parent_link")
         if type(link) is not dict or k == 0:
@@ -281,9 +290,21 @@ def merge_sessions(sessions: Sequence[Session], names: Sequence[str] | None = No
         for i in range(lo, hi):
             if out.scope[i] == executor and out.seq[i] == seq and out.fwd[i] == 0:
                 out.fwd[i] = target
+                linked_to.add(target)
 
     if shared:
         _group_tracks(out, shared)
+    # A submitter that recorded nothing itself (a plain thread that waits
+    # for the pool) has no track: give it an empty one in its process, so
+    # exports start the arrow there, not in the child's process.
+    have = {t.id for t in out.tracks}
+    st0 = first.metadata.get("start_thread")
+    home0 = first.metadata.get("node_id", 0)
+    for tid in sorted(linked_to - have):
+        name, kind = f"logical thread {tid}", "thread"
+        if type(st0) is dict and st0.get("id") == tid:
+            name, kind = str(st0.get("name")), str(st0.get("kind", "thread"))
+        out.add_track(Track(tid, name, kind, 0, node_map.get(_proc_of(first, 0, home0), home0) if type(home0) is int else 0))
 
     # -- metadata --------------------------------------------------------------
     md = dict(first.metadata)
