@@ -47,6 +47,7 @@ from ._core._threads import current_thread_id
 from ._integrations._asgi import ProfilerMiddleware
 from ._post._analysis import EventAverages, FunctionEventAvg
 from ._post._events import FunctionEvent, Track
+from ._post._merge import merge
 from ._post._samples import Samples
 from ._post._session import Session, load
 from ._util import fixup_module_metadata
@@ -89,6 +90,7 @@ __all__ = [
     "is_record_function_enabled",
     "launch",
     "load",
+    "merge",
     "mark",
     "profile",
     "propagating",

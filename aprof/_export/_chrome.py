@@ -165,7 +165,9 @@ def chrome_trace_chunks(session: Session, batch: int = 4096, capped: dict[str, i
         if session.samples is not None and 2 * run_base + max((t.id for t in tracks), default=0) > UINT32_MAX:
             raise ValueError("export_chrome_trace: thread ids leave no 32-bit room for the sampled rows")
     other = {"producer": "aprof", "aprof_version": session.metadata.get("aprof_version"), "dropped": session.metadata.get("dropped", 0), "start_ns": base}
-    for field in ("stop_ns", "unix_offset_ns"):  # for readers: the profile's end, the wall clock
+    # For readers: the profile's end, the wall clock; for merges, which
+    # session this is and whose clock (aprof/_post/_merge.py).
+    for field in ("stop_ns", "unix_offset_ns", "session_id", "boot_id"):
         if field in session.metadata:
             other[field] = session.metadata[field]
     if run_base:

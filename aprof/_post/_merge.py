@@ -41,7 +41,8 @@ from __future__ import annotations
 
 import os
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from os import PathLike
 from typing import Any, Final
 
 from .._core._callbacks import RecordScope
@@ -49,7 +50,7 @@ from ._events import EventTable, Track
 from ._session import Session
 from ._table import COLUMNS, SCOPE_INDEX, X_EXTRA
 
-__all__ = ["boot_id", "merge_sessions"]
+__all__ = ["boot_id", "merge", "merge_sessions"]
 
 #: Extra fields that hold times (shifted with the clock); "steps" is a list of them.
 _TIME_FIELDS: Final = ("spawn_ns", "submit_ns")
@@ -386,3 +387,55 @@ def _group_tracks(tab: EventTable, shared: set[int]) -> None:
     tab.parent = array("i", [-1 if p < 0 else inv[p] for p in tab.parent])
     tab.rare = {inv[i]: x for i, x in tab.rare.items()}
     tab.links_changed()
+
+
+def merge(sessions: Iterable[Session | str | PathLike[str]]) -> Session:
+    """Merge the sessions of several processes (or runs) into one (SPEC 15.4).
+
+    Each input is a :class:`aprof.Session` or the path of a file
+    ``aprof report`` reads (a saved session, an aprof Chrome trace, an HTML
+    report). The first input's clock, node id and track ids are kept; each
+    other process gets its own tracks under its own node id; times of
+    other machines are aligned through their wall-clock offsets
+    (``unix_offset_ns``). See docs/reference.md, "Merging sessions".
+
+    Args:
+        sessions: Two or more sessions or paths (one is returned as it is read).
+
+    Returns:
+        A new :class:`aprof.Session`; the inputs are not changed.
+
+    Raises:
+        TypeError: an input is neither a session nor a path.
+        FileNotFoundError: a path does not exist.
+        ValueError: no inputs, a file that is not a profile, a session given
+            twice, or a session whose clock cannot be aligned with the
+            first's (a trace of another tool, without a wall-clock offset);
+            the message names the input.
+
+    Example:
+        >>> import aprof
+        >>> with aprof.profile() as a:
+        ...     aprof.mark("a")
+        >>> with aprof.profile() as b:
+        ...     aprof.mark("b")
+        >>> sorted(e.name for e in aprof.merge([a.session, b.session]).events())
+        ['a', 'b']
+    """
+    from ._readers import read_profile
+
+    if isinstance(sessions, (str, PathLike, Session)):
+        raise TypeError("merge: expected a list of sessions or paths, got a single one")
+    items = list(sessions)
+    loaded: list[Session] = []
+    names: list[str] = []
+    for i, item in enumerate(items):
+        if isinstance(item, Session):
+            loaded.append(item)
+            names.append(f"session {i + 1}")
+        elif isinstance(item, (str, PathLike)):
+            loaded.append(read_profile(item))
+            names.append(repr(os.fspath(item)))
+        else:
+            raise TypeError(f"merge: input {i + 1} is a {type(item).__name__}, not an aprof.Session or a path")
+    return merge_sessions(loaded, names)
