@@ -306,3 +306,115 @@ def test_process_call_pickles_small() -> None:
     assert call.__wrapped__ is procjobs.work
     assert (call._job.id, call._job.fwd, call._job.seq, call._job.submit_ns) == (7, 3, 9, 123)
     assert repr(call) == repr(procjobs.work)
+
+
+# ---------------------------------------------------------------------------
+# install_propagation(processes=True): multiprocessing (issue 20 item 2)
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def processes_installed() -> Iterator[None]:
+    aprof.install_propagation(processes=True)
+    try:
+        yield
+    finally:
+        aprof.uninstall_propagation()
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.usefixtures("processes_installed")
+def test_multiprocessing_process_and_pool(method: str, private_tmp: Path) -> None:
+    # SPEC 11.4, 15.4: with install_propagation(processes=True), a Process
+    # started and Pool calls made under a profile are profiled in the
+    # child and merged, each under its process's node id, linked to the
+    # starting point.
+    ctx = multiprocessing.get_context(method)
+    with aprof.profile() as prof:
+        me = aprof.current_thread_id()
+        p = ctx.Process(target=procjobs.work, args=(10,))
+        p.start()
+        p.join(60)
+        with ctx.Pool(1) as mp_pool:
+            assert mp_pool.map(procjobs.work, [10, 20]) == [45, 190]
+            assert mp_pool.apply_async(procjobs.work, (10,)).get(60) == 45
+            assert mp_pool.apply(procjobs.pid_of) > 0
+            assert list(mp_pool.imap(procjobs.work, [10])) == [45]
+            assert mp_pool.starmap(procjobs.work, [(10,)]) == [45]
+            worker = mp_pool.apply(procjobs.pid_of)
+    assert p.exitcode == 0
+    jobs = _children(prof)
+    by_node: dict[int, list[str]] = {}
+    for e in jobs:
+        by_node.setdefault(e.node_id, []).append(e.name)
+        assert e.forward_thread_id == me
+    assert by_node[p.pid] == ["work"]
+    assert sorted(by_node[worker]) == ["pid_of", "pid_of", "work", "work", "work", "work", "work"]
+    assert prof.session.lost == []
+    assert len([e for e in prof.events() if e.name == "inner"]) == 6
+    assert _left(private_tmp) == []
+
+
+@pytest.mark.usefixtures("processes_installed")
+def test_a_killed_process_is_named_with_its_signal(private_tmp: Path) -> None:
+    # Issue 20 "Bad input": SIGKILL mid-range in a multiprocessing.Process.
+    ctx = multiprocessing.get_context("spawn")
+    with aprof.profile() as prof:
+        with aprof.record_function("parent work"):
+            p = ctx.Process(target=procjobs.die)
+            p.start()
+            p.join(60)
+    assert p.exitcode == -9
+    [lost] = prof.session.lost
+    assert lost["name"] == "die"
+    assert lost["pid"] == p.pid
+    assert "killed by signal 9" in lost["reason"]
+    assert [e.name for e in prof.events()] == ["parent work"]
+    assert _left(private_tmp) == []
+
+
+@pytest.mark.usefixtures("processes_installed")
+def test_installed_process_pool_submit_without_propagating(pool: concurrent.futures.ProcessPoolExecutor) -> None:
+    # SPEC 2.5, 11.4: installed, a plain ProcessPoolExecutor (so
+    # run_in_executor) carries the profile; propagating() on top does not
+    # profile twice.
+    with aprof.profile() as prof:
+        assert pool.submit(procjobs.work, 10).result() == 45
+        assert aprof.propagating(pool).submit(procjobs.work, 10).result() == 45
+    assert [e.name for e in _children(prof)] == ["work", "work"]
+
+
+def test_multiprocessing_is_left_alone_unless_asked(private_tmp: Path) -> None:
+    # SPEC 15.6: without processes=True, nothing of multiprocessing changes
+    # and nothing is profiled in the child; uninstall restores everything.
+    import multiprocessing.pool
+    import multiprocessing.process
+
+    originals = (
+        multiprocessing.process.BaseProcess.start,
+        multiprocessing.pool.Pool.apply_async,
+        multiprocessing.pool.Pool._map_async,  # type: ignore[attr-defined]
+        concurrent.futures.ProcessPoolExecutor.submit,
+    )
+    aprof.install_propagation()
+    try:
+        assert multiprocessing.process.BaseProcess.start is originals[0]
+        ctx = multiprocessing.get_context("fork")
+        with aprof.profile() as prof:
+            p = ctx.Process(target=procjobs.work, args=(10,))
+            p.start()
+            p.join(60)
+        assert _children(prof) == []
+        aprof.install_propagation(processes=True)
+        assert multiprocessing.process.BaseProcess.start is not originals[0]
+    finally:
+        aprof.uninstall_propagation()
+    assert (
+        multiprocessing.process.BaseProcess.start,
+        multiprocessing.pool.Pool.apply_async,
+        multiprocessing.pool.Pool._map_async,  # type: ignore[attr-defined]
+        concurrent.futures.ProcessPoolExecutor.submit,
+    ) == originals
+    with pytest.raises(TypeError, match="processes"):
+        aprof.install_propagation(processes=1)  # type: ignore[arg-type]
+    assert _left(private_tmp) == []

@@ -424,7 +424,7 @@ def _timer_run(self: threading.Timer) -> None:
     self.finished.set()
 
 
-def install_propagation() -> None:
+def install_propagation(*, processes: bool = False) -> None:
     """Make ``ThreadPoolExecutor.submit`` (so ``loop.run_in_executor`` too,
     uvloop included), ``threading.Thread`` and ``threading.Timer`` carry the
     caller's context, process-wide, until :func:`uninstall_propagation`.
@@ -432,9 +432,30 @@ def install_propagation() -> None:
 
     ``Thread`` subclasses that override ``run()`` instead of passing
     ``target=`` are not wrapped, nor are ``Timer`` subclasses that do.
+
+    Args:
+        processes: Also carry a running profile into other processes:
+            ``ProcessPoolExecutor.submit`` (so ``run_in_executor`` with a
+            process pool), ``multiprocessing.Process(target=...).start()``
+            and ``multiprocessing.Pool``'s ``apply``/``map``/``starmap``/
+            ``imap`` families (each call profiled in the child and merged
+            at stop, as with ``propagating(ProcessPoolExecutor)``; SPEC
+            11.4). A ``Process`` started so runs a wrapper as its
+            ``_target``. Off by default: each call then costs a profile
+            and a file in the child. Calling again with ``processes=True``
+            adds it to an installed propagation.
+
+    Raises:
+        TypeError: ``processes`` is not a bool.
     """
     global _installed
+    if not isinstance(processes, bool):
+        raise TypeError(f"install_propagation: processes must be True or False, got {processes!r}")
     with _install_lock:
+        if processes:
+            from .._integrations._processes import install_process_hooks
+
+            install_process_hooks()
         if _installed:
             return
         concurrent.futures.ThreadPoolExecutor.submit = _submit  # type: ignore[method-assign,assignment]
@@ -444,9 +465,12 @@ def install_propagation() -> None:
 
 
 def uninstall_propagation() -> None:
-    """Restore the standard library's originals. Idempotent."""
+    """Restore the standard library's originals (processes too). Idempotent."""
     global _installed
+    from .._integrations._processes import uninstall_process_hooks
+
     with _install_lock:
+        uninstall_process_hooks()
         if not _installed:
             return
         concurrent.futures.ThreadPoolExecutor.submit = _ORIGINAL_SUBMIT  # type: ignore[method-assign]

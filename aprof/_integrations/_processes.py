@@ -120,6 +120,7 @@ class ProcessCall:
 
 
 _warned: list[bool] = []
+_calls = itertools.count(1)  # this process's calls: file names
 
 
 def _warn_once(message: str) -> None:
@@ -132,7 +133,8 @@ def _start_in_child(job: _Job) -> tuple[Any, str] | None:
     from .._core._profiler import profile
 
     prof = profile(node_id=os.getpid(), **job.options)
-    part = os.path.join(job.dir, f"{job.id}-{os.getpid()}.part")
+    # One job may run many calls (a multiprocessing.Pool map): each its own file.
+    part = os.path.join(job.dir, f"{job.id}-{os.getpid()}-{next(_calls)}.part")
     try:
         # O_EXCL: a job runs once; the file says which process took it.
         os.close(os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
@@ -177,8 +179,9 @@ class _Run:
     def __init__(self, options: dict[str, Any]) -> None:
         self.dir = tempfile.mkdtemp(prefix="aprof-children-")  # 0700, in the temp dir
         self.options = options
-        #: (job id, name, future or None)
-        self.jobs: list[tuple[int, str, Future[Any] | None]] = []
+        #: (job id, name, what the submitter got back: a future, an
+        #: AsyncResult, a Process; None until known)
+        self.jobs: list[tuple[int, str, Any]] = []
 
 
 _lock = threading.Lock()
@@ -212,8 +215,10 @@ def _name_of(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__qualname__
 
 
-def process_call(fn: Callable[..., Any], fwd: int, seq: int, submit_ns: int) -> tuple[Callable[..., Any], Callable[[Future[Any]], None]]:
-    """What to hand a process pool for ``fn``, and how to tell the future.
+def process_call(fn: Callable[..., Any], fwd: int, seq: int, submit_ns: int) -> tuple[Callable[..., Any], Callable[[Any], None]]:
+    """What to hand a process pool for ``fn``, and how to tell it what the
+    submit returned (a future, an AsyncResult, a Process: read at stop to
+    say what became of a job that did not come back).
 
     Called in the submitter's context. Without a running profile, ``fn``
     itself (and a no-op): the child runs it as it would without aprof.
@@ -232,18 +237,45 @@ def process_call(fn: Callable[..., Any], fwd: int, seq: int, submit_ns: int) -> 
         run.jobs.append(record)  # type: ignore[arg-type]
     job = _Job(job_id, run.dir, run.options, state.node_id, fwd, seq, submit_ns)
 
-    def tell(fut: Future[Any]) -> None:
-        record[2] = fut
+    def tell(handle: Any) -> None:
+        record[2] = handle
 
     return ProcessCall(fn, job), tell
 
 
-def _no_future(fut: Future[Any]) -> None:
+def _no_future(handle: Any) -> None:
     pass
 
 
 def _lost(name: str, pid: int | None, reason: str) -> dict[str, Any]:
     return {"node_id": pid, "pid": pid, "name": name, "reason": reason}
+
+
+def _status(handle: Any) -> str:
+    """What became of a job, from what the submitter got back: a
+    ``concurrent.futures.Future``, a ``multiprocessing`` ``AsyncResult`` or
+    ``Process``; ``"unknown"`` without one (``aprof.wrap`` pickled)."""
+    if handle is None:
+        return "unknown"
+    try:
+        if isinstance(handle, Future):
+            if not handle.done():
+                return "running"
+            if handle.cancelled():
+                return "cancelled"
+            exc = handle.exception()
+            if isinstance(exc, BrokenProcessPool):
+                return "broken"
+            return "done"
+        ready = getattr(handle, "ready", None)
+        if callable(ready):  # multiprocessing.pool.AsyncResult
+            return "done" if ready() else "running"
+        exitcode = getattr(handle, "exitcode", 0)  # multiprocessing.Process
+        if exitcode is None:
+            return "running" if getattr(handle, "_popen", None) is not None else "never started"
+        return "done" if exitcode >= 0 else f"killed by signal {-exitcode}"
+    except Exception:  # noqa: BLE001 - a handle in a state we cannot read
+        return "unknown"
 
 
 def collect(state: ProfilerState, session: Any) -> Any:
@@ -260,41 +292,43 @@ def collect(state: ProfilerState, session: Any) -> Any:
         names = os.listdir(run.dir)
     except OSError:
         names = []
-    done: dict[int, tuple[str, int]] = {}
-    started: dict[int, int] = {}
+    # job id -> [(path, pid, finished)]
+    files: dict[int, list[tuple[str, int, bool]]] = {}
     for n in names:
         stem, _, ext = n.rpartition(".")
-        job_s, _, pid_s = stem.partition("-")
-        if not (job_s.isdigit() and pid_s.isdigit()):
+        parts = stem.split("-")
+        if len(parts) != 3 or not all(x.isdigit() for x in parts) or ext not in ("aprof", "part"):
             continue
-        if ext == "aprof":
-            done[int(job_s)] = (os.path.join(run.dir, n), int(pid_s))
-        elif ext == "part":
-            started[int(job_s)] = int(pid_s)
+        files.setdefault(int(parts[0]), []).append((os.path.join(run.dir, n), int(parts[1]), ext == "aprof"))
     children = []
     lost: list[dict[str, Any]] = []
-    for job_id, name, fut in run.jobs:
-        if job_id in done:
-            path, done_pid = done[job_id]
-            try:
-                children.append(load(path))
-            except (OSError, ValueError) as exc:
-                lost.append(_lost(name, done_pid, f"its profile could not be read ({exc})"))
+    for job_id, name, handle in run.jobs:
+        status = _status(handle)
+        mine = files.get(job_id, [])
+        for path, pid, finished in mine:
+            if finished:
+                try:
+                    children.append(load(path))
+                except (OSError, ValueError) as exc:
+                    lost.append(_lost(name, pid, f"its profile could not be read ({exc})"))
+            elif status == "running":
+                lost.append(_lost(name, pid, "still running in another process when the profile stopped"))
+            else:
+                why = status if status.startswith("killed") else "it crashed or was killed"
+                lost.append(_lost(name, pid, f"process {pid} ended before the job finished ({why})"))
+        if mine:
             continue
-        pid = started.get(job_id)
-        if fut is not None and not fut.done():
-            what = "still running" if pid is not None else "still queued or running"
-            lost.append(_lost(name, pid, f"{what} in another process when the profile stopped"))
-        elif pid is not None:
-            lost.append(_lost(name, pid, f"process {pid} ended before the job finished (it crashed or was killed)"))
-        elif fut is not None and fut.cancelled():
-            continue  # never ran: nothing was lost
-        elif fut is not None and isinstance(fut.exception(), BrokenProcessPool):
+        if status == "running":
+            lost.append(_lost(name, None, "still queued or running in another process when the profile stopped"))
+        elif status == "broken":
             lost.append(_lost(name, None, "the process pool broke (a worker died) before the job ran"))
-        elif fut is not None and fut.exception() is not None:
-            continue  # failed in the parent (it could not be pickled): it never ran
-        else:
+        elif status.startswith("killed"):
+            lost.append(_lost(name, None, f"its process ended before the job started ({status})"))
+        elif status == "unknown":
             lost.append(_lost(name, None, "no profile came back from the process that ran it"))
+        # "done" without a file: it failed in the parent (it could not be
+        # pickled) or ran no call (an empty map); "cancelled", "never
+        # started": it never ran. Nothing was lost.
     shutil.rmtree(run.dir, ignore_errors=True)
     if lost:
         session.metadata["lost"] = [*(session.metadata.get("lost") or ()), *lost]
@@ -310,3 +344,110 @@ def discard(state: ProfilerState) -> None:
         entry = _runs.pop(id(state), None)
     if entry is not None:
         shutil.rmtree(entry[1].dir, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------
+# install_propagation(processes=True): ProcessPoolExecutor and multiprocessing
+# ---------------------------------------------------------------------------
+
+#: (owner, attribute, original) for each method patched now.
+_patched: list[tuple[Any, str, Any]] = []
+
+
+def _link() -> tuple[int, int, int]:
+    """The submit point: logical thread, sequence number, time."""
+    from time import perf_counter_ns
+
+    from .._core._record_function import next_sequence_nr
+    from .._core._threads import current_logical_thread, stepping
+
+    return (stepping.lt or current_logical_thread()).id, next_sequence_nr(), perf_counter_ns()
+
+
+def _wrapped(fn: Any) -> tuple[Any, Callable[[Any], None]]:
+    """``fn`` made a profiled call if a profile runs here (and it is not one already)."""
+    if not callable(fn) or isinstance(fn, ProcessCall) or _current_state() is None:
+        return fn, _no_future
+    return process_call(fn, *_link())
+
+
+def _is_machinery(fn: Any) -> bool:
+    """The standard library's own worker loops (a pool's workers, a manager's server)."""
+    module = getattr(fn, "__module__", None) or ""
+    return module.startswith(("multiprocessing", "concurrent.futures"))
+
+
+def _executor_submit(original: Any) -> Any:
+    def submit(self: Any, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        call, tell = _wrapped(fn)
+        fut = original(self, call, *args, **kwargs)
+        tell(fut)
+        return fut
+
+    return submit
+
+
+def _process_start(original: Any) -> Any:
+    def start(self: Any) -> None:
+        target = getattr(self, "_target", None)
+        if target is not None and not _is_machinery(target):
+            call, tell = _wrapped(target)
+            if call is not target:
+                self._target = call
+                tell(self)
+        original(self)
+
+    return start
+
+
+def _pool_method(original: Any) -> Any:
+    def method(self: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+        import multiprocessing.pool
+
+        if isinstance(self, multiprocessing.pool.ThreadPool):  # threads: install_propagation's own business
+            return original(self, func, *args, **kwargs)
+        call, tell = _wrapped(func)
+        result = original(self, call, *args, **kwargs)
+        if hasattr(result, "ready"):  # AsyncResult / MapResult (imap's iterators say nothing)
+            tell(result)
+        return result
+
+    return method
+
+
+def install_process_hooks() -> None:
+    """Make ``ProcessPoolExecutor.submit``, ``multiprocessing`` ``Process``
+    and ``Pool`` carry a running profile into the child (idempotent)."""
+    import concurrent.futures
+    import multiprocessing.pool
+    import multiprocessing.process
+
+    with _lock:
+        if _patched:
+            return
+        pool_cls = multiprocessing.pool.Pool
+        todo = [
+            (concurrent.futures.ProcessPoolExecutor, "submit", _executor_submit),
+            (multiprocessing.process.BaseProcess, "start", _process_start),
+            (pool_cls, "apply_async", _pool_method),
+            (pool_cls, "_map_async", _pool_method),
+            (pool_cls, "imap", _pool_method),
+            (pool_cls, "imap_unordered", _pool_method),
+        ]
+        for owner, name, make in todo:
+            original = owner.__dict__[name]
+            replacement = functools.wraps(original)(make(original))
+            setattr(owner, name, replacement)
+            _patched.append((owner, name, original))
+
+
+def uninstall_process_hooks() -> None:
+    """Restore what :func:`install_process_hooks` replaced (idempotent)."""
+    with _lock:
+        while _patched:
+            owner, name, original = _patched.pop()
+            setattr(owner, name, original)
+
+
+def process_hooks_installed() -> bool:
+    return bool(_patched)
