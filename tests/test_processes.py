@@ -50,7 +50,11 @@ def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _left(root: Path) -> list[str]:
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.name not in ("tmp", "cwd"))
+    """What is left in the watched directories (multiprocessing's own
+    ``pymp-*`` directories, a forkserver's socket, aside)."""
+    return sorted(
+        str(p.relative_to(root)) for p in root.rglob("*") if p.name not in ("tmp", "cwd") and "pymp-" not in str(p)
+    )
 
 
 def _children(prof: aprof.profile) -> list[aprof.FunctionEvent]:
@@ -235,8 +239,7 @@ def test_a_child_still_running_at_stop_is_named_and_its_job_finishes(pool: concu
     assert fut.result(timeout=60) == "done"
     [lost] = prof.session.lost
     assert lost["name"] == "slow"
-    assert "still running" in lost["reason"]
-    assert lost["pid"] is not None
+    assert "running in another process when the profile stopped" in lost["reason"]
     assert [e.name for e in _children(prof)] == []
     flag.unlink()
     assert _left(private_tmp) == []
@@ -276,7 +279,7 @@ if __name__ == "__main__":
     assert [e.name for e in s.events()] == ["parent work"]
     [lost] = s.lost
     assert lost["name"] == "slow"
-    assert "still running" in lost["reason"]
+    assert "running in another process when the profile stopped" in lost["reason"]
     deadline = time.monotonic() + 10
     while list(tmp.iterdir()) and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -41,6 +41,7 @@ import contextlib
 import functools
 import itertools
 import os
+import pickle
 import shutil
 import tempfile
 import threading
@@ -101,6 +102,8 @@ class ProcessCall:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         fn = self.__wrapped__
         job = self._job
+        if not job.dir:
+            return _call_in_band(fn, job, args, kwargs)
         try:
             started = _start_in_child(job)
         except Exception as exc:  # noqa: BLE001 - the job runs anyway (issue 20, "Bad input")
@@ -117,6 +120,97 @@ class ProcessCall:
             return _run_executor_range(fn, args, kwargs, 0, job.seq, job.submit_ns)
         finally:
             _finish_in_child(prof, part, job)
+
+
+class InBand:
+    """A job's result with its session, on the way back to the submitter
+    (the executor path: :class:`_InBandFuture` takes it apart)."""
+
+    __slots__ = ("payload", "result")
+
+    def __init__(self, result: Any, payload: bytes) -> None:
+        self.result = result
+        self.payload = payload
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (InBand, (self.result, self.payload))
+
+
+#: The attribute a job's exception carries its session back in (removed by
+#: the submitter's side before anyone sees the exception).
+_EXC_ATTR: Final = "_aprof_session"
+
+
+def _call_in_band(fn: Callable[..., Any], job: _Job, args: Any, kwargs: Any) -> Any:
+    """Run one job under a profile of its own and send the session back
+    with the result (or on the exception): no file, no directory."""
+    from .._core._profiler import profile
+    from .._core._propagation import _run_executor_range
+
+    try:
+        prof = profile(node_id=os.getpid(), **job.options)
+        prof.start()
+    except Exception as exc:  # noqa: BLE001 - the job runs anyway (issue 20, "Bad input")
+        _warn_once(f"aprof: could not profile work in process {os.getpid()} ({type(exc).__name__}: {exc}); it runs unprofiled")
+        return fn(*args, **kwargs)
+    try:
+        result = _run_executor_range(fn, args, kwargs, 0, job.seq, job.submit_ns)
+    except BaseException as exc:
+        payload = _payload(prof, job)
+        if payload is not None:
+            with contextlib.suppress(Exception):  # an exception that takes no attributes goes back without it
+                setattr(exc, _EXC_ATTR, payload)
+        raise
+    payload = _payload(prof, job)
+    return result if payload is None else InBand(result, payload)
+
+
+def _payload(prof: Any, job: _Job) -> bytes | None:
+    try:
+        prof.stop()
+        session = prof.session
+        session.metadata["parent_link"] = {"node_id": job.node_id, "fwd": job.fwd, "seq": job.seq}
+        return dump_session(session)
+    except Exception as exc:  # noqa: BLE001 - never fail the job for its profile
+        _warn_once(f"aprof: could not send the profile of work in process {os.getpid()} back ({type(exc).__name__}: {exc})")
+        return None
+
+
+def dump_session(session: Any) -> bytes:
+    """A session as bytes for another process of this aprof (pickled
+    columns: far cheaper than the file format, which is for strangers)."""
+    tab = session._table
+    tracks = [(t.id, t.name, t.kind, t.os_thread_id, t.node_id, t.steps) for t in tab.tracks]
+    cols = [c.tobytes() for c in tab.columns()]
+    return pickle.dumps((1, session.metadata, tracks, cols, tab.names, tab.rare), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def load_session(payload: bytes) -> Any:
+    """:func:`dump_session`'s session back."""
+    from array import array
+
+    from .._post._events import EventTable, Track
+    from .._post._session import Session
+    from .._post._table import COLUMNS
+
+    version, metadata, tracks, cols, names, rare = pickle.loads(payload)
+    if version != 1:
+        raise ValueError(f"a session payload of version {version!r}")
+    tab = EventTable()
+    for (attr, code), raw in zip(COLUMNS, cols, strict=True):
+        col = array(code)
+        col.frombytes(raw)
+        setattr(tab, attr, col)
+    for n in names:
+        tab.intern(n)
+    by_id = {}
+    for tid, name, kind, os_tid, node, steps in tracks:
+        t = Track(tid, name, kind, os_tid, node)
+        t.steps = steps
+        tab.add_track(t)
+        by_id[tid] = t
+    tab.rare = rare
+    return Session(tab, by_id, metadata)
 
 
 _warned: list[bool] = []
@@ -174,14 +268,31 @@ def _finish_in_child(prof: Any, part: str, job: _Job) -> None:
 class _Run:
     """The jobs one profile handed to other processes."""
 
-    __slots__ = ("dir", "jobs", "options")
+    __slots__ = ("_dir", "dead", "jobs", "options", "payloads", "received")
 
     def __init__(self, options: dict[str, Any]) -> None:
-        self.dir = tempfile.mkdtemp(prefix="aprof-children-")  # 0700, in the temp dir
+        self._dir: str | None = None
         self.options = options
+        #: Sessions sent back with results (the executor path), and whose.
+        self.payloads: list[bytes] = []
+        self.received: set[int] = set()
+        #: job id -> pids of the pool's workers found dead when it broke.
+        self.dead: dict[int, list[int]] = {}
         #: (job id, name, what the submitter got back: a future, an
         #: AsyncResult, a Process; None until known)
         self.jobs: list[tuple[int, str, Any]] = []
+
+    @property
+    def dir(self) -> str:
+        """The directory children leave their sessions in (the multiprocessing
+        path), made on first use: 0700, in the temp dir."""
+        if self._dir is None:
+            self._dir = tempfile.mkdtemp(prefix="aprof-children-")
+        return self._dir
+
+    def remove(self) -> None:
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
 
 
 _lock = threading.Lock()
@@ -215,13 +326,19 @@ def _name_of(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__qualname__
 
 
-def process_call(fn: Callable[..., Any], fwd: int, seq: int, submit_ns: int) -> tuple[Callable[..., Any], Callable[[Any], None]]:
-    """What to hand a process pool for ``fn``, and how to tell it what the
-    submit returned (a future, an AsyncResult, a Process: read at stop to
-    say what became of a job that did not come back).
+def process_call(
+    fn: Callable[..., Any], fwd: int, seq: int, submit_ns: int, in_band: bool = False
+) -> tuple[Callable[..., Any], Callable[[Any], Any]]:
+    """What to hand another process for ``fn``, and what to do with what
+    the submit returned: ``tell(handle)`` returns what the caller should
+    get back. ``in_band`` (an executor's future): the session comes back
+    with the result and ``tell`` returns a future that takes it off;
+    otherwise the child leaves a file and ``tell`` keeps the handle (a
+    future, an AsyncResult, a Process: read at stop to say what became of
+    a job that did not come back).
 
     Called in the submitter's context. Without a running profile, ``fn``
-    itself (and a no-op): the child runs it as it would without aprof.
+    itself: the child runs it as it would without aprof.
     """
     found = _current_state()
     if found is None:
@@ -235,16 +352,93 @@ def process_call(fn: Callable[..., Any], fwd: int, seq: int, submit_ns: int) -> 
         job_id = next(_ids)
         record: list[Any] = [job_id, _name_of(fn), None]
         run.jobs.append(record)  # type: ignore[arg-type]
-    job = _Job(job_id, run.dir, run.options, state.node_id, fwd, seq, submit_ns)
+        job = _Job(job_id, "" if in_band else run.dir, run.options, state.node_id, fwd, seq, submit_ns)
 
-    def tell(handle: Any) -> None:
+    if in_band:
+
+        def tell_in_band(inner: Any) -> Any:
+            outer = _InBandFuture(inner, run, job_id)
+            record[2] = outer
+            return outer
+
+        return ProcessCall(fn, job), tell_in_band
+
+    def tell(handle: Any) -> Any:
         record[2] = handle
+        return handle
 
     return ProcessCall(fn, job), tell
 
 
-def _no_future(handle: Any) -> None:
-    pass
+class _InBandFuture(Future):  # type: ignore[type-arg]
+    """The future a submitter gets for an in-band job: the inner future's
+    outcome with the child's session taken off (SPEC 15.6: the program
+    sees its result or exception as without aprof)."""
+
+    def __init__(self, inner: Future[Any], run: _Run, job_id: int) -> None:
+        super().__init__()
+        self._inner = inner
+        pool = _pools.get(id(inner))
+        inner.add_done_callback(functools.partial(_in_band_done, self, run, job_id, pool))
+
+    def cancel(self) -> bool:
+        return self._inner.cancel() and super().cancel()
+
+    def running(self) -> bool:
+        return self._inner.running() and not self.done()
+
+
+#: id(inner future) -> its executor, while a submit is telling (for the
+#: pids of workers that died).
+_pools: dict[int, Any] = {}
+
+
+def _dead_workers(pool: Any) -> list[int]:
+    """The pids of ``pool``'s workers that a signal ended. A worker's pipe
+    closes a moment before it can be waited for: look for up to 0.2 s."""
+    import time
+
+    procs = list(pool._processes.values())
+    deadline = time.monotonic() + 0.2
+    while True:
+        dead = [p.pid for p in procs if p.exitcode is not None and p.exitcode < 0]
+        if dead or time.monotonic() > deadline:
+            return dead
+        time.sleep(0.005)
+
+
+def _in_band_done(outer: _InBandFuture, run: _Run, job_id: int, pool: Any, inner: Future[Any]) -> None:
+    if inner.cancelled():
+        super(_InBandFuture, outer).cancel()
+        outer.set_running_or_notify_cancel()
+        return
+    exc = inner.exception()
+    payload = None
+    if exc is not None:
+        payload = exc.__dict__.pop(_EXC_ATTR, None) if hasattr(exc, "__dict__") else None
+        if isinstance(exc, BrokenProcessPool) and pool is not None:
+            # The futures of a broken pool fail before its other workers
+            # are terminated: the dead ones are those with an exit code.
+            with contextlib.suppress(Exception):
+                run.dead[job_id] = _dead_workers(pool)
+    else:
+        result = inner.result()
+        if isinstance(result, InBand):
+            payload = result.payload
+            result = result.result
+    if payload is not None:
+        with _lock:
+            run.payloads.append(payload)
+            run.received.add(job_id)
+    with contextlib.suppress(Exception):  # cancelled meanwhile: nothing to set
+        if exc is not None:
+            outer.set_exception(exc)
+        else:
+            outer.set_result(result)
+
+
+def _no_future(handle: Any) -> Any:
+    return handle
 
 
 def _lost(name: str, pid: int | None, reason: str) -> dict[str, Any]:
@@ -258,6 +452,8 @@ def _status(handle: Any) -> str:
     if handle is None:
         return "unknown"
     try:
+        if isinstance(handle, _InBandFuture):
+            handle = handle._inner
         if isinstance(handle, Future):
             if not handle.done():
                 return "running"
@@ -289,7 +485,7 @@ def collect(state: ProfilerState, session: Any) -> Any:
     from .._post._session import load
 
     try:
-        names = os.listdir(run.dir)
+        names = os.listdir(run._dir) if run._dir is not None else []
     except OSError:
         names = []
     # job id -> [(path, pid, finished)]
@@ -302,7 +498,14 @@ def collect(state: ProfilerState, session: Any) -> Any:
         files.setdefault(int(parts[0]), []).append((os.path.join(run.dir, n), int(parts[1]), ext == "aprof"))
     children = []
     lost: list[dict[str, Any]] = []
+    for payload in run.payloads:
+        try:
+            children.append(load_session(payload))
+        except Exception as exc:  # noqa: BLE001 - one bad payload loses one job
+            lost.append(_lost("?", None, f"its profile could not be read ({type(exc).__name__}: {exc})"))
     for job_id, name, handle in run.jobs:
+        if job_id in run.received:
+            continue
         status = _status(handle)
         mine = files.get(job_id, [])
         for path, pid, finished in mine:
@@ -321,7 +524,10 @@ def collect(state: ProfilerState, session: Any) -> Any:
         if status == "running":
             lost.append(_lost(name, None, "still queued or running in another process when the profile stopped"))
         elif status == "broken":
-            lost.append(_lost(name, None, "the process pool broke (a worker died) before the job ran"))
+            dead = run.dead.get(job_id) or []
+            dead_pid = dead[0] if len(dead) == 1 else None
+            who = f"process {dead[0]}" if len(dead) == 1 else "a worker" if not dead else f"processes {', '.join(map(str, dead))}"
+            lost.append(_lost(name, dead_pid, f"{who} of the process pool died (it crashed or was killed) while the job was queued or running"))
         elif status.startswith("killed"):
             lost.append(_lost(name, None, f"its process ended before the job started ({status})"))
         elif status == "unknown":
@@ -329,7 +535,7 @@ def collect(state: ProfilerState, session: Any) -> Any:
         # "done" without a file: it failed in the parent (it could not be
         # pickled) or ran no call (an empty map); "cancelled", "never
         # started": it never ran. Nothing was lost.
-    shutil.rmtree(run.dir, ignore_errors=True)
+    run.remove()
     if lost:
         session.metadata["lost"] = [*(session.metadata.get("lost") or ()), *lost]
     if not children:
@@ -343,7 +549,7 @@ def discard(state: ProfilerState) -> None:
     with _lock:
         entry = _runs.pop(id(state), None)
     if entry is not None:
-        shutil.rmtree(entry[1].dir, ignore_errors=True)
+        entry[1].remove()
 
 
 # ---------------------------------------------------------------------------
@@ -364,11 +570,23 @@ def _link() -> tuple[int, int, int]:
     return (stepping.lt or current_logical_thread()).id, next_sequence_nr(), perf_counter_ns()
 
 
-def _wrapped(fn: Any) -> tuple[Any, Callable[[Any], None]]:
+def _wrapped(fn: Any, in_band: bool = False) -> tuple[Any, Callable[[Any], Any]]:
     """``fn`` made a profiled call if a profile runs here (and it is not one already)."""
     if not callable(fn) or isinstance(fn, ProcessCall) or _current_state() is None:
         return fn, _no_future
-    return process_call(fn, *_link())
+    return process_call(fn, *_link(), in_band=in_band)
+
+
+def submit_in_band(submit: Any, pool: Any, call: Any, tell: Callable[[Any], Any], args: Any, kwargs: Any) -> Any:
+    """``submit(pool, call, ...)`` and the future the submitter gets."""
+    inner = submit(pool, call, *args, **kwargs)
+    if tell is _no_future:
+        return inner
+    _pools[id(inner)] = pool
+    try:
+        return tell(inner)
+    finally:
+        _pools.pop(id(inner), None)
 
 
 def _is_machinery(fn: Any) -> bool:
@@ -379,10 +597,8 @@ def _is_machinery(fn: Any) -> bool:
 
 def _executor_submit(original: Any) -> Any:
     def submit(self: Any, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
-        call, tell = _wrapped(fn)
-        fut = original(self, call, *args, **kwargs)
-        tell(fut)
-        return fut
+        call, tell = _wrapped(fn, in_band=True)
+        return submit_in_band(original, self, call, tell, args, kwargs)
 
     return submit
 

@@ -84,10 +84,12 @@ class Session:
         state.lists = {}  # the raw records are not needed any more
         state.task_records = []
         ext = _native.extension
-        if ext is not None:
+        if ext is not None and len(table) >= 10_000:
             # Their memory, several times the columns', is free in the middle
             # of the C heap: give it back, so RSS after stop is about the
-            # session's size (docs/how-it-works.md, "The columns").
+            # session's size (docs/how-it-works.md, "The columns"). Not for
+            # a small session: malloc_trim costs tens of microseconds, more
+            # than a process-pool job's whole profile (issue 20).
             ext.trim_heap()
         metadata = {
             "aprof_version": _version.__version__,
