@@ -60,7 +60,8 @@ def run_aprof(pool: concurrent.futures.Executor, jobs: int) -> float:
             f.result()
     dt = time.perf_counter() - t0
     n = sum(1 for e in prof.events() if e.name == "job")
-    assert n == jobs and not prof.session.lost, (n, prof.session.lost)
+    assert n == jobs, n
+    assert not prof.session.lost, prof.session.lost
     return dt
 
 

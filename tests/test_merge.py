@@ -203,3 +203,26 @@ def test_cli_merge(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main(["merge", str(a), "-o", str(tmp_path / "x.unknown")]) == 2
     assert "cannot tell the format" in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
+
+
+def test_reports_group_by_process(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # SPEC 6.4, 15.4, issue 20 item 6: key_averages(group_by="node") has a
+    # row per process; the Chrome trace has a process per node, at its
+    # pid, and reads back with its nodes.
+    a = _saved_in_another_process(tmp_path, "first")
+    b = _saved_in_another_process(tmp_path, "second")
+    merged = aprof.merge([a, b])
+    pids = merged.metadata["pids"]
+    rows = {r.key: r.count for r in merged.key_averages(group_by="node")}
+    assert rows == {f"node {n} (pid {p})": 2 for n, p in pids.items()}
+    merged.export_chrome_trace(tmp_path / "m.json")
+    doc = json.loads((tmp_path / "m.json").read_text())
+    procs = {e["pid"]: e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M" and e["name"] == "process_name"}
+    assert procs == {p: f"aprof node {n}" for n, p in pids.items()}
+    back = aprof.merge([tmp_path / "m.json"])
+    assert sorted({e.node_id for e in back.events()}) == sorted(map(int, pids))
+    assert cli_main(["report", str(tmp_path / "m.json"), "--group-by", "node", "--no-sections"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"(pid {p})" in out for p in pids.values())
+    with pytest.raises(ValueError, match="node"):
+        merged.key_averages(group_by="process")

@@ -128,8 +128,8 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument(
         "--group-by",
         default="name",
-        choices=("name", "track", "stack"),
-        help="one row per range name (tasks by coroutine, the default), per track (task or thread), or per name and stack",
+        choices=("name", "track", "stack", "node"),
+        help="one row per range name (tasks by coroutine, the default), per track (task or thread), per name and stack, or per process (node)",
     )
     report.add_argument("--no-sections", action="store_true", help="print the table only, not the sections under it")
 

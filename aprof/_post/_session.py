@@ -140,7 +140,8 @@ class Session:
         return int(self.metadata.get("dropped", 0))
 
     def key_averages(self, group_by: str = "name") -> EventAverages:
-        """Aggregate events by ``"name"``, ``"track"`` or ``"stack"`` (SPEC 6.4).
+        """Aggregate events by ``"name"``, ``"track"``, ``"stack"`` or
+        ``"node"`` (one row per process of a merged session) (SPEC 6.4, 15.4).
 
         Raises:
             ValueError: unknown ``group_by``.
