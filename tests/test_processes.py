@@ -421,3 +421,35 @@ def test_multiprocessing_is_left_alone_unless_asked(private_tmp: Path) -> None:
     with pytest.raises(TypeError, match="processes"):
         aprof.install_propagation(processes=1)  # type: ignore[arg-type]
     assert _left(private_tmp) == []
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_pure_python_twins_in_parent_and_children(method: str, tmp_path: Path) -> None:
+    # Issue 20 "Bad input", SPEC 14: without the C extension (the twins
+    # only, in the parent and in every child) pool work is profiled the same.
+    script = tmp_path / "pure.py"
+    script.write_text(
+        f"""
+import concurrent.futures, multiprocessing, sys
+sys.path.insert(0, {str(Path(__file__).parent.parent)!r})
+import aprof
+from aprof._core import _native
+from tests import procjobs
+
+if __name__ == "__main__":
+    assert _native.extension is None
+    ex = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context({method!r}))
+    with aprof.profile() as prof:
+        assert aprof.propagating(ex).submit(procjobs.work, 10).result() == 45
+    ex.shutdown()
+    names = sorted(e.name for e in prof.events())
+    assert names == ["inner", "work"], names
+    assert prof.session.lost == []
+    print("ok")
+"""
+    )
+    env = {**os.environ, "APROF_PURE_PYTHON": "1"}
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"
+    assert "Warning" not in proc.stderr
