@@ -15,10 +15,10 @@ Run from the repository root::
     .venv/bin/python bench/processes.py [--jobs 1000] [--rounds 7] [--events 1000000] [--sessions 8]
 
 For instruction counts of one pool round (the parent's side only: the
-children are other processes)::
+workers are spawned, so valgrind does not follow them)::
 
-    valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.plain .venv/bin/python bench/processes.py --callgrind plain
-    valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.aprof .venv/bin/python bench/processes.py --callgrind aprof
+    valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.plain .venv/bin/python bench/processes.py --callgrind plain --jobs 200
+    valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.aprof .venv/bin/python bench/processes.py --callgrind aprof --jobs 200
     callgrind_annotate /tmp/cg.plain | head -3; callgrind_annotate /tmp/cg.aprof | head -3
 """
 
@@ -119,7 +119,9 @@ def main() -> None:
     p.add_argument("--callgrind", choices=("plain", "aprof"))
     a = p.parse_args()
     if a.callgrind:
-        pool = concurrent.futures.ProcessPoolExecutor(2)
+        # spawn: the workers are new programs, not traced (valgrind's
+        # --trace-children=no); a fork would run them under valgrind too.
+        pool = concurrent.futures.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn"))
         run_plain(pool, 20)
         (run_plain if a.callgrind == "plain" else run_aprof)(pool, a.jobs)
         pool.shutdown()

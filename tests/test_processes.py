@@ -453,3 +453,28 @@ if __name__ == "__main__":
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok"
     assert "Warning" not in proc.stderr
+
+
+def test_a_cancelled_job_is_not_lost(private_tmp: Path) -> None:
+    # SPEC 15.6: cancelling the future the program got cancels the job;
+    # a job that never ran is not named as lost.
+    flag = private_tmp / "cwd" / "started"
+    ex = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"))
+    try:
+        ppool = aprof.propagating(ex)
+        with aprof.profile() as prof:
+            first = ppool.submit(procjobs.slow, str(flag), 0.5)
+            queued = [ppool.submit(procjobs.work, 10) for _ in range(5)]
+            cancelled = [f for f in queued if f.cancel()]
+            assert first.result(timeout=60) == "done"
+            for f in queued:
+                if f not in cancelled:
+                    assert f.result(timeout=60) == 45
+        assert cancelled  # the last ones at least were still waiting
+        assert all(f.cancelled() for f in cancelled)
+        with pytest.raises(concurrent.futures.CancelledError):
+            cancelled[0].result()
+    finally:
+        ex.shutdown()
+    assert prof.session.lost == []
+    assert len([e for e in _children(prof) if e.name == "work"]) == 5 - len(cancelled)

@@ -268,7 +268,7 @@ def _finish_in_child(prof: Any, part: str, job: _Job) -> None:
 class _Run:
     """The jobs one profile handed to other processes."""
 
-    __slots__ = ("_dir", "dead", "jobs", "options", "payloads", "received")
+    __slots__ = ("_dir", "closed", "dead", "jobs", "late", "options", "payloads", "received")
 
     def __init__(self, options: dict[str, Any]) -> None:
         self._dir: str | None = None
@@ -276,6 +276,10 @@ class _Run:
         #: Sessions sent back with results (the executor path), and whose.
         self.payloads: list[bytes] = []
         self.received: set[int] = set()
+        #: Read by stop(): what comes back later is dropped, and its job
+        #: noted in ``late`` (before its future completes).
+        self.closed = False
+        self.late: set[int] = set()
         #: job id -> pids of the pool's workers found dead when it broke.
         self.dead: dict[int, list[int]] = {}
         #: (job id, name, what the submitter got back: a future, an
@@ -428,8 +432,11 @@ def _in_band_done(outer: _InBandFuture, run: _Run, job_id: int, pool: Any, inner
             result = result.result
     if payload is not None:
         with _lock:
-            run.payloads.append(payload)
-            run.received.add(job_id)
+            if run.closed:
+                run.late.add(job_id)
+            else:
+                run.payloads.append(payload)
+                run.received.add(job_id)
     with contextlib.suppress(Exception):  # cancelled meanwhile: nothing to set
         if exc is not None:
             outer.set_exception(exc)
@@ -452,8 +459,8 @@ def _status(handle: Any) -> str:
     if handle is None:
         return "unknown"
     try:
-        if isinstance(handle, _InBandFuture):
-            handle = handle._inner
+        # An in-band job's own future completes only after its session
+        # was taken (or, past stop, noted late): its state is the truth.
         if isinstance(handle, Future):
             if not handle.done():
                 return "running"
@@ -478,9 +485,11 @@ def collect(state: ProfilerState, session: Any) -> Any:
     """The parent's session with its children's merged in (at stop)."""
     with _lock:
         entry = _runs.pop(id(state), None)
-    if entry is None or entry[0] is not state:
-        return session
-    run = entry[1]
+        if entry is None or entry[0] is not state:
+            return session
+        run = entry[1]
+        run.closed = True  # a job ending from now on is "still running at stop", consistently
+        payloads, received = list(run.payloads), set(run.received)
     from .._post._merge import merge_sessions
     from .._post._session import load
 
@@ -498,15 +507,15 @@ def collect(state: ProfilerState, session: Any) -> Any:
         files.setdefault(int(parts[0]), []).append((os.path.join(run.dir, n), int(parts[1]), ext == "aprof"))
     children = []
     lost: list[dict[str, Any]] = []
-    for payload in run.payloads:
+    for payload in payloads:
         try:
             children.append(load_session(payload))
         except Exception as exc:  # noqa: BLE001 - one bad payload loses one job
             lost.append(_lost("?", None, f"its profile could not be read ({type(exc).__name__}: {exc})"))
     for job_id, name, handle in run.jobs:
-        if job_id in run.received:
+        if job_id in received:
             continue
-        status = _status(handle)
+        status = "running" if job_id in run.late else _status(handle)
         mine = files.get(job_id, [])
         for path, pid, finished in mine:
             if finished:
