@@ -4,30 +4,34 @@ A context cannot cross into another process, but a profile's *options* can,
 like a distributed-tracing header. At submit time (in the submitter's
 context) :func:`process_call` looks for the running profile; if there is
 one, the callable is wrapped in a picklable :class:`ProcessCall` that
-carries:
-
-* the profile's options (tracer, stacks, inputs, tasks, event budget),
-* the link to the submit point: the submitting logical thread, the
-  submit's sequence number and its time,
-* the parent's node id, and a private directory the parent made for this
-  profile (``tempfile.mkdtemp``: mode 0700, in the system's temp dir, never
-  the working directory).
+carries the profile's options (tracer, stacks, inputs, tasks, event
+budget), the link to the submit point (the submitting logical thread, the
+submit's sequence number and its time) and the parent's node id.
 
 In the child, the call runs inside a profile of its own (node id = the
-child's pid), as an ``EXECUTOR`` range with everything it does inside.
-Before starting it creates ``<job>-<pid>.part`` in the directory; when the
-call ends (returned or raised) it writes its session there and renames it
-``<job>-<pid>.aprof``, before the result goes back to the parent, so a job
-whose future has completed always has its file.
+child's pid), as an ``EXECUTOR`` range with everything it does inside. Its
+session goes back one of two ways:
 
-At the parent's ``stop()``, :func:`collect` reads the files of the jobs
-submitted under that profile, merges them into the parent's session
-(:mod:`aprof._post._merge`: each child process on its own tracks under its
-node id, the submit linked to the child's range) and removes the
-directory. A job that did not come back is named in ``session.lost``: its
-process ended mid-job (a ``.part`` without a session: crashed or killed),
-it was still queued or running at stop, or its file could not be read.
-Only that job's work is lost; the parent's events are untouched.
+* **In band** (executors: ``propagating(ProcessPoolExecutor)``, the
+  installed ``ProcessPoolExecutor.submit``): the session's columns,
+  pickled, ride with the result (:class:`InBand`) or on the exception, and
+  the future the submitter holds (:class:`_InBandFuture`) takes them off
+  before it completes. No file: one per job cost about a millisecond.
+* **Through a private directory** (``multiprocessing`` ``Process`` and
+  ``Pool``, which give no future to unwrap): the profile's
+  ``tempfile.mkdtemp`` directory (mode 0700, in the system's temp dir,
+  never the working directory). The child creates
+  ``<job>-<pid>-<n>.part`` when it starts, writes its session into it and
+  renames it ``.aprof`` before the result goes back; a ``.part`` alone
+  means the process died mid-job, and names its pid.
+
+At the parent's ``stop()``, :func:`collect` merges what came back into the
+parent's session (:mod:`aprof._post._merge`: each child process on its own
+tracks under its node id, the submit linked to the child's range) and
+removes the directory. A job that did not come back is named in
+``session.lost``, with what its future, AsyncResult or Process says (still
+running at stop, the pool broke, killed by a signal). Only that job's work
+is lost; the parent's events are untouched.
 
 Anything that goes wrong on the child's side (aprof cannot start there,
 the directory is gone because the parent stopped) runs the job unprofiled;
@@ -302,6 +306,18 @@ class _Run:
 _lock = threading.Lock()
 _runs: dict[int, tuple[ProfilerState, _Run]] = {}
 _ids = itertools.count(1)
+
+
+def _after_fork_in_child() -> None:
+    # The parent's profiles are not the child's (the profiler empties them),
+    # and a thread of the parent may have held the lock at the fork.
+    global _lock
+    _lock = threading.Lock()
+    _runs.clear()
+    _warned.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _current_state() -> tuple[ProfilerState, dict[str, Any]] | None:
