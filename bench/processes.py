@@ -79,7 +79,13 @@ def bench_pool(jobs: int, rounds: int, methods: list[str]) -> None:
             for fn, out in order:
                 out.append(fn(pool, jobs))
         pool.shutdown()
-        _mp, _ma = statistics.median(plain), statistics.median(prof)
+        mp, ma = statistics.median(plain), statistics.median(prof)
+        print(  # noqa: T201 - a benchmark's report
+            f"pool[{method}] {jobs} jobs, 2 workers: plain median {mp * 1e3:.1f} ms (min {min(plain) * 1e3:.1f}); "
+            f"aprof median {ma * 1e3:.1f} ms (min {min(prof) * 1e3:.1f}); ratio median {ma / mp:.2f}x, "
+            f"min {min(prof) / min(plain):.2f}x  [target <= 1.2x: {'ok' if ma / mp <= 1.2 else 'MISSED'}]",
+            flush=True,
+        )
 
 
 def bench_merge(events: int, sessions: int, rounds: int) -> None:
@@ -104,7 +110,12 @@ def bench_merge(events: int, sessions: int, rounds: int) -> None:
         times.append(time.perf_counter() - t0)
         assert len(merged._table) == events * sessions
         del merged
-    statistics.median(times) / (events * sessions / 1e6)
+    per_m = statistics.median(times) / (events * sessions / 1e6)
+    print(  # noqa: T201 - a benchmark's report
+        f"merge {sessions} x {events:,} events: median {statistics.median(times):.2f} s (min {min(times):.2f}), "
+        f"{per_m:.2f} s per million events  [target <= 2 s: {'ok' if per_m <= 2 else 'MISSED'}]",
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -126,9 +137,11 @@ def main() -> None:
         (run_plain if a.callgrind == "plain" else run_aprof)(pool, a.jobs)
         pool.shutdown()
         return
+    print(f"python {sys.version.split()[0]}, load average {os.getloadavg()[0]:.2f}", flush=True)  # noqa: T201
     bench_pool(a.jobs, a.rounds, a.methods.split(","))
     if not a.skip_merge:
         bench_merge(a.events, a.sessions, a.merge_rounds)
+    print(f"load average at the end {os.getloadavg()[0]:.2f}")  # noqa: T201
 
 
 if __name__ == "__main__":
