@@ -226,3 +226,17 @@ def test_reports_group_by_process(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert all(f"(pid {p})" in out for p in pids.values())
     with pytest.raises(ValueError, match="node"):
         merged.key_averages(group_by="process")
+
+
+def test_drop_counts_add_up() -> None:
+    # Issue 20 item 5: what each input dropped is counted in the merge.
+    with aprof.profile() as p:
+        aprof.mark("a")
+    with aprof.profile() as q:
+        aprof.mark("b")
+    a, b = p.session, q.session
+    a.metadata = {**a.metadata, "dropped": 2, "dropped_by_kind": {"ranges": 2}}
+    b.metadata = {**b.metadata, "dropped": 3, "dropped_by_kind": {"ranges": 1, "tasks": 2}, "pids": {"0": 1}}
+    merged = aprof.merge([a, b])
+    assert merged.metadata["dropped"] == 5
+    assert merged.metadata["dropped_by_kind"] == {"ranges": 3, "tasks": 2}

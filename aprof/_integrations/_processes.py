@@ -60,8 +60,12 @@ from .._core._recorder import ProfilerState
 
 __all__ = ["ProcessCall", "collect", "discard", "process_call"]
 
-#: Options of the parent's profile that the child's profile takes.
-_FORWARDED: Final = ("record_inputs", "with_stack", "python_tracer", "c_calls", "tasks", "max_events", "loop_block_threshold")
+#: Options of the parent's profile that the child's profile takes (those
+#: this aprof's profile has: the memory budget's max_bytes and keep too).
+_FORWARDED: Final = (
+    "record_inputs", "with_stack", "python_tracer", "c_calls", "tasks", "max_events", "max_bytes", "keep",
+    "loop_block_threshold",
+)  # fmt: skip
 
 
 class _Job:
@@ -336,7 +340,7 @@ def _current_state() -> tuple[ProfilerState, dict[str, Any]] | None:
             break
     if found is None or found._state is None:
         return None
-    options = {k: getattr(found, k) for k in _FORWARDED}
+    options = {k: getattr(found, k) for k in _FORWARDED if hasattr(found, k)}
     return found._state, options
 
 

@@ -314,6 +314,15 @@ def merge_sessions(sessions: Sequence[Session], names: Sequence[str] | None = No
     md["start_ns"] = min(starts)
     md["stop_ns"] = max(stops)
     md["dropped"] = sum(int(s.metadata.get("dropped", 0)) for s in sessions)
+    by_kind: dict[str, int] = {}
+    for s in sessions:  # the memory budget's counts, where the inputs have them
+        kinds = s.metadata.get("dropped_by_kind")
+        if type(kinds) is dict:
+            for kind, n in kinds.items():
+                if type(n) is int:
+                    by_kind[kind] = by_kind.get(kind, 0) + n
+    if by_kind:
+        md["dropped_by_kind"] = by_kind
     md["pids"] = pids or dict(first.metadata.get("pids") or {})
     md.pop("parent_link", None)
     lost: list[Any] = []
