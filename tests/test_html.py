@@ -659,3 +659,37 @@ def test_ten_million_events_open_and_stay_responsive(page: Page, tmp_path: Path,
     assert len(counts) == 20
     assert set(counts) == {"500001"}  # every event of the track, merged ones too
     assert page.console_errors() == []
+
+
+def test_tracks_of_a_merged_session_say_their_process(page: Page, tmp_path: Path) -> None:
+    # SPEC 15.4, issue 20 item 6: in a report of several processes, every
+    # track is labelled with its process's pid; one process: no label.
+    import concurrent.futures
+
+    from . import procjobs
+
+    ex = concurrent.futures.ProcessPoolExecutor(1)
+    try:
+        with aprof.profile() as prof:
+            with aprof.record_function("parent work"):
+                aprof.propagating(ex).submit(procjobs.work, 10).result()
+    finally:
+        ex.shutdown()
+    pids = prof.session.metadata["pids"]
+    assert len(pids) == 2
+    out = tmp_path / "r.html"
+    prof.export_html(out)
+    open_report(page, out)
+    labels = page.eval("Array.from(document.querySelectorAll('#tracks-table tbody tr td:first-child')).map(td => td.textContent)")
+    assert len(labels) == len(prof.session.tracks())
+    for t in prof.session.tracks():
+        [label] = [x for x in labels if x.endswith(f"#{t.id}")]
+        assert label.startswith(f"pid {pids[str(t.node_id)]} \u00b7 {t.name}")
+    with aprof.profile() as one:
+        aprof.mark("x")
+        with aprof.record_function("only"):
+            pass
+    one.export_html(out)
+    open_report(page, out)
+    labels = page.eval("Array.from(document.querySelectorAll('#tracks-table tbody tr td:first-child')).map(td => td.textContent)")
+    assert not any(x.startswith("pid ") for x in labels)

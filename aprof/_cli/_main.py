@@ -136,8 +136,8 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument(
         "--group-by",
         default="name",
-        choices=("name", "track", "stack"),
-        help="one row per range name (tasks by coroutine, the default), per track (task or thread), or per name and stack",
+        choices=("name", "track", "stack", "node"),
+        help="one row per range name (tasks by coroutine, the default), per track (task or thread), per name and stack, or per process (node)",
     )
     report.add_argument("--no-sections", action="store_true", help="print the table only, not the sections under it")
 
@@ -156,6 +156,22 @@ def _parser() -> argparse.ArgumentParser:
     from ._ctl import add_parser as add_ctl_parser
 
     add_ctl_parser(sub, _positive_int, _positive_seconds, _sample_interval, _FORMATS)
+    merge = sub.add_parser(
+        "merge",
+        help="merge the profiles of several processes into one",
+        description=(
+            "Merge saved sessions (.aprof), aprof Chrome traces and HTML reports of several processes (pool "
+            "workers, server workers, separate runs) into one profile: each process on its own tracks under its "
+            "own node id, clocks aligned (perf_counter within one boot, wall-clock offsets across machines). "
+            "The first file's clock and ids are kept."
+        ),
+    )
+    merge.add_argument("inputs", nargs="+", metavar="FILE", help="the files to merge: .aprof, .json, .json.gz or .html")
+    merge.add_argument("-o", "--output", required=True, help=f"the file to write; format from the name: {', '.join(_FORMATS)}")
+    merge.add_argument("--html-budget", type=_positive_int, metavar="N", help=_HTML_BUDGET_HELP)
+    merge.add_argument(
+        "--max-events", type=_positive_int, metavar="N", help="for a Chrome trace: keep the N longest events (tasks, executor jobs and loop blocks always)"
+    )
     return p
 
 
@@ -549,6 +565,37 @@ def _convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _merge(args: argparse.Namespace) -> int:
+    from .._post._merge import merge_sessions
+
+    out = _checked_output(args.output)
+    if args.max_events is not None and not _is_chrome(out):
+        raise _UsageError(f"merge: --max-events applies to Chrome traces (.json, .json.gz), not {args.output!r}")
+    if args.html_budget is not None and not _is_html(out):
+        raise _UsageError(f"merge: --html-budget applies to HTML reports (.html), not {args.output!r}")
+    sessions = []
+    for name in args.inputs:
+        session = _read("merge", name)
+        _partial_note(session, name, f"are not in {args.output}")
+        sessions.append(session)
+    try:
+        merged = merge_sessions(sessions, [repr(n) for n in args.inputs])
+    except ValueError as exc:
+        raise _UsageError(str(exc)) from None
+    try:
+        _write(merged, out, args.max_events, args.html_budget)
+    except (OSError, ValueError, TypeError) as exc:
+        raise _UsageError(f"merge: {exc}") from None
+    nodes = len({t.node_id for t in merged.tracks()})
+    lost = f", {len(merged.lost)} jobs lost (see the session's 'lost')" if merged.lost else ""
+    print(
+        f"aprof: merged {len(sessions)} files into {args.output} ({len(merged._table):,} events of {nodes} processes "
+        f"on {len(merged.tracks())} tracks{lost})",
+        file=sys.stderr,
+    )
+    return 0
+
+
 def _parse(argv: list[str]) -> argparse.Namespace:
     if argv and argv[0] == "run":
         mine, program = _split_run(argv)
@@ -570,6 +617,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from ._ctl import ctl
 
             return ctl(args, _FORMATS)
+        if args.command == "merge":
+            return _merge(args)
         return _report(args)
     except _UsageError as exc:
         print(f"aprof: {exc}", file=sys.stderr)

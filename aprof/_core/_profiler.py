@@ -24,6 +24,7 @@ from time import perf_counter_ns
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Literal
 
+from .._integrations import _processes
 from . import _callbacks
 from ._callbacks import RF_STATE, AprofWarning, RecordFunctionCallback
 from ._debug_info import DEBUG_INFO, DebugInfoKind, SlotRef
@@ -410,6 +411,10 @@ class profile:
                 self._session = Session.from_state(stop.state)
                 if stop.sampler is not None:
                     stop.sampler.attach(self._session, stop.state.node_id)
+                # Work handed to process pools under this profile (SPEC 11.4).
+                self._session = _processes.collect(stop.state, self._session)
+            else:
+                _processes.discard(stop.state)
             del self._stopping[0]
             if stop.notify:
                 self._trace_ready()
@@ -464,6 +469,7 @@ class profile:
             stop = stops.pop(0)
             try:
                 stop.detach()
+                _processes.discard(stop.state)
             except Exception:  # noqa: BLE001 - shutting down: nothing left to tell
                 if not sys.is_finalizing():
                     raise

@@ -118,8 +118,24 @@ class _Wrapped:
         # trio names its worker thread after the function it runs.
         return getattr(self.__wrapped__, name)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled: handed to another process (a process pool, from
+        # loop.run_in_executor(pool, aprof.wrap(fn))). A context cannot
+        # cross, the profile can: in the context captured at wrap(), this
+        # becomes the call the child profiles (SPEC 11.4), or fn itself
+        # when no profile runs there.
+        from .._integrations._processes import process_call
+
+        call, _ = self._ctx.run(process_call, self.__wrapped__, self._fwd, self._seq, self._submit_ns)
+        return (_same, (call,))
+
     def __repr__(self) -> str:
         return f"<aprof.wrap of {self.__wrapped__!r}>"
+
+
+def _same(x: Any) -> Any:
+    """Unpickles a wrapped callable as what it pickled as."""
+    return x
 
 
 class _InWorker:
@@ -287,10 +303,20 @@ class _PropagatingExecutor(Executor):
 
     def __init__(self, inner: Executor) -> None:
         self._inner = inner
+        self._processes = isinstance(inner, concurrent.futures.ProcessPoolExecutor)
 
     def submit(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         if not callable(fn):
             raise TypeError(f"propagating(...).submit: expected a callable, got {fn!r}")
+        if self._processes:
+            # Another process: the profile's options and the link go with
+            # the call, and the child's session comes back at stop (SPEC 11.4).
+            from .._integrations._processes import process_call, submit_in_band
+
+            call, tell = process_call(
+                fn, (stepping.lt or current_logical_thread()).id, next_sequence_nr(), perf_counter_ns(), in_band=True
+            )
+            return submit_in_band(type(self._inner).submit, self._inner, call, tell, args, kwargs)  # type: ignore[no-any-return]
         return self._inner.submit(_Wrapped(fn), *args, **kwargs)
 
     def map(self, fn: Callable[..., R], *iterables: Any, timeout: float | None = None, chunksize: int = 1) -> Iterator[R]:
@@ -312,16 +338,23 @@ class _PropagatingExecutor(Executor):
 def propagating(executor: Executor) -> Executor:
     """Wrap ``executor`` so ``submit`` and ``map`` carry the submitter's context.
 
+    With a ``ProcessPoolExecutor``, each call runs in the child inside a
+    profile with the submitter's profile's options, as an ``EXECUTOR``
+    range; at the submitter's ``stop()`` the child's events are merged into
+    its session, on the child's tracks under the child's node id (its
+    pid), linked to the submit (SPEC 11.4). Work that did not come back
+    (the child was killed, or still running at stop) is listed in
+    ``session.lost``.
+
     Args:
-        executor: A ``ThreadPoolExecutor`` or any thread-based ``Executor``.
+        executor: A ``ThreadPoolExecutor``, a ``ProcessPoolExecutor`` or
+            any thread-based ``Executor``.
 
     Returns:
         An ``Executor``; shutting it down shuts down ``executor``.
 
     Raises:
         TypeError: ``executor`` is not an ``Executor``.
-        NotImplementedError: ``executor`` is a ``ProcessPoolExecutor``
-            (contexts cannot cross processes yet; SPEC 11.4).
 
     Example:
         >>> import aprof
@@ -330,11 +363,6 @@ def propagating(executor: Executor) -> Executor:
         ...     pool.submit(sum, [1, 2]).result()
         3
     """
-    if isinstance(executor, concurrent.futures.ProcessPoolExecutor):
-        raise NotImplementedError(
-            "propagating: ProcessPoolExecutor is not supported yet: a context cannot cross into "
-            "another process (SPEC 11.4); use a ThreadPoolExecutor"
-        )
     if not isinstance(executor, Executor):
         raise TypeError(f"propagating: expected a concurrent.futures.Executor, got {executor!r}")
     if isinstance(executor, _PropagatingExecutor):
@@ -394,7 +422,7 @@ def _timer_run(self: threading.Timer) -> None:
     self.finished.set()
 
 
-def install_propagation() -> None:
+def install_propagation(*, processes: bool = False) -> None:
     """Make ``ThreadPoolExecutor.submit`` (so ``loop.run_in_executor`` too,
     uvloop included), ``threading.Thread`` and ``threading.Timer`` carry the
     caller's context, process-wide, until :func:`uninstall_propagation`.
@@ -402,9 +430,30 @@ def install_propagation() -> None:
 
     ``Thread`` subclasses that override ``run()`` instead of passing
     ``target=`` are not wrapped, nor are ``Timer`` subclasses that do.
+
+    Args:
+        processes: Also carry a running profile into other processes:
+            ``ProcessPoolExecutor.submit`` (so ``run_in_executor`` with a
+            process pool), ``multiprocessing.Process(target=...).start()``
+            and ``multiprocessing.Pool``'s ``apply``/``map``/``starmap``/
+            ``imap`` families (each call profiled in the child and merged
+            at stop, as with ``propagating(ProcessPoolExecutor)``; SPEC
+            11.4). A ``Process`` started so runs a wrapper as its
+            ``_target``. Off by default: each call then costs a profile
+            and a file in the child. Calling again with ``processes=True``
+            adds it to an installed propagation.
+
+    Raises:
+        TypeError: ``processes`` is not a bool.
     """
     global _installed
+    if not isinstance(processes, bool):
+        raise TypeError(f"install_propagation: processes must be True or False, got {processes!r}")
     with _install_lock:
+        if processes:
+            from .._integrations._processes import install_process_hooks
+
+            install_process_hooks()
         if _installed:
             return
         concurrent.futures.ThreadPoolExecutor.submit = _submit  # type: ignore[method-assign,assignment]
@@ -414,9 +463,12 @@ def install_propagation() -> None:
 
 
 def uninstall_propagation() -> None:
-    """Restore the standard library's originals. Idempotent."""
+    """Restore the standard library's originals (processes too). Idempotent."""
     global _installed
+    from .._integrations._processes import uninstall_process_hooks
+
     with _install_lock:
+        uninstall_process_hooks()
         if not _installed:
             return
         concurrent.futures.ThreadPoolExecutor.submit = _ORIGINAL_SUBMIT  # type: ignore[method-assign]

@@ -175,7 +175,9 @@ def chrome_trace_chunks(session: Session, batch: int = 4096, capped: dict[str, i
     other = {"producer": "aprof", "aprof_version": session.metadata.get("aprof_version"), "dropped": session.metadata.get("dropped", 0), "start_ns": base}
     if "dropped_by_kind" in session.metadata:  # what the profile's memory budget let go, by kind
         other["dropped_by_kind"] = session.metadata["dropped_by_kind"]
-    for field in ("stop_ns", "unix_offset_ns"):  # for readers: the profile's end, the wall clock
+    # For readers: the profile's end, the wall clock; for merges, which
+    # session this is and whose clock (aprof/_post/_merge.py).
+    for field in ("stop_ns", "unix_offset_ns", "session_id", "boot_id"):
         if field in session.metadata:
             other[field] = session.metadata[field]
     if run_base:

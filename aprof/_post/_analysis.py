@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = ["EventAverages", "FunctionEventAvg", "Summary", "key_averages", "summarize"]
 
-GROUP_BY: Final = ("name", "track", "stack")
+GROUP_BY: Final = ("name", "track", "stack", "node")
 _STACK_DEPTH: Final = 5
 
 
@@ -226,6 +226,11 @@ def _fmt(ns: float) -> str:
     return f"{ns:.0f}ns"
 
 
+def _node_label(session: Session, node: int) -> str:
+    pid = (session.metadata.get("pids") or {}).get(str(node))
+    return f"node {node} (pid {pid})" if pid is not None else f"node {node}"
+
+
 def key_averages(session: Session, group_by: str = "name") -> EventAverages:
     """Aggregate a session's events (instants excluded)."""
     if group_by not in GROUP_BY:
@@ -243,6 +248,9 @@ def key_averages(session: Session, group_by: str = "name") -> EventAverages:
                 k: Any = ev.thread_id
                 t = tracks.get(ev.thread_id)
                 label = f"{t.name if t else ev.track} ({ev.thread_id})"
+            elif group_by == "node":  # one row per process of a merged session (SPEC 15.4)
+                k = ("node", ev.node_id)
+                label = _node_label(session, ev.node_id)
             else:
                 stack = tuple(ev.stack[:_STACK_DEPTH]) if ev.stack else ()
                 k = (ev.name, stack)
@@ -358,6 +366,17 @@ def _add_samples(
     samples = session.samples
     assert samples is not None
     averages.idle_samples, averages.idle_ns = samples.idle_count, samples.idle_ns
+    if group_by == "node":
+        for tid, (count, ns) in totals.by_track.items():
+            t = session._tracks.get(tid)
+            node = t.node_id if t else 0
+            row = rows.get(("node", node))
+            if row is None:
+                row = rows["node", node] = FunctionEventAvg(_node_label(session, node))
+                averages._rows.append(row)
+            row.samples += count
+            row.sampled_ns += ns
+        return
     if group_by == "track":
         for tid, (count, ns) in totals.by_track.items():
             row = rows.get(tid)

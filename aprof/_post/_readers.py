@@ -227,6 +227,12 @@ def read_chrome_trace(doc: dict[str, Any] | list[Any]) -> Session:
         metadata["dropped_by_kind"] = {str(k): v for k, v in by_kind.items()}
     if _int_or(other.get("unix_offset_ns"), None) is not None:
         metadata["unix_offset_ns"] = other["unix_offset_ns"]
+    for field in ("session_id", "boot_id"):  # for merges (aprof/_post/_merge.py)
+        if isinstance(other.get(field), str) and len(other[field]) <= 64:
+            metadata[field] = other[field]
+    pids = {str(node): pid for pid, node in node_of_pid.items() if type(pid) is int and 0 < pid < 2**31}
+    if own and pids:
+        metadata["pids"] = pids
     samples = _samples_of(other, labels, track_for)
     return Session(tab, {t.id: t for t in tracks.values()}, metadata, samples)
 

@@ -101,10 +101,12 @@ class Session:
             ring.clear()
         by_kind["tracer_events"] = state.dropped
         ext = _native.extension
-        if ext is not None:
+        if ext is not None and len(table) >= 10_000:
             # Their memory, several times the columns', is free in the middle
             # of the C heap: give it back, so RSS after stop is about the
-            # session's size (docs/how-it-works.md, "The columns").
+            # session's size (docs/how-it-works.md, "The columns"). Not for
+            # a small session: malloc_trim costs tens of microseconds, more
+            # than a process-pool job's whole profile (issue 20).
             ext.trim_heap()
         metadata = cls.base_metadata(state, stop_ns)
         metadata["dropped"] = sum(by_kind[k] for k in DROPPED_EVENTS)
@@ -124,7 +126,15 @@ class Session:
             # perf_counter_ns -> Unix epoch ns, for exports that need wall
             # time (OpenTelemetry, SPEC 11.5).
             "unix_offset_ns": time.time_ns() - time.perf_counter_ns(),
+            # For merges (aprof/_post/_merge.py): which session this is (one
+            # given twice is refused), and whose perf_counter clock it uses.
+            "session_id": os.urandom(8).hex(),
         }
+        from ._merge import boot_id
+
+        boot = boot_id()
+        if boot is not None:
+            metadata["boot_id"] = boot
         lt = state.start_lt
         if lt is not None:
             # The task or thread that started the profile spawns work but
@@ -139,6 +149,14 @@ class Session:
     def tracks(self) -> list[Track]:
         """The tracks that have events, in order of first activity."""
         return sorted(self._tracks.values(), key=_first_start(self._table))
+
+    @property
+    def lost(self) -> list[dict[str, Any]]:
+        """Work of other processes that never came back (SPEC 15.4): one
+        record per job or process, ``{"node_id", "pid", "name", "reason"}``
+        (``node_id`` and ``pid`` are None when the process never said who
+        it was). Empty when everything came back."""
+        return [dict(x) for x in self.metadata.get("lost") or () if type(x) is dict]
 
     @property
     def dropped(self) -> int:
@@ -162,7 +180,8 @@ class Session:
         return out
 
     def key_averages(self, group_by: str = "name") -> EventAverages:
-        """Aggregate events by ``"name"``, ``"track"`` or ``"stack"`` (SPEC 6.4).
+        """Aggregate events by ``"name"``, ``"track"``, ``"stack"`` or
+        ``"node"`` (one row per process of a merged session) (SPEC 6.4, 15.4).
 
         Raises:
             ValueError: unknown ``group_by``.

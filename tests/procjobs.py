@@ -1,0 +1,41 @@
+"""Jobs that tests hand to other processes (importable by a spawned child)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import aprof
+
+
+def work(n: int) -> int:
+    """A job with a range inside."""
+    with aprof.record_function("inner"):
+        return sum(range(n))
+
+
+def pid_of(_: int = 0) -> int:
+    return os.getpid()
+
+
+def die(_: int = 0) -> int:
+    """Killed with SIGKILL inside a range."""
+    with aprof.record_function("about to die"):
+        os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(10)
+    return 0
+
+
+def slow(flag: str, seconds: float) -> str:
+    """Says it started (creates ``flag``), then takes ``seconds``."""
+    with aprof.record_function("slow inner"):
+        Path(flag).touch()
+        time.sleep(seconds)
+    return "done"
+
+
+def fail(_: int = 0) -> int:
+    with aprof.record_function("failing inner"):
+        raise ValueError("job failed")

@@ -1,0 +1,480 @@
+"""Work in other processes: process pools, merged back at stop (SPEC 11.4, 15.4; issue 20)."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import multiprocessing
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+
+import pytest
+
+import aprof
+from aprof._integrations import _processes
+
+from . import procjobs
+from .conftest import Backend
+
+METHODS = ["fork", "spawn", "forkserver"]
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module", params=METHODS)
+def pool(request: pytest.FixtureRequest) -> Iterator[concurrent.futures.ProcessPoolExecutor]:
+    ex = concurrent.futures.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context(request.param))
+    ex.submit(procjobs.pid_of).result()  # started before the tests time anything
+    yield ex
+    ex.shutdown()
+
+
+@pytest.fixture
+def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The temp dir aprof's per-profile directories go to, and the working
+    directory, both watched: nothing may be left in either."""
+    tmp = tmp_path / "tmp"
+    cwd = tmp_path / "cwd"
+    tmp.mkdir()
+    cwd.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    monkeypatch.chdir(cwd)
+    return tmp_path
+
+
+def _left(root: Path) -> list[str]:
+    """What is left in the watched directories (multiprocessing's own
+    ``pymp-*`` directories, a forkserver's socket, aside)."""
+    return sorted(
+        str(p.relative_to(root)) for p in root.rglob("*") if p.name not in ("tmp", "cwd") and "pymp-" not in str(p)
+    )
+
+
+def _children(prof: aprof.profile) -> list[aprof.FunctionEvent]:
+    return [e for e in prof.events() if e.scope is aprof.RecordScope.EXECUTOR]
+
+
+def test_pool_work_is_profiled_in_the_child_and_merged(pool: concurrent.futures.ProcessPoolExecutor, private_tmp: Path) -> None:
+    # SPEC 11.4, 15.4: each submitted call is an EXECUTOR range in the child,
+    # with what it did inside, on the child's track under the child's node
+    # id (its pid), linked to the submitting point; nothing is left in the
+    # temp dir or the working directory.
+    ppool = aprof.propagating(pool)
+    with aprof.profile() as prof:
+        me = aprof.current_thread_id()
+        with aprof.record_function("parent work"):
+            futs = [ppool.submit(procjobs.work, 1000) for _ in range(4)]
+            results = [f.result() for f in futs]
+            pids = {ppool.submit(procjobs.pid_of).result() for _ in range(2)}
+    assert results == [sum(range(1000))] * 4
+    assert _left(private_tmp) == []
+    s = prof.session
+    assert s.lost == []
+    jobs = _children(prof)
+    assert sorted(e.name for e in jobs) == ["pid_of"] * 2 + ["work"] * 4
+    parent = [e for e in prof.events() if e.name == "parent work"]
+    assert len(parent) == 1
+    assert parent[0].node_id == 0
+    assert parent[0].thread_id == me
+    for e in jobs:
+        assert e.node_id != 0
+        assert e.node_id == s.metadata["pids"][str(e.node_id)]
+        assert e.node_id != os.getpid()
+        assert e.forward_thread_id == me  # the arrow starts at the submitter
+        assert e.sequence_nr > 0
+        assert e.extra is not None
+        assert e.extra["submit_ns"] <= e.start_ns
+        assert e.track != parent[0].track or e.thread_id != me
+    assert pids <= {e.node_id for e in jobs}
+    inner = [e for e in prof.events() if e.name == "inner"]
+    assert len(inner) == 4
+    assert all(e.parent is not None and e.parent.name == "work" and e.node_id == e.parent.node_id for e in inner)
+    # A worker that ran several jobs is one track, not one per job.
+    per_node: dict[int, set[int]] = {}
+    for e in jobs:
+        per_node.setdefault(e.node_id, set()).add(e.thread_id)
+    assert all(len(tids) == 1 for tids in per_node.values())
+
+
+def test_chrome_trace_puts_each_child_in_its_process_with_an_arrow(pool: concurrent.futures.ProcessPoolExecutor, tmp_path: Path) -> None:
+    # SPEC 9.1, 15.4: a process per node (named by pid), flow arrows from
+    # the submit in the parent's process to the job in the child's.
+    import json
+
+    ppool = aprof.propagating(pool)
+    with aprof.profile() as prof:
+        ppool.submit(procjobs.work, 10).result()
+    out = tmp_path / "t.json"
+    prof.export_chrome_trace(out)
+    events = json.loads(out.read_text())["traceEvents"]
+    job = next(e for e in events if e.get("cat") == "executor" and e["ph"] == "X")
+    assert job["pid"] != os.getpid()
+    starts = [e for e in events if e["ph"] == "s"]
+    ends = [e for e in events if e["ph"] == "f"]
+    assert len(starts) == len(ends) == 1
+    assert starts[0]["pid"] == os.getpid()
+    assert ends[0]["pid"] == job["pid"]
+
+
+def test_run_in_executor_and_to_thread_on_every_backend(backend: Backend, pool: concurrent.futures.ProcessPoolExecutor) -> None:
+    # SPEC 11.1, 11.4: submitting from a task, and loop.run_in_executor on
+    # asyncio and uvloop; waiting for the result in a worker thread.
+    ppool = aprof.propagating(pool)
+
+    async def main() -> tuple[list[int], int]:
+        async with aprof.profile() as prof:
+            out = []
+            if not backend.is_trio and not backend.is_anyio:
+                loop = asyncio.get_running_loop()
+                out.append(await loop.run_in_executor(ppool, procjobs.work, 10))
+                out.append(await loop.run_in_executor(pool, aprof.wrap(procjobs.work), 10))
+            fut = ppool.submit(procjobs.work, 10)
+            out.append(await backend.to_thread(fut.result))
+            me = aprof.current_thread_id()
+        jobs = _children(prof)
+        assert prof.session.lost == []
+        assert all(e.forward_thread_id == me and e.node_id != 0 for e in jobs if e.name == "work")
+        return out, len([e for e in jobs if e.name == "work"])
+
+    out, n = backend.run(main)
+    assert out == [45] * len(out)
+    assert n == len(out)
+
+
+def test_wrap_into_a_process_pool(pool: concurrent.futures.ProcessPoolExecutor, private_tmp: Path) -> None:
+    # SPEC 2.5, 11.4: aprof.wrap(fn) handed to a plain ProcessPoolExecutor
+    # is the same profiled call; with no profile running it is just fn.
+    with aprof.profile() as prof:
+        assert pool.submit(aprof.wrap(procjobs.work), 10).result() == 45
+    assert [e.name for e in _children(prof)] == ["work"]
+    assert pool.submit(aprof.wrap(procjobs.work), 10).result() == 45
+    plain = pickle.loads(pickle.dumps(aprof.wrap(procjobs.work)))
+    assert plain is procjobs.work
+    assert _left(private_tmp) == []
+
+
+def test_no_profile_means_no_trace_of_aprof(pool: concurrent.futures.ProcessPoolExecutor, private_tmp: Path) -> None:
+    # SPEC 15.6: without a profile the call goes to the pool as it is.
+    ppool = aprof.propagating(pool)
+    assert ppool.submit(procjobs.work, 10).result() == 45
+    call, _ = _processes.process_call(procjobs.work, 1, 1, 0)
+    assert call is procjobs.work
+    assert _left(private_tmp) == []
+
+
+def test_exception_in_the_child_is_recorded_and_raised(pool: concurrent.futures.ProcessPoolExecutor) -> None:
+    # SPEC 4.2, 11.4: the job's exception propagates as without aprof; its
+    # range records it.
+    ppool = aprof.propagating(pool)
+    with aprof.profile() as prof:
+        with pytest.raises(ValueError, match="job failed"):
+            ppool.submit(procjobs.fail).result()
+    [job] = _children(prof)
+    assert job.exception == "ValueError"
+    assert [c.name for c in job.children] == ["failing inner"]
+    assert prof.session.lost == []
+
+
+def test_unpicklable_callable_fails_as_without_aprof(pool: concurrent.futures.ProcessPoolExecutor, private_tmp: Path) -> None:
+    # Issue 20 "Bad input": pickling failures raise what the executor raises without aprof.
+    def local() -> int:
+        return 1
+
+    with pytest.raises(Exception) as plain:  # noqa: PT011 - compared below
+        pool.submit(local).result()
+    with aprof.profile() as prof:
+        with pytest.raises(type(plain.value)) as wrapped:
+            aprof.propagating(pool).submit(local).result()
+    assert str(wrapped.value) == str(plain.value)
+    assert prof.session.lost == []  # it never ran: nothing was lost
+    assert _left(private_tmp) == []
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_killed_child_loses_only_its_own_work(method: str, private_tmp: Path) -> None:
+    # Issue 20 "Bad input": SIGKILL mid-range; the parent's events are
+    # intact, the other jobs came back, the session names the lost job
+    # and the process.
+    ex = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context(method))
+    try:
+        ppool = aprof.propagating(ex)
+        with aprof.profile() as prof:
+            with aprof.record_function("parent work"):
+                assert ppool.submit(procjobs.work, 10).result() == 45
+                victim = ppool.submit(procjobs.pid_of).result()
+                with pytest.raises(BrokenProcessPool):
+                    ppool.submit(procjobs.die).result()
+    finally:
+        ex.shutdown()
+    names = [e.name for e in prof.events()]
+    assert names.count("parent work") == 1
+    assert names.count("work") == 1
+    assert names.count("pid_of") == 1
+    assert "about to die" not in names
+    [lost] = prof.session.lost
+    assert lost["name"] == "die"
+    assert lost["pid"] == victim
+    assert lost["node_id"] == victim
+    assert "crashed or was killed" in lost["reason"]
+    assert _left(private_tmp) == []
+
+
+def test_a_child_still_running_at_stop_is_named_and_its_job_finishes(pool: concurrent.futures.ProcessPoolExecutor, private_tmp: Path) -> None:
+    # Issue 20 "Bad input": a job that outlives the profile is named as
+    # still running; stop does not wait for it; the job still succeeds.
+    flag = private_tmp / "cwd" / "started"
+    ppool = aprof.propagating(pool)
+    with aprof.profile() as prof:
+        fut = ppool.submit(procjobs.slow, str(flag), 1.0)
+        deadline = time.monotonic() + 60
+        while not flag.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert fut.result(timeout=60) == "done"
+    [lost] = prof.session.lost
+    assert lost["name"] == "slow"
+    assert "running in another process when the profile stopped" in lost["reason"]
+    assert [e.name for e in _children(prof)] == []
+    flag.unlink()
+    assert _left(private_tmp) == []
+
+
+def test_a_parent_that_exits_while_its_child_runs(tmp_path: Path) -> None:
+    # Issue 20 "Bad input": the parent saves its session and exits with a
+    # job still running; the file holds the parent's events and names the
+    # job as lost; the child ends without an error and leaves nothing.
+    script = tmp_path / "parent.py"
+    out = tmp_path / "out.aprof"
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    script.write_text(
+        f"""
+import concurrent.futures, os, sys, time
+sys.path.insert(0, {str(Path(__file__).parent.parent)!r})
+import aprof
+from tests import procjobs
+
+if __name__ == "__main__":
+    ex = concurrent.futures.ProcessPoolExecutor(1)
+    with aprof.profile() as prof:
+        with aprof.record_function("parent work"):
+            aprof.propagating(ex).submit(procjobs.slow, {str(tmp_path / "flag")!r}, 0.5)
+            while not os.path.exists({str(tmp_path / "flag")!r}):
+                time.sleep(0.01)
+    prof.save({str(out)!r})
+    ex.shutdown(wait=False)
+"""
+    )
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    s = aprof.load(out)
+    assert [e.name for e in s.events()] == ["parent work"]
+    [lost] = s.lost
+    assert lost["name"] == "slow"
+    assert "running in another process when the profile stopped" in lost["reason"]
+    deadline = time.monotonic() + 10
+    while list(tmp.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert list(tmp.iterdir()) == []
+
+
+def test_a_child_that_cannot_profile_runs_the_job_with_one_warning() -> None:
+    # Issue 20 "Bad input": aprof failing in the child never fails the job.
+    job = _processes._Job(1, "/nonexistent-dir-for-aprof", {}, 0, 1, 1, 0)
+    call = _processes.ProcessCall(procjobs.work, job)
+    # The directory is gone: the parent stopped; quietly unprofiled.
+    assert call(10) == 45
+    with tempfile.TemporaryDirectory() as d:
+        job.dir = d
+        job.options = {"no_such_option": True}  # aprof cannot start a profile here
+        _processes._warned.clear()
+        with pytest.warns(aprof.AprofWarning, match="runs unprofiled"):
+            assert call(10) == 45
+        assert call(10) == 45  # once per process
+        assert os.listdir(d) == []
+
+
+def test_process_call_pickles_small() -> None:
+    # What crosses to the child: the callable and a small job record.
+    job = _processes._Job(7, "/tmp/x", {"tasks": True}, 0, 3, 9, 123)
+    call = pickle.loads(pickle.dumps(_processes.ProcessCall(procjobs.work, job)))
+    assert call.__wrapped__ is procjobs.work
+    assert (call._job.id, call._job.fwd, call._job.seq, call._job.submit_ns) == (7, 3, 9, 123)
+    assert repr(call) == repr(procjobs.work)
+
+
+# ---------------------------------------------------------------------------
+# install_propagation(processes=True): multiprocessing (issue 20 item 2)
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def processes_installed() -> Iterator[None]:
+    aprof.install_propagation(processes=True)
+    try:
+        yield
+    finally:
+        aprof.uninstall_propagation()
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.usefixtures("processes_installed")
+def test_multiprocessing_process_and_pool(method: str, private_tmp: Path) -> None:
+    # SPEC 11.4, 15.4: with install_propagation(processes=True), a Process
+    # started and Pool calls made under a profile are profiled in the
+    # child and merged, each under its process's node id, linked to the
+    # starting point.
+    ctx = multiprocessing.get_context(method)
+    with aprof.profile() as prof:
+        me = aprof.current_thread_id()
+        p = ctx.Process(target=procjobs.work, args=(10,))
+        p.start()
+        p.join(60)
+        with ctx.Pool(1) as mp_pool:
+            assert mp_pool.map(procjobs.work, [10, 20]) == [45, 190]
+            assert mp_pool.apply_async(procjobs.work, (10,)).get(60) == 45
+            assert mp_pool.apply(procjobs.pid_of) > 0
+            assert list(mp_pool.imap(procjobs.work, [10])) == [45]
+            assert mp_pool.starmap(procjobs.work, [(10,)]) == [45]
+            worker = mp_pool.apply(procjobs.pid_of)
+    assert p.exitcode == 0
+    jobs = _children(prof)
+    by_node: dict[int, list[str]] = {}
+    for e in jobs:
+        by_node.setdefault(e.node_id, []).append(e.name)
+        assert e.forward_thread_id == me
+    assert by_node[p.pid] == ["work"]
+    assert sorted(by_node[worker]) == ["pid_of", "pid_of", "work", "work", "work", "work", "work"]
+    assert prof.session.lost == []
+    assert len([e for e in prof.events() if e.name == "inner"]) == 6
+    assert _left(private_tmp) == []
+
+
+@pytest.mark.usefixtures("processes_installed")
+def test_a_killed_process_is_named_with_its_signal(private_tmp: Path) -> None:
+    # Issue 20 "Bad input": SIGKILL mid-range in a multiprocessing.Process.
+    ctx = multiprocessing.get_context("spawn")
+    with aprof.profile() as prof:
+        with aprof.record_function("parent work"):
+            p = ctx.Process(target=procjobs.die)
+            p.start()
+            p.join(60)
+    assert p.exitcode == -9
+    [lost] = prof.session.lost
+    assert lost["name"] == "die"
+    assert lost["pid"] == p.pid
+    assert "killed by signal 9" in lost["reason"]
+    assert [e.name for e in prof.events()] == ["parent work"]
+    assert _left(private_tmp) == []
+
+
+@pytest.mark.usefixtures("processes_installed")
+def test_installed_process_pool_submit_without_propagating(pool: concurrent.futures.ProcessPoolExecutor) -> None:
+    # SPEC 2.5, 11.4: installed, a plain ProcessPoolExecutor (so
+    # run_in_executor) carries the profile; propagating() on top does not
+    # profile twice.
+    with aprof.profile() as prof:
+        assert pool.submit(procjobs.work, 10).result() == 45
+        assert aprof.propagating(pool).submit(procjobs.work, 10).result() == 45
+    assert [e.name for e in _children(prof)] == ["work", "work"]
+
+
+def test_multiprocessing_is_left_alone_unless_asked(private_tmp: Path) -> None:
+    # SPEC 15.6: without processes=True, nothing of multiprocessing changes
+    # and nothing is profiled in the child; uninstall restores everything.
+    import multiprocessing.pool
+    import multiprocessing.process
+
+    originals = (
+        multiprocessing.process.BaseProcess.start,
+        multiprocessing.pool.Pool.apply_async,
+        multiprocessing.pool.Pool._map_async,  # type: ignore[attr-defined]
+        concurrent.futures.ProcessPoolExecutor.submit,
+    )
+    aprof.install_propagation()
+    try:
+        assert multiprocessing.process.BaseProcess.start is originals[0]
+        ctx = multiprocessing.get_context("fork")
+        with aprof.profile() as prof:
+            p = ctx.Process(target=procjobs.work, args=(10,))
+            p.start()
+            p.join(60)
+        assert _children(prof) == []
+        aprof.install_propagation(processes=True)
+        assert multiprocessing.process.BaseProcess.start is not originals[0]
+    finally:
+        aprof.uninstall_propagation()
+    assert (
+        multiprocessing.process.BaseProcess.start,
+        multiprocessing.pool.Pool.apply_async,
+        multiprocessing.pool.Pool._map_async,  # type: ignore[attr-defined]
+        concurrent.futures.ProcessPoolExecutor.submit,
+    ) == originals
+    with pytest.raises(TypeError, match="processes"):
+        aprof.install_propagation(processes=1)  # type: ignore[arg-type]
+    assert _left(private_tmp) == []
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_pure_python_twins_in_parent_and_children(method: str, tmp_path: Path) -> None:
+    # Issue 20 "Bad input", SPEC 14: without the C extension (the twins
+    # only, in the parent and in every child) pool work is profiled the same.
+    script = tmp_path / "pure.py"
+    script.write_text(
+        f"""
+import concurrent.futures, multiprocessing, sys
+sys.path.insert(0, {str(Path(__file__).parent.parent)!r})
+import aprof
+from aprof._core import _native
+from tests import procjobs
+
+if __name__ == "__main__":
+    assert _native.extension is None
+    ex = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context({method!r}))
+    with aprof.profile() as prof:
+        assert aprof.propagating(ex).submit(procjobs.work, 10).result() == 45
+    ex.shutdown()
+    names = sorted(e.name for e in prof.events())
+    assert names == ["inner", "work"], names
+    assert prof.session.lost == []
+    print("ok")
+"""
+    )
+    env = {**os.environ, "APROF_PURE_PYTHON": "1"}
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"
+    assert "Warning" not in proc.stderr
+
+
+def test_a_cancelled_job_is_not_lost(private_tmp: Path) -> None:
+    # SPEC 15.6: cancelling the future the program got cancels the job;
+    # a job that never ran is not named as lost.
+    flag = private_tmp / "cwd" / "started"
+    ex = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"))
+    try:
+        ppool = aprof.propagating(ex)
+        with aprof.profile() as prof:
+            first = ppool.submit(procjobs.slow, str(flag), 0.5)
+            queued = [ppool.submit(procjobs.work, 10) for _ in range(5)]
+            cancelled = [f for f in queued if f.cancel()]
+            assert first.result(timeout=60) == "done"
+            for f in queued:
+                if f not in cancelled:
+                    assert f.result(timeout=60) == 45
+        assert cancelled  # the last ones at least were still waiting
+        assert all(f.cancelled() for f in cancelled)
+        with pytest.raises(concurrent.futures.CancelledError):
+            cancelled[0].result()
+    finally:
+        ex.shutdown()
+    assert prof.session.lost == []
+    assert len([e for e in _children(prof) if e.name == "work"]) == 5 - len(cancelled)
