@@ -2,11 +2,12 @@
 in the ring, RSS over a run ten times the ring, and the time to dump a full
 ring.
 
-    python bench/flight.py [--ring-mb 50] [--json out.json]
+    python bench/flight.py [--ring-mb 50] [--ranges-only] [--json out.json]
 
 A server-like load runs through ``aprof.flight_recorder(max_bytes=ring)``:
 requests as tasks (``asyncio.gather`` of 1,000 at a time), each with a
-``handle`` range and nine nested ``step`` ranges. Reported:
+``handle`` range and nine nested ``step`` ranges (``--ranges-only``: the
+same number of ranges in one thread, no tasks). Reported:
 
 - bytes per range the ring holds once full (the sealed generations are
   measured exactly; the target is at most 48);
@@ -46,13 +47,14 @@ async def _request() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ring-mb", type=int, default=50)
+    parser.add_argument("--ranges-only", action="store_true", help="plain ranges in one thread, no tasks")
     parser.add_argument("--json")
     args = parser.parse_args()
     import aprof
 
     ring_bytes = args.ring_mb * 1_000_000
     # about 10x the ring: a request is ~10 ranges of 48 B and a task record
-    batches = max(10, ring_bytes * 10 // (1_000 * 700))
+    batches = max(10, ring_bytes * 10 // (1_000 * (480 if args.ranges_only else 700)))
     print(header())
     print(f"ring {args.ring_mb} MB, {batches} batches of 1,000 requests (10 ranges each)\n")
     rss: list[int] = []
@@ -63,12 +65,18 @@ def main() -> None:
         rec.start()
         t0 = time.perf_counter()
         for b in range(batches):
-            await asyncio.gather(*(_request() for _ in range(1_000)))
+            if args.ranges_only:
+                for _ in range(10_000):
+                    with aprof.record_function("step"):
+                        pass
+            else:
+                await asyncio.gather(*(_request() for _ in range(1_000)))
             if b % (batches // 10) == batches // 10 - 1:
                 gc.collect()
                 rss.append(rss_bytes() or 0)
         elapsed = time.perf_counter() - t0
-        print(f"recorded {batches * 10_000:,} ranges and {batches * 1_000:,} tasks in {elapsed:.1f} s")
+        tasks = 0 if args.ranges_only else batches * 1_000
+        print(f"recorded {batches * 10_000:,} ranges and {tasks:,} tasks in {elapsed:.1f} s")
         ring = rec.profile._state.ring
         held, events = ring._held_bytes, ring._held_events
         print(f"ring: {ring.held_bytes() / 1e6:.1f} MB held, sealed generations {held / max(events, 1):.1f} bytes/event")
