@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 from . import _callbacks
 from ._callbacks import RF_STATE, AprofWarning, RecordFunctionCallback
 from ._debug_info import DEBUG_INFO, DebugInfoKind, SlotRef
-from ._record_function import RecordFunction, get_default_node_id
 from ._memory import DEFAULT_INTERVAL, MemoryRun, check_memory_interval
 from ._memory import unavailable_reason as memory_unavailable
+from ._record_function import RecordFunction, get_default_node_id
 from ._recorder import ProfilerState, Recorder
 from ._sampler import SamplerRun, check_interval
 from ._schedule import ProfilerAction, check_schedule

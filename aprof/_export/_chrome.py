@@ -34,7 +34,7 @@ import math
 import warnings
 from array import array
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from .._core import _native
 from .._core._callbacks import AprofWarning, RecordScope
@@ -324,6 +324,7 @@ def chrome_trace_chunks(session: Session, batch: int = 4096, capped: dict[str, i
                 d = (task_steps[k + 1] - task_steps[k]) / 1000.0
                 emit(f'{{"ph":"X","name":"running","cat":"step",{rwhere},"ts":{s0:.3f},"dur":{d:.3f}}}')
     _sampled_rows(session, track_pids, base, 2 * run_base, emit)
+    _memory_counters(session, pids, base, emit)
     if lines:
         yield joined + ",\n".join(lines)
     yield "\n]}\n"
@@ -356,6 +357,29 @@ def _sampled_rows(session: Session, track_pids: dict[int, Any], base: int, row_b
         emit(f'{{"ph":"X","name":{_dumps(name)},"cat":"sampled",{where},"ts":{ts_ns / 1000.0:.3f},"dur":{dur_ns / 1000.0:.3f}}}')
 
 
+#: At most this many points of the memory counter track (the highest live
+#: value of each stretch is kept, so no peak is lost).
+MEMORY_COUNTER_POINTS: Final = 20_000
+
+
+def _memory_counters(session: Session, pids: dict[int, Any], base: int, emit: Any) -> None:
+    """profile_memory (issue 21): the profiled work's live bytes over time as a
+    counter track (``"ph":"C"``, name ``memory``), one per process."""
+    m = session.memory
+    if m is None:
+        return
+    node = session.metadata.get("node_id", 0)
+    pid = pids.get(node, node) if isinstance(node, int) else 0
+    points = m.timeline()
+    if len(points) > MEMORY_COUNTER_POINTS:
+        step = -(-len(points) // MEMORY_COUNTER_POINTS)
+        points = [max(points[i : i + step], key=lambda p: p[1]) for i in range(0, len(points), step)]
+    if points:
+        emit(f'{{"ph":"C","name":"memory","pid":{pid},"tid":0,"ts":0.000,"args":{{"live bytes":0}}}}')
+    for t, live in points:
+        emit(f'{{"ph":"C","name":"memory","pid":{pid},"tid":0,"ts":{(t - base) / 1000.0:.3f},"args":{{"live bytes":{live}}}}}')
+
+
 def cap_events(session: Session, max_events: int) -> tuple[Session, dict[str, int]]:
     """``session`` with at most ``max_events`` events, and what was dropped.
 
@@ -372,7 +396,18 @@ def cap_events(session: Session, max_events: int) -> tuple[Session, dict[str, in
     keep, shortest = longest_rows(tab, tab.scope.tobytes().translate(always_kept()), max_events)
     kept = array("i", [i for i in range(n) if keep[i]])
     info = {"events": n, "kept": len(kept), "dropped": n - len(kept), "shortest_kept_ns": shortest}
-    return Session(tab.take(kept), session._tracks, session.metadata, session.samples), info
+    capped = Session(tab.take(kept), session._tracks, session.metadata, session.samples)
+    m = session.memory
+    if m is not None:
+        from .._post._memory import Memory
+
+        where = {old: new for new, old in enumerate(kept)}
+        cm = Memory(m.interval)
+        cm.time, cm.size, cm.weight, cm.freed, cm.thread_id = m.time, m.size, m.weight, m.freed, m.thread_id
+        cm.threads, cm.other_bytes, cm.other_count, cm.dropped = m.threads, m.other_bytes, m.other_count, m.dropped
+        cm.event = array("i", [where.get(r, -1) for r in m.event])
+        capped.memory = cm
+    return capped, info
 
 
 def export_chrome_trace(session: Session, path: str | PathLike[str], max_events: int | None = None) -> None:
