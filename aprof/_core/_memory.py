@@ -33,10 +33,12 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_INTERVAL", "MemoryRun", "check_memory_interval"]
 
 #: Sample an allocation every this many bytes on average (sampled mode).
-DEFAULT_INTERVAL: Final = 256 * 1024
+DEFAULT_INTERVAL: Final = 16 * 1024
 _MAX_INTERVAL: Final = 1 << 40
 
 _running: list[MemoryRun] = []
+#: Tests: the sampling generator's seed (0: from the clock).
+seed = 0
 
 
 def check_memory_interval(value: object) -> int:
@@ -92,7 +94,7 @@ class MemoryRun:
         lt = current_logical_thread()
         token = TRACER_LT.set((lt, threading.get_ident())) if lt.kind != "thread" else None
         try:
-            ext._memory_start(RF_STATE, self.recorder, TRACER_LT, self.interval, self.max_records, 0)
+            ext._memory_start(RF_STATE, self.recorder, TRACER_LT, self.interval, self.max_records, seed)
         except BaseException:
             if token is not None:
                 TRACER_LT.reset(token)
