@@ -375,6 +375,8 @@ def _memory_counters(session: Session, pids: dict[int, Any], base: int, emit: An
         step = -(-len(points) // MEMORY_COUNTER_POINTS)
         points = [max(points[i : i + step], key=lambda p: p[1]) for i in range(0, len(points), step)]
     if points:
+        # Counters belong to the process; the row is named for readers that want one.
+        emit(f'{{"ph":"M","name":"thread_name","pid":{pid},"tid":0,"args":{{"name":"memory (live bytes)"}}}}')
         emit(f'{{"ph":"C","name":"memory","pid":{pid},"tid":0,"ts":0.000,"args":{{"live bytes":0}}}}')
     for t, live in points:
         emit(f'{{"ph":"C","name":"memory","pid":{pid},"tid":0,"ts":{(t - base) / 1000.0:.3f},"args":{{"live bytes":{live}}}}}')

@@ -1,0 +1,385 @@
+"""profile_memory (SPEC 15.5, issue 21): allocations per task, request and range.
+
+Scenarios run on every backend. Exact mode (``memory_interval=0``) is
+checked to the byte where Python's own object headers allow; sampled mode
+with a fixed seed and a tolerance its statistics cannot break (the bench,
+bench/memory.py, reports the error over many seeds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import threading
+import tracemalloc
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import aprof
+from aprof._core import _memory
+
+from .conftest import Backend, require_c_extension, twin
+from .tracecheck import validate_trace
+
+CHUNK = 64 * 1024
+COUNT = 16  # 1 MB
+SLACK = 4096  # the bytes objects' headers, the list's growth
+
+
+@pytest.fixture(autouse=True)
+def _seeded() -> Iterator[None]:
+    require_c_extension()
+    _memory.seed = 12345
+    try:
+        yield
+    finally:
+        _memory.seed = 0
+
+
+def _one(prof: aprof.profile, name: str) -> list[aprof.FunctionEvent]:
+    return [e for e in prof.events() if e.name == name]
+
+
+def _run_workers(backend: Backend, interval: int, keep: list[Any], free_too: bool = False) -> aprof.profile:
+    async def worker(i: int) -> None:
+        with aprof.record_function(f"alloc{i}"):
+            for _ in range(COUNT):
+                keep.append(bytes(CHUNK))
+                await backend.checkpoint()  # across steps
+            if free_too:
+                del keep[-COUNT:]
+
+    async def main() -> aprof.profile:
+        async with aprof.profile(profile_memory=True, memory_interval=interval) as prof:
+            async with backend.group() as g:
+                for i in range(3):
+                    g.start_soon(worker, i)
+        return prof
+
+    prof: aprof.profile = backend.run(main)
+    return prof
+
+
+# SPEC 15.5
+def test_exact_mode_charges_each_range_and_task(backend: Backend) -> None:
+    keep: list[bytes] = []
+    prof = _run_workers(backend, 0, keep)
+    m = prof.session.memory
+    assert m is not None and m.exact
+    by_thread = m.by_thread()
+    for i in range(3):
+        (ev,) = _one(prof, f"alloc{i}")
+        st = ev.memory
+        assert st is not None
+        # every chunk, across every step of the task, in its range (and
+        # the runtime's short-lived objects of each await, freed again)
+        assert CHUNK * COUNT <= st.allocated <= CHUNK * COUNT * 1.05
+        assert CHUNK * COUNT <= st.net <= CHUNK * COUNT + SLACK  # kept alive: a leak, as it reads
+        assert st.peak >= CHUNK * COUNT
+        assert st.count >= COUNT
+        assert ev.cpu_memory_usage == st.net
+        assert ev.self_cpu_memory_usage == ev.self_memory.net  # type: ignore[union-attr]
+        # the task (its track) has at least what its range had
+        task = by_thread[ev.thread_id]
+        assert task.allocated >= st.allocated
+        assert m.threads[ev.thread_id][1] in ("asyncio", "trio")
+
+
+# SPEC 15.5
+def test_exact_mode_net_zero_after_freeing(backend: Backend) -> None:
+    keep: list[bytes] = []
+    prof = _run_workers(backend, 0, keep, free_too=True)
+    for i in range(3):
+        (ev,) = _one(prof, f"alloc{i}")
+        st = ev.memory
+        assert st is not None and st.allocated >= CHUNK * COUNT
+        assert abs(st.net) <= 0.01 * st.allocated
+        assert st.peak >= CHUNK  # alive while the range ran
+
+
+# SPEC 15.5
+def test_sampled_mode_is_unbiased_within_5_percent(backend: Backend) -> None:
+    # 10 MB in 64 KB chunks at the default interval (16 KiB): each chunk is
+    # sampled with p = 1 - exp(-4) and weighted 1/p; the relative standard
+    # deviation of the sum is about 0.4%, so 5% holds for every seed.
+    keep: list[bytes] = []
+
+    async def main() -> aprof.profile:
+        async with aprof.profile(profile_memory=True) as prof:
+
+            async def task() -> None:
+                with aprof.record_function("ten"):
+                    for _ in range(160):
+                        keep.append(bytes(CHUNK))
+                        await backend.checkpoint()
+
+            async with backend.group() as g:
+                g.start_soon(task)
+        return prof
+
+    prof = backend.run(main)
+    m = prof.session.memory
+    assert m is not None and m.interval == _memory.DEFAULT_INTERVAL
+    (ev,) = _one(prof, "ten")
+    assert ev.memory is not None
+    assert abs(ev.memory.allocated - 160 * CHUNK) <= 0.05 * 160 * CHUNK
+    # sampled: far fewer records than allocations
+    assert len(m) < 2000
+
+
+# SPEC 15.5
+def test_innermost_range_gets_the_bytes_and_parents_include_them(backend: Backend) -> None:
+    keep: list[bytes] = []
+
+    async def main() -> aprof.profile:
+        async with aprof.profile(profile_memory=True, memory_interval=0) as prof:
+            with aprof.record_function("outer"):
+                keep.append(bytes(CHUNK))
+                with aprof.record_function("inner"):
+                    keep.append(bytes(2 * CHUNK))
+                await backend.checkpoint()
+        return prof
+
+    prof = backend.run(main)
+    (outer,) = _one(prof, "outer")
+    (inner,) = _one(prof, "inner")
+    assert inner.memory is not None and outer.memory is not None and outer.self_memory is not None
+    assert 2 * CHUNK <= inner.memory.allocated <= 2 * CHUNK + SLACK
+    assert CHUNK <= outer.self_memory.allocated <= CHUNK + SLACK
+    assert outer.memory.allocated >= inner.memory.allocated + CHUNK
+    assert outer.cpu_memory_usage >= 3 * CHUNK
+    assert outer.self_cpu_memory_usage < 2 * CHUNK
+
+
+# SPEC 15.5 (context scope: unprofiled work is not charged, it is "other")
+def test_context_scope_leaves_other_threads_out_as_other() -> None:
+    keep: list[bytes] = []
+    done = threading.Event()
+
+    def outsider() -> None:
+        keep.append(bytes(4 * CHUNK))  # not the profile's work
+        done.set()
+
+    async def main() -> aprof.profile:
+        async with aprof.profile(profile_memory=True, memory_interval=0) as prof:
+            t = threading.Thread(target=outsider)
+            t.start()
+            while not done.is_set():
+                await asyncio.sleep(0.001)
+            t.join()
+            with aprof.record_function("mine"):
+                keep.append(bytes(CHUNK))
+        return prof
+
+    prof = asyncio.run(main())
+    m = prof.session.memory
+    assert m is not None
+    assert m.other_bytes >= 4 * CHUNK
+    assert all(st.allocated < 4 * CHUNK for st in m.by_thread().values())
+    (mine,) = _one(prof, "mine")
+    assert mine.memory is not None and mine.memory.allocated >= CHUNK
+
+
+# SPEC 15.5 (global scope: a thread's allocations go to the thread's track)
+def test_global_scope_charges_threads() -> None:
+    keep: list[bytes] = []
+
+    def worker() -> None:
+        with aprof.record_function("in thread"):
+            keep.append(bytes(4 * CHUNK))
+        keep.append(bytes(CHUNK))  # outside any range: still the thread's
+
+    with aprof.profile(profile_memory=True, memory_interval=0, scope="global") as prof:
+        t = threading.Thread(target=worker, name="mem-worker")
+        t.start()
+        t.join()
+    m = prof.session.memory
+    assert m is not None
+    named = {m.threads[tid][0]: st for tid, st in m.by_thread().items()}
+    assert named["mem-worker"].allocated >= 5 * CHUNK
+    (ev,) = _one(prof, "in thread")
+    assert ev.memory is not None and 4 * CHUNK <= ev.memory.net <= 4 * CHUNK + SLACK
+
+
+def test_stop_restores_the_allocator_and_a_users_tracemalloc() -> None:
+    ext = require_c_extension()
+    assert ext._memory_hooked() == (0, 0)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        with aprof.profile(profile_memory=True, memory_interval=0):
+            assert ext._memory_hooked() == (1, 1)
+            data = [bytes(CHUNK) for _ in range(4)]
+        assert ext._memory_hooked() == (0, 0)
+        assert tracemalloc.is_tracing()
+        after = tracemalloc.take_snapshot()
+        stats = after.compare_to(before, "filename")
+        grown = sum(s.size_diff for s in stats if s.traceback[0].filename == __file__)
+        assert grown >= 4 * CHUNK  # tracemalloc saw the allocations made under aprof
+    finally:
+        tracemalloc.stop()
+    del data
+
+
+def test_tracemalloc_started_during_a_profile() -> None:
+    ext = require_c_extension()
+    with aprof.profile(profile_memory=True):
+        tracemalloc.start()
+    try:
+        # tracemalloc's hooks sit on top of aprof's: aprof's stay underneath,
+        # passing through, and a new memory profile refuses to start
+        assert ext._memory_hooked() == (1, 0)
+        with pytest.raises(RuntimeError, match="tracemalloc"):
+            aprof.profile(profile_memory=True).start()
+        assert tracemalloc.take_snapshot() is not None
+    finally:
+        tracemalloc.stop()
+    # tracemalloc put aprof's hooks back: the next profile reuses them
+    with aprof.profile(profile_memory=True, memory_interval=0) as prof:
+        keep = bytes(CHUNK)
+    assert ext._memory_hooked() == (0, 0)
+    assert prof.session.memory is not None and prof.session.memory.total().allocated >= CHUNK
+    del keep
+
+
+def test_one_memory_profile_at_a_time() -> None:
+    async def main() -> None:
+        async with aprof.profile(profile_memory=True):
+
+            async def other() -> None:
+                with pytest.raises(RuntimeError, match="another profile is tracking memory"):
+                    aprof.profile(profile_memory=True).start()
+
+            await asyncio.create_task(other())
+
+    asyncio.run(main())
+    assert require_c_extension()._memory_hooked() == (0, 0)
+
+
+def test_bad_options_are_named() -> None:
+    for bad in (-1, 1.5, "16k", True, 1 << 41):
+        with pytest.raises(ValueError, match="memory_interval"):
+            aprof.profile(profile_memory=True, memory_interval=bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="profile_memory"):
+        aprof.profile(profile_memory="yes")  # type: ignore[arg-type]
+
+
+def test_without_the_extension_a_clear_error() -> None:
+    with pytest.raises(RuntimeError, match="profile_memory needs aprof's C extension"):
+        twin(lambda: aprof.profile(profile_memory=True))
+    twin(aprof.profile)  # without memory it builds
+
+
+def test_no_memory_no_figures() -> None:
+    with aprof.profile() as prof:
+        with aprof.record_function("r"):
+            pass
+    assert prof.session.memory is None
+    (ev,) = prof.events()
+    assert ev.memory is None and ev.cpu_memory_usage == 0
+    assert "Net mem" not in prof.key_averages().table()
+
+
+def _leaky_profile() -> aprof.profile:
+    cache: list[bytes] = []
+
+    async def handler(i: int) -> None:
+        with aprof.record_function("handler"):
+            cache.append(bytes(CHUNK))
+            tmp = [bytes(1000) for _ in range(10)]
+            del tmp
+            await asyncio.sleep(0)
+
+    async def main() -> aprof.profile:
+        async with aprof.profile(profile_memory=True, memory_interval=0) as prof:
+            await asyncio.gather(*(handler(i) for i in range(5)))
+        return prof
+
+    return asyncio.run(main())
+
+
+def test_key_averages_columns_sort_and_table() -> None:
+    prof = _leaky_profile()
+    avg = prof.key_averages()
+    row = avg["handler"]
+    assert row.allocated_bytes >= 5 * CHUNK
+    assert row.cpu_memory_usage >= 5 * CHUNK
+    assert row.self_cpu_memory_usage >= 5 * CHUNK
+    assert row.peak_memory >= CHUNK
+    assert row.allocation_count >= 5 * 11
+    text = avg.table(sort_by="cpu_memory_usage")
+    for col in ("Allocated", "Net mem", "Self net", "Peak mem", "# Allocs", "Memory (exact)"):
+        assert col in text
+    first = text.splitlines()[3]
+    assert first.startswith(("handler", "task _leaky_profile.<locals>.handler"))
+    for key in ("self_cpu_memory_usage", "allocated", "peak_memory", "allocations"):
+        avg.table(sort_by=key)
+    by_track = prof.key_averages(group_by="track")
+    assert sum(r.allocated_bytes for r in by_track) >= 5 * CHUNK
+
+
+def test_session_file_round_trip(tmp_path: Path) -> None:
+    prof = _leaky_profile()
+    path = tmp_path / "s.aprof"
+    prof.save(path)
+    back = aprof.load(path)
+    m0, m1 = prof.session.memory, back.memory
+    assert m0 is not None and m1 is not None
+    assert m1.to_json() == m0.to_json()
+    a = {(e.name, e.start_ns): e.memory.to_dict() for e in prof.events() if e.memory is not None}  # type: ignore[union-attr]
+    b = {(e.name, e.start_ns): e.memory.to_dict() for e in back.events() if e.memory is not None}  # type: ignore[union-attr]
+    assert a == b
+    # the JSON document too
+    doc = prof.session._to_json()
+    from aprof._post._session import session_from_document
+
+    again = session_from_document(json.loads(json.dumps(doc)), "test")
+    assert again.memory is not None and again.memory.to_json() == m0.to_json()
+    doc["memory"]["event"] = [10**6] * len(doc["memory"]["event"])
+    with pytest.raises(ValueError, match="memory: an allocation is charged to event"):
+        session_from_document(doc, "test")
+
+
+def test_chrome_trace_has_a_memory_counter(tmp_path: Path) -> None:
+    prof = _leaky_profile()
+    path = tmp_path / "t.json"
+    prof.export_chrome_trace(path)
+    doc = validate_trace(path)
+    counters = [e for e in doc["traceEvents"] if e.get("ph") == "C"]
+    assert counters and all(e["name"] == "memory" for e in counters)
+    assert max(e["args"]["live bytes"] for e in counters) >= 5 * CHUNK
+    capped = tmp_path / "c.json"
+    prof.export_chrome_trace(capped, max_events=2)
+    assert any(e.get("ph") == "C" for e in json.loads(capped.read_text())["traceEvents"])
+
+
+def test_cli_run_memory_and_report(tmp_path: Path) -> None:
+    script = tmp_path / "leak.py"
+    script.write_text(
+        "import asyncio\nCACHE = []\n"
+        "async def handle(i):\n    CACHE.append(bytes(65536))\n    await asyncio.sleep(0)\n"
+        "async def main():\n    await asyncio.gather(*(handle(i) for i in range(10)))\n"
+        "asyncio.run(main())\n"
+    )
+    out = tmp_path / "leak.aprof"
+    r = subprocess.run(
+        [sys.executable, "-m", "aprof", "run", "--memory", "--memory-interval", "0", "-o", str(out), str(script)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "Net mem" in r.stderr and "task handle" in r.stderr
+    r = subprocess.run(
+        [sys.executable, "-m", "aprof", "report", str(out), "--sort", "cpu_memory_usage", "--row-limit", "1"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[3].startswith("task handle")
+    r = subprocess.run(
+        [sys.executable, "-m", "aprof", "run", "--memory-interval", "0", str(script)], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode != 0 and "add --memory" in r.stderr
