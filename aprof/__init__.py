@@ -47,6 +47,7 @@ from ._core._threads import current_thread_id
 from ._integrations._asgi import ProfilerMiddleware
 from ._post._analysis import EventAverages, FunctionEventAvg
 from ._post._events import FunctionEvent, Track
+from ._post._memory import Memory, MemoryStats
 from ._post._samples import Samples
 from ._post._session import Session, load
 from ._util import fixup_module_metadata
@@ -62,6 +63,8 @@ __all__ = [
     "EventAverages",
     "FunctionEvent",
     "FunctionEventAvg",
+    "Memory",
+    "MemoryStats",
     "ProfilerAction",
     "ProfilerMiddleware",
     "RecordFunction",

@@ -33,9 +33,8 @@ from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import Case, interleave, table  # noqa: E402
-
 import tasks as fanout  # noqa: E402  (the fan-out workload of bench/tasks.py)
+from _common import Case, interleave, table  # noqa: E402
 
 
 def churn(n: int) -> None:
