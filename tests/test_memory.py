@@ -70,7 +70,8 @@ def test_exact_mode_charges_each_range_and_task(backend: Backend) -> None:
     keep: list[bytes] = []
     prof = _run_workers(backend, 0, keep)
     m = prof.session.memory
-    assert m is not None and m.exact
+    assert m is not None
+    assert m.exact
     by_thread = m.by_thread()
     for i in range(3):
         (ev,) = _one(prof, f"alloc{i}")
@@ -97,7 +98,8 @@ def test_exact_mode_net_zero_after_freeing(backend: Backend) -> None:
     for i in range(3):
         (ev,) = _one(prof, f"alloc{i}")
         st = ev.memory
-        assert st is not None and st.allocated >= CHUNK * COUNT
+        assert st is not None
+        assert st.allocated >= CHUNK * COUNT
         assert abs(st.net) <= 0.01 * st.allocated
         assert st.peak >= CHUNK  # alive while the range ran
 
@@ -124,7 +126,8 @@ def test_sampled_mode_is_unbiased_within_5_percent(backend: Backend) -> None:
 
     prof = backend.run(main)
     m = prof.session.memory
-    assert m is not None and m.interval == _memory.DEFAULT_INTERVAL
+    assert m is not None
+    assert m.interval == _memory.DEFAULT_INTERVAL
     (ev,) = _one(prof, "ten")
     assert ev.memory is not None
     assert abs(ev.memory.allocated - 160 * CHUNK) <= 0.05 * 160 * CHUNK
@@ -148,7 +151,9 @@ def test_innermost_range_gets_the_bytes_and_parents_include_them(backend: Backen
     prof = backend.run(main)
     (outer,) = _one(prof, "outer")
     (inner,) = _one(prof, "inner")
-    assert inner.memory is not None and outer.memory is not None and outer.self_memory is not None
+    assert inner.memory is not None
+    assert outer.memory is not None
+    assert outer.self_memory is not None
     assert 2 * CHUNK <= inner.memory.allocated <= 2 * CHUNK + SLACK
     assert CHUNK <= outer.self_memory.allocated <= CHUNK + SLACK
     assert outer.memory.allocated >= inner.memory.allocated + CHUNK
@@ -182,7 +187,8 @@ def test_context_scope_leaves_other_threads_out_as_other() -> None:
     assert m.other_bytes >= 4 * CHUNK
     assert all(st.allocated < 4 * CHUNK for st in m.by_thread().values())
     (mine,) = _one(prof, "mine")
-    assert mine.memory is not None and mine.memory.allocated >= CHUNK
+    assert mine.memory is not None
+    assert mine.memory.allocated >= CHUNK
 
 
 # SPEC 15.5 (global scope: a thread's allocations go to the thread's track)
@@ -203,7 +209,8 @@ def test_global_scope_charges_threads() -> None:
     named = {m.threads[tid][0]: st for tid, st in m.by_thread().items()}
     assert named["mem-worker"].allocated >= 5 * CHUNK
     (ev,) = _one(prof, "in thread")
-    assert ev.memory is not None and 4 * CHUNK <= ev.memory.net <= 4 * CHUNK + SLACK
+    assert ev.memory is not None
+    assert 4 * CHUNK <= ev.memory.net <= 4 * CHUNK + SLACK
 
 
 def test_stop_restores_the_allocator_and_a_users_tracemalloc() -> None:
@@ -243,7 +250,8 @@ def test_tracemalloc_started_during_a_profile() -> None:
     with aprof.profile(profile_memory=True, memory_interval=0) as prof:
         keep = bytes(CHUNK)
     assert ext._memory_hooked() == (0, 0)
-    assert prof.session.memory is not None and prof.session.memory.total().allocated >= CHUNK
+    assert prof.session.memory is not None
+    assert prof.session.memory.total().allocated >= CHUNK
     del keep
 
 
@@ -281,7 +289,8 @@ def test_no_memory_no_figures() -> None:
             pass
     assert prof.session.memory is None
     (ev,) = prof.events()
-    assert ev.memory is None and ev.cpu_memory_usage == 0
+    assert ev.memory is None
+    assert ev.cpu_memory_usage == 0
     assert "Net mem" not in prof.key_averages().table()
 
 
@@ -329,7 +338,8 @@ def test_session_file_round_trip(tmp_path: Path) -> None:
     prof.save(path)
     back = aprof.load(path)
     m0, m1 = prof.session.memory, back.memory
-    assert m0 is not None and m1 is not None
+    assert m0 is not None
+    assert m1 is not None
     assert m1.to_json() == m0.to_json()
     a = {(e.name, e.start_ns): e.memory.to_dict() for e in prof.events() if e.memory is not None}  # type: ignore[union-attr]
     b = {(e.name, e.start_ns): e.memory.to_dict() for e in back.events() if e.memory is not None}  # type: ignore[union-attr]
@@ -339,7 +349,8 @@ def test_session_file_round_trip(tmp_path: Path) -> None:
     from aprof._post._session import session_from_document
 
     again = session_from_document(json.loads(json.dumps(doc)), "test")
-    assert again.memory is not None and again.memory.to_json() == m0.to_json()
+    assert again.memory is not None
+    assert again.memory.to_json() == m0.to_json()
     doc["memory"]["event"] = [10**6] * len(doc["memory"]["event"])
     with pytest.raises(ValueError, match="memory: an allocation is charged to event"):
         session_from_document(doc, "test")
@@ -351,7 +362,8 @@ def test_chrome_trace_has_a_memory_counter(tmp_path: Path) -> None:
     prof.export_chrome_trace(path)
     doc = validate_trace(path)
     counters = [e for e in doc["traceEvents"] if e.get("ph") == "C"]
-    assert counters and all(e["name"] == "memory" for e in counters)
+    assert counters
+    assert all(e["name"] == "memory" for e in counters)
     assert max(e["args"]["live bytes"] for e in counters) >= 5 * CHUNK
     capped = tmp_path / "c.json"
     prof.export_chrome_trace(capped, max_events=2)
@@ -372,7 +384,8 @@ def test_cli_run_memory_and_report(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
-    assert "Net mem" in r.stderr and "task handle" in r.stderr
+    assert "Net mem" in r.stderr
+    assert "task handle" in r.stderr
     r = subprocess.run(
         [sys.executable, "-m", "aprof", "report", str(out), "--sort", "cpu_memory_usage", "--row-limit", "1"],
         capture_output=True, text=True, timeout=120,
@@ -380,6 +393,10 @@ def test_cli_run_memory_and_report(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[3].startswith("task handle")
     r = subprocess.run(
-        [sys.executable, "-m", "aprof", "run", "--memory-interval", "0", str(script)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "aprof", "run", "--memory-interval", "0", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
-    assert r.returncode != 0 and "add --memory" in r.stderr
+    assert r.returncode != 0
+    assert "add --memory" in r.stderr

@@ -61,7 +61,13 @@ class MemoryStats:
         return self.allocated - self.freed
 
     def to_dict(self) -> dict[str, int]:
-        return {"allocated": self.allocated, "freed": self.freed, "net": self.net, "peak": self.peak, "count": self.count}
+        return {
+            "allocated": self.allocated,
+            "freed": self.freed,
+            "net": self.net,
+            "peak": self.peak,
+            "count": self.count,
+        }
 
     def __repr__(self) -> str:
         return f"<MemoryStats allocated={self.allocated} net={self.net} peak={self.peak} count={self.count}>"
@@ -202,7 +208,14 @@ class Memory:
             raise ValueError(f"memory: interval is {interval!r}, not an int >= 0")
         m = cls(interval)
         n = None
-        for name, code in (("time", "q"), ("size", "q"), ("weight", "q"), ("freed", "q"), ("thread_id", "q"), ("event", "i")):
+        for name, code in (
+            ("time", "q"),
+            ("size", "q"),
+            ("weight", "q"),
+            ("freed", "q"),
+            ("thread_id", "q"),
+            ("event", "i"),
+        ):
             col = doc.get(name)
             if type(col) is not list or any(type(x) is not int for x in col):
                 raise ValueError(f"memory: {name} is not a list of ints")
@@ -217,7 +230,13 @@ class Memory:
         if type(threads) is not list:
             raise ValueError("memory: threads is not a list")
         for t in threads:
-            if type(t) is not list or len(t) != 3 or type(t[0]) is not int or type(t[1]) is not str or type(t[2]) is not str:
+            if (
+                type(t) is not list
+                or len(t) != 3
+                or type(t[0]) is not int
+                or type(t[1]) is not str
+                or type(t[2]) is not str
+            ):
                 raise ValueError(f"memory: a thread is {t!r}, not [id, name, kind]")
             m.threads[t[0]] = (t[1], t[2])
         for tid in set(m.thread_id):
