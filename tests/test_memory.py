@@ -400,3 +400,30 @@ def test_cli_run_memory_and_report(tmp_path: Path) -> None:
     )
     assert r.returncode != 0
     assert "add --memory" in r.stderr
+
+
+def test_summary_names_what_kept_memory() -> None:
+    summary = _leaky_profile().summary()
+    kept = {(ml.kind, ml.name): ml for ml in summary.memory_kept}
+    assert kept["range", "handler"].net >= 5 * CHUNK
+    assert kept["range", "handler"].count == 5
+    task = next(ml for ml in summary.memory_kept if ml.kind == "task" and ml.name.endswith("handler"))
+    assert task.count == 5
+    assert task.net >= 5 * CHUNK
+    assert task.example.startswith("Task-")
+    text = summary.render()
+    assert "Memory kept at stop (allocated and not freed; exact)" in text
+    assert "range 'handler' (5 ranges)" in text
+
+
+def test_the_leak_example_names_the_handler_and_its_tasks(tmp_path: Path) -> None:
+    # issue 21 item 4: aprof's default memory output finds the leak.
+    example = Path(__file__).resolve().parent.parent / "examples" / "memory_leak.py"
+    r = subprocess.run(
+        [sys.executable, "-m", "aprof", "run", "--memory", "-o", str(tmp_path / "t.json"), str(example)],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    section = r.stderr.split("Memory kept at stop", 1)[1].splitlines()
+    assert "range 'handle_request' (200 ranges)" in section[2]
+    assert "200 tasks of handle_request" in section[3]

@@ -41,6 +41,11 @@ _running: list[MemoryRun] = []
 seed = 0
 
 
+def running() -> bool:
+    """Whether a memory profile runs now (the allocator hooks are taken)."""
+    return bool(_running)
+
+
 def check_memory_interval(value: object) -> int:
     """``profile(memory_interval=...)``: bytes between samples, 0 for every allocation.
 

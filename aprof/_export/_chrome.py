@@ -174,6 +174,8 @@ def chrome_trace_chunks(session: Session, batch: int = 4096, capped: dict[str, i
         other["capped"] = capped
     if session.samples is not None:  # SPEC 8.4: the samples whole, for readers
         other["aprof_samples"] = session.samples.to_json()
+    if session.memory is not None:  # issue 21: the figures, for readers (the counter track is below)
+        other["aprof_memory"] = memory_summary(session)
     yield _dumps(other)
     yield ',"traceEvents":[\n'
     # Trace events are gathered as lines and joined with ",\n" a batch at a
@@ -360,6 +362,29 @@ def _sampled_rows(session: Session, track_pids: dict[int, Any], base: int, row_b
 #: At most this many points of the memory counter track (the highest live
 #: value of each stretch is kept, so no peak is lost).
 MEMORY_COUNTER_POINTS: Final = 20_000
+
+
+def memory_summary(session: Session) -> dict[str, Any]:
+    """profile_memory's figures as JSON: the total, per track (each task over
+    all its steps) and per range that allocated (``name``, ``thread_id``,
+    ``start_ns``, its figures with children, ``self_net``)."""
+    m = session.memory
+    assert m is not None
+    tab = session._table
+    events = []
+    for i in m.events_with_memory():
+        both = m.of_event(i)
+        if both is None:
+            continue
+        incl, own = both
+        events.append({"name": tab.names[tab.name[i]], "thread_id": tab.tracks[tab.track[i]].id, "start_ns": tab.start[i], **incl.to_dict(), "self_net": own.net})
+    return {
+        "interval": m.interval,
+        "total": m.total().to_dict(),
+        "other_bytes": m.other_bytes,
+        "tracks": {str(tid): {"name": m.threads.get(tid, ("", ""))[0], **st.to_dict()} for tid, st in m.by_thread().items()},
+        "events": events,
+    }
 
 
 def _memory_counters(session: Session, pids: dict[int, Any], base: int, emit: Any) -> None:

@@ -610,6 +610,19 @@ class RepeatLine:
 
 
 @dataclass(frozen=True)
+class MemoryLine:
+    """Memory kept at stop (allocated, not freed) by the ranges of one name,
+    or by the tasks of one coroutine (``profile_memory``)."""
+
+    kind: str  # "range" or "task"
+    name: str  # the range's name, or the tasks' coroutine (a thread's name)
+    count: int  # ranges or tasks
+    example: str  # a task's name ("" for ranges)
+    net: int
+    allocated: int
+
+
+@dataclass(frozen=True)
 class Summary:
     """The sections printed under the summary table (:meth:`aprof.Session.summary`).
 
@@ -629,6 +642,8 @@ class Summary:
     pending: tuple[PendingLine, ...]
     pending_count: int
     repeated_awaits: tuple[RepeatLine, ...]
+    memory_kept: tuple[MemoryLine, ...] = ()
+    memory_mode: str = ""
 
     def render(self) -> str:
         """The sections as text; "" when none has content."""
@@ -680,7 +695,53 @@ def summarize(session: Session, limit: int = 5) -> Summary:
         pending=pending,
         pending_count=pending_count,
         repeated_awaits=tuple(_repeats(parents, executors, tasks, by_track)[:limit]),
+        memory_kept=tuple(_memory_kept(session, by_track, limit)),
+        memory_mode=_memory_mode(session),
     )
+
+
+def _memory_mode(session: Session) -> str:
+    m = session.memory
+    if m is None:
+        return ""
+    return "exact" if m.exact else f"sampled every ~{fmt_bytes(m.interval)}, scaled"
+
+
+def _memory_kept(session: Session, by_track: dict[int, FunctionEvent], limit: int) -> list[MemoryLine]:
+    """What kept the most memory at stop: range names (their own bytes,
+    children apart) and task coroutines (everything their tasks made)."""
+    m = session.memory
+    if m is None:
+        return []
+    tab = session._table
+    ranges: dict[str, list[int]] = {}
+    for i in m.events_with_memory():
+        both = m.of_event(i)
+        if both is None or tab.scope[i] == _TASK_SCOPE_INDEX:
+            continue
+        own = both[1]
+        acc = ranges.setdefault(tab.names[tab.name[i]], [0, 0, 0])
+        acc[0] += 1
+        acc[1] += own.net
+        acc[2] += own.allocated
+    tasks: dict[str, list[Any]] = {}
+    for tid, st in m.by_thread().items():
+        name, kind = m.threads.get(tid, (str(tid), ""))
+        task = by_track.get(tid)
+        coro = str((task.extra or {}).get("coro") or "") if task is not None else ""
+        key = coro or name
+        acc2 = tasks.setdefault(key, [0, 0, 0, name if kind != "thread" else ""])
+        acc2[0] += 1
+        acc2[1] += st.net
+        acc2[2] += st.allocated
+    lines = [MemoryLine("range", k, c, "", net, al) for k, (c, net, al) in ranges.items() if net > 0]
+    lines.sort(key=lambda x: -x.net)
+    tlines = [MemoryLine("task", k, c, ex, net, al) for k, (c, net, al, ex) in tasks.items() if net > 0]
+    tlines.sort(key=lambda x: -x.net)
+    return lines[:limit] + tlines[:limit]
+
+
+_TASK_SCOPE_INDEX: Final = SCOPES.index(RecordScope.TASK)
 
 
 def _many_children(tab: EventTable, k: int) -> Sequence[int]:
@@ -1132,6 +1193,18 @@ def _render(s: Summary) -> str:
                 f"  {r.count:>6,}  sequential awaits of {r.what} in {r.where} "
                 f"(task {task_label(r.task, r.coro)}), {_fmt(r.total_ns)} in total"
             )
+    if s.memory_kept:
+        out.append(f"Memory kept at stop (allocated and not freed; {s.memory_mode})")
+        rows = [["Kept", "Allocated", "By"]]
+        for ml in s.memory_kept:
+            if ml.kind == "range":
+                who = f"range {ml.name!r}" + (f" ({ml.count} ranges)" if ml.count > 1 else "")
+            else:
+                who = f"{ml.count} tasks of {ml.name}, e.g. {ml.example!r}" if ml.count > 1 else f"task {task_label(ml.example, ml.name)}"
+                if not ml.example:
+                    who = f"thread {ml.name!r}"
+            rows.append([fmt_bytes(ml.net), fmt_bytes(ml.allocated), who])
+        out += _columns(rows)
     return "\n".join(out)
 
 
