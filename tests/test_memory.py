@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -24,6 +25,8 @@ import aprof
 from aprof._core import _memory
 
 from .conftest import Backend, require_c_extension, twin
+from .test_html import attr, render, table_cells
+from .test_html import chromium as chromium  # the fixture, for the report test
 from .tracecheck import validate_trace
 
 CHUNK = 64 * 1024
@@ -427,3 +430,20 @@ def test_the_leak_example_names_the_handler_and_its_tasks(tmp_path: Path) -> Non
     section = r.stderr.split("Memory kept at stop", 1)[1].splitlines()
     assert "range 'handle_request' (200 ranges)" in section[2]
     assert "200 tasks of handle_request" in section[3]
+
+
+def test_html_report_has_memory_columns_and_counter_track(chromium: str, tmp_path: Path) -> None:
+    # issue 21 item 3: the HTML report's summary has the memory columns and
+    # its timeline a memory counter track.
+    prof = _leaky_profile()
+    out = tmp_path / "r.html"
+    prof.export_html(out)
+    dom = render(chromium, out, tmp_path)
+    assert attr(dom, "errors", "data-error") is None
+    assert 'data-ready="1"' in dom
+    assert int(attr(dom, "tl", "data-memory-drawn") or 0) >= 2
+    head = re.findall(r"<th[^>]*>([^<]*)</th>", dom.split('id="summary-table"', 1)[1].split("</thead>", 1)[0])
+    head = [h.rstrip(" \u25be\u25b4") for h in head]
+    assert head[-5:] == ["Allocated", "Net mem", "Self net", "Peak mem", "# Allocs"]
+    rows = {r[0]: r for r in table_cells(dom, "summary-table")}
+    assert rows["handler"][-4].endswith("KB")  # net memory, as bytes
