@@ -6,7 +6,7 @@ import heapq
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final
 
 from .._core import _native
@@ -734,11 +734,18 @@ def _memory_kept(session: Session, by_track: dict[int, FunctionEvent], limit: in
         acc2[0] += 1
         acc2[1] += st.net
         acc2[2] += st.allocated
+    # Counts are of all the ranges of the name and all the tasks of the
+    # coroutine: sampled, some made no sampled allocation.
     lines = [MemoryLine("range", k, c, "", net, al) for k, (c, net, al) in ranges.items() if net > 0]
     lines.sort(key=lambda x: -x.net)
-    tlines = [MemoryLine("task", k, c, ex, net, al) for k, (c, net, al, ex) in tasks.items() if net > 0]
+    lines = [replace(ml, count=tab.name.count(tab.names.index(ml.name))) for ml in lines[:limit]]
+    per_coro: dict[str, int] = {}
+    for task in by_track.values():
+        coro = str((task.extra or {}).get("coro") or "")
+        per_coro[coro] = per_coro.get(coro, 0) + 1
+    tlines = [MemoryLine("task", k, max(c, per_coro.get(k, 0)), ex, net, al) for k, (c, net, al, ex) in tasks.items() if net > 0]
     tlines.sort(key=lambda x: -x.net)
-    return lines[:limit] + tlines[:limit]
+    return lines + tlines[:limit]
 
 
 _TASK_SCOPE_INDEX: Final = SCOPES.index(RecordScope.TASK)
