@@ -30,7 +30,8 @@
  *
  * Nothing here runs Python code or drops a reference: a reference dropped
  * inside an allocator could free an object whose finalizer runs Python
- * inside malloc. References the cache replaces are kept until stop.
+ * inside malloc. References the cache replaces are dropped by a pending
+ * call (Py_AddPendingCall), between two bytecodes of the main thread.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -94,9 +95,10 @@ static struct {
     int last_in;
     uint64_t last_lt;
     PyObject *pos, *neg;
-    /* references replaced while recording, dropped at stop */
+    /* references replaced while recording, dropped at a safe point */
     PyObject **grave;
     size_t ngrave, capgrave;
+    int drain_pending;
     /* allocations of work not profiled (weighted bytes, count) */
     uint64_t other_bytes, other_count;
 } M;
@@ -107,11 +109,20 @@ static PyObject *str_enabled_m, *str_recorder_m, *str_id_m;
 /* Helpers (raw C heap only: never the hooked domains)                       */
 /* ------------------------------------------------------------------------ */
 
+static int grave_drain(void *unused);
+
 static void
 grave_push(PyObject *o)
 {
     if (o == NULL)
         return;
+    if (!M.drain_pending && M.recording) {
+        /* Dropped at the next safe point (between two bytecodes of the main
+         * thread), not at stop: a context's variables (the program's values)
+         * are not kept alive for the whole profile. */
+        if (Py_AddPendingCall(grave_drain, NULL) == 0)
+            M.drain_pending = 1;
+    }
     if (M.ngrave == M.capgrave) {
         size_t cap = M.capgrave ? M.capgrave * 2 : 64;
         PyObject **g = realloc(M.grave, cap * sizeof *g);
@@ -121,6 +132,24 @@ grave_push(PyObject *o)
         M.capgrave = cap;
     }
     M.grave[M.ngrave++] = o;
+}
+
+/* A pending call: drop the references the hooks replaced (never inside an
+ * allocator: a finalizer could run there). */
+static int
+grave_drain(void *Py_UNUSED(unused))
+{
+    M.drain_pending = 0;
+    if (M.busy)
+        return 0;
+    PyObject **g = M.grave;
+    size_t n = M.ngrave;
+    M.grave = NULL;
+    M.ngrave = M.capgrave = 0;
+    for (size_t i = 0; i < n; i++)
+        Py_DECREF(g[i]);
+    free(g);
+    return 0;
 }
 
 static uint64_t

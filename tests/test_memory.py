@@ -450,3 +450,81 @@ def test_html_report_has_memory_columns_and_counter_track(chromium: str, tmp_pat
     assert head[-5:] == ["Allocated", "Net mem", "Self net", "Peak mem", "# Allocs"]
     rows = {r[0]: r for r in table_cells(dom, "summary-table")}
     assert rows["handler"][-4].endswith("KB")  # net memory, as bytes
+
+
+def test_max_events_caps_the_allocations_kept() -> None:
+    # SPEC 12: a bounded profile stays bounded; what is not kept is counted.
+    with aprof.profile(profile_memory=True, memory_interval=0, max_events=5) as prof:
+        keep = [bytes(1000) for _ in range(50)]
+    m = prof.session.memory
+    assert m is not None
+    assert len(m) == 5
+    assert m.dropped >= 45
+    del keep
+
+
+def test_a_forked_child_stops_tracking() -> None:
+    # RELIABILITY LC-01: a child forked during a memory profile records
+    # nothing for its parent and runs on the allocator it had before.
+    script = """
+import os, aprof
+from aprof import _ctracer as ext
+with aprof.profile(profile_memory=True, memory_interval=0) as prof:
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        os.write(w, repr(ext._memory_hooked()).encode())
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        child = f.read()
+    os.waitpid(pid, 0)
+    keep = bytes(65536)
+assert child == "(0, 0)", child
+assert prof.session.memory.total().allocated >= 65536
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"
+
+
+def test_the_hooks_do_not_keep_a_contexts_values_alive(backend: Backend) -> None:
+    # SPEC 15.6: the hooks cache answers per context, but a value the
+    # program set in a context it is done with is freed during the profile,
+    # as without aprof (not kept until stop).
+    import contextvars
+    import gc
+    import weakref
+
+    var: contextvars.ContextVar[Any] = contextvars.ContextVar("test_memory_value")
+    refs: list[weakref.ref[Any]] = []
+
+    class Value:
+        pass
+
+    async def user(i: int) -> None:
+        v = Value()
+        refs.append(weakref.ref(v))
+        var.set(v)
+        del v
+        keep = [bytes(100) for _ in range(20)]  # allocations in this context
+        await backend.checkpoint()
+        del keep
+
+    async def main() -> int:
+        async with aprof.profile(profile_memory=True, memory_interval=0):
+            for _round in range(5):
+                async with backend.group() as g:
+                    for i in range(40):
+                        g.start_soon(user, i)
+                junk = [bytes(100) for _ in range(100)]  # other contexts' allocations move the cache on
+                del junk
+                await backend.sleep(0.001)
+            gc.collect()
+            await backend.checkpoint()
+            return sum(r() is not None for r in refs)
+
+    alive = backend.run(main)
+    assert alive <= 2  # at most what the cache's current entries still name

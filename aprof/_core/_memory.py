@@ -132,9 +132,10 @@ class MemoryRun:
         """Give ``session`` its memory figures (once)."""
         from .._post._memory import attach_memory  # post-processing reads, never writes back
 
-        taken, self._taken = self._taken, None
+        taken = self._taken
         if taken is not None:
             attach_memory(session, taken, self.interval)
+            self._taken = None  # after: a stop interrupted here (Ctrl-C) attaches again
 
 
 def _after_fork_in_child() -> None:
