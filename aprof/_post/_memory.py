@@ -319,21 +319,23 @@ def attach_memory(session: Session, taken: tuple[Any, ...], interval: int) -> No
         own[slot] = tid
         return tid
 
-    time, size, weight, freed, thread_id = m.time, m.size, m.weight, m.freed, m.thread_id
-    for i in range(n):
-        t, s, w, lt, f = words[i * _REC_WORDS : (i + 1) * _REC_WORDS]
+    # Columns straight from the records (a strided view each: no Python
+    # loop per record); the logical threads are resolved once each.
+    signed = memoryview(raw).cast("q") if raw else memoryview(b"").cast("q")
+    m.time = array("q", signed[0 : n * _REC_WORDS : _REC_WORDS])
+    m.size = array("q", signed[1 : n * _REC_WORDS : _REC_WORDS])
+    m.weight = array("q", signed[2 : n * _REC_WORDS : _REC_WORDS])
+    m.freed = array("q", signed[4 : n * _REC_WORDS : _REC_WORDS])
+    raw_lt = words[3 : n * _REC_WORDS : _REC_WORDS]
+    resolved: dict[int, int] = {}
+    for lt in set(raw_lt):
         if lt & _OWN_THREAD:
-            tid = own_thread(lt & 0xFFFFFFFF)
+            resolved[lt] = own_thread(lt & 0xFFFFFFFF)
         else:
-            tid = lt
-            if tid not in m.threads:
-                obj = lts.get(tid)
-                m.threads[tid] = (obj.current_name(), obj.kind) if obj is not None else (f"thread {tid}", "asyncio")
-        time.append(t)
-        size.append(s)
-        weight.append(w)
-        freed.append(f)
-        thread_id.append(tid)
+            obj = lts.get(lt)
+            m.threads[lt] = (obj.current_name(), obj.kind) if obj is not None else (f"thread {lt}", "asyncio")
+            resolved[lt] = lt
+    m.thread_id = array("q", map(resolved.__getitem__, raw_lt))
     m.event = _charge(session._table, m)
     m._table = session._table
     session.memory = m
