@@ -95,6 +95,9 @@ static struct {
     int last_in;
     uint64_t last_lt;
     PyObject *pos, *neg;
+    /* the last stepping task seen and its id */
+    PyObject *step_obj;
+    uint64_t step_id;
     /* references replaced while recording, dropped at a safe point */
     PyObject **grave;
     size_t ngrave, capgrave;
@@ -340,6 +343,37 @@ m_context_lt(unsigned long ident)
     return lt != 0 ? lt : own_thread(ident);
 }
 
+/* The id of the task stepping on this thread (aprof's task hooks publish
+ * it in the stepping slot around each step of a task they record, see
+ * aprof/_cranges.c), or 0. Cheaper than the task publishing itself in its
+ * context (a ContextVar.set per task), and right for sibling tasks that
+ * share their context's variables. Called with any exception saved. */
+static uint64_t
+stepping_id(PyThreadState *ts)
+{
+    PyObject *s = aprof_stepping_lt;
+    if (s == NULL || (aprof_stepping_ctx != NULL && aprof_stepping_ctx != ts->context))
+        return 0;
+    if (s == M.step_obj)
+        return M.step_id;
+    uint64_t x = 0;
+    PyObject *id = PyObject_GetAttr(s, str_id_m);
+    if (id != NULL && PyLong_Check(id)) {
+        long long v = PyLong_AsLongLong(id);
+        if (v > 0 && PyDict_SetItem(M.lts, id, s) == 0)
+            x = (uint64_t)v;
+    }
+    Py_XDECREF(id); /* held by the task's logical thread */
+    PyErr_Clear();
+    if (x != 0) {
+        Py_INCREF(s);
+        grave_push(M.step_obj);
+        M.step_obj = s;
+        M.step_id = x;
+    }
+    return x;
+}
+
 static APROF_NOINLINE void
 on_sample(void *p, size_t size)
 {
@@ -410,6 +444,22 @@ on_sample(void *p, size_t size)
             M.last_in = in;
             M.last_lt = lt;
         }
+    }
+    if (in && ts != NULL && aprof_stepping_lt != NULL) {
+#if PY_VERSION_HEX >= 0x030C0000
+        PyObject *exc2 = PyErr_GetRaisedException();
+#else
+        PyObject *et2, *ev2, *tb2;
+        PyErr_Fetch(&et2, &ev2, &tb2);
+#endif
+        uint64_t sid = stepping_id(ts);
+        if (sid != 0)
+            lt = sid;
+#if PY_VERSION_HEX >= 0x030C0000
+        PyErr_SetRaisedException(exc2);
+#else
+        PyErr_Restore(et2, ev2, tb2);
+#endif
     }
     if (!in) {
         M.other_bytes += weight;
@@ -560,6 +610,8 @@ memory_start(PyObject *Py_UNUSED(module), PyObject *args)
     M.countdown = draw_countdown();
     M.last_vars = M.pos = M.neg = NULL;
     M.last_ident = 0;
+    M.step_obj = NULL;
+    M.step_id = 0;
     if (!M.installed) {
         PyMem_GetAllocator(PYMEM_DOMAIN_MEM, &M.orig_mem);
         PyMem_GetAllocator(PYMEM_DOMAIN_OBJ, &M.orig_obj);
@@ -620,7 +672,8 @@ memory_stop(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
     grave_push(M.last_vars);
     grave_push(M.pos);
     grave_push(M.neg);
-    M.last_vars = M.pos = M.neg = NULL;
+    grave_push(M.step_obj);
+    M.last_vars = M.pos = M.neg = M.step_obj = NULL;
     PyObject **g2 = M.grave;
     size_t n2 = M.ngrave;
     M.grave = NULL;

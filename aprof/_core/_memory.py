@@ -107,7 +107,6 @@ class MemoryRun:
         self._token = token
         self._started = True
         _running.append(self)
-        _tracer.publishing.append(self)
 
     def stop(self) -> None:
         """Unhook the allocator (idempotent); the records are kept for :meth:`attach`."""
@@ -118,8 +117,6 @@ class MemoryRun:
         assert ext is not None
         if self in _running:
             _running.remove(self)
-        if self in _tracer.publishing:
-            _tracer.publishing.remove(self)
         self._taken = ext._memory_stop()
         token, self._token = self._token, None
         if token is not None:
