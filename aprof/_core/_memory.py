@@ -3,15 +3,17 @@
 The recording half is C (``aprof/_cmemory.c``): hooks on CPython's MEM and
 OBJ allocator domains that sample allocations every ``memory_interval``
 bytes on average (or every one, ``memory_interval=0``) and note when a
-sampled block is freed. Each sample knows its logical thread the way the
-tracer and the sampler do: from ``RF_STATE`` and ``TRACER_LT`` in the running
-context (see :mod:`aprof._core._tracer`), so tasks publish themselves while a
-memory profile runs. At stop the records are charged to ranges and tracks
-(``aprof._post._memory``).
+sampled block is freed. Each sample knows its work the way the tracer and
+the sampler do, from the running context: ``RF_STATE`` says whether it is
+this profile's (context scope); its task is the one aprof's task hooks
+publish in the stepping slot (C thread-local storage) around each step,
+else the task named in ``TRACER_LT`` (the task that started the profile
+sets it), else the OS thread. At stop the records are charged to ranges
+and tracks (``aprof._post._memory``).
 
 There is no pure-Python twin: Python code cannot see each allocation
 (``tracemalloc`` keeps traces, not events, and costs several times more),
-so without the extension ``profile_memory`` raises at start, naming why.
+so without the extension ``profile_memory`` raises, naming why.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import threading
 from contextvars import Token
 from typing import TYPE_CHECKING, Any, Final
 
-from . import _native, _tracer
+from . import _native
 from ._callbacks import RF_STATE
 from ._threads import LogicalThread, current_logical_thread
 from ._tracer import TRACER_LT
