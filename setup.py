@@ -48,6 +48,7 @@ setup(
                 "aprof/_ctasks.c",
                 "aprof/_csampler.c",
                 "aprof/_cblocks.c",
+                "aprof/_cmemory.c",
             ],
             depends=["aprof/_cext.h"],
             extra_compile_args=["-O2", "-std=c11"] if sys.platform != "win32" else [],

@@ -50,6 +50,7 @@ from ._integrations._control import disable_remote_control, enable_remote_contro
 from ._post._analysis import EventAverages, FunctionEventAvg
 from ._post._events import FunctionEvent, Track
 from ._post._merge import merge
+from ._post._memory import Memory, MemoryStats
 from ._post._samples import Samples
 from ._post._session import Session, load
 from ._util import fixup_module_metadata
@@ -65,6 +66,8 @@ __all__ = [
     "EventAverages",
     "FunctionEvent",
     "FunctionEventAvg",
+    "Memory",
+    "MemoryStats",
     "ProfilerAction",
     "ProfilerMiddleware",
     "RecordFunction",

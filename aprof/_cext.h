@@ -8,6 +8,7 @@
  *   _ctasks.c   the asyncio task hooks' hot path (SPEC 7.1-7.3)
  *   _csampler.c the task-aware sampler (SPEC 8.4)
  *   _cblocks.c  RangeBlock: plain ranges' raw records, packed (issue 17)
+ *   _cmemory.c  profile_memory's allocator hooks (issue 21)
  */
 #ifndef APROF_CEXT_H
 #define APROF_CEXT_H
@@ -139,5 +140,9 @@ int aprof_budget_take(Budget *b, int kind, Py_ssize_t n);
 /* Add RangeBlock, Budget and the raw-list helpers to the module. Returns -1
  * with an exception set on failure. */
 int aprof_blocks_init(PyObject *module);
+
+/* _cmemory.c: add the allocator hooks' functions to the module. Returns -1
+ * with an exception set on failure. */
+int aprof_memory_init(PyObject *module);
 
 #endif

@@ -2392,7 +2392,7 @@ PyInit__ctracer(void)
     if (PyModule_AddObjectRef(m, "Tracer", (PyObject *)&TracerType) < 0 ||
         PyModule_AddIntConstant(m, "EVENT_BYTES", (long)sizeof(RawEvent)) < 0 ||
         aprof_ranges_init(m) < 0 || aprof_events_init(m) < 0 || aprof_tasks_init(m) < 0 ||
-        aprof_sampler_init(m) < 0 || aprof_blocks_init(m) < 0) {
+        aprof_sampler_init(m) < 0 || aprof_blocks_init(m) < 0 || aprof_memory_init(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -501,3 +501,25 @@ def _sampler_stats() -> tuple[int, int, int, int, int]:
 def _noop_profile(on: bool, /) -> None:
     """3.11, for the bench's floor: install (or remove) a C profile function
     that does nothing on this thread. On 3.12+ it raises RuntimeError."""
+
+# -- profile_memory's allocator hooks (aprof/_cmemory.c, issue 21) -------------
+
+#: Bytes of one sampled-allocation record: (time, size, weight, lt, freed), uint64 each.
+MEMORY_RECORD_BYTES: int
+
+def _memory_start(
+    rf_var: ContextVar[Any], recorder: Any, lt_var: ContextVar[Any], interval: int, max_records: int, seed: int, /
+) -> None:
+    """Hook the MEM and OBJ allocator domains (wrapping what is installed) and
+    record sampled allocations: one every ``interval`` bytes on average (0:
+    every allocation), at most ``max_records`` (0: no limit); ``seed`` 0
+    seeds from the clock. Raises RuntimeError if a memory profile runs, or
+    if aprof's earlier hooks sit under another hook."""
+
+def _memory_stop() -> tuple[bytes, list[int], dict[int, Any], int, int, int]:
+    """Stop recording; put the allocators back if aprof's hooks are on top.
+    Returns (records, OS thread idents, {id: LogicalThread}, other bytes,
+    other count, dropped)."""
+
+def _memory_hooked() -> tuple[int, int]:
+    """(installed, on top of both domains): the state of aprof's hooks."""

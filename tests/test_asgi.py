@@ -604,3 +604,32 @@ def test_bad_opentelemetry_option(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     with pytest.raises(ImportError, match=r"aprof\[otel\]"):
         aprof.ProfilerMiddleware(app, secret=SECRET, opentelemetry=True)
     aprof.ProfilerMiddleware(app, secret=SECRET, directory=tmp_path)  # without it, nothing needs the API
+
+
+def test_profile_memory_reports_the_requests_memory(backend: Backend, tmp_path: Path) -> None:
+    # SPEC 15.5, issue 21 item 3: a request profiled with profile_memory
+    # carries its allocations: the request's range and the counter track.
+    keep: list[bytes] = []
+
+    async def leaky(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        with aprof.record_function("leaky handler"):
+            keep.append(bytes(256 * 1024))
+            await backend.checkpoint()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    traces = tmp_path / "traces"
+    mw = aprof.ProfilerMiddleware(leaky, secret=SECRET, directory=traces, profile_memory=True, memory_interval=0)
+    sent, error = _call(mw, backend, "/leak", [(b"x-aprof-token", SECRET.encode())])
+    assert error is None
+    (f,) = stored(traces)
+    doc = validate_trace(f)
+    mem = doc["otherData"]["aprof_memory"]
+    by_name = {e["name"]: e for e in mem["events"]}
+    assert by_name["leaky handler"]["net"] >= 256 * 1024
+    assert by_name["GET /leak"]["net"] >= 256 * 1024  # the request's range includes its handler's
+    assert max(e["args"]["live bytes"] for e in doc["traceEvents"] if e.get("ph") == "C") >= 256 * 1024
+    with pytest.raises(ValueError, match="memory_interval"):
+        aprof.ProfilerMiddleware(leaky, secret=SECRET, profile_memory=True, memory_interval=-1)
+    with pytest.raises(TypeError, match="profile_memory"):
+        aprof.ProfilerMiddleware(leaky, secret=SECRET, profile_memory=1)  # type: ignore[arg-type]

@@ -26,6 +26,8 @@ from types import FrameType
 from typing import Any, Final
 
 from .. import _version
+from .._core._memory import DEFAULT_INTERVAL as DEFAULT_MEMORY_INTERVAL
+from .._core._memory import check_memory_interval
 from .._core._profiler import profile
 from .._core._propagation import install_propagation, uninstall_propagation
 from .._export._files import check_output_path, write_by_suffix
@@ -50,7 +52,7 @@ DEFAULT_LOOP_BLOCK_THRESHOLD: Final = 0.05
 #: aprof run's options that take a value (the rest are flags): the command
 #: line is split by hand at the script or ``-m module``, so that whatever
 #: follows is the program's, untouched.
-_RUN_VALUE_OPTIONS: Final = ("-o", "--output", "--scope", "--max-events", "--max-bytes", "--keep", "--html-budget", "--loop-block-threshold", "--sort", "--row-limit")
+_RUN_VALUE_OPTIONS: Final = ("-o", "--output", "--scope", "--max-events", "--max-bytes", "--keep", "--html-budget", "--loop-block-threshold", "--sort", "--row-limit", "--memory-interval")
 
 
 _HTML_BUDGET_HELP: Final = (
@@ -115,6 +117,8 @@ def _parser() -> argparse.ArgumentParser:
         help="record nothing at launch: open the control socket (aprof.enable_remote_control()) so that aprof ctl PID start/stop/dump "
         "switches profiling on and off while the program runs; a profile still running at exit is written to -o",
     )
+    run.add_argument("--memory", action="store_true", help="track allocations: bytes allocated, net and peak per task and range (profile_memory), sampled every --memory-interval bytes")
+    run.add_argument("--memory-interval", type=_memory_interval, metavar="BYTES", help="with --memory, sample an allocation every BYTES on average (default 262144); 0 records every allocation exactly")
     run.add_argument("--sort", default="total", choices=sorted(_SORT_KEYS), help="sort the summary table by this column (default total)")
     run.add_argument("--row-limit", type=int, default=30, help="rows in the summary table (default 30)")
     run.add_argument("--no-summary", action="store_true", help="print neither the summary table nor the sections under it")
@@ -227,6 +231,13 @@ def _positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a whole number > 0, got {text!r}")
     return value
+
+
+def _memory_interval(text: str) -> int:
+    try:
+        return check_memory_interval(int(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of bytes from 0 to 2**40, got {text!r}") from None
 
 
 def _positive_seconds(text: str) -> float:
@@ -379,6 +390,23 @@ def _die_by(signum: int) -> None:
     os._exit(128 + signum)  # pragma: no cover - the signal ends the process first
 
 
+def _profile_for(args: argparse.Namespace) -> profile:
+    return profile(
+        scope=args.scope,
+        with_stack=args.with_stack,
+        python_tracer=args.python_tracer,
+        max_events=args.max_events,
+        max_bytes=args.max_bytes,
+        keep=args.keep,
+        sample_interval=args.sample,
+        c_calls=args.c_calls,
+        loop_block_threshold=None if args.no_loop_block else args.loop_block_threshold,
+        profile_memory=args.memory,
+        memory_interval=DEFAULT_MEMORY_INTERVAL if args.memory_interval is None else args.memory_interval,
+    )
+
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.module and args.target:
         args.args = [args.target, *args.args]
@@ -393,6 +421,8 @@ def _run(args: argparse.Namespace) -> int:
         raise _UsageError("run: --keep latest cannot bound --python-tracer (the tracer keeps its first events): use --keep first")
     if args.max_bytes is not None and args.max_bytes < 65536:
         raise _UsageError(f"run: --max-bytes must be at least 65536 (64 KiB), got {args.max_bytes}")
+    if args.memory_interval is not None and not args.memory:
+        raise _UsageError("run: --memory-interval sets how often --memory samples: add --memory")
     if args.c_calls and not args.python_tracer:
         raise _UsageError("run: --c-calls changes what the Python tracer records: add --python-tracer")
     if args.no_c_calls and not args.python_tracer:
@@ -411,17 +441,10 @@ def _run(args: argparse.Namespace) -> int:
         return _run_control(args, out, shown)
     if args.scope == "global":
         import asyncio  # noqa: F401  (so the global profile can hook the loops the program creates)
-    prof = profile(
-        scope=args.scope,
-        with_stack=args.with_stack,
-        python_tracer=args.python_tracer,
-        max_events=args.max_events,
-        max_bytes=args.max_bytes,
-        keep=args.keep,
-        sample_interval=args.sample,
-        c_calls=args.c_calls,
-        loop_block_threshold=None if args.no_loop_block else args.loop_block_threshold,
-    )
+    try:
+        prof = _profile_for(args)
+    except RuntimeError as exc:  # profile_memory without the C extension
+        raise _UsageError(f"run: {exc}") from None
     undo: list[Callable[[], None]] = []
     if args.propagate:
         install_propagation()
@@ -470,7 +493,7 @@ def _run_control(args: argparse.Namespace, out: Path, shown: str) -> int:
     """``aprof run --control``: the program runs unprofiled with its control
     socket open; a profile started by ``aprof ctl`` and running at exit is
     stopped, summarised and written to ``out``."""
-    given = [flag for flag, on in (("--python-tracer", args.python_tracer), ("--sample", args.sample is not None), ("--max-events", args.max_events is not None), ("--max-bytes", args.max_bytes is not None), ("--keep", args.keep != "first"), ("--with-stack", args.with_stack), ("--c-calls", args.c_calls)) if on]
+    given = [flag for flag, on in (("--python-tracer", args.python_tracer), ("--sample", args.sample is not None), ("--max-events", args.max_events is not None), ("--max-bytes", args.max_bytes is not None), ("--keep", args.keep != "first"), ("--memory", args.memory), ("--with-stack", args.with_stack), ("--c-calls", args.c_calls)) if on]
     if given:
         raise _UsageError(f"run: with --control, aprof ctl PID start starts the profile: give {given[0]} to it there")
     from .._integrations import _control

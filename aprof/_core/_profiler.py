@@ -28,6 +28,8 @@ from .._integrations import _processes
 from . import _callbacks
 from ._callbacks import RF_STATE, AprofWarning, RecordFunctionCallback
 from ._debug_info import DEBUG_INFO, DebugInfoKind, SlotRef
+from ._memory import DEFAULT_INTERVAL, MemoryRun, check_memory_interval
+from ._memory import unavailable_reason as memory_unavailable
 from ._record_function import RecordFunction, get_default_node_id
 from ._recorder import ProfilerState, Recorder
 from ._ring import check_budget
@@ -114,6 +116,15 @@ class profile:
         on_trace_ready: Called with the profile at the end of each cycle.
         node_id: Tag events with this node id (default:
             :func:`aprof.get_default_node_id`).
+        profile_memory: Track allocations (issue 21): each is charged to
+            the task or thread that made it and to the innermost range open
+            there (``FunctionEvent.memory``, ``cpu_memory_usage``, the
+            memory columns of ``key_averages()``, ``session.memory``). Needs
+            the C extension. One memory profile at a time.
+        memory_interval: With ``profile_memory``, sample an allocation
+            every this many bytes on average, weighted so that totals stay
+            unbiased (default 256 KiB); ``0`` records every allocation
+            exactly (tests, small runs: it costs more).
 
     Raises:
         TypeError: an option has the wrong type (unknown options are
@@ -122,7 +133,9 @@ class profile:
             ``sample_interval`` is not a number of seconds in 0.00001..60.
         RuntimeError: (at start) ``python_tracer`` cannot hook the
             interpreter: another profiler holds the hook, or another
-            profile's tracer is running.
+            profile's tracer is running. ``profile_memory`` without the C
+            extension (raised here, at construction), or (at start) while
+            another profile tracks memory.
 
     Example:
         >>> import asyncio, aprof
@@ -154,6 +167,8 @@ class profile:
         schedule: Callable[[int], ProfilerAction] | None = None,
         on_trace_ready: Callable[[profile], Any] | None = None,
         node_id: int | None = None,
+        profile_memory: bool = False,
+        memory_interval: int = DEFAULT_INTERVAL,
     ) -> None:
         self.record_inputs = _check_bool("record_inputs", record_inputs)
         self.with_stack = _check_bool("with_stack", with_stack)
@@ -185,6 +200,12 @@ class profile:
                 f"profile: option 'loop_block_threshold' must be a number of seconds > 0, got {loop_block_threshold!r}"
             )
         self.loop_block_threshold = loop_block_threshold
+        self.profile_memory = _check_bool("profile_memory", profile_memory)
+        self.memory_interval = check_memory_interval(memory_interval)
+        if self.profile_memory:
+            why = memory_unavailable()
+            if why is not None:
+                raise RuntimeError(why)
         check_schedule(schedule, on_trace_ready)
         self.schedule = schedule
         self.on_trace_ready = on_trace_ready
@@ -203,6 +224,7 @@ class profile:
         self._session: Session | None = None
         self._tracer: TracerRun | None = None
         self._sampler: SamplerRun | None = None
+        self._memory: MemoryRun | None = None
         # Stops not finished yet (a KeyboardInterrupt landed in one): the
         # next stop(), step(), start() or read of the results finishes them.
         self._stopping: list[_Stopping] = []
@@ -335,6 +357,16 @@ class profile:
                 self._session = None
                 raise
             self._sampler = sampler
+        if self.profile_memory:
+            # Last: aprof's own set-up is not counted.
+            memory = MemoryRun(recorder if self.scope == "context" else None, self.memory_interval, self.max_events or 0)
+            try:
+                memory.start()
+            except BaseException:
+                self._finish()
+                self._session = None
+                raise
+            self._memory = memory
 
     def stop(self) -> profile:
         """Stop recording and consolidate the events.
@@ -391,8 +423,9 @@ class profile:
             undo.append(functools.partial(_callbacks.remove_callback, handle))
         else:
             undo.append(functools.partial(self._restore_context, recorder, self._slot, self._prev_recorder, self._prev_slot))
-        self._stopping.append(_Stopping(state, recorder, self._tracer, self._sampler, undo, consolidate, notify))
+        self._stopping.append(_Stopping(state, recorder, self._tracer, self._sampler, undo, consolidate, notify, self._memory))
         self._state = self._recorder = self._tracer = self._sampler = None
+        self._memory = None
         self._task_hooks = []
         self._global_handle = None
         self._slot = self._prev_recorder = self._prev_slot = None
@@ -411,6 +444,8 @@ class profile:
                 self._session = Session.from_state(stop.state)
                 if stop.sampler is not None:
                     stop.sampler.attach(self._session, stop.state.node_id)
+                if stop.memory is not None:
+                    stop.memory.attach(self._session)
                 # Work handed to process pools under this profile (SPEC 11.4).
                 self._session = _processes.collect(stop.state, self._session)
             else:
@@ -551,7 +586,7 @@ class _Stopping:
     the raw lists without changing them.
     """
 
-    __slots__ = ("consolidate", "marks", "notify", "recorder", "sampler", "state", "taken", "tracer", "undo")
+    __slots__ = ("consolidate", "marks", "memory", "notify", "recorder", "sampler", "state", "taken", "tracer", "undo")
 
     def __init__(
         self,
@@ -562,7 +597,9 @@ class _Stopping:
         undo: list[Callable[[], None]],
         consolidate: bool,
         notify: bool,
+        memory: MemoryRun | None = None,
     ) -> None:
+        self.memory = memory
         self.state = state
         self.recorder = recorder
         self.tracer = tracer
@@ -576,6 +613,8 @@ class _Stopping:
     def detach(self) -> None:
         """Stop recording and remove the hooks (the cheap half of a stop)."""
         state, tracer = self.state, self.tracer
+        if self.memory is not None:
+            self.memory.stop()  # idempotent; first: aprof's stop is not counted
         if tracer is not None:
             tracer.stop()  # idempotent
         if self.sampler is not None:

@@ -34,7 +34,7 @@ import math
 import warnings
 from array import array
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from .._core import _native
 from .._core._callbacks import AprofWarning, RecordScope
@@ -186,6 +186,8 @@ def chrome_trace_chunks(session: Session, batch: int = 4096, capped: dict[str, i
         other["capped"] = capped
     if session.samples is not None:  # SPEC 8.4: the samples whole, for readers
         other["aprof_samples"] = session.samples.to_json()
+    if session.memory is not None:  # issue 21: the figures, for readers (the counter track is below)
+        other["aprof_memory"] = memory_summary(session)
     yield _dumps(other)
     yield ',"traceEvents":[\n'
     # Trace events are gathered as lines and joined with ",\n" a batch at a
@@ -354,6 +356,7 @@ def chrome_trace_chunks(session: Session, batch: int = 4096, capped: dict[str, i
                 d = (task_steps[k + 1] - task_steps[k]) / 1000.0
                 emit(f'{{"ph":"X","name":"running","cat":"step",{rwhere},"ts":{s0:.3f},"dur":{d:.3f}}}')
     _sampled_rows(session, track_pids, base, 2 * run_base, emit)
+    _memory_counters(session, pids, base, emit)
     if lines:
         yield joined + ",\n".join(lines)
     yield "\n]}\n"
@@ -386,6 +389,54 @@ def _sampled_rows(session: Session, track_pids: dict[int, Any], base: int, row_b
         emit(f'{{"ph":"X","name":{_dumps(name)},"cat":"sampled",{where},"ts":{ts_ns / 1000.0:.3f},"dur":{dur_ns / 1000.0:.3f}}}')
 
 
+#: At most this many points of the memory counter track (the highest live
+#: value of each stretch is kept, so no peak is lost).
+MEMORY_COUNTER_POINTS: Final = 20_000
+
+
+def memory_summary(session: Session) -> dict[str, Any]:
+    """profile_memory's figures as JSON: the total, per track (each task over
+    all its steps) and per range that allocated (``name``, ``thread_id``,
+    ``start_ns``, its figures with children, ``self_net``)."""
+    m = session.memory
+    assert m is not None
+    tab = session._table
+    events = []
+    for i in m.events_with_memory():
+        both = m.of_event(i)
+        if both is None:
+            continue
+        incl, own = both
+        events.append({"name": tab.names[tab.name[i]], "thread_id": tab.tracks[tab.track[i]].id, "start_ns": tab.start[i], **incl.to_dict(), "self_net": own.net})
+    return {
+        "interval": m.interval,
+        "total": m.total().to_dict(),
+        "other_bytes": m.other_bytes,
+        "tracks": {str(tid): {"name": m.threads.get(tid, ("", ""))[0], **st.to_dict()} for tid, st in m.by_thread().items()},
+        "events": events,
+    }
+
+
+def _memory_counters(session: Session, pids: dict[int, Any], base: int, emit: Any) -> None:
+    """profile_memory (issue 21): the profiled work's live bytes over time as a
+    counter track (``"ph":"C"``, name ``memory``), one per process."""
+    m = session.memory
+    if m is None:
+        return
+    node = session.metadata.get("node_id", 0)
+    pid = pids.get(node, node) if isinstance(node, int) else 0
+    points = m.timeline()
+    if len(points) > MEMORY_COUNTER_POINTS:
+        step = -(-len(points) // MEMORY_COUNTER_POINTS)
+        points = [max(points[i : i + step], key=lambda p: p[1]) for i in range(0, len(points), step)]
+    if points:
+        # Counters belong to the process; the row is named for readers that want one.
+        emit(f'{{"ph":"M","name":"thread_name","pid":{pid},"tid":0,"args":{{"name":"memory (live bytes)"}}}}')
+        emit(f'{{"ph":"C","name":"memory","pid":{pid},"tid":0,"ts":0.000,"args":{{"live bytes":0}}}}')
+    for t, live in points:
+        emit(f'{{"ph":"C","name":"memory","pid":{pid},"tid":0,"ts":{(t - base) / 1000.0:.3f},"args":{{"live bytes":{live}}}}}')
+
+
 def cap_events(session: Session, max_events: int) -> tuple[Session, dict[str, int]]:
     """``session`` with at most ``max_events`` events, and what was dropped.
 
@@ -402,7 +453,18 @@ def cap_events(session: Session, max_events: int) -> tuple[Session, dict[str, in
     keep, shortest = longest_rows(tab, tab.scope.tobytes().translate(always_kept()), max_events)
     kept = array("i", [i for i in range(n) if keep[i]])
     info = {"events": n, "kept": len(kept), "dropped": n - len(kept), "shortest_kept_ns": shortest}
-    return Session(tab.take(kept), session._tracks, session.metadata, session.samples), info
+    capped = Session(tab.take(kept), session._tracks, session.metadata, session.samples)
+    m = session.memory
+    if m is not None:
+        from .._post._memory import Memory
+
+        where = {old: new for new, old in enumerate(kept)}
+        cm = Memory(m.interval)
+        cm.time, cm.size, cm.weight, cm.freed, cm.thread_id = m.time, m.size, m.weight, m.freed, m.thread_id
+        cm.threads, cm.other_bytes, cm.other_count, cm.dropped = m.threads, m.other_bytes, m.other_count, m.dropped
+        cm.event = array("i", [where.get(r, -1) for r in m.event])
+        capped.memory = cm
+    return capped, info
 
 
 def export_chrome_trace(session: Session, path: str | PathLike[str], max_events: int | None = None) -> None:

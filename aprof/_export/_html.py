@@ -167,6 +167,25 @@ def _level_of_detail(session: Session, budget: int) -> tuple[Session, dict[str, 
     return detail, lod
 
 
+#: The most points of the memory counter in a page (the highest live value
+#: of each stretch is kept).
+_MEMORY_POINTS: Final = 4000
+
+
+def _memory_doc(session: Session) -> dict[str, Any]:
+    m = session.memory
+    assert m is not None
+    base = int(session.metadata.get("start_ns", 0))
+    points = m.timeline()
+    if len(points) > _MEMORY_POINTS:
+        step = -(-len(points) // _MEMORY_POINTS)
+        points = [max(points[i : i + step], key=lambda p: p[1]) for i in range(0, len(points), step)]
+    flat: list[int] = []
+    for t, live in points:
+        flat += (t - base, live)
+    return {"interval": m.interval, "other_bytes": m.other_bytes, "counter": flat}
+
+
 def _stitched(session: Session) -> list[Any]:
     """The who-awaits-whom flame graph, flat: ``[name, total_ns, parent]``
     per node, parents first (the root's parent is -1), the shallowest
@@ -221,6 +240,12 @@ def _data_chunks(session: Session, budget: int) -> Iterator[str]:
         [r.key, r.count, r.total_ns, r.self_ns, r.running_ns, r.waiting_ns, r.min_ns, r.max_ns, r.samples, r.sampled_ns]
         for r in rows
     ]
+    if session.memory is not None:
+        # profile_memory: memory columns after the sampled ones, and the
+        # counter track (time from the profile's start, live bytes), flat.
+        for row, r in zip(doc["summary"], rows, strict=True):
+            row += [r.allocated_bytes, r.cpu_memory_usage, r.self_cpu_memory_usage, r.peak_memory, r.allocation_count]
+        doc["memory"] = _memory_doc(session)
     doc["stitched"] = _stitched(detail)
     doc["sections"] = _sections(session)
     doc["library_dirs"] = _library_dirs()

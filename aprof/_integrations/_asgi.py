@@ -47,6 +47,10 @@ from urllib.parse import parse_qs
 
 from .._core import _flight
 from .._core._callbacks import AprofWarning
+from .._core._memory import DEFAULT_INTERVAL as DEFAULT_MEMORY_INTERVAL
+from .._core._memory import check_memory_interval
+from .._core._memory import running as memory_runs
+from .._core._memory import unavailable_reason as memory_unavailable
 from .._core._profiler import profile
 from .._core._record_function import record_function
 from .._export._chrome import chrome_trace_chunks
@@ -213,6 +217,13 @@ class ProfilerMiddleware:
             none is warned about. With or without it, while a flight
             recorder runs, every request not profiled on its own is a range
             in the recorder's ring.
+        profile_memory: Also track the request's allocations
+            (``profile(profile_memory=True)``): its range and tasks carry
+            bytes allocated, net and peak, and the trace a memory counter.
+            One memory profile runs at a time: a request profiled while
+            another request's memory is tracked is profiled without memory.
+        memory_interval: With ``profile_memory``, bytes between samples
+            (``profile(memory_interval=...)``; 0: every allocation).
 
     Raises:
         TypeError: an argument has the wrong type (the message names it).
@@ -222,6 +233,7 @@ class ProfilerMiddleware:
         PermissionError: ``directory`` belongs to another user or is open to
             group or others.
         ImportError: ``opentelemetry=True`` without the OpenTelemetry API.
+        RuntimeError: ``profile_memory=True`` without aprof's C extension.
 
     Example:
         >>> import aprof
@@ -253,6 +265,8 @@ class ProfilerMiddleware:
         opentelemetry: bool = False,
         tracer_provider: object = None,
         for_flight_recorder: bool = False,
+        profile_memory: bool = False,
+        memory_interval: int = DEFAULT_MEMORY_INTERVAL,
     ) -> None:
         if not callable(app):
             raise TypeError(f"{_WHAT}: app must be an ASGI application (a callable), got {type(app).__name__}")
@@ -281,6 +295,14 @@ class ProfilerMiddleware:
             if not isinstance(value, bool):
                 raise TypeError(f"{_WHAT}: {option} must be a bool, got {type(value).__name__}")
         self.loop_block_threshold = _seconds_or_none(loop_block_threshold, "loop_block_threshold")
+        if not isinstance(profile_memory, bool):
+            raise TypeError(f"{_WHAT}: profile_memory must be True or False, got {profile_memory!r}")
+        self.profile_memory = profile_memory
+        self.memory_interval = check_memory_interval(memory_interval)
+        if profile_memory:
+            why = memory_unavailable()
+            if why is not None:
+                raise RuntimeError(f"{_WHAT}: {why}")
         self.token_header = _header_name(token_header, "token_header")
         self.header = _header_name(header, "header")
         self.token_query = _query_name(token_query, "token_query")
@@ -439,7 +461,10 @@ class ProfilerMiddleware:
         async def hold(message: Message) -> None:
             held.append(message)
 
-        prof = profile(loop_block_threshold=self.loop_block_threshold)
+        # Another request's memory profile holds the allocator hooks: this
+        # one is profiled without memory rather than not at all.
+        memory = self.profile_memory and not memory_runs()
+        prof = profile(loop_block_threshold=self.loop_block_threshold, profile_memory=memory, memory_interval=self.memory_interval)
         try:
             prof.start()
         except RuntimeError as exc:  # a profile already runs in this context (an outer middleware)

@@ -6,7 +6,7 @@ import heapq
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Final
 
 from .._core import _native
@@ -37,11 +37,19 @@ class FunctionEventAvg:
     samples (SPEC 8.4), never from ranges: for a function, the samples with
     it on the stack and with it on top; for a range, task or executor job,
     the samples taken on its track while it ran; for a track, its samples.
+
+    With ``profile_memory`` (issue 21): ``allocated_bytes``, ``freed_bytes``
+    and ``allocation_count`` sum the group's events (children included);
+    ``cpu_memory_usage`` is their net bytes (allocated, not freed by stop),
+    ``self_cpu_memory_usage`` the same without children, ``peak_memory``
+    the largest peak of live bytes of one event. By track: the task's or
+    thread's own allocations, in every step.
     """
 
     __slots__ = (
-        "count", "key", "max_ns", "max_step_ns", "min_ns", "queued_count", "queued_ns", "running_ns", "sampled_ns",
-        "samples", "self_ns", "self_sampled_ns",
+        "allocated_bytes", "allocation_count", "count", "cpu_memory_usage", "freed_bytes", "key", "max_ns",
+        "max_step_ns", "min_ns", "peak_memory", "queued_count", "queued_ns", "running_ns", "sampled_ns",
+        "samples", "self_cpu_memory_usage", "self_ns", "self_sampled_ns",
         "stack", "total_ns", "waiting_ns",
     )  # fmt: skip
 
@@ -61,6 +69,12 @@ class FunctionEventAvg:
         self.samples = 0
         self.sampled_ns = 0
         self.self_sampled_ns = 0
+        self.allocated_bytes = 0
+        self.freed_bytes = 0
+        self.allocation_count = 0
+        self.cpu_memory_usage = 0
+        self.self_cpu_memory_usage = 0
+        self.peak_memory = 0
 
     @property
     def mean_ns(self) -> float:
@@ -120,6 +134,11 @@ _SORT_KEYS: Final[dict[str, Callable[[FunctionEventAvg], Any]]] = {
     "samples": lambda r: -r.samples,
     "sampled": lambda r: -r.sampled_ns,
     "self_sampled": lambda r: -r.self_sampled_ns,
+    "cpu_memory_usage": lambda r: -r.cpu_memory_usage,
+    "self_cpu_memory_usage": lambda r: -r.self_cpu_memory_usage,
+    "allocated": lambda r: -r.allocated_bytes,
+    "peak_memory": lambda r: -r.peak_memory,
+    "allocations": lambda r: -r.allocation_count,
     "name": lambda r: r.key,
 }
 
@@ -133,6 +152,8 @@ class EventAverages:
         #: Samples of a loop waiting for I/O (SPEC 8.4): counted, charged to no row.
         self.idle_samples = 0
         self.idle_ns = 0
+        #: With profile_memory: the session's Memory (its totals and "other" bytes).
+        self.memory: Any = None
 
     def __iter__(self) -> Iterator[FunctionEventAvg]:
         return iter(self._rows)
@@ -152,7 +173,10 @@ class EventAverages:
         Args:
             sort_by: One of ``total``, ``self``, ``count``, ``mean``, ``max``,
                 ``min``, ``running``, ``waiting``, ``max_step``, ``queued``,
-                ``name``.
+                ``samples``, ``sampled``, ``self_sampled``, ``name``; with
+                ``profile_memory`` also ``cpu_memory_usage`` (net bytes),
+                ``self_cpu_memory_usage``, ``allocated``, ``peak_memory``,
+                ``allocations``.
             row_limit: Show at most this many rows (all when None).
 
         Raises:
@@ -179,6 +203,9 @@ class EventAverages:
         show_samples = any(r.samples for r in self._rows)
         if show_samples:
             header += ["Samples", "Sampled", "Self sampled"]
+        show_memory = self.memory is not None
+        if show_memory:
+            header += ["Allocated", "Net mem", "Self net", "Peak mem", "# Allocs"]
         body = []
         for r in rows:
             label = r.key if len(r.key) <= 60 else r.key[:57] + "..."
@@ -192,6 +219,11 @@ class EventAverages:
                 cells.append(_fmt(r.queued_mean_ns) if r.queued_count else "-")
             if show_samples:
                 cells += [str(r.samples), _fmt(r.sampled_ns), _fmt(r.self_sampled_ns)]
+            if show_memory:
+                cells += [
+                    fmt_bytes(r.allocated_bytes), fmt_bytes(r.cpu_memory_usage), fmt_bytes(r.self_cpu_memory_usage),
+                    fmt_bytes(r.peak_memory), str(r.allocation_count),
+                ]  # fmt: skip
             body.append(cells)
         widths = [max(len(h), *(len(c[i]) for c in body)) if body else len(h) for i, h in enumerate(header)]
         line = "-" * (sum(widths) + 2 * (len(widths) - 1))
@@ -207,6 +239,13 @@ class EventAverages:
                 "Count..Max: traced ranges and calls; Samples, Sampled: stack samples (SPEC 8.4)"
                 + (f"; idle (a loop waiting for I/O): {self.idle_samples} samples, {_fmt(self.idle_ns)}" if self.idle_samples else "")
             )
+        if show_memory:
+            m = self.memory
+            mode = "exact" if m.exact else f"sampled every ~{fmt_bytes(m.interval)}, scaled"
+            out.append(
+                f"Memory ({mode}): Net mem = allocated and not freed by stop, charged to the range that allocated; "
+                f"other (work not profiled): {fmt_bytes(m.other_bytes)} in {m.other_count} allocations"
+            )
         return "\n".join(out)
 
     def __str__(self) -> str:
@@ -214,6 +253,16 @@ class EventAverages:
 
     def __repr__(self) -> str:
         return f"<EventAverages group_by={self.group_by!r} rows={len(self._rows)}>"
+
+
+def fmt_bytes(n: float) -> str:
+    """Bytes for a table: 1.5 MB, 12.0 KB, 312 B (1 KB = 1024 bytes)."""
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    for unit, size in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if n >= size:
+            return f"{sign}{n / size:.1f} {unit}"
+    return f"{sign}{n:.0f} B"
 
 
 def _fmt(ns: float) -> str:
@@ -261,7 +310,53 @@ def key_averages(session: Session, group_by: str = "name") -> EventAverages:
             row.add(ev)
     averages = EventAverages(list(rows.values()), group_by)
     _add_samples(session, averages, rows, group_by, tracks)
+    _add_memory(session, averages, rows, group_by)
     return averages
+
+
+def _add_memory(session: Session, averages: EventAverages, rows: dict[Any, FunctionEventAvg], group_by: str) -> None:
+    """The memory columns (issue 21): see :class:`FunctionEventAvg`."""
+    m = session.memory
+    if m is None:
+        return
+    averages.memory = m
+    if group_by == "track":
+        for tid, st in m.by_thread().items():
+            row = rows.get(tid)
+            if row is None:
+                name = m.threads.get(tid, (str(tid), ""))[0]
+                row = rows[tid] = FunctionEventAvg(f"{name} ({tid})")
+                averages._rows.append(row)
+            row.allocated_bytes, row.freed_bytes, row.allocation_count = st.allocated, st.freed, st.count
+            row.cpu_memory_usage = row.self_cpu_memory_usage = st.net
+            row.peak_memory = st.peak
+        return
+    tab = session._table
+    for i in m.events_with_memory():
+        both = m.of_event(i)
+        if both is None:
+            continue
+        ev = tab.view(i)
+        if group_by == "stack":
+            stack = tuple(ev.stack[:_STACK_DEPTH]) if ev.stack else ()
+            k: Any = (ev.name, stack)
+        elif ev.scope is RecordScope.TASK and ev.extra and ev.extra.get("coro"):
+            k = (RecordScope.TASK, f"task {ev.extra['coro']}")
+        elif ev.scope is RecordScope.EXECUTOR:
+            k = (RecordScope.EXECUTOR, f"executor {ev.name}")
+        else:
+            k = ev.name
+        row = rows.get(k)
+        if row is None:
+            continue
+        incl, own = both
+        row.allocated_bytes += incl.allocated
+        row.freed_bytes += incl.freed
+        row.allocation_count += incl.count
+        row.cpu_memory_usage += incl.net
+        row.self_cpu_memory_usage += own.net
+        if incl.peak > row.peak_memory:
+            row.peak_memory = incl.peak
 
 
 
@@ -534,6 +629,19 @@ class RepeatLine:
 
 
 @dataclass(frozen=True)
+class MemoryLine:
+    """Memory kept at stop (allocated, not freed) by the ranges of one name,
+    or by the tasks of one coroutine (``profile_memory``)."""
+
+    kind: str  # "range" or "task"
+    name: str  # the range's name, or the tasks' coroutine (a thread's name)
+    count: int  # ranges or tasks
+    example: str  # a task's name ("" for ranges)
+    net: int
+    allocated: int
+
+
+@dataclass(frozen=True)
 class Summary:
     """The sections printed under the summary table (:meth:`aprof.Session.summary`).
 
@@ -556,6 +664,8 @@ class Summary:
     #: What the profile's memory budget (or the tracer's buffer) did not
     #: keep, by kind (``Session.dropped_by_kind``), only the kinds with any.
     dropped: tuple[tuple[str, int], ...] = ()
+    memory_kept: tuple[MemoryLine, ...] = ()
+    memory_mode: str = ""
 
     def render(self) -> str:
         """The sections as text; "" when none has content."""
@@ -608,7 +718,60 @@ def summarize(session: Session, limit: int = 5) -> Summary:
         pending_count=pending_count,
         repeated_awaits=tuple(_repeats(parents, executors, tasks, by_track)[:limit]),
         dropped=tuple((k, v) for k, v in session.dropped_by_kind.items() if v),
+        memory_kept=tuple(_memory_kept(session, by_track, limit)),
+        memory_mode=_memory_mode(session),
     )
+
+
+def _memory_mode(session: Session) -> str:
+    m = session.memory
+    if m is None:
+        return ""
+    return "exact" if m.exact else f"sampled every ~{fmt_bytes(m.interval)}, scaled"
+
+
+def _memory_kept(session: Session, by_track: dict[int, FunctionEvent], limit: int) -> list[MemoryLine]:
+    """What kept the most memory at stop: range names (their own bytes,
+    children apart) and task coroutines (everything their tasks made)."""
+    m = session.memory
+    if m is None:
+        return []
+    tab = session._table
+    ranges: dict[str, list[int]] = {}
+    for i in m.events_with_memory():
+        both = m.of_event(i)
+        if both is None or tab.scope[i] == _TASK_SCOPE_INDEX:
+            continue
+        own = both[1]
+        acc = ranges.setdefault(tab.names[tab.name[i]], [0, 0, 0])
+        acc[0] += 1
+        acc[1] += own.net
+        acc[2] += own.allocated
+    tasks: dict[str, list[Any]] = {}
+    for tid, st in m.by_thread().items():
+        name, kind = m.threads.get(tid, (str(tid), ""))
+        task = by_track.get(tid)
+        coro = str((task.extra or {}).get("coro") or "") if task is not None else ""
+        key = coro or name
+        acc2 = tasks.setdefault(key, [0, 0, 0, name if kind != "thread" else ""])
+        acc2[0] += 1
+        acc2[1] += st.net
+        acc2[2] += st.allocated
+    # Counts are of all the ranges of the name and all the tasks of the
+    # coroutine: sampled, some made no sampled allocation.
+    lines = [MemoryLine("range", k, c, "", net, al) for k, (c, net, al) in ranges.items() if net > 0]
+    lines.sort(key=lambda x: -x.net)
+    lines = [replace(ml, count=tab.name.count(tab.names.index(ml.name))) for ml in lines[:limit]]
+    per_coro: dict[str, int] = {}
+    for task in by_track.values():
+        coro = str((task.extra or {}).get("coro") or "")
+        per_coro[coro] = per_coro.get(coro, 0) + 1
+    tlines = [MemoryLine("task", k, max(c, per_coro.get(k, 0)), ex, net, al) for k, (c, net, al, ex) in tasks.items() if net > 0]
+    tlines.sort(key=lambda x: -x.net)
+    return lines + tlines[:limit]
+
+
+_TASK_SCOPE_INDEX: Final = SCOPES.index(RecordScope.TASK)
 
 
 def _many_children(tab: EventTable, k: int) -> Sequence[int]:
@@ -1063,6 +1226,18 @@ def _render(s: Summary) -> str:
                 f"  {r.count:>6,}  sequential awaits of {r.what} in {r.where} "
                 f"(task {task_label(r.task, r.coro)}), {_fmt(r.total_ns)} in total"
             )
+    if s.memory_kept:
+        out.append(f"Memory kept at stop (allocated and not freed; {s.memory_mode})")
+        rows = [["Kept", "Allocated", "By"]]
+        for ml in s.memory_kept:
+            if ml.kind == "range":
+                who = f"range {ml.name!r}" + (f" ({ml.count} ranges)" if ml.count > 1 else "")
+            else:
+                who = f"{ml.count} tasks of {ml.name}, e.g. {ml.example!r}" if ml.count > 1 else f"task {task_label(ml.example, ml.name)}"
+                if not ml.example:
+                    who = f"thread {ml.name!r}"
+            rows.append([fmt_bytes(ml.net), fmt_bytes(ml.allocated), who])
+        out += _columns(rows)
     return "\n".join(out)
 
 

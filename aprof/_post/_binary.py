@@ -41,6 +41,7 @@ name                   type    one value per event (in the session's order)
 ``rare``               JSON    ``[index, exception, args, inputs, stack, extra]``
                                for the events that have any of these
 ``samples``            JSON    the stack samples (only when the profile sampled)
+``memory``             JSON    the sampled allocations (only with profile_memory)
 =====================  ======  ==================================================
 
 Differences are taken modulo 2**64 (any int64 values round-trip). Each
@@ -72,6 +73,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeGuard
 from .._core import _native
 from .._core._callbacks import RecordScope
 from ._events import EventTable, Track, stack_from_json
+from ._memory import Memory
 from ._samples import Samples
 from ._table import COLUMNS as _TABLE_COLUMNS
 from ._table import SCOPE_INDEX, SCOPES, X_ARGS, X_EXC, X_EXTRA, X_INPUTS, X_STACK
@@ -189,6 +191,8 @@ def _columns(session: Session) -> Iterator[tuple[str, bytes]]:
     yield "rare", _json([_rare_row(i, x) for i, x in sorted(tab.rare.items())])
     if session.samples is not None:
         yield "samples", _json(session.samples.to_json())
+    if session.memory is not None:
+        yield "memory", _json(session.memory.to_json())
 
 
 def _rare_row(i: int, x: list[Any]) -> list[Any]:
@@ -409,12 +413,19 @@ def read_binary(raw: bytes) -> Session:
         for tid in set(samples.thread_id):
             if tid not in tracks:
                 raise _fail(f"samples: a sample is on track {tid}, which the session does not have")
+    memory = None
+    if "memory" in blocks:
+        try:
+            memory = Memory.from_json(_json_block(blocks, "memory"))
+            memory.check_events(len(tab))
+        except ValueError as exc:
+            raise _fail(str(exc)) from None
     try:
         validate_session(tab, tracks, metadata)
     except ValueError as exc:
         raise ValueError(f"is not a valid aprof session: {exc}") from None
     assert type(metadata) is dict  # checked above
-    return Session(tab, tracks, dict(metadata), samples)
+    return Session(tab, tracks, dict(metadata), samples, memory)
 
 
 def _scope_map(scope_of: list[RecordScope]) -> bytes:

@@ -46,6 +46,7 @@ from .._core._recorder import (
 )
 from .._core._threads import LogicalThread
 from . import _table
+from ._memory import MemoryStats
 from ._table import SCOPES, X_ARGS, X_EXC, X_EXTRA, X_INPUTS, X_STACK, EventTable
 
 __all__ = ["EventTable", "FunctionEvent", "Track", "consolidate"]
@@ -263,6 +264,42 @@ class FunctionEvent(_EventView):
     def self_duration_ns(self) -> int:
         """Duration minus the time spent in nested children on the same track."""
         return self.duration_ns - sum(c.duration_ns for c in self.children)
+
+    # -- memory (profile_memory, issue 21): None when the session has none --
+
+    def _memory(self, inclusive: bool) -> MemoryStats | None:
+        m = self._tab.memory
+        if m is None:
+            return None
+        both = m.of_event(self._i)
+        if both is None:
+            return MemoryStats()
+        return both[0] if inclusive else both[1]
+
+    @property
+    def memory(self) -> MemoryStats | None:
+        """Allocations made in this range and its children (bytes allocated,
+        freed, peak live, count), or None if the profile did not track
+        memory. A free counts for the range that allocated the block."""
+        return self._memory(True)
+
+    @property
+    def self_memory(self) -> MemoryStats | None:
+        """As :attr:`memory`, without the children's allocations."""
+        return self._memory(False)
+
+    @property
+    def cpu_memory_usage(self) -> int:
+        """Net bytes (allocated minus freed) of this range and its children
+        (0 without ``profile_memory``), as torch.profiler names it."""
+        st = self._memory(True)
+        return st.net if st is not None else 0
+
+    @property
+    def self_cpu_memory_usage(self) -> int:
+        """Net bytes allocated by this range itself, children left out."""
+        st = self._memory(False)
+        return st.net if st is not None else 0
 
     def iter_descendants(self) -> Iterator[FunctionEvent]:
         """Children, grandchildren and so on, depth first."""

@@ -30,6 +30,7 @@ from .._core._recorder import KIND_INSTANT, KIND_RANGE, R_EXTRA, R_SCOPE, Profil
 from .._export._files import atomic_write_bytes, check_output_path
 from ._binary import MAGIC, read_binary, write_binary
 from ._events import EventTable, FunctionEvent, Track, add_event, consolidate, set_parents, stack_from_json
+from ._memory import Memory
 from ._samples import Samples
 from ._validate import _check_record, check_parent_indexes, decompress, parse_json, validate_session
 
@@ -63,7 +64,12 @@ class Session:
     """
 
     def __init__(
-        self, table: EventTable, tracks: dict[int, Track], metadata: dict[str, Any], samples: Samples | None = None
+        self,
+        table: EventTable,
+        tracks: dict[int, Track],
+        metadata: dict[str, Any],
+        samples: Samples | None = None,
+        memory: Memory | None = None,
     ) -> None:
         self._table = table
         self._tracks = tracks
@@ -72,6 +78,8 @@ class Session:
         self.metadata = metadata
         #: The stack samples (SPEC 8.4), or None when the profile did not sample.
         self.samples = samples
+        if memory is not None:
+            self.memory = memory
 
     @classmethod
     def from_state(cls, state: ProfilerState) -> Session:
@@ -141,6 +149,19 @@ class Session:
             # often records nothing itself: exports name its row from this.
             metadata["start_thread"] = {"id": lt.id, "name": lt.name, "kind": lt.kind}
         return metadata
+
+    @property
+    def memory(self) -> Memory | None:
+        """The allocations (``profile(profile_memory=True)``, issue 21), or
+        None when the profile did not track memory."""
+        return self._table.memory
+
+    @memory.setter
+    def memory(self, value: Memory | None) -> None:
+        if value is not None:
+            value._table = self._table
+            value._per_event = None
+        self._table.memory = value
 
     def events(self) -> list[FunctionEvent]:
         """All events, track by track, in start order."""
@@ -293,6 +314,8 @@ class Session:
         }
         if self.samples is not None:
             doc["samples"] = self.samples.to_json()
+        if self.memory is not None:
+            doc["memory"] = self.memory.to_json()
         return doc
 
     def __repr__(self) -> str:
@@ -460,4 +483,8 @@ def _from_json(doc: dict[str, Any]) -> Session:
         for tid in set(samples.thread_id):
             if tid not in tracks:
                 raise ValueError(f"samples: a sample is on track {tid}, which the session does not have")
-    return Session(tab, tracks, dict(metadata) if type(metadata) is dict else metadata, samples)
+    memory = None
+    if doc.get("memory") is not None:
+        memory = Memory.from_json(doc["memory"])
+        memory.check_events(len(tab))
+    return Session(tab, tracks, dict(metadata) if type(metadata) is dict else metadata, samples, memory)

@@ -58,6 +58,7 @@ from .._core._recorder import (
 
 if TYPE_CHECKING:
     from ._events import FunctionEvent, Track
+    from ._memory import Memory
 
 __all__ = ["COLUMNS", "SCOPES", "EventTable"]
 
@@ -122,6 +123,7 @@ class EventTable(Sequence["FunctionEvent"]):
         "end_lt",
         "fwd",
         "kind",
+        "memory",
         "name",
         "names",
         "parent",
@@ -151,6 +153,8 @@ class EventTable(Sequence["FunctionEvent"]):
         self.rare: dict[int, list[Any]] = {}
         self._views: Any = None
         self._csr: tuple[array[int], array[int]] | None = None
+        #: The session's memory figures (profile_memory), or None.
+        self.memory: Memory | None = None
 
     # -- building ---------------------------------------------------------------
 

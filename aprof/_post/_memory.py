@@ -1,0 +1,381 @@
+"""A session's memory figures (``profile(profile_memory=True)``, issue 21).
+
+The recording half (``aprof/_cmemory.c``) hands over one record per sampled
+allocation: when, how many bytes it asked for, how many it stands for (its
+weight: its size in exact mode, ``size / (1 - exp(-size/interval))`` when
+sampled), its logical thread, and when it was freed (0: still live at stop).
+Here each allocation is charged to the innermost range open on its track at
+that time (ranges nest per track; async slices are left out), and the
+figures are summed:
+
+- per event, inclusive of its children (``FunctionEvent.cpu_memory_usage``
+  and the rest) and its own (``self_cpu_memory_usage``);
+- per track (:meth:`Memory.by_thread`): everything the task or thread
+  allocated, in every step, in a range or not.
+
+A free is charged to the range and track that made the allocation, not to
+the code that frees it: a range's net bytes are what it allocated and left
+alive, which is what a leak is.
+"""
+
+from __future__ import annotations
+
+import threading
+from array import array
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Final
+
+from .._core._recorder import FLAG_ASYNC, KIND_INSTANT
+
+if TYPE_CHECKING:
+    from ._session import Session
+    from ._table import EventTable
+
+__all__ = ["Memory", "MemoryStats", "attach_memory"]
+
+_OWN_THREAD: Final = 1 << 63
+_REC_WORDS: Final = 5  # t, size, weight, lt, freed (aprof/_cmemory.c MemRec)
+
+
+class MemoryStats:
+    """Allocation figures of one range, task or thread (bytes; counts).
+
+    Attributes:
+        allocated: Bytes allocated (estimated from samples unless exact).
+        freed: Of those, bytes freed before the profile stopped.
+        count: Allocations (estimated when sampled).
+        peak: The most of those bytes alive at once.
+    """
+
+    __slots__ = ("allocated", "count", "freed", "peak")
+
+    def __init__(self, allocated: int = 0, freed: int = 0, count: int = 0, peak: int = 0) -> None:
+        self.allocated = allocated
+        self.freed = freed
+        self.count = count
+        self.peak = peak
+
+    @property
+    def net(self) -> int:
+        """Bytes allocated and still alive at stop (allocated - freed)."""
+        return self.allocated - self.freed
+
+    def to_dict(self) -> dict[str, int]:
+        return {
+            "allocated": self.allocated,
+            "freed": self.freed,
+            "net": self.net,
+            "peak": self.peak,
+            "count": self.count,
+        }
+
+    def __repr__(self) -> str:
+        return f"<MemoryStats allocated={self.allocated} net={self.net} peak={self.peak} count={self.count}>"
+
+
+class Memory:
+    """The sampled allocations of a session and the figures derived from them.
+
+    Attributes:
+        interval: Mean bytes between samples; 0: every allocation (exact).
+        time: Each allocation's time (perf_counter_ns).
+        size: Bytes it asked for.
+        weight: Bytes it stands for (its size in exact mode).
+        freed: When it was freed, 0 if still alive at stop.
+        thread_id: The logical thread (track id) that made it.
+        event: The row of the innermost range open then, -1 for none.
+        threads: ``{thread_id: (name, kind)}`` for every thread_id above.
+        other_bytes, other_count: Allocations of work the profile did not
+            record (another context, a thread aprof does not know): counted
+            here, charged to nothing.
+        dropped: Sampled allocations not kept (out of memory).
+    """
+
+    def __init__(self, interval: int) -> None:
+        self.interval = interval
+        self.time = array("q")
+        self.size = array("q")
+        self.weight = array("q")
+        self.freed = array("q")
+        self.thread_id = array("q")
+        self.event = array("i")
+        self.threads: dict[int, tuple[str, str]] = {}
+        self.other_bytes = 0
+        self.other_count = 0
+        self.dropped = 0
+        self._per_event: dict[int, tuple[MemoryStats, MemoryStats]] | None = None
+        self._table: EventTable | None = None
+
+    @property
+    def exact(self) -> bool:
+        """Whether every allocation was recorded (``memory_interval=0``)."""
+        return self.interval == 0
+
+    def __len__(self) -> int:
+        return len(self.time)
+
+    # -- figures --------------------------------------------------------------
+
+    def total(self) -> MemoryStats:
+        """Everything the profiled work allocated."""
+        return _stats(range(len(self.time)), self)
+
+    def by_thread(self) -> dict[int, MemoryStats]:
+        """``{thread_id: MemoryStats}``: each task's or thread's allocations, in every step."""
+        groups: dict[int, list[int]] = {}
+        for i, tid in enumerate(self.thread_id):
+            groups.setdefault(tid, []).append(i)
+        return {tid: _stats(idx, self) for tid, idx in groups.items()}
+
+    def of_event(self, row: int) -> tuple[MemoryStats, MemoryStats] | None:
+        """(inclusive, self) figures of event ``row``, or None if it allocated nothing."""
+        per = self._per_event
+        if per is None:
+            per = self._per_event = self._compute_per_event()
+        return per.get(row)
+
+    def events_with_memory(self) -> Iterator[int]:
+        """The rows of events that allocated anything (in children too)."""
+        if self._per_event is None:
+            self._per_event = self._compute_per_event()
+        return iter(sorted(self._per_event))
+
+    def timeline(self) -> list[tuple[int, int]]:
+        """``[(time_ns, live_bytes)]``: the profiled work's live sampled
+        bytes after each allocation and free, in time order."""
+        deltas = [(t, w) for t, w in zip(self.time, self.weight, strict=True)]
+        deltas += [(f, -w) for f, w in zip(self.freed, self.weight, strict=True) if f > 0]
+        deltas.sort()
+        live = 0
+        out = []
+        for t, d in deltas:
+            live += d
+            out.append((t, live))
+        return out
+
+    def _compute_per_event(self) -> dict[int, tuple[MemoryStats, MemoryStats]]:
+        tab = self._table
+        per: dict[int, tuple[MemoryStats, MemoryStats]] = {}
+        if tab is None:
+            return per
+        incl: dict[int, list[int]] = {}
+        own: dict[int, list[int]] = {}
+        parent, track, kind = tab.parent, tab.track, tab.kind
+        for i, row in enumerate(self.event):
+            if row < 0:
+                continue
+            own.setdefault(row, []).append(i)
+            r = row
+            while True:
+                incl.setdefault(r, []).append(i)
+                p = parent[r]
+                if p < 0 or track[p] != track[r] or kind[r] & FLAG_ASYNC:
+                    break
+                r = p
+        for row, idx in incl.items():
+            mine = own.get(row)
+            per[row] = (_stats(idx, self), _stats(mine, self) if mine else MemoryStats())
+        return per
+
+    # -- files ------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "interval": self.interval,
+            "time": list(self.time),
+            "size": list(self.size),
+            "weight": list(self.weight),
+            "freed": list(self.freed),
+            "thread_id": list(self.thread_id),
+            "event": list(self.event),
+            "threads": [[tid, name, kind] for tid, (name, kind) in self.threads.items()],
+            "other_bytes": self.other_bytes,
+            "other_count": self.other_count,
+            "dropped": self.dropped,
+        }
+
+    @classmethod
+    def from_json(cls, doc: Any) -> Memory:
+        """Read :meth:`to_json`'s document, checking every field.
+
+        Raises:
+            ValueError: a field is missing or of the wrong type or length.
+        """
+        if type(doc) is not dict:
+            raise ValueError("memory is not an object")
+        interval = doc.get("interval")
+        if type(interval) is not int or interval < 0:
+            raise ValueError(f"memory: interval is {interval!r}, not an int >= 0")
+        m = cls(interval)
+        n = None
+        for name, code in (
+            ("time", "q"),
+            ("size", "q"),
+            ("weight", "q"),
+            ("freed", "q"),
+            ("thread_id", "q"),
+            ("event", "i"),
+        ):
+            col = doc.get(name)
+            if type(col) is not list or any(type(x) is not int for x in col):
+                raise ValueError(f"memory: {name} is not a list of ints")
+            if n is not None and len(col) != n:
+                raise ValueError(f"memory: {name} has {len(col)} values, not {n}")
+            n = len(col)
+            try:
+                setattr(m, name, array(code, col))
+            except OverflowError:
+                raise ValueError(f"memory: a value of {name} is out of range") from None
+        threads = doc.get("threads")
+        if type(threads) is not list:
+            raise ValueError("memory: threads is not a list")
+        for t in threads:
+            if (
+                type(t) is not list
+                or len(t) != 3
+                or type(t[0]) is not int
+                or type(t[1]) is not str
+                or type(t[2]) is not str
+            ):
+                raise ValueError(f"memory: a thread is {t!r}, not [id, name, kind]")
+            m.threads[t[0]] = (t[1], t[2])
+        for tid in set(m.thread_id):
+            if tid not in m.threads:
+                raise ValueError(f"memory: an allocation is on thread {tid}, which memory.threads does not name")
+        for name in ("other_bytes", "other_count", "dropped"):
+            v = doc.get(name)
+            if type(v) is not int or v < 0:
+                raise ValueError(f"memory: {name} is {v!r}, not an int >= 0")
+            setattr(m, name, v)
+        return m
+
+    def check_events(self, count: int) -> None:
+        """Every event row must be one of the session's ``count`` events.
+
+        Raises:
+            ValueError: a row is out of range.
+        """
+        for row in self.event:
+            if not -1 <= row < count:
+                raise ValueError(f"memory: an allocation is charged to event {row}, which the session does not have")
+
+    def __repr__(self) -> str:
+        mode = "exact" if self.exact else f"every ~{self.interval} bytes"
+        return f"<aprof.Memory {len(self.time)} allocations ({mode})>"
+
+
+def _stats(idx: Any, m: Memory) -> MemoryStats:
+    """The figures of the allocations ``idx`` (indexes into ``m``'s columns)."""
+    weight, freed, time = m.weight, m.freed, m.time
+    exact = m.interval == 0
+    allocated = freed_b = count = 0
+    deltas: list[tuple[int, int]] = []
+    for i in idx:
+        w = weight[i]
+        allocated += w
+        # a sample of s bytes stands for w/s allocations of its size
+        count += 1 if exact else max(1, round(w / max(1, m.size[i])))
+        deltas.append((time[i], w))
+        f = freed[i]
+        if f > 0:
+            freed_b += w
+            deltas.append((f, -w))
+    deltas.sort()
+    live = peak = 0
+    for _, d in deltas:
+        live += d
+        if live > peak:
+            peak = live
+    return MemoryStats(allocated, freed_b, count, peak)
+
+
+def attach_memory(session: Session, taken: tuple[Any, ...], interval: int) -> None:
+    """Give ``session`` the records the hooks took at stop."""
+    raw, idents, lts, other_bytes, other_count, dropped = taken
+    m = Memory(interval)
+    m.other_bytes, m.other_count, m.dropped = int(other_bytes), int(other_count), int(dropped)
+    words = memoryview(raw).cast("Q") if raw else memoryview(b"").cast("Q")
+    n = len(words) // _REC_WORDS
+    tracks = session._tracks
+    own: dict[int, int] = {}  # OS thread slot -> track id
+
+    def own_thread(slot: int) -> int:
+        tid = own.get(slot)
+        if tid is not None:
+            return tid
+        ident = idents[slot] if slot < len(idents) else 0
+        for t in tracks.values():
+            if t.kind == "thread" and t.os_thread_id == ident:
+                tid = t.id
+                m.threads[tid] = (t.name, "thread")
+                break
+        else:
+            # A thread that recorded no event: named after the OS thread.
+            from .._core._threads import _ids
+
+            tid = next(_ids)
+            th = threading._active.get(ident)  # type: ignore[attr-defined]
+            m.threads[tid] = (th.name if th is not None else f"thread {ident}", "thread")
+        own[slot] = tid
+        return tid
+
+    # Columns straight from the records (a strided view each: no Python
+    # loop per record); the logical threads are resolved once each.
+    signed = memoryview(raw).cast("q") if raw else memoryview(b"").cast("q")
+    m.time = array("q", signed[0 : n * _REC_WORDS : _REC_WORDS])
+    m.size = array("q", signed[1 : n * _REC_WORDS : _REC_WORDS])
+    m.weight = array("q", signed[2 : n * _REC_WORDS : _REC_WORDS])
+    m.freed = array("q", signed[4 : n * _REC_WORDS : _REC_WORDS])
+    raw_lt = words[3 : n * _REC_WORDS : _REC_WORDS]
+    resolved: dict[int, int] = {}
+    for lt in set(raw_lt):
+        if lt & _OWN_THREAD:
+            resolved[lt] = own_thread(lt & 0xFFFFFFFF)
+        else:
+            obj = lts.get(lt)
+            m.threads[lt] = (obj.current_name(), obj.kind) if obj is not None else (f"thread {lt}", "asyncio")
+            resolved[lt] = lt
+    m.thread_id = array("q", map(resolved.__getitem__, raw_lt))
+    m.event = _charge(session._table, m)
+    m._table = session._table
+    session.memory = m
+
+
+def _charge(tab: EventTable, m: Memory) -> array[int]:
+    """For each allocation, the row of the innermost range open on its track
+    at its time, -1 if none."""
+    out = array("i", [-1]) * len(m.time)
+    if not len(m.time):
+        return out
+    # the tracks' rows: events are stored track by track, in start order
+    rows_of: dict[int, list[int]] = {}
+    track_ids = [t.id for t in tab.tracks]
+    kind, start, end = tab.kind, tab.start, tab.end
+    for i in range(len(tab)):
+        if kind[i] & (KIND_INSTANT | FLAG_ASYNC):
+            continue
+        rows_of.setdefault(track_ids[tab.track[i]], []).append(i)
+    by_track: dict[int, list[int]] = {}
+    for i, tid in enumerate(m.thread_id):
+        by_track.setdefault(tid, []).append(i)
+    for tid, idx in by_track.items():
+        rows = rows_of.get(tid)
+        if not rows:
+            continue
+        rows.sort(key=lambda r: (start[r], -end[r]))
+        starts = [start[r] for r in rows]
+        idx.sort(key=lambda i: m.time[i])
+        stack: list[int] = []
+        p = 0
+        for i in idx:
+            t = m.time[i]
+            while p < len(rows) and starts[p] <= t:
+                r = rows[p]
+                while stack and end[stack[-1]] <= start[r]:
+                    stack.pop()
+                stack.append(r)
+                p += 1
+            while stack and end[stack[-1]] <= t:
+                stack.pop()
+            out[i] = stack[-1] if stack else -1
+    return out

@@ -1,0 +1,530 @@
+"""profile_memory (SPEC 15.5, issue 21): allocations per task, request and range.
+
+Scenarios run on every backend. Exact mode (``memory_interval=0``) is
+checked to the byte where Python's own object headers allow; sampled mode
+with a fixed seed and a tolerance its statistics cannot break (the bench,
+bench/memory.py, reports the error over many seeds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import subprocess
+import sys
+import threading
+import tracemalloc
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import aprof
+from aprof._core import _memory, _native
+
+from .conftest import Backend, require_c_extension, twin
+from .test_html import attr, render, table_cells
+from .test_html import chromium as chromium  # the fixture, for the report test
+from .tracecheck import validate_trace
+
+CHUNK = 64 * 1024
+COUNT = 16  # 1 MB
+SLACK = 4096  # the bytes objects' headers, the list's growth
+
+
+@pytest.fixture(autouse=True)
+def _seeded(request: pytest.FixtureRequest) -> Iterator[None]:
+    require_c_extension()
+    if _native.extension is None and request.node.name != "test_without_the_extension_a_clear_error":
+        # APROF_PURE_PYTHON=1: the allocator hooks are C only (that test checks the error)
+        pytest.skip("APROF_PURE_PYTHON=1: profile_memory needs the C extension")
+    _memory.seed = 12345
+    try:
+        yield
+    finally:
+        _memory.seed = 0
+
+
+def _one(prof: aprof.profile, name: str) -> list[aprof.FunctionEvent]:
+    return [e for e in prof.events() if e.name == name]
+
+
+def _run_workers(backend: Backend, interval: int, keep: list[Any], free_too: bool = False) -> aprof.profile:
+    async def worker(i: int) -> None:
+        with aprof.record_function(f"alloc{i}"):
+            for _ in range(COUNT):
+                keep.append(bytes(CHUNK))
+                await backend.checkpoint()  # across steps
+            if free_too:
+                del keep[-COUNT:]
+
+    async def main() -> aprof.profile:
+        async with aprof.profile(profile_memory=True, memory_interval=interval) as prof:
+            async with backend.group() as g:
+                for i in range(3):
+                    g.start_soon(worker, i)
+        return prof
+
+    prof: aprof.profile = backend.run(main)
+    return prof
+
+
+# SPEC 15.5
+def test_exact_mode_charges_each_range_and_task(backend: Backend) -> None:
+    keep: list[bytes] = []
+    prof = _run_workers(backend, 0, keep)
+    m = prof.session.memory
+    assert m is not None
+    assert m.exact
+    by_thread = m.by_thread()
+    for i in range(3):
+        (ev,) = _one(prof, f"alloc{i}")
+        st = ev.memory
+        assert st is not None
+        # every chunk, across every step of the task, in its range (and
+        # the runtime's short-lived objects of each await, freed again)
+        assert CHUNK * COUNT <= st.allocated <= CHUNK * COUNT * 1.05
+        assert CHUNK * COUNT <= st.net <= CHUNK * COUNT + SLACK  # kept alive: a leak, as it reads
+        assert st.peak >= CHUNK * COUNT
+        assert st.count >= COUNT
+        assert ev.cpu_memory_usage == st.net
+        assert ev.self_cpu_memory_usage == ev.self_memory.net  # type: ignore[union-attr]
+        # the task (its track) has at least what its range had
+        task = by_thread[ev.thread_id]
+        assert task.allocated >= st.allocated
+        assert m.threads[ev.thread_id][1] in ("asyncio", "trio")
+
+
+# SPEC 15.5
+def test_exact_mode_net_zero_after_freeing(backend: Backend) -> None:
+    keep: list[bytes] = []
+    prof = _run_workers(backend, 0, keep, free_too=True)
+    for i in range(3):
+        (ev,) = _one(prof, f"alloc{i}")
+        st = ev.memory
+        assert st is not None
+        assert st.allocated >= CHUNK * COUNT
+        assert abs(st.net) <= 0.01 * st.allocated
+        assert st.peak >= CHUNK  # alive while the range ran
+
+
+# SPEC 15.5
+def test_sampled_mode_is_unbiased_within_5_percent(backend: Backend) -> None:
+    # 10 MB in 64 KB chunks at the default interval (16 KiB): each chunk is
+    # sampled with p = 1 - exp(-4) and weighted 1/p; the relative standard
+    # deviation of the sum is about 0.4%, so 5% holds for every seed.
+    keep: list[bytes] = []
+
+    async def main() -> aprof.profile:
+        async with aprof.profile(profile_memory=True) as prof:
+
+            async def task() -> None:
+                with aprof.record_function("ten"):
+                    for _ in range(160):
+                        keep.append(bytes(CHUNK))
+                        await backend.checkpoint()
+
+            async with backend.group() as g:
+                g.start_soon(task)
+        return prof
+
+    prof = backend.run(main)
+    m = prof.session.memory
+    assert m is not None
+    assert m.interval == _memory.DEFAULT_INTERVAL
+    (ev,) = _one(prof, "ten")
+    assert ev.memory is not None
+    assert abs(ev.memory.allocated - 160 * CHUNK) <= 0.05 * 160 * CHUNK
+    # sampled: far fewer records than allocations
+    assert len(m) < 2000
+
+
+# SPEC 15.5
+def test_innermost_range_gets_the_bytes_and_parents_include_them(backend: Backend) -> None:
+    keep: list[bytes] = []
+
+    async def main() -> aprof.profile:
+        async with aprof.profile(profile_memory=True, memory_interval=0) as prof:
+            with aprof.record_function("outer"):
+                keep.append(bytes(CHUNK))
+                with aprof.record_function("inner"):
+                    keep.append(bytes(2 * CHUNK))
+                await backend.checkpoint()
+        return prof
+
+    prof = backend.run(main)
+    (outer,) = _one(prof, "outer")
+    (inner,) = _one(prof, "inner")
+    assert inner.memory is not None
+    assert outer.memory is not None
+    assert outer.self_memory is not None
+    assert 2 * CHUNK <= inner.memory.allocated <= 2 * CHUNK + SLACK
+    assert CHUNK <= outer.self_memory.allocated <= CHUNK + SLACK
+    assert outer.memory.allocated >= inner.memory.allocated + CHUNK
+    assert outer.cpu_memory_usage >= 3 * CHUNK
+    assert outer.self_cpu_memory_usage < 2 * CHUNK
+
+
+# SPEC 15.5 (context scope: unprofiled work is not charged, it is "other")
+def test_context_scope_leaves_other_threads_out_as_other() -> None:
+    keep: list[bytes] = []
+    done = threading.Event()
+
+    def outsider() -> None:
+        keep.append(bytes(4 * CHUNK))  # not the profile's work
+        done.set()
+
+    async def main() -> aprof.profile:
+        async with aprof.profile(profile_memory=True, memory_interval=0) as prof:
+            t = threading.Thread(target=outsider)
+            t.start()
+            while not done.is_set():
+                await asyncio.sleep(0.001)
+            t.join()
+            with aprof.record_function("mine"):
+                keep.append(bytes(CHUNK))
+        return prof
+
+    prof = asyncio.run(main())
+    m = prof.session.memory
+    assert m is not None
+    assert m.other_bytes >= 4 * CHUNK
+    assert all(st.allocated < 4 * CHUNK for st in m.by_thread().values())
+    (mine,) = _one(prof, "mine")
+    assert mine.memory is not None
+    assert mine.memory.allocated >= CHUNK
+
+
+# SPEC 15.5 (global scope: a thread's allocations go to the thread's track)
+def test_global_scope_charges_threads() -> None:
+    keep: list[bytes] = []
+
+    def worker() -> None:
+        with aprof.record_function("in thread"):
+            keep.append(bytes(4 * CHUNK))
+        keep.append(bytes(CHUNK))  # outside any range: still the thread's
+
+    with aprof.profile(profile_memory=True, memory_interval=0, scope="global") as prof:
+        t = threading.Thread(target=worker, name="mem-worker")
+        t.start()
+        t.join()
+    m = prof.session.memory
+    assert m is not None
+    named = {m.threads[tid][0]: st for tid, st in m.by_thread().items()}
+    assert named["mem-worker"].allocated >= 5 * CHUNK
+    (ev,) = _one(prof, "in thread")
+    assert ev.memory is not None
+    assert 4 * CHUNK <= ev.memory.net <= 4 * CHUNK + SLACK
+
+
+def test_stop_restores_the_allocator_and_a_users_tracemalloc() -> None:
+    ext = require_c_extension()
+    assert ext._memory_hooked() == (0, 0)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        with aprof.profile(profile_memory=True, memory_interval=0):
+            assert ext._memory_hooked() == (1, 1)
+            data = [bytes(CHUNK) for _ in range(4)]
+        assert ext._memory_hooked() == (0, 0)
+        assert tracemalloc.is_tracing()
+        after = tracemalloc.take_snapshot()
+        stats = after.compare_to(before, "filename")
+        grown = sum(s.size_diff for s in stats if s.traceback[0].filename == __file__)
+        assert grown >= 4 * CHUNK  # tracemalloc saw the allocations made under aprof
+    finally:
+        tracemalloc.stop()
+    del data
+
+
+def test_tracemalloc_started_during_a_profile() -> None:
+    ext = require_c_extension()
+    with aprof.profile(profile_memory=True):
+        tracemalloc.start()
+    try:
+        # tracemalloc's hooks sit on top of aprof's: aprof's stay underneath,
+        # passing through, and a new memory profile refuses to start
+        assert ext._memory_hooked() == (1, 0)
+        with pytest.raises(RuntimeError, match="tracemalloc"):
+            aprof.profile(profile_memory=True).start()
+        assert tracemalloc.take_snapshot() is not None
+    finally:
+        tracemalloc.stop()
+    # tracemalloc put aprof's hooks back: the next profile reuses them
+    with aprof.profile(profile_memory=True, memory_interval=0) as prof:
+        keep = bytes(CHUNK)
+    assert ext._memory_hooked() == (0, 0)
+    assert prof.session.memory is not None
+    assert prof.session.memory.total().allocated >= CHUNK
+    del keep
+
+
+def test_one_memory_profile_at_a_time() -> None:
+    async def main() -> None:
+        async with aprof.profile(profile_memory=True):
+
+            async def other() -> None:
+                with pytest.raises(RuntimeError, match="another profile is tracking memory"):
+                    aprof.profile(profile_memory=True).start()
+
+            await asyncio.create_task(other())
+
+    asyncio.run(main())
+    assert require_c_extension()._memory_hooked() == (0, 0)
+
+
+def test_bad_options_are_named() -> None:
+    for bad in (-1, 1.5, "16k", True, 1 << 41):
+        with pytest.raises(ValueError, match="memory_interval"):
+            aprof.profile(profile_memory=True, memory_interval=bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="profile_memory"):
+        aprof.profile(profile_memory="yes")  # type: ignore[arg-type]
+
+
+def test_without_the_extension_a_clear_error() -> None:
+    with pytest.raises(RuntimeError, match="profile_memory needs aprof's C extension"):
+        twin(lambda: aprof.profile(profile_memory=True))
+    twin(aprof.profile)  # without memory it builds
+
+
+def test_no_memory_no_figures() -> None:
+    with aprof.profile() as prof:
+        with aprof.record_function("r"):
+            pass
+    assert prof.session.memory is None
+    (ev,) = prof.events()
+    assert ev.memory is None
+    assert ev.cpu_memory_usage == 0
+    assert "Net mem" not in prof.key_averages().table()
+
+
+def _leaky_profile() -> aprof.profile:
+    cache: list[bytes] = []
+
+    async def handler(i: int) -> None:
+        with aprof.record_function("handler"):
+            cache.append(bytes(CHUNK))
+            tmp = [bytes(1000) for _ in range(10)]
+            del tmp
+            await asyncio.sleep(0)
+
+    async def main() -> aprof.profile:
+        async with aprof.profile(profile_memory=True, memory_interval=0) as prof:
+            await asyncio.gather(*(handler(i) for i in range(5)))
+        return prof
+
+    return asyncio.run(main())
+
+
+def test_key_averages_columns_sort_and_table() -> None:
+    prof = _leaky_profile()
+    avg = prof.key_averages()
+    row = avg["handler"]
+    assert row.allocated_bytes >= 5 * CHUNK
+    assert row.cpu_memory_usage >= 5 * CHUNK
+    assert row.self_cpu_memory_usage >= 5 * CHUNK
+    assert row.peak_memory >= CHUNK
+    assert row.allocation_count >= 5 * 11
+    text = avg.table(sort_by="cpu_memory_usage")
+    for col in ("Allocated", "Net mem", "Self net", "Peak mem", "# Allocs", "Memory (exact)"):
+        assert col in text
+    first = text.splitlines()[3]
+    assert first.startswith(("handler", "task _leaky_profile.<locals>.handler"))
+    for key in ("self_cpu_memory_usage", "allocated", "peak_memory", "allocations"):
+        avg.table(sort_by=key)
+    by_track = prof.key_averages(group_by="track")
+    assert sum(r.allocated_bytes for r in by_track) >= 5 * CHUNK
+
+
+def test_session_file_round_trip(tmp_path: Path) -> None:
+    prof = _leaky_profile()
+    path = tmp_path / "s.aprof"
+    prof.save(path)
+    back = aprof.load(path)
+    m0, m1 = prof.session.memory, back.memory
+    assert m0 is not None
+    assert m1 is not None
+    assert m1.to_json() == m0.to_json()
+    a = {(e.name, e.start_ns): e.memory.to_dict() for e in prof.events() if e.memory is not None}  # type: ignore[union-attr]
+    b = {(e.name, e.start_ns): e.memory.to_dict() for e in back.events() if e.memory is not None}  # type: ignore[union-attr]
+    assert a == b
+    # the JSON document too
+    doc = prof.session._to_json()
+    from aprof._post._session import session_from_document
+
+    again = session_from_document(json.loads(json.dumps(doc)), "test")
+    assert again.memory is not None
+    assert again.memory.to_json() == m0.to_json()
+    doc["memory"]["event"] = [10**6] * len(doc["memory"]["event"])
+    with pytest.raises(ValueError, match="memory: an allocation is charged to event"):
+        session_from_document(doc, "test")
+
+
+def test_chrome_trace_has_a_memory_counter(tmp_path: Path) -> None:
+    prof = _leaky_profile()
+    path = tmp_path / "t.json"
+    prof.export_chrome_trace(path)
+    doc = validate_trace(path)
+    counters = [e for e in doc["traceEvents"] if e.get("ph") == "C"]
+    assert counters
+    assert all(e["name"] == "memory" for e in counters)
+    assert max(e["args"]["live bytes"] for e in counters) >= 5 * CHUNK
+    capped = tmp_path / "c.json"
+    prof.export_chrome_trace(capped, max_events=2)
+    assert any(e.get("ph") == "C" for e in json.loads(capped.read_text())["traceEvents"])
+
+
+def test_cli_run_memory_and_report(tmp_path: Path) -> None:
+    script = tmp_path / "leak.py"
+    script.write_text(
+        "import asyncio\nCACHE = []\n"
+        "async def handle(i):\n    CACHE.append(bytes(65536))\n    await asyncio.sleep(0)\n"
+        "async def main():\n    await asyncio.gather(*(handle(i) for i in range(10)))\n"
+        "asyncio.run(main())\n"
+    )
+    out = tmp_path / "leak.aprof"
+    r = subprocess.run(
+        [sys.executable, "-m", "aprof", "run", "--memory", "--memory-interval", "0", "-o", str(out), str(script)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "Net mem" in r.stderr
+    assert "task handle" in r.stderr
+    r = subprocess.run(
+        [sys.executable, "-m", "aprof", "report", str(out), "--sort", "cpu_memory_usage", "--row-limit", "1"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[3].startswith("task handle")
+    r = subprocess.run(
+        [sys.executable, "-m", "aprof", "run", "--memory-interval", "0", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode != 0
+    assert "add --memory" in r.stderr
+
+
+def test_summary_names_what_kept_memory() -> None:
+    summary = _leaky_profile().summary()
+    kept = {(ml.kind, ml.name): ml for ml in summary.memory_kept}
+    assert kept["range", "handler"].net >= 5 * CHUNK
+    assert kept["range", "handler"].count == 5
+    task = next(ml for ml in summary.memory_kept if ml.kind == "task" and ml.name.endswith("handler"))
+    assert task.count == 5
+    assert task.net >= 5 * CHUNK
+    assert task.example.startswith("Task-")
+    text = summary.render()
+    assert "Memory kept at stop (allocated and not freed; exact)" in text
+    assert "range 'handler' (5 ranges)" in text
+
+
+def test_the_leak_example_names_the_handler_and_its_tasks(tmp_path: Path) -> None:
+    # issue 21 item 4: aprof's default memory output finds the leak.
+    example = Path(__file__).resolve().parent.parent / "examples" / "memory_leak.py"
+    r = subprocess.run(
+        [sys.executable, "-m", "aprof", "run", "--memory", "-o", str(tmp_path / "t.json"), str(example)],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    section = r.stderr.split("Memory kept at stop", 1)[1].splitlines()
+    assert "range 'handle_request' (200 ranges)" in section[2]
+    assert "200 tasks of handle_request" in section[3]
+
+
+def test_html_report_has_memory_columns_and_counter_track(chromium: str, tmp_path: Path) -> None:
+    # issue 21 item 3: the HTML report's summary has the memory columns and
+    # its timeline a memory counter track.
+    prof = _leaky_profile()
+    out = tmp_path / "r.html"
+    prof.export_html(out)
+    dom = render(chromium, out, tmp_path)
+    assert attr(dom, "errors", "data-error") is None
+    assert 'data-ready="1"' in dom
+    assert int(attr(dom, "tl", "data-memory-drawn") or 0) >= 2
+    head = re.findall(r"<th[^>]*>([^<]*)</th>", dom.split('id="summary-table"', 1)[1].split("</thead>", 1)[0])
+    head = [h.rstrip(" \u25be\u25b4") for h in head]
+    assert head[-5:] == ["Allocated", "Net mem", "Self net", "Peak mem", "# Allocs"]
+    rows = {r[0]: r for r in table_cells(dom, "summary-table")}
+    assert rows["handler"][-4].endswith("KB")  # net memory, as bytes
+
+
+def test_max_events_caps_the_allocations_kept() -> None:
+    # SPEC 12: a bounded profile stays bounded; what is not kept is counted.
+    with aprof.profile(profile_memory=True, memory_interval=0, max_events=5) as prof:
+        keep = [bytes(1000) for _ in range(50)]
+    m = prof.session.memory
+    assert m is not None
+    assert len(m) == 5
+    assert m.dropped >= 45
+    del keep
+
+
+def test_a_forked_child_stops_tracking() -> None:
+    # RELIABILITY LC-01: a child forked during a memory profile records
+    # nothing for its parent and runs on the allocator it had before.
+    script = """
+import os, aprof
+from aprof import _ctracer as ext
+with aprof.profile(profile_memory=True, memory_interval=0) as prof:
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        os.write(w, repr(ext._memory_hooked()).encode())
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        child = f.read()
+    os.waitpid(pid, 0)
+    keep = bytes(65536)
+assert child == "(0, 0)", child
+assert prof.session.memory.total().allocated >= 65536
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"
+
+
+def test_the_hooks_do_not_keep_a_contexts_values_alive(backend: Backend) -> None:
+    # SPEC 15.6: the hooks cache answers per context, but a value the
+    # program set in a context it is done with is freed during the profile,
+    # as without aprof (not kept until stop).
+    import contextvars
+    import gc
+    import weakref
+
+    var: contextvars.ContextVar[Any] = contextvars.ContextVar("test_memory_value")
+    refs: list[weakref.ref[Any]] = []
+
+    class Value:
+        pass
+
+    async def user(i: int) -> None:
+        v = Value()
+        refs.append(weakref.ref(v))
+        var.set(v)
+        del v
+        keep = [bytes(100) for _ in range(20)]  # allocations in this context
+        await backend.checkpoint()
+        del keep
+
+    async def main() -> int:
+        async with aprof.profile(profile_memory=True, memory_interval=0):
+            for _round in range(5):
+                async with backend.group() as g:
+                    for i in range(40):
+                        g.start_soon(user, i)
+                junk = [bytes(100) for _ in range(100)]  # other contexts' allocations move the cache on
+                del junk
+                await backend.sleep(0.001)
+            gc.collect()
+            await backend.checkpoint()
+            return sum(r() is not None for r in refs)
+
+    alive = backend.run(main)
+    assert alive <= 2  # at most what the cache's current entries still name
