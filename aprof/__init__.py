@@ -49,8 +49,8 @@ from ._integrations._asgi import ProfilerMiddleware
 from ._integrations._control import disable_remote_control, enable_remote_control
 from ._post._analysis import EventAverages, FunctionEventAvg
 from ._post._events import FunctionEvent, Track
-from ._post._merge import merge
 from ._post._memory import Memory, MemoryStats
+from ._post._merge import merge
 from ._post._samples import Samples
 from ._post._session import Session, load
 from ._util import fixup_module_metadata
