@@ -461,21 +461,7 @@ def _run(args: argparse.Namespace) -> int:
         raise _UsageError(f"run: {exc}") from None
     finish = _Finish(prof, args, out, shown, undo)
     finish.install()
-    code = 0
-    interrupted: KeyboardInterrupt | None = None
-    try:
-        if args.module:
-            runpy.run_module(args.module, run_name="__main__", alter_sys=True)
-        else:
-            runpy.run_path(args.target, run_name="__main__")
-    except SystemExit as exc:
-        code = _exit_code(exc.code)
-    except KeyboardInterrupt as exc:
-        print("aprof: interrupted", file=sys.stderr)
-        interrupted = exc
-    except BaseException:
-        traceback.print_exc()
-        code = 1
+    code, interrupted = _run_program(args)
     try:
         code = finish.finish(code)
     finally:
@@ -487,6 +473,26 @@ def _run(args: argparse.Namespace) -> int:
         # then the end by SIGINT, after the program's atexit handlers.
         raise interrupted
     return code
+
+
+def _run_program(args: argparse.Namespace) -> tuple[int, KeyboardInterrupt | None]:
+    """Run the script or module as ``__main__``: its exit code, and the
+    KeyboardInterrupt that ended it, if one did (re-raised by the caller
+    once the profile is written)."""
+    try:
+        if args.module:
+            runpy.run_module(args.module, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(args.target, run_name="__main__")
+    except SystemExit as exc:
+        return _exit_code(exc.code), None
+    except KeyboardInterrupt as exc:
+        print("aprof: interrupted", file=sys.stderr)
+        return 0, exc
+    except BaseException:
+        traceback.print_exc()
+        return 1, None
+    return 0, None
 
 
 def _run_control(args: argparse.Namespace, out: Path, shown: str) -> int:
@@ -502,21 +508,7 @@ def _run_control(args: argparse.Namespace, out: Path, shown: str) -> int:
         _control.enable_remote_control()
     except OSError as exc:
         raise _UsageError(f"run: --control: {exc}") from None
-    code = 0
-    interrupted: KeyboardInterrupt | None = None
-    try:
-        if args.module:
-            runpy.run_module(args.module, run_name="__main__", alter_sys=True)
-        else:
-            runpy.run_path(args.target, run_name="__main__")
-    except SystemExit as exc:
-        code = _exit_code(exc.code)
-    except KeyboardInterrupt as exc:
-        print("aprof: interrupted", file=sys.stderr)
-        interrupted = exc
-    except BaseException:
-        traceback.print_exc()
-        code = 1
+    code, interrupted = _run_program(args)
     prof = _control._close()
     if prof is not None:
         code = _Finish(prof, args, out, shown, []).finish(code)

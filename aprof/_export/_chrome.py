@@ -288,21 +288,7 @@ def chrome_trace_chunks(session: Session, batch: int = 4096, capped: dict[str, i
         kind = r[R_KIND]
         fwd = r[R_FWD]
         extra = r[R_EXTRA]
-        if (
-            steps is None
-            and r[R_ARGS] is None
-            and r[R_EXC] is None
-            and not kind
-            and r[R_SEQ] < 0
-            and not fwd
-            and r[R_END_LT] is None
-            and r[R_INPUTS] is None
-            and r[R_STACK] is None
-            and not extra
-        ):  # a plain range: the common case, and no args
-            emit(f'{{"ph":"X",{nc},{where},"ts":{ts:.3f},"dur":{(r[R_END] - start_ns) / 1000.0:.3f}}}')
-            continue
-        if (
+        bare = (
             r[R_ARGS] is None
             and r[R_EXC] is None
             and not kind
@@ -312,7 +298,11 @@ def chrome_trace_chunks(session: Session, batch: int = 4096, capped: dict[str, i
             and r[R_INPUTS] is None
             and r[R_STACK] is None
             and not extra
-        ):  # a plain range on a task's track: its running and waiting time alone (json.dumps' spelling)
+        )
+        if bare and steps is None:  # a plain range: the common case, and no args
+            emit(f'{{"ph":"X",{nc},{where},"ts":{ts:.3f},"dur":{(r[R_END] - start_ns) / 1000.0:.3f}}}')
+            continue
+        if bare:  # a plain range on a task's track: its running and waiting time alone (json.dumps' spelling)
             end_ns = r[R_END]
             running = overlap(steps, start_ns, end_ns)  # type: ignore[arg-type]
             waiting = max(0, end_ns - start_ns - running)
