@@ -268,6 +268,19 @@ aprof_budget_take(Budget *b, int kind, Py_ssize_t n)
         PyErr_Fetch(&et, &ev, &tb);
 #endif
         PyObject *r = PyObject_CallNoArgs(b->on_full);
+        b->in_full = 0;
+        if (r == NULL && !PyErr_ExceptionMatches(PyExc_Exception)) {
+            /* A KeyboardInterrupt or SystemExit meant for the program: it
+             * goes on (the exception that was pending before is dropped). */
+#if PY_VERSION_HEX >= 0x030C0000
+            Py_XDECREF(exc);
+#else
+            Py_XDECREF(et);
+            Py_XDECREF(ev);
+            Py_XDECREF(tb);
+#endif
+            return -1;
+        }
         if (r == NULL) /* aprof's bug: never into the program (on_full warns itself first) */
             PyErr_Clear();
         Py_XDECREF(r);
@@ -276,7 +289,6 @@ aprof_budget_take(Budget *b, int kind, Py_ssize_t n)
 #else
         PyErr_Restore(et, ev, tb);
 #endif
-        b->in_full = 0;
     }
     return 0; /* the record that reaches the limit is kept, even if on_full filled the budget */
 }
@@ -341,7 +353,8 @@ Budget_take(Budget *b, PyObject *const *args, Py_ssize_t nargs)
         PyErr_Format(PyExc_ValueError, "Budget.take: kind %zd or n %zd out of range", kind, n);
         return NULL;
     }
-    return PyBool_FromLong(aprof_budget_take(b, (int)kind, n) == 0);
+    int r = aprof_budget_take(b, (int)kind, n);
+    return r < 0 ? NULL : PyBool_FromLong(r == 0);
 }
 
 static PyObject *

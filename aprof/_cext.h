@@ -134,7 +134,8 @@ typedef struct {
 extern PyTypeObject BudgetType;
 #define Budget_Check(o) Py_IS_TYPE((o), &BudgetType)
 enum { BUDGET_RANGE = 0, BUDGET_INSTANT = 1, BUDGET_TASK = 2, BUDGET_STEP = 3 };
-/* Take room for n records of `kind`: 0 record them, 1 drop them (counted). */
+/* Take room for n records of `kind`: 0 record them, 1 drop them (counted),
+ * -1 with a KeyboardInterrupt or SystemExit set (raised in on_full). */
 int aprof_budget_take(Budget *b, int kind, Py_ssize_t n);
 
 /* Add RangeBlock, Budget and the raw-list helpers to the module. Returns -1

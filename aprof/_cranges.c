@@ -744,12 +744,15 @@ fast_start(RangeCore *self, PyObject *recorder)
     if (budget == NULL)
         goto done;
     if (budget != Py_None) { /* a bounded profile (issue 19): room for one more range? */
-        int drop = Budget_Check(budget) ? aprof_budget_take((Budget *)budget, BUDGET_RANGE, 1) : -1;
-        Py_DECREF(budget);
-        if (drop < 0) {
+        if (!Budget_Check(budget)) {
+            Py_DECREF(budget);
             PyErr_SetString(PyExc_TypeError, "aprof: a profile's budget is not a Budget");
             goto done;
         }
+        int drop = aprof_budget_take((Budget *)budget, BUDGET_RANGE, 1);
+        Py_DECREF(budget);
+        if (drop < 0) /* a KeyboardInterrupt in the ring's on_full: the program's */
+            goto done;
         if (drop) {
             rc = 0;
             goto done;

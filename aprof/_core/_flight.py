@@ -319,6 +319,8 @@ class flight_recorder:
                 return
 
     def _auto_dump(self, reason: str, info: dict[str, Any]) -> None:
+        if not self._running:  # asked for as the recorder stops: nothing to write, nothing to report
+            return
         directory = self.dump_dir or Path.cwd()
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime())
         out = directory / f"aprof-flight-{os.getpid()}-{stamp}-{len(self.dumps) + self.skipped}.{self.dump_format}"
@@ -327,7 +329,7 @@ class flight_recorder:
 
             directory.mkdir(mode=0o700, parents=True, exist_ok=True)
             with self._dump_lock:
-                if not self.profile.running:
+                if not self._running or not self.profile.running:
                     return
                 session = self._snapshot(self.window, {"reason": reason, **info})
                 write_by_suffix(session, out)
@@ -372,12 +374,9 @@ class flight_recorder:
             got = copies[k : k + len(chunks)]
             k += len(chunks)
             lists[lt] = got[0] if len(got) == 1 else tuple(got)
-        gc.disable()
-        try:
-            table, tracks = consolidate(lists, now, state.node_id, records, state.with_stack)
-        finally:
-            if gc_was_enabled:
-                gc.enable()
+        # Consolidated with the cyclic GC on: the dump runs beside the
+        # program, whose collections must not wait for it.
+        table, tracks = consolidate(lists, now, state.node_id, records, state.with_stack)
         since = max(now - int(window * 1e9), ring.window_start_ns())
         kind, start = table.kind, table.start
         keep = [i for i in range(len(table)) if start[i] >= since and not kind[i] & FLAG_UNFINISHED]

@@ -120,16 +120,17 @@ def check_budget(max_events: object, max_bytes: object, keep: object) -> None:
 
 
 def _seal(lists: dict[LogicalThread, list[Any]]) -> int:
+    # list(): another thread may add its first list to the dict meanwhile.
     ext = _native.extension
     if ext is None:
-        return sum(sys.getsizeof(lst) + sum(map(sys.getsizeof, lst)) for lst in lists.values())
+        return sum(sys.getsizeof(lst) + sum(map(sys.getsizeof, lst)) for lst in list(lists.values()))
     seal = ext.raw_seal
-    return sum(seal(lst) for lst in lists.values())
+    return sum(seal(lst) for lst in list(lists.values()))
 
 
 def _task_bytes(records: list[Any]) -> int:
     total = 0
-    for rec in records:
+    for rec in list(records):
         steps = rec[11] if type(rec) is tuple else rec.steps
         total += sys.getsizeof(rec) + sys.getsizeof(steps)
     return total
@@ -247,7 +248,7 @@ class Ring:
         if self.max_bytes is None:
             budget.limit = self._limit(taken)
             return
-        held = _seal(state.lists) + _task_bytes(state.task_records)
+        held = _seal(state.lists) + _task_bytes(state.task_records)  # copies: other threads record meanwhile
         if taken:
             self._bpe = max(held / taken, 8.0)
         self._held_bytes = held
@@ -259,16 +260,18 @@ class Ring:
     def _rotate(self) -> None:
         state, budget = self.state, self.budget
         now = perf_counter_ns()
+        # New records go to a new generation from here on (swapped first:
+        # other threads record while this runs); ranges still open end in
+        # the lists they started in.
         lists, records = state.lists, state.task_records
-        events = budget.count
-        nbytes = _seal(lists) + _task_bytes(records)
-        if events:
-            self._bpe = max(nbytes / events, 8.0)
-        # New records go to a new generation from here on; ranges still open
-        # end in the lists they started in.
         state.lists = {}
         state.task_records = []
-        self.sealed.append(_Generation(lists, records, self._start_ns, nbytes, events))
+        events = budget.count
+        gen = _Generation(lists, records, self._start_ns, 0, events)
+        self.sealed.append(gen)
+        gen.bytes = nbytes = _seal(lists) + _task_bytes(records)
+        if events:
+            self._bpe = max(nbytes / events, 8.0)
         self._start_ns = now
         self._held_bytes += nbytes
         self._held_events += events
@@ -279,7 +282,8 @@ class Ring:
             or (keep_events is not None and self._held_events > keep_events)
         ):
             self._evict(self.sealed.popleft())
-        budget.count = 0
+        # What other threads took while this ran is the new generation's.
+        budget.count -= events
         budget.limit = self._limit(0)
 
     def _evict(self, gen: _Generation) -> None:
@@ -318,7 +322,7 @@ class Ring:
         eager task's lists change their key when it adopts its first
         step's logical thread)."""
         out: dict[int, tuple[LogicalThread, list[list[Any]]]] = {}
-        for gen_lists in [g.lists for g in self.sealed] + [self.state.lists]:
+        for gen_lists in [g.lists for g in tuple(self.sealed)] + [self.state.lists]:
             for lt, lst in list(gen_lists.items()):
                 if not lst:
                     continue
@@ -333,7 +337,7 @@ class Ring:
     def task_records(self) -> list[Any]:
         """Every kept task record, oldest generation first."""
         out: list[Any] = []
-        for g in self.sealed:
+        for g in tuple(self.sealed):  # a recording thread may seal one meanwhile
             out += g.task_records
         out += self.state.task_records
         return out
@@ -345,6 +349,8 @@ class Ring:
     def clear(self) -> None:
         """Let every generation go (a forked child's copy)."""
         for g in self.sealed:
+            for lst in g.lists.values():  # a range still open keeps its list, not the rest
+                lst.clear()
             g.lists.clear()
             g.task_records.clear()
         self.sealed.clear()

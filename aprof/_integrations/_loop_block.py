@@ -56,6 +56,7 @@ __all__ = ["LoopBlocks", "start"]
 
 _MAX_DEPTH: Final = 64
 _MAX_SAMPLED_STACKS: Final = 8  # distinct stacks kept per block
+_MAX_STALLS: Final = 10_000  # stalls kept until stop (the oldest half goes past it)
 _OWN_DIR: Final = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 OUTSIDE: Final = "work outside this profile"
 
@@ -169,7 +170,10 @@ class _Watch:
         if now - due > self.interval_ns:
             # Late: kept as a stall. Its samples may belong to a task step
             # longer than the threshold even when the lateness is not.
-            self.blocks.stalls.append((due, now, self.loop_thread_id, samples))
+            stalls = self.blocks.stalls
+            stalls.append((due, now, self.loop_thread_id, samples))
+            if len(stalls) > _MAX_STALLS:  # a profile that stays on (a flight recorder): the oldest half goes
+                del stalls[: len(stalls) // 2]
             recorder = _flight.active()
             if recorder is not None and recorder.records(self.blocks.state):
                 recorder.loop_blocked(now - due + self.interval_ns)
