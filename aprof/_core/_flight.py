@@ -346,7 +346,7 @@ class flight_recorder:
 
     def _snapshot(self, window: float, trigger: dict[str, Any] | None) -> Session:
         from .._post._events import consolidate
-        from .._post._session import Session
+        from .._post._session import Session, dropped_metadata
 
         prof = self.profile
         state = prof._state
@@ -382,7 +382,7 @@ class flight_recorder:
         keep = [i for i in range(len(table)) if start[i] >= since and not kind[i] & FLAG_UNFINISHED]
         metadata: dict[str, Any] = {
             **Session.base_metadata(state, now),
-            "dropped_by_kind": {**dropped, "tracer_events": 0},
+            **dropped_metadata(dropped),
             "flight_recorder": {
                 "window_ns": int(window * 1e9),
                 "since_ns": since,
@@ -390,5 +390,4 @@ class flight_recorder:
                 "trigger": trigger or {"reason": "dump"},
             },
         }
-        metadata["dropped"] = sum(v for key, v in metadata["dropped_by_kind"].items() if key != "steps")
         return Session(table.take(keep), tracks, metadata)

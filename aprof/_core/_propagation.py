@@ -58,7 +58,7 @@ def _run_executor_range(fn: Callable[..., R], args: Any, kwargs: Any, fwd: int, 
         # writes (its extra is the submit time alone; consolidation makes
         # it {"submit_ns": ...}).
         ps = st.recorder.state  # type: ignore[union-attr]
-        if ps is None or (ps.budget is not None and not ps.budget.take(0)):  # stopped, or a full budget
+        if ps is None or not ps.admit(KIND_RANGE):  # stopped, or a full budget
             return fn(*args, **kwargs)
         lt = current_logical_thread()
         lst = ps.lists.get(lt)

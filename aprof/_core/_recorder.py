@@ -254,7 +254,7 @@ class Recorder:
             if rf._kwinputs:
                 inputs += tuple(f"{k}={safe_repr(v)}" for k, v in rf._kwinputs.items())
         kind = KIND_INSTANT if rf._instant else KIND_RANGE
-        if st.budget is not None and not st.budget.take(kind):
+        if not st.admit(kind):
             return None
         stack = capture_stack(skip + 1) if st.with_stack else None
         lst = st.list_for(lt)
@@ -281,7 +281,7 @@ class Recorder:
         st = self.state
         if st is None or not st.running:
             return
-        if st.budget is not None and not st.budget.take(KIND_INSTANT):
+        if not st.admit(KIND_INSTANT):
             return
         stack = capture_stack(2) if st.with_stack else None
         st.list_for(lt).append((name, scope.value, perf_counter_ns(), args, -1, 0, None, stack, KIND_INSTANT, None))

@@ -54,8 +54,8 @@ KEEP: Final = ("first", "latest")
 #: ``session.dropped_by_kind``'s keys (the tracer's events and the sampler's
 #: samples, bounded by their own buffers, are added to it at stop).
 KIND_NAMES: Final = ("ranges", "instants", "tasks", "steps")
-RANGE: Final = 0
-INSTANT: Final = 1
+RANGE: Final = 0  # the recorder's KIND_RANGE
+INSTANT: Final = 1  # the recorder's KIND_INSTANT
 TASK: Final = 2
 
 #: The ring's generations: the budget is let go an eighth at a time.

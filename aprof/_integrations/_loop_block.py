@@ -487,7 +487,7 @@ class LoopBlocks:
             if lt is None:
                 lt = tracks[b.thread_id] = LogicalThread("thread", _track_name(b.thread_id))
                 lt.os_thread_id = b.thread_id
-            if not st.admit(0):
+            if not st.admit(KIND_RANGE):
                 continue
             name, stack, extra = b.describe(self)
             lst = st.list_for(lt)

@@ -44,7 +44,7 @@ from threading import get_ident
 from time import perf_counter_ns
 from typing import Any, Final
 
-from .._core import _native, _record_function, _threads
+from .._core import _native, _record_function, _ring, _threads
 from .._core._callbacks import EMPTY_RF_STATE, RF_STATE, AprofWarning, RFState
 from .._core._recorder import ProfilerState, Recorder, first_start
 from .._core._threads import LogicalThread, current_logical_thread, stepping
@@ -167,7 +167,7 @@ class TaskThread(LogicalThread):
         # Complete before it is published: another thread may stop a profile
         # (and read this object) as soon as it is in a list.
         for ps in (states,) if type(states) is ProfilerState else states:  # type: ignore[union-attr]
-            if ps.budget is not None and not ps.budget.take(2):  # a full budget: not recorded there
+            if not ps.admit(_ring.TASK):  # a full budget: not recorded there
                 continue
             lst = ps.task_records
             lst.append(self)

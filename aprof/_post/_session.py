@@ -27,6 +27,7 @@ from .. import _version
 from .._core import _native
 from .._core._callbacks import RecordScope
 from .._core._recorder import KIND_INSTANT, KIND_RANGE, R_EXTRA, R_SCOPE, ProfilerState
+from .._core._ring import KIND_NAMES
 from .._export._files import atomic_write_bytes, check_output_path
 from ._binary import MAGIC, read_binary, write_binary
 from ._events import EventTable, FunctionEvent, Track, add_event, consolidate, set_parents, stack_from_json
@@ -43,8 +44,16 @@ _NONE: Final = 2**63 - 1  # first_starts' value for a track with no events
 
 #: ``dropped_by_kind``'s keys, and those counted in ``dropped`` (a step is
 #: part of its task, not an event of its own).
-DROPPED_KINDS: Final = ("ranges", "instants", "tasks", "steps", "tracer_events")
-DROPPED_EVENTS: Final = ("ranges", "instants", "tasks", "tracer_events")
+DROPPED_KINDS: Final = (*KIND_NAMES, "tracer_events")
+DROPPED_EVENTS: Final = tuple(k for k in DROPPED_KINDS if k != "steps")
+
+
+def dropped_metadata(by_kind: dict[str, int]) -> dict[str, Any]:
+    """A session's ``dropped`` (the events not kept) and ``dropped_by_kind``
+    metadata, from counts by kind (missing kinds are 0)."""
+    full = dict.fromkeys(DROPPED_KINDS, 0)
+    full.update(by_kind)
+    return {"dropped": sum(full[k] for k in DROPPED_EVENTS), "dropped_by_kind": full}
 
 FORMAT: Final = "aprof-session"
 VERSION: Final = 1
@@ -103,9 +112,8 @@ class Session:
         state.lists = {}
         state.task_records = []
         ring = state.ring
-        by_kind = dict.fromkeys(DROPPED_KINDS, 0)
+        by_kind = {} if ring is None else ring.dropped()
         if ring is not None:
-            by_kind.update(ring.dropped())
             ring.clear()
         by_kind["tracer_events"] = state.dropped
         ext = _native.extension
@@ -117,8 +125,7 @@ class Session:
             # than a process-pool job's whole profile (issue 20).
             ext.trim_heap()
         metadata = cls.base_metadata(state, stop_ns)
-        metadata["dropped"] = sum(by_kind[k] for k in DROPPED_EVENTS)
-        metadata["dropped_by_kind"] = by_kind
+        metadata.update(dropped_metadata(by_kind))
         return cls(table, tracks, metadata)
 
     @staticmethod
