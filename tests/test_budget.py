@@ -74,7 +74,7 @@ def test_keep_first_keeps_the_first_and_counts_the_rest() -> None:
 
 
 def test_keep_first_on_every_backend_counts_tasks(backend: Backend) -> None:
-    # Tasks spawned past the budget are not recorded, nor their ranges.
+    # SPEC 15.2: Tasks spawned past the budget are not recorded, nor their ranges.
     async def child(i: int) -> None:
         with aprof.record_function(f"child{i}"):
             await backend.checkpoint()
@@ -100,7 +100,7 @@ def test_keep_first_on_every_backend_counts_tasks(backend: Backend) -> None:
 
 
 def test_keep_first_by_bytes_stops_near_the_budget() -> None:
-    # max_bytes: the records' own memory; a range in a block is 48 bytes.
+    # SPEC 15.2: max_bytes: the records' own memory; a range in a block is 48 bytes.
     with aprof.profile(max_bytes=1 << 20) as prof:
         for _ in range(100_000):
             with aprof.record_function("same"):
@@ -117,6 +117,7 @@ def test_keep_first_by_bytes_stops_near_the_budget() -> None:
 
 
 def test_ring_keeps_the_latest_whole_events_and_counts_the_oldest() -> None:
+    # SPEC 15.2
     with aprof.profile(max_events=800, keep="latest") as prof:
         _ranges(10_000)
     names = _names(prof)
@@ -130,7 +131,7 @@ def test_ring_keeps_the_latest_whole_events_and_counts_the_oldest() -> None:
 
 
 def test_ring_on_every_backend_keeps_tasks_steps_and_ranges_consistent(backend: Backend) -> None:
-    # Tasks, their steps and their ranges go with the generation they
+    # SPEC 15.2: Tasks, their steps and their ranges go with the generation they
     # started in; whatever is kept is whole and its counts add up.
     n = 300
 
@@ -167,7 +168,7 @@ def test_ring_on_every_backend_keeps_tasks_steps_and_ranges_consistent(backend: 
 
 
 def test_a_long_running_task_let_go_keeps_no_steps(backend: Backend) -> None:
-    # A connection's task that lives as long as the server: when the ring
+    # SPEC 15.2: A connection's task that lives as long as the server: when the ring
     # lets go of its generation, the task (counted dropped) stops keeping
     # its steps, so it does not grow without bound; its later ranges are
     # kept on its track like any others.
@@ -204,7 +205,7 @@ def test_a_long_running_task_let_go_keeps_no_steps(backend: Backend) -> None:
 
 
 def test_a_range_open_across_generations_keeps_its_end() -> None:
-    # A range that starts in one generation and ends after several
+    # SPEC 15.2: A range that starts in one generation and ends after several
     # rotations is kept whole while its generation is kept.
     with aprof.profile(max_events=1_000, keep="latest") as prof:
         with aprof.record_function("outer"):
@@ -216,6 +217,7 @@ def test_a_range_open_across_generations_keeps_its_end() -> None:
 
 
 def test_a_range_whose_generation_was_let_go_is_counted_not_kept() -> None:
+    # SPEC 15.2
     with aprof.profile(max_events=160, keep="latest") as prof:
         with aprof.record_function("outer"):
             _ranges(2_000)
@@ -225,6 +227,7 @@ def test_a_range_whose_generation_was_let_go_is_counted_not_kept() -> None:
 
 
 def test_ring_bytes_stay_under_the_budget() -> None:
+    # SPEC 15.2
     budget = 1 << 20
     with aprof.profile(max_bytes=budget, keep="latest") as prof:
         ring = prof._state.ring
@@ -244,6 +247,7 @@ def test_ring_bytes_stay_under_the_budget() -> None:
 
 
 def test_dropped_counts_reach_every_export_and_survive_a_round_trip(tmp_path: Path) -> None:
+    # SPEC 15.2
     with aprof.profile(max_events=50, keep="latest") as prof:
         _ranges(500)
     by_kind = prof.session.dropped_by_kind
@@ -258,6 +262,7 @@ def test_dropped_counts_reach_every_export_and_survive_a_round_trip(tmp_path: Pa
 
 
 def test_an_old_session_reports_its_drops_as_tracer_events() -> None:
+    # SPEC 15.2
     from aprof._post._events import EventTable
 
     s = aprof.Session(EventTable(), {}, {"start_ns": 0, "stop_ns": 1, "dropped": 5})
@@ -265,6 +270,7 @@ def test_an_old_session_reports_its_drops_as_tracer_events() -> None:
 
 
 def test_an_unbounded_profile_drops_nothing() -> None:
+    # SPEC 15.2
     with aprof.profile() as prof:
         _ranges(10)
     assert prof.session.dropped == 0
@@ -273,7 +279,7 @@ def test_an_unbounded_profile_drops_nothing() -> None:
 
 
 def test_a_failing_rotation_stops_recording_with_one_warning(monkeypatch: pytest.MonkeyPatch) -> None:
-    # aprof's own failure never reaches the program: recording stops, the
+    # SPEC 15.2: aprof's own failure never reaches the program: recording stops, the
     # events kept so far stay, and it says so once.
     from aprof._core import _ring
 
@@ -292,7 +298,7 @@ def test_a_failing_rotation_stops_recording_with_one_warning(monkeypatch: pytest
 
 
 def test_budget_twins_agree() -> None:
-    # The C Budget and its pure-Python twin: same takes, same drops.
+    # SPEC 15.2: The C Budget and its pure-Python twin: same takes, same drops.
     def run(make: Any) -> tuple[list[bool], Any, int]:
         calls = []
 
@@ -315,7 +321,7 @@ def test_budget_twins_agree() -> None:
 
 @pytest.mark.skipif(not C, reason="the C consolidation is the extension's")
 def test_chunked_raw_lists_consolidate_as_one_list_on_both_paths() -> None:
-    # A bounded profile's chunks of one thread: each end names its start in
+    # SPEC 15.2: A bounded profile's chunks of one thread: each end names its start in
     # its own chunk; both consolidation paths pair them the same way.
     from aprof._core._threads import LogicalThread
     from aprof._post._events import consolidate
@@ -348,6 +354,7 @@ def test_chunked_raw_lists_consolidate_as_one_list_on_both_paths() -> None:
 
 @pytest.mark.skipif(not C, reason="raw_seal measures the extension's blocks")
 def test_sealing_trims_blocks_to_48_bytes_a_range() -> None:
+    # SPEC 15.2
     ext = _native.extension
     block = ext.RangeBlock("user_scope")
     for k in range(1_000):
@@ -369,7 +376,7 @@ def _rss() -> int:
 
 @pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads RSS from /proc")
 def test_soak_two_million_ranges_and_200k_tasks_stay_at_constant_memory() -> None:
-    # Issue 19 item 1: a profile left on under steady load holds constant
+    # SPEC 15.2: Issue 19 item 1: a profile left on under steady load holds constant
     # memory once its ring is full (here ~10x the ring goes through it).
     # The pure-Python paths run a tenth of it in a tenth of the ring.
     budget = 50_000_000 if C else 5_000_000
@@ -403,7 +410,7 @@ def test_soak_two_million_ranges_and_200k_tasks_stay_at_constant_memory() -> Non
 
 
 def test_a_pinned_ring_seals_but_lets_nothing_go() -> None:
-    # A dump copying the generations pins the ring: a rotation meanwhile
+    # SPEC 15.2: A dump copying the generations pins the ring: a rotation meanwhile
     # (another thread recording) must not empty what is being copied.
     with aprof.profile(max_events=80, keep="latest") as prof:
         ring = prof._state.ring
@@ -417,7 +424,7 @@ def test_a_pinned_ring_seals_but_lets_nothing_go() -> None:
 
 
 def test_many_threads_recording_through_rotations_keep_the_ring_working() -> None:
-    # Threads record their first events (adding lists to the generation's
+    # SPEC 15.2: Threads record their first events (adding lists to the generation's
     # dict) while another seals it: the ring rotates on, never fills, holds
     # about its budget, and counts what it let go.
     import threading

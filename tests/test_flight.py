@@ -38,6 +38,7 @@ def _user(session: aprof.Session) -> list[str]:
 
 
 def test_a_dump_holds_the_window_complete_events_only_and_recording_goes_on(tmp_path: Path) -> None:
+    # SPEC 15.2
     with aprof.flight_recorder(window=0.2, max_bytes=4_000_000, signal=None) as rec:
         with aprof.record_function("old"):
             pass
@@ -62,6 +63,7 @@ def test_a_dump_holds_the_window_complete_events_only_and_recording_goes_on(tmp_
 
 
 def test_every_format_by_suffix_opens(tmp_path: Path) -> None:
+    # SPEC 15.2
     with aprof.flight_recorder(signal=None) as rec:
         with aprof.record_function("x"):
             pass
@@ -73,6 +75,7 @@ def test_every_format_by_suffix_opens(tmp_path: Path) -> None:
 
 
 def test_on_every_backend_a_dump_shows_tasks_on_their_tracks(backend: Backend, tmp_path: Path) -> None:
+    # SPEC 15.2
     async def child(i: int) -> None:
         with aprof.record_function(f"work{i}"):
             await backend.sleep(0.001)
@@ -92,6 +95,7 @@ def test_on_every_backend_a_dump_shows_tasks_on_their_tracks(backend: Backend, t
 
 
 def test_only_one_flight_recorder_runs_at_a_time() -> None:
+    # SPEC 15.2
     with aprof.flight_recorder(signal=None):
         with pytest.raises(RuntimeError, match="already running"):
             aprof.flight_recorder(signal=None).start()
@@ -100,6 +104,7 @@ def test_only_one_flight_recorder_runs_at_a_time() -> None:
 
 
 def test_bad_options_name_the_option() -> None:
+    # SPEC 15.2
     for kwargs, message in [
         ({"window": 0}, "window"),
         ({"slow_request": -1}, "slow_request"),
@@ -112,7 +117,7 @@ def test_bad_options_name_the_option() -> None:
 
 
 def test_a_failed_dump_keeps_the_previous_file_and_the_recorder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Atomic write: a full disk (the rename of the finished temporary file
+    # SPEC 15.2: Atomic write: a full disk (the rename of the finished temporary file
     # fails) leaves the file already there as it was, and no temporary file.
     from aprof._export import _files
 
@@ -140,6 +145,7 @@ def test_a_failed_dump_keeps_the_previous_file_and_the_recorder(tmp_path: Path, 
 
 
 def test_an_automatic_dump_that_fails_warns_once_and_records_on(tmp_path: Path) -> None:
+    # SPEC 15.2
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     with aprof.flight_recorder(signal=None, dump_dir=blocker / "sub", max_dumps_per_minute=10) as rec:
@@ -160,6 +166,7 @@ def test_an_automatic_dump_that_fails_warns_once_and_records_on(tmp_path: Path) 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGUSR2"), reason="no SIGUSR2 here")
 def test_sigusr2_dumps_into_dump_dir_and_restores_the_handler(tmp_path: Path) -> None:
+    # SPEC 15.2
     before = signal.getsignal(signal.SIGUSR2)
     with aprof.flight_recorder(dump_dir=tmp_path / "dumps") as rec:
         with aprof.record_function("before the signal"):
@@ -180,6 +187,7 @@ def test_sigusr2_dumps_into_dump_dir_and_restores_the_handler(tmp_path: Path) ->
 
 
 def test_the_rate_limit_counts_what_it_skips(tmp_path: Path) -> None:
+    # SPEC 15.2
     with aprof.flight_recorder(signal=None, dump_dir=tmp_path, max_dumps_per_minute=2) as rec:
         queued = [rec.trigger("test") for _ in range(5)]
         _wait_for(lambda: len(rec.dumps) == 2)
@@ -188,6 +196,7 @@ def test_the_rate_limit_counts_what_it_skips(tmp_path: Path) -> None:
 
 
 def test_dumps_from_two_threads_at_once_and_while_stopping(tmp_path: Path) -> None:
+    # SPEC 15.2
     errors: list[BaseException] = []
     written: list[Path] = []
     rec = aprof.flight_recorder(signal=None, scope="global").start()
@@ -229,6 +238,7 @@ def test_dumps_from_two_threads_at_once_and_while_stopping(tmp_path: Path) -> No
 
 
 def test_a_slow_request_through_the_middleware_dumps_the_ring(backend: Backend, tmp_path: Path) -> None:
+    # SPEC 15.2
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         with aprof.record_function("handler"):
             await backend.sleep(0.08 if scope["path"] == "/slow" else 0)
@@ -268,6 +278,7 @@ def test_a_slow_request_through_the_middleware_dumps_the_ring(backend: Backend, 
 
 
 def test_a_loop_block_longer_than_the_threshold_dumps_the_ring(backend: Backend, tmp_path: Path) -> None:
+    # SPEC 15.2
     async def main() -> aprof.flight_recorder:
         async with aprof.flight_recorder(signal=None, slow_loop_block=0.05, dump_dir=tmp_path, dump_format="aprof") as rec:
             with aprof.record_function("before"):
@@ -291,7 +302,7 @@ def test_a_loop_block_longer_than_the_threshold_dumps_the_ring(backend: Backend,
 
 @pytest.mark.skipif(not hasattr(signal, "SIGUSR2"), reason="no SIGUSR2 here")
 def test_a_signal_during_a_dump_waits_its_turn(tmp_path: Path) -> None:
-    # The handler takes no lock: a signal that arrives while a dump holds
+    # SPEC 15.2: The handler takes no lock: a signal that arrives while a dump holds
     # the recorder (here: held by hand) is written after it, and the
     # program is not held up.
     with aprof.flight_recorder(dump_dir=tmp_path) as rec:

@@ -167,7 +167,7 @@ class TaskThread(LogicalThread):
         # Complete before it is published: another thread may stop a profile
         # (and read this object) as soon as it is in a list.
         for ps in (states,) if type(states) is ProfilerState else states:  # type: ignore[union-attr]
-            if not ps.admit(_ring.TASK):  # a full budget: not recorded there
+            if ps.budget is not None and not ps.admit(_ring.TASK):  # a full budget: not recorded there
                 continue
             lst = ps.task_records
             lst.append(self)
