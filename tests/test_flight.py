@@ -94,6 +94,18 @@ def test_on_every_backend_a_dump_shows_tasks_on_their_tracks(backend: Backend, t
     assert {e.thread_id for e in work} <= tasks
 
 
+def test_the_recorder_is_invisible_to_the_program(tmp_path: Path) -> None:
+    # SPEC 15.6: no thread the program can see (its dump thread is a bare
+    # one), and none left after stop.
+    before = threading.enumerate()
+    with aprof.flight_recorder(signal=None, dump_dir=tmp_path) as rec:
+        assert rec.trigger("test") is True  # the dump thread runs
+        _wait_for(lambda: len(rec.dumps) == 1)
+        assert threading.enumerate() == before
+        assert threading.active_count() == len(before)
+    assert threading.enumerate() == before
+
+
 def test_only_one_flight_recorder_runs_at_a_time() -> None:
     # SPEC 15.2
     with aprof.flight_recorder(signal=None):

@@ -28,6 +28,7 @@ the window and had ended at the dump, with the tracks they need.
 
 from __future__ import annotations
 
+import _thread
 import gc
 import os
 import signal as _signal
@@ -163,7 +164,9 @@ class flight_recorder:
         self._wake = threading.Event()
         self._signalled = 0
         self._pending: list[tuple[str, dict[str, Any]]] = []
-        self._thread: threading.Thread | None = None
+        # The dump thread is a bare _thread, which the program does not see
+        # in threading.enumerate() (SPEC 15.6); _done is its join.
+        self._done: threading.Event | None = None
         self._old_handler: Any = None
         self._running = False
         self.session: Session | None = None
@@ -187,8 +190,8 @@ class flight_recorder:
             self.profile.start()
             _active = self
             self._running = True
-        self._thread = threading.Thread(target=self._dump_loop, name="aprof-flight-recorder", daemon=True)
-        self._thread.start()
+        done = self._done = threading.Event()
+        _thread.start_new_thread(self._dump_main, (done,))
         if self.signal is not None and threading.current_thread() is threading.main_thread():
             self._old_handler = _signal.signal(self.signal, self._on_signal)
         return self
@@ -212,9 +215,9 @@ class flight_recorder:
             if _active is self:
                 _active = None
         self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-            self._thread = None
+        if self._done is not None:
+            self._done.wait(timeout=30)
+            self._done = None
         with self._dump_lock:  # a dump in progress reads the profile's state
             self.profile.stop()
         self.session = self.profile.session
@@ -304,6 +307,12 @@ class flight_recorder:
         # thread, which may hold any lock (the wake-up Event's among them).
         # The dump thread looks at it every _POLL seconds.
         self._signalled = signum
+
+    def _dump_main(self, done: threading.Event) -> None:
+        try:
+            self._dump_loop()
+        finally:
+            done.set()
 
     def _dump_loop(self) -> None:
         while True:
