@@ -1092,6 +1092,119 @@ watch_eager(PyObject *module, PyObject *table)
 }
 
 /* ------------------------------------------------------------------------ */
+/* The key of an await chain (what aprof/_integrations/_await_chain.py caches)  */
+/* ------------------------------------------------------------------------ */
+
+#define AWAIT_MAX_DEPTH 64 /* _await_chain._MAX_DEPTH */
+static PyObject *str_cr_await, *str_cr_code, *str_cr_frame, *str_gi_yieldfrom, *str_gi_code, *str_gi_frame;
+static PyObject *str_ag_code;
+static PyObject *leaf_types; /* types seen at the bottom of a chain with no cr_code/gi_code/ag_code */
+
+/* 1: `obj` has a non-None `name`; 0: it has none (or None); -1: an error. */
+static int
+has_non_none(PyObject *obj, PyObject *name)
+{
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return -1;
+        PyErr_Clear();
+        return 0;
+    }
+    int r = v != Py_None;
+    Py_DECREF(v);
+    return r;
+}
+
+/* await_key(coro) -> ((id(code), lasti, ...), leaf) | None
+
+   The chain of a suspended coroutine walked as _await_chain._walk walks it,
+   outermost first: each coroutine's or generator's code (by address) and
+   instruction offset, and the awaitable at the bottom (None if the chain
+   ends in a bare yield). None when the chain holds anything else (an async
+   generator's asend, a Cython coroutine...): the Python walk then says. The
+   caller keeps the codes alive while it keeps the key (their addresses are
+   the key). */
+static PyObject *
+await_key(PyObject *Py_UNUSED(module), PyObject *coro)
+{
+    PyObject *items[2 * AWAIT_MAX_DEPTH];
+    Py_ssize_t n = 0;
+    PyObject *obj = Py_NewRef(coro), *leaf = Py_None, *result = NULL;
+    for (int depth = 0; depth < AWAIT_MAX_DEPTH; depth++) {
+        PyTypeObject *t = Py_TYPE(obj);
+        int is_coro = t == &PyCoro_Type;
+        if (!is_coro && t != &PyGen_Type) {
+            if (n == 0)
+                goto unhandled;
+            int known = PySet_Contains(leaf_types, (PyObject *)t);
+            if (known < 0)
+                goto error;
+            if (!known) {
+                PyObject *names[3] = {str_cr_code, str_gi_code, str_ag_code};
+                for (int i = 0; i < 3; i++) {
+                    int has = has_non_none(obj, names[i]);
+                    if (has < 0)
+                        goto error;
+                    if (has)
+                        goto unhandled;
+                }
+                if (PySet_GET_SIZE(leaf_types) >= 256 && PySet_Clear(leaf_types) < 0)
+                    goto error;
+                if (PySet_Add(leaf_types, (PyObject *)t) < 0)
+                    goto error;
+            }
+            leaf = obj;
+            break;
+        }
+        PyObject *code = PyObject_GetAttr(obj, is_coro ? str_cr_code : str_gi_code);
+        if (code == NULL)
+            goto error;
+        items[n++] = PyLong_FromVoidPtr(code);
+        Py_DECREF(code);
+        if (items[n - 1] == NULL)
+            goto error;
+        PyObject *frame = PyObject_GetAttr(obj, is_coro ? str_cr_frame : str_gi_frame);
+        if (frame == NULL)
+            goto error;
+        items[n++] = PyLong_FromLong(PyFrame_Check(frame) ? PyFrame_GetLasti((PyFrameObject *)frame) : -1);
+        Py_DECREF(frame);
+        if (items[n - 1] == NULL)
+            goto error;
+        PyObject *next = PyObject_GetAttr(obj, is_coro ? str_cr_await : str_gi_yieldfrom);
+        if (next == NULL)
+            goto error;
+        if (next == Py_None) {
+            Py_DECREF(next);
+            break;
+        }
+        const char *name = Py_TYPE(next)->tp_name;
+        if (strcmp(name, "async_generator_asend") == 0 || strcmp(name, "async_generator_athrow") == 0) {
+            Py_DECREF(next);
+            goto unhandled;
+        }
+        Py_SETREF(obj, next);
+    }
+    PyObject *key = PyTuple_New(n);
+    if (key == NULL)
+        goto error;
+    for (Py_ssize_t i = 0; i < n; i++)
+        PyTuple_SET_ITEM(key, i, items[i]);
+    n = 0;
+    result = PyTuple_Pack(2, key, leaf);
+    Py_DECREF(key);
+    Py_DECREF(obj);
+    return result;
+unhandled:
+    result = Py_NewRef(Py_None);
+error:
+    for (Py_ssize_t i = 0; i < n; i++)
+        Py_XDECREF(items[i]);
+    Py_DECREF(obj);
+    return result;
+}
+
+/* ------------------------------------------------------------------------ */
 /* Module glue                                                                */
 /* ------------------------------------------------------------------------ */
 
@@ -1151,6 +1264,7 @@ static PyMethodDef tasks_functions[] = {
      "Give the task hooks TaskThread, the task attribute name, the Task classes, the Python Task's step "
      "functions, the Python callbacks, the tracer's list of runs, and the long-wait callback and threshold."},
     {"_watch_eager", watch_eager, METH_O, "Watch asyncio's current-task table for eager steps (None: stop)."},
+    {"await_key", await_key, METH_O, "The key of a suspended coroutine's await chain, and the awaitable at its bottom."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1161,6 +1275,17 @@ aprof_tasks_init(PyObject *module)
     str_done = PyUnicode_InternFromString("done");
     str_append = PyUnicode_InternFromString("append");
     if (str_self == NULL || str_done == NULL || str_append == NULL)
+        return -1;
+    str_cr_await = PyUnicode_InternFromString("cr_await");
+    str_cr_code = PyUnicode_InternFromString("cr_code");
+    str_cr_frame = PyUnicode_InternFromString("cr_frame");
+    str_gi_yieldfrom = PyUnicode_InternFromString("gi_yieldfrom");
+    str_gi_code = PyUnicode_InternFromString("gi_code");
+    str_gi_frame = PyUnicode_InternFromString("gi_frame");
+    str_ag_code = PyUnicode_InternFromString("ag_code");
+    leaf_types = PySet_New(NULL);
+    if (str_cr_await == NULL || str_cr_code == NULL || str_cr_frame == NULL || str_gi_yieldfrom == NULL ||
+        str_gi_code == NULL || str_gi_frame == NULL || str_ag_code == NULL || leaf_types == NULL)
         return -1;
     if (PyType_Ready(&StepLogType) < 0 || PyType_Ready(&StepCallType) < 0 || PyType_Ready(&CallSoonHookType) < 0 ||
         PyType_Ready(&AddHookType) < 0)

@@ -287,6 +287,12 @@ def _watch_eager(table: dict[Any, Any] | None, /) -> bool:
     """Watch asyncio's current-task table for eager first steps (3.12+;
     ``None``: stop). Returns whether it is watched."""
 
+def await_key(coro: Any, /) -> tuple[tuple[int, ...], Any] | None:
+    """The key of a suspended coroutine's await chain (each coroutine's or
+    generator's code address and instruction offset, outermost first) and
+    the awaitable at its bottom; None for a chain it leaves to the Python
+    walk (the twin is ``_await_chain._await_key_py``)."""
+
 # Consolidation and Chrome export (aprof/_cevents.c); the contract is the
 # pure-Python twins in aprof/_post/_events.py and aprof/_export/_chrome.py.
 

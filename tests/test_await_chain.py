@@ -14,7 +14,19 @@ import pytest
 
 from aprof._integrations._await_chain import WaitLog, describe_wait
 
-from .conftest import BACKENDS, Backend
+from .conftest import BACKENDS, Backend, require_c_extension
+
+
+@pytest.fixture(params=["C", "twin"])
+def chain_key(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Key the chain with the C walk, then with its pure-Python twin (each
+    with an empty cache of call sites): the descriptions must not differ."""
+    from aprof._integrations import _await_chain
+
+    walk = require_c_extension().await_key if request.param == "C" else _await_chain._await_key_py
+    monkeypatch.setattr(_await_chain, "_await_key", walk)
+    monkeypatch.setattr(_await_chain, "_sites", {})
+    return str(request.param)
 
 
 def _me(backend) -> tuple[Any, Any]:
@@ -145,7 +157,7 @@ def _scenario(backend, kind: str) -> tuple[str, str, str, str]:
 
 
 @pytest.mark.parametrize("kind", ["sleep", "lock", "event", "queue", "executor"])
-def test_a_suspended_task_says_what_it_waits_on(backend, kind: str) -> None:
+def test_a_suspended_task_says_what_it_waits_on(backend, kind: str, chain_key: str) -> None:
     # Issue 16 item 3: the chain is walked down to the library call the
     # user's code made; the kind names the family, the place the user's line.
     what, got_kind, where, caller = _scenario(backend, kind)
@@ -165,7 +177,7 @@ ASYNCIO_LOOPS = [b for b in BACKENDS if not b.startswith(("trio", "anyio"))]
 
 @pytest.mark.parametrize("loop", ASYNCIO_LOOPS)
 @pytest.mark.parametrize("kind", ["task", "executor", "children"])
-def test_an_asyncio_task_awaiting_a_future_names_the_future(loop: str, kind: str) -> None:
+def test_an_asyncio_task_awaiting_a_future_names_the_future(loop: str, kind: str, chain_key: str) -> None:
     # Issue 16 item 3: user code that awaits a future itself (a task, an
     # executor job, a gather; asyncio only) is described by the future: the
     # child task by name and coroutine.
@@ -208,6 +220,85 @@ def test_an_asyncio_task_awaiting_a_future_names_the_future(loop: str, kind: str
         assert what == "task 'kid-1' (test_an_asyncio_task_awaiting_a_future_names_the_future.<locals>.kid)"
     elif kind == "children":
         assert what == "asyncio.gather of 2"
+
+
+def test_two_waits_in_one_coroutine_are_told_apart_by_where_they_wait(backend, chain_key: str) -> None:
+    # The cache of call sites is keyed by each frame's code and instruction
+    # offset: the same coroutine suspended at another line is another site.
+    seen: list[Any] = []
+    go: list[bool] = []
+
+    async def two_waits() -> None:
+        seen.append(_me(backend))
+        while not go:
+            await backend.sleep(0.001)  # first site
+        seen.append(_me(backend))
+        while len(go) < 2:
+            await backend.sleep(0.001)  # second site
+
+    async def main() -> list[Any]:
+        got = []
+        async with backend.group() as g:
+            g.start_soon(two_waits)
+            await _until(backend, seen)
+            got.append(describe_wait(*seen[0]))
+            got.append(describe_wait(*seen[0]))  # the cached one
+            go.append(True)
+            while len(seen) < 2:
+                await backend.sleep(0.001)
+            await backend.sleep(0.002)
+            got.append(describe_wait(*seen[1]))
+            go.append(True)
+        return got
+
+    first, again, second = backend.run(main)
+    assert first == again
+    assert first is not None
+    assert second is not None
+    assert first[1] == second[1] == "sleep"
+
+    def line_in_two_waits(wait: tuple[str, str, str, str]) -> int:
+        # where (or, under a Backend helper, its caller): "file:line func"
+        label = wait[2] if wait[2].endswith(".two_waits") else wait[3]
+        return int(label.split(":")[1].split()[0])
+
+    assert line_in_two_waits(second) > line_in_two_waits(first), (first, second)
+
+
+@pytest.mark.parametrize("loop", ASYNCIO_LOOPS)
+def test_a_wait_inside_an_async_context_manager_is_described(loop: str, chain_key: str) -> None:
+    # `async with cm():` where cm is an @asynccontextmanager awaits the
+    # generator's asend(): the C walk leaves that chain to the Python one,
+    # which names what the generator waits on.
+    import contextlib
+
+    backend = Backend(loop)
+    started: list[bool] = []
+
+    @contextlib.asynccontextmanager
+    async def slow_enter() -> Any:
+        started.append(True)
+        await asyncio.sleep(30)
+        yield
+
+    async def user() -> None:
+        async with slow_enter():
+            pass
+
+    async def main() -> tuple[str, str, str, str] | None:
+        task = asyncio.create_task(user())
+        while not started:
+            await asyncio.sleep(0.001)
+        result = describe_wait(task.get_coro(), task)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return result
+
+    result = backend.run(main)
+    assert result is not None
+    assert result[:2] == ("asyncio.sleep", "sleep"), result
+    assert result[2].endswith(".slow_enter"), result
 
 
 def test_not_a_coroutine_is_no_wait() -> None:

@@ -43,6 +43,7 @@ import os
 from types import CoroutineType, GeneratorType
 from typing import Any, Final
 
+from .._core import _native
 from .._frames import is_library_cached, short_path
 
 __all__ = ["Wait", "WaitLog", "describe_task", "describe_wait"]
@@ -185,37 +186,27 @@ def describe_wait(coro: Any, task: Any = None) -> Wait | None:
         chain as ``file:line function``, ``caller`` the user frame above it
         ("" if none).
     """
-    # The chain's frames as (code, instruction offset): the key of what the
-    # frames say (entry point, where, caller), worked out once per distinct
-    # chain. The same few call sites wait over and over; offsets, unlike
-    # line numbers, cost nothing to read.
-    frames: list[Any] = []  # the frame objects, outermost first
-    key: list[Any] = []
-    obj = coro
-    leaf: Any = None
-    for _ in range(_MAX_DEPTH):
-        code, frame = _frame_of(obj)
-        if code is None:
-            leaf = obj
-            break
-        frames.append(frame)
-        key.append(code)
-        key.append(frame.f_lasti if frame is not None else -1)
-        nxt = _next_in_chain(obj)
-        if nxt is None:
-            break
-        obj = nxt
-    if not frames:
-        return None
-    k = tuple(key)
-    sites = _sites.get(k)
-    if sites is None:
+    keyed = _await_key(coro)
+    if keyed is None:  # a chain the C walk leaves to Python (or none at all)
+        keyed = _await_key_py(coro)
+        if keyed is None:
+            return None
+    key, leaf = keyed
+    site = _sites.get(key)
+    if site is None:
+        frames, codes, _ = _walk(coro)
+        if not frames:
+            return None
         if len(_sites) >= _MAX_CACHED:
             _sites.clear()
-        sites = _sites[k] = _sites_of(key[::2], frames)
-    entry_name, where, caller = sites
-    if entry_name is not None and entry_name[1] not in ("other", "children", "future"):
-        return entry_name[0], entry_name[1], where, caller
+        entry, where, caller = _sites_of(codes, frames)
+        decided = None
+        if entry is not None and entry[1] not in ("other", "children", "future"):
+            decided = (entry[0], entry[1], where, caller)
+        site = _sites[key] = (decided, entry, where, caller, tuple(codes))
+    if site[0] is not None:
+        return site[0]
+    _, entry_name, where, caller, _ = site
     # The user's code awaits a future itself (or a call whose kind says
     # little): the future it waits on names a child task or an executor job.
     fut = getattr(task, "_fut_waiter", None) if task is not None else None
@@ -229,6 +220,43 @@ def describe_wait(coro: Any, task: Any = None) -> Wait | None:
     if described is not None and described[1] in ("task", "executor"):
         return described[0], described[1], where, caller
     return entry_name[0], entry_name[1], where, caller
+
+
+def _walk(coro: Any) -> tuple[list[Any], list[Any], Any]:
+    """(frames, codes, leaf) of a suspended coroutine's await chain,
+    outermost first; ``leaf`` is the awaitable at the bottom (None if the
+    chain ends in a bare ``yield``)."""
+    frames: list[Any] = []
+    codes: list[Any] = []
+    obj = coro
+    leaf: Any = None
+    for _ in range(_MAX_DEPTH):
+        code, frame = _frame_of(obj)
+        if code is None:
+            leaf = obj
+            break
+        frames.append(frame)
+        codes.append(code)
+        nxt = _next_in_chain(obj)
+        if nxt is None:
+            break
+        obj = nxt
+    return frames, codes, leaf
+
+
+def _await_key_py(coro: Any) -> tuple[tuple[int, ...], Any] | None:
+    """The twin of the C ``await_key``: the chain's key (each code's address
+    and instruction offset, outermost first) and its leaf; None when there
+    is no chain. The same few call sites wait over and over: the key says
+    which one without reading a line number or a file name."""
+    frames, codes, leaf = _walk(coro)
+    if not frames:
+        return None
+    key: list[int] = []
+    for code, frame in zip(codes, frames, strict=True):
+        key.append(id(code))
+        key.append(frame.f_lasti if frame is not None else -1)
+    return tuple(key), leaf
 
 
 def _sites_of(codes: list[Any], frames: list[Any]) -> tuple[tuple[str, str] | None, str, str]:
@@ -266,7 +294,10 @@ def _is_contextlib(filename: str) -> bool:
 # The names are formatted once per call site (a wait is described on every
 # long wait of every task: the same few sites, over and over).
 _labels: dict[tuple[str, int, str], str] = {}
-_sites: dict[tuple[Any, ...], tuple[tuple[str, str] | None, str, str]] = {}
+#: chain key -> (the Wait if the frames decide it, else None; the entry
+#: point's (what, kind) or None; where; caller; the codes, kept alive so
+#: that no other code takes their addresses while the key is cached).
+_sites: dict[tuple[int, ...], tuple[Wait | None, tuple[str, str] | None, str, str, tuple[Any, ...]]] = {}
 _entries: dict[tuple[str, str], tuple[str, str]] = {}
 _MAX_CACHED: Final = 4096
 
@@ -329,3 +360,7 @@ class WaitLog:
             # Drop the run with the shortest longest wait (never the open one).
             i = min(range(len(runs) - 1), key=lambda k: runs[k][4])
             del runs[i]
+
+
+#: The chain's key: the C walk when the extension is on, else the twin.
+_await_key: Any = getattr(_native.extension, "await_key", None) or _await_key_py
