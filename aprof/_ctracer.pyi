@@ -287,6 +287,11 @@ def _watch_eager(table: dict[Any, Any] | None, /) -> bool:
     """Watch asyncio's current-task table for eager first steps (3.12+;
     ``None``: stop). Returns whether it is watched."""
 
+def user_site(cache: dict[str, bool], is_library: Callable[[str], bool], /) -> tuple[str, int, str] | None:
+    """``aprof._frames.user_site()`` from the calling frame out, in C:
+    ``cache`` holds each file name's verdict, ``is_library`` decides (and
+    caches) a name not in it."""
+
 def await_key(coro: Any, /) -> tuple[tuple[int, ...], Any] | None:
     """The key of a suspended coroutine's await chain (each coroutine's or
     generator's code address and instruction offset, outermost first) and

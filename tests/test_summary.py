@@ -17,6 +17,8 @@ from aprof._frames import innermost_user_frame, is_library_file, shown_stack
 from aprof._post._analysis import max_step_ns
 from aprof._post._readers import read_profile
 
+from .conftest import require_c_extension
+
 
 @pytest.fixture(autouse=True)
 def _cheap_gc() -> Any:
@@ -395,6 +397,32 @@ def test_user_site_is_the_nearest_frame_of_the_users_code() -> None:
     assert site is not None
     assert site[0] == __file__
     assert site[2].endswith("spawner")
+
+
+def test_the_c_spawn_site_walk_finds_the_same_frame_as_the_python_one() -> None:
+    # TaskThread takes its spawn site with the C walk when the extension is
+    # built: past the same library frames, to the same (file, line, function).
+    from aprof._frames import _library_cache, is_library_cached, user_site
+
+    ext = require_c_extension()
+    namespace: dict[str, Any] = {
+        "user_site": user_site, "c_user_site": ext.user_site, "cache": _library_cache, "is_library": is_library_cached,
+    }  # fmt: skip
+    library = compile(
+        "def create_task():\n    return user_site(), c_user_site(cache, is_library)\n", asyncio.__file__, "exec"
+    )
+    exec(library, namespace)
+
+    def spawner() -> Any:
+        return namespace["create_task"]()  # one line: the same line for both
+
+    py_site, c_site = spawner()
+    assert py_site is not None
+    assert py_site[2].endswith("spawner")
+    assert c_site == py_site
+    _library_cache.clear()  # a name not cached yet is decided (and cached) through is_library
+    assert spawner()[1] == py_site
+    assert _library_cache[asyncio.__file__] is True
 
 
 def test_spawn_sites_and_waits_read_from_the_task_records() -> None:

@@ -142,7 +142,8 @@ def _record(task: Any, ctx: Any, new_only: bool, lt: Any = None) -> TaskThread |
     if (
         not states
         or (new_only and not _not_started(coro))  # a task that ran before aprof looked: not one spawned now
-        or (_machinery(coro) and _threads._asyncio_task() is None)
+        # (inside a step of a recorded task: not the loop's own machinery)
+        or (stepping.lt is None and _machinery(coro) and _threads._asyncio_task() is None)
     ):
         if lt is _UNSEEN:
             setattr(task, _TASK_ATTR, None)  # seen: not asked again at each step

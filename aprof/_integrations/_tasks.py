@@ -48,7 +48,7 @@ from .._core import _native, _record_function, _ring, _threads
 from .._core._callbacks import EMPTY_RF_STATE, RF_STATE, AprofWarning, RFState
 from .._core._recorder import ProfilerState, Recorder, first_start
 from .._core._threads import LogicalThread, current_logical_thread, stepping
-from .._frames import Frame, user_site
+from .._frames import Frame, _library_cache, is_library_cached, user_site
 from ._await_chain import Wait, WaitLog, describe_task
 
 __all__ = ["TASK_RECORD_FIELDS", "TaskThread", "global_task_recorders", "note_wait", "states_for", "states_in"]
@@ -156,7 +156,8 @@ class TaskThread(LogicalThread):
         self.steps = new_steps()
         self.waits = None
         self.ready_ns = 0
-        self.spawn_site = user_site()
+        c_site = _c_user_site
+        self.spawn_site = c_site(_library_cache, is_library_cached) if c_site is not None else user_site()
         self._more: list[tuple[ProfilerState, list[Any], int]] | None = None
         self._state: ProfilerState | None = None
         # Where its record sits: a bounded profile starts a new list of
@@ -306,6 +307,12 @@ def _put(lst: list[Any], idx: int, task: TaskThread, rec: tuple[Any, ...]) -> No
     # list of a generation it lets go: the late end is dropped.
     if idx < len(lst) and lst[idx] is task:
         lst[idx] = rec
+
+
+#: aprof._frames.user_site in C (without sys._getframe's audit event), or None.
+_c_user_site: Callable[[dict[str, bool], Callable[[str], bool]], Frame | None] | None = getattr(
+    _native.extension, "user_site", None
+)
 
 
 def coro_qualname(coro: Any) -> str:
