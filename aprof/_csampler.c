@@ -1162,8 +1162,62 @@ sampler_stats(PyObject *module, PyObject *Py_UNUSED(ignored))
                          (unsigned long long)engine.gil_wait_ns);
 }
 
+/* ------------------------------------------------------------------------ */
+/* A task's spawn site (aprof._frames.user_site, for TaskThread)              */
+/* ------------------------------------------------------------------------ */
+
+/* user_site(cache, is_library) -> (file, line, function) | None
+
+   The nearest frame of the user's code, from the calling Python frame out:
+   aprof._frames.user_site() without sys._getframe()'s audit event, the
+   interpreted loop, or a frame object made for each frame it passes (it
+   reads the interpreter's frames, as the sampler does). `cache` maps a file
+   name to whether it is a library's; `is_library(filename)` decides (and
+   caches) a name not in it. */
+static PyObject *
+user_site(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyDict_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "user_site(cache: dict, is_library)");
+        return NULL;
+    }
+    PyObject *cache = args[0], *is_library = args[1];
+    for (struct _PyInterpreterFrame *f = ts_frame(PyThreadState_Get()); f != NULL; f = f->previous) {
+        PyCodeObject *code = frame_code(f);
+        if (code == NULL)
+            continue;
+        PyObject *filename = code->co_filename;
+        PyObject *lib = PyDict_GetItemWithError(cache, filename); /* borrowed */
+        int is_lib;
+        if (lib != NULL) {
+            is_lib = PyObject_IsTrue(lib);
+        }
+        else if (PyErr_Occurred()) {
+            return NULL;
+        }
+        else {
+            /* A call into Python: it may run frames of its own, but the
+             * ones below it (ours to walk) stay as they are. */
+            Py_INCREF(code);
+            PyObject *r = PyObject_CallOneArg(is_library, filename);
+            is_lib = r == NULL ? -1 : PyObject_IsTrue(r);
+            Py_XDECREF(r);
+            Py_DECREF(code);
+        }
+        if (is_lib < 0)
+            return NULL;
+        if (!is_lib) {
+            int line = PyCode_Addr2Line(code, _PyInterpreterFrame_LASTI(f) * (int)sizeof(_Py_CODEUNIT));
+            return Py_BuildValue("(OiO)", filename, line < 0 ? 0 : line, code->co_qualname);
+        }
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef sampler_functions[] = {
     {"_sampler_after_fork", sampler_after_fork, METH_NOARGS, "Reset the sampler engine in a forked child."},
+    {"user_site", (PyCFunction)(void (*)(void))user_site, METH_FASTCALL,
+     "The nearest user frame from the caller out: (file, line, function), or None."},
     {"_sampler_stats", sampler_stats, METH_NOARGS,
      "(ticks, sampled by the main thread, by the engine, ns sampling, ns waiting for the GIL)."},
     {NULL, NULL, 0, NULL},

@@ -1205,63 +1205,6 @@ error:
 }
 
 /* ------------------------------------------------------------------------ */
-/* A task's spawn site (aprof._frames.user_site, for TaskThread)              */
-/* ------------------------------------------------------------------------ */
-
-/* user_site(cache, is_library) -> (file, line, function) | None
-
-   The nearest frame of the user's code, starting at the calling Python
-   frame and going out: aprof._frames.user_site(), without the audited
-   sys._getframe() and the interpreted loop. `cache` maps a file name to
-   whether it is a library's; `is_library(filename)` decides (and caches) a
-   name not in it. */
-static PyObject *
-user_site(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 2 || !PyDict_CheckExact(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "user_site(cache: dict, is_library)");
-        return NULL;
-    }
-    PyObject *cache = args[0], *is_library = args[1];
-    PyFrameObject *f = PyEval_GetFrame(); /* borrowed */
-    Py_XINCREF(f);
-    while (f != NULL) {
-        PyCodeObject *code = PyFrame_GetCode(f);
-        PyObject *filename = code->co_filename;
-        PyObject *lib = PyDict_GetItemWithError(cache, filename); /* borrowed */
-        int is_lib;
-        if (lib != NULL) {
-            is_lib = lib == Py_True;
-        }
-        else if (PyErr_Occurred()) {
-            Py_DECREF(code);
-            Py_DECREF(f);
-            return NULL;
-        }
-        else {
-            PyObject *r = PyObject_CallOneArg(is_library, filename);
-            is_lib = r == NULL ? -1 : PyObject_IsTrue(r);
-            Py_XDECREF(r);
-            if (is_lib < 0) {
-                Py_DECREF(code);
-                Py_DECREF(f);
-                return NULL;
-            }
-        }
-        if (!is_lib) {
-            int line = PyFrame_GetLineNumber(f);
-            PyObject *site = Py_BuildValue("(OiO)", filename, line < 0 ? 0 : line, code->co_qualname);
-            Py_DECREF(code);
-            Py_DECREF(f);
-            return site;
-        }
-        Py_DECREF(code);
-        Py_SETREF(f, PyFrame_GetBack(f));
-    }
-    Py_RETURN_NONE;
-}
-
-/* ------------------------------------------------------------------------ */
 /* Module glue                                                                */
 /* ------------------------------------------------------------------------ */
 
@@ -1321,8 +1264,6 @@ static PyMethodDef tasks_functions[] = {
      "Give the task hooks TaskThread, the task attribute name, the Task classes, the Python Task's step "
      "functions, the Python callbacks, the tracer's list of runs, and the long-wait callback and threshold."},
     {"_watch_eager", watch_eager, METH_O, "Watch asyncio's current-task table for eager steps (None: stop)."},
-    {"user_site", (PyCFunction)(void (*)(void))user_site, METH_FASTCALL,
-     "The nearest user frame from the caller out: (file, line, function), or None."},
     {"await_key", await_key, METH_O, "The key of a suspended coroutine's await chain, and the awaitable at its bottom."},
     {NULL, NULL, 0, NULL},
 };

@@ -288,9 +288,10 @@ def _watch_eager(table: dict[Any, Any] | None, /) -> bool:
     ``None``: stop). Returns whether it is watched."""
 
 def user_site(cache: dict[str, bool], is_library: Callable[[str], bool], /) -> tuple[str, int, str] | None:
-    """``aprof._frames.user_site()`` from the calling frame out, in C:
-    ``cache`` holds each file name's verdict, ``is_library`` decides (and
-    caches) a name not in it."""
+    """``aprof._frames.user_site()`` from the calling frame out, in C
+    (aprof/_csampler.c: it reads the interpreter's frames, making no frame
+    objects): ``cache`` holds each file name's verdict, ``is_library``
+    decides (and caches) a name not in it."""
 
 def await_key(coro: Any, /) -> tuple[tuple[int, ...], Any] | None:
     """The key of a suspended coroutine's await chain (each coroutine's or
