@@ -1174,6 +1174,16 @@ sampler_stats(PyObject *module, PyObject *Py_UNUSED(ignored))
    reads the interpreter's frames, as the sampler does). `cache` maps a file
    name to whether it is a library's; `is_library(filename)` decides (and
    caches) a name not in it. */
+/* The sites found last, by (code, instruction): a spawn site repeats (a
+ * loop of create_task), and its line costs a walk of the code's line
+ * table. An entry holds its code, so no other code takes its address. */
+#define SITE_CACHE_SIZE 256
+static struct {
+    PyCodeObject *code;
+    int lasti;
+    PyObject *site;
+} site_cache[SITE_CACHE_SIZE];
+
 static PyObject *
 user_site(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
@@ -1207,8 +1217,19 @@ user_site(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         if (is_lib < 0)
             return NULL;
         if (!is_lib) {
-            int line = PyCode_Addr2Line(code, _PyInterpreterFrame_LASTI(f) * (int)sizeof(_Py_CODEUNIT));
-            return Py_BuildValue("(OiO)", filename, line < 0 ? 0 : line, code->co_qualname);
+            int lasti = _PyInterpreterFrame_LASTI(f);
+            size_t h = (((uintptr_t)code >> 4) ^ ((size_t)lasti * 2654435761u)) & (SITE_CACHE_SIZE - 1);
+            if (site_cache[h].code == code && site_cache[h].lasti == lasti)
+                return Py_NewRef(site_cache[h].site);
+            int line = PyCode_Addr2Line(code, lasti * (int)sizeof(_Py_CODEUNIT));
+            PyObject *site = Py_BuildValue("(OiO)", filename, line < 0 ? 0 : line, code->co_qualname);
+            if (site == NULL)
+                return NULL;
+            Py_XSETREF(site_cache[h].site, Py_NewRef(site));
+            Py_INCREF(code);
+            Py_XSETREF(site_cache[h].code, code);
+            site_cache[h].lasti = lasti;
+            return site;
         }
     }
     Py_RETURN_NONE;

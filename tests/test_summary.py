@@ -424,6 +424,17 @@ def test_the_c_spawn_site_walk_finds_the_same_frame_as_the_python_one() -> None:
     assert spawner()[1] == py_site
     assert _library_cache[asyncio.__file__] is True
 
+    def two_spawns() -> list[Any]:
+        first = [namespace["create_task"]() for _ in range(2)]
+        second = namespace["create_task"]()
+        return [*first, second]
+
+    # Sites are cached by (code, instruction): the same line twice, then the next one.
+    (py1, c1), (py2, c2), (py3, c3) = two_spawns()
+    assert py1 == c1 == py2 == c2
+    assert py3 == c3
+    assert c3[1] == c1[1] + 1, (c1, c3)
+
 
 def test_spawn_sites_and_waits_read_from_the_task_records() -> None:
     # Issue 16 items 1, 7: a recorded spawn site and what a pending task
