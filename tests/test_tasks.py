@@ -811,10 +811,10 @@ def test_a_failing_await_chain_walk_never_breaks_the_task(backend: Backend, monk
     # runs on and its steps are still timed.
     from aprof._integrations import _tasks
 
-    def broken(task: Any) -> None:
+    def broken(coro: Any, task: Any = None) -> None:
         raise RuntimeError("walk failed")
 
-    monkeypatch.setattr(_tasks, "describe_task", broken)
+    monkeypatch.setattr(_tasks, "describe_wait", broken)
     monkeypatch.setattr(_tasks, "_warned", set())
 
     async def sleeper() -> int:

@@ -112,6 +112,8 @@ def _name_of(task: Any) -> str:
 
 def _not_started(coro: Any) -> bool:
     """Whether ``coro`` has not run yet (a task's first step is still to come)."""
+    if type(coro) is types.CoroutineType:  # the common case, without the attribute probing
+        return not coro.cr_running and not coro.cr_suspended
     running = getattr(coro, "cr_running", None)
     if running is None:  # a generator-based coroutine, or another awaitable
         running = getattr(coro, "gi_running", False)

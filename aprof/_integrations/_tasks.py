@@ -49,7 +49,7 @@ from .._core._callbacks import EMPTY_RF_STATE, RF_STATE, AprofWarning, RFState
 from .._core._recorder import ProfilerState, Recorder, first_start
 from .._core._threads import LogicalThread, current_logical_thread, stepping
 from .._frames import Frame, _library_cache, is_library_cached, user_site
-from ._await_chain import Wait, WaitLog, describe_task
+from ._await_chain import Wait, WaitLog, describe_task, describe_wait
 
 __all__ = ["TASK_RECORD_FIELDS", "TaskThread", "global_task_recorders", "note_wait", "states_for", "states_in"]
 
@@ -273,7 +273,12 @@ def note_wait(tt: TaskThread, task: Any, start_ns: int, end_ns: int) -> None:
     next step is about to run: add what it waited on to its log. Never
     raises into the program."""
     try:
-        wait = describe_task(task)
+        # describe_task(task), inline: this runs at every long wait.
+        get_coro = getattr(task, "get_coro", None)
+        coro = get_coro() if get_coro is not None else getattr(task, "coro", None)
+        if coro is None or getattr(coro, "cr_running", False):
+            return
+        wait = describe_wait(coro, task if get_coro is not None else None)
         if wait is None:
             return
         log = tt.waits
