@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 from array import array
-from collections.abc import Iterator
+from collections.abc import Container, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Final
 
 from .._core._recorder import FLAG_ASYNC, KIND_INSTANT
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from ._session import Session
     from ._table import EventTable
 
-__all__ = ["Memory", "MemoryStats", "attach_memory"]
+__all__ = ["Memory", "MemoryStats", "attach_memory", "recharge"]
 
 _OWN_THREAD: Final = 1 << 63
 _REC_WORDS: Final = 5  # t, size, weight, lt, freed (aprof/_cmemory.c MemRec)
@@ -103,6 +103,9 @@ class Memory:
         self.other_bytes = 0
         self.other_count = 0
         self.dropped = 0
+        #: The process (node id) of each thread that has no track of its own
+        #: in a merged session; the others are their track's, or the session's.
+        self.nodes: dict[int, int] = {}
         self._per_event: dict[int, tuple[MemoryStats, MemoryStats]] | None = None
         self._table: EventTable | None = None
 
@@ -140,11 +143,17 @@ class Memory:
             self._per_event = self._compute_per_event()
         return iter(sorted(self._per_event))
 
-    def timeline(self) -> list[tuple[int, int]]:
+    def timeline(self, threads: Container[int] | None = None) -> list[tuple[int, int]]:
         """``[(time_ns, live_bytes)]``: the profiled work's live sampled
-        bytes after each allocation and free, in time order."""
-        deltas = [(t, w) for t, w in zip(self.time, self.weight, strict=True)]
-        deltas += [(f, -w) for f, w in zip(self.freed, self.weight, strict=True) if f > 0]
+        bytes after each allocation and free, in time order; of the
+        allocations of ``threads`` only, when given (one process of a
+        merged session)."""
+        rows: Iterable[int] = range(len(self.time))
+        if threads is not None:
+            rows = [i for i, tid in enumerate(self.thread_id) if tid in threads]
+        time, weight, freed = self.time, self.weight, self.freed
+        deltas = [(time[i], weight[i]) for i in rows]
+        deltas += [(freed[i], -weight[i]) for i in rows if freed[i] > 0]
         deltas.sort()
         live = 0
         out = []
@@ -192,6 +201,7 @@ class Memory:
             "other_bytes": self.other_bytes,
             "other_count": self.other_count,
             "dropped": self.dropped,
+            **({"nodes": [[tid, node] for tid, node in self.nodes.items()]} if self.nodes else {}),
         }
 
     @classmethod
@@ -247,7 +257,37 @@ class Memory:
             if type(v) is not int or v < 0:
                 raise ValueError(f"memory: {name} is {v!r}, not an int >= 0")
             setattr(m, name, v)
+        nodes = doc.get("nodes", [])
+        if type(nodes) is not list:
+            raise ValueError("memory: nodes is not a list")
+        for x in nodes:
+            if type(x) is not list or len(x) != 2 or type(x[0]) is not int or type(x[1]) is not int or x[1] < 0:
+                raise ValueError(f"memory: a node is {x!r}, not [thread id, node id]")
+            m.nodes[x[0]] = x[1]
         return m
+
+    def records_json(self) -> dict[str, Any]:
+        """:meth:`to_json` without the ``event`` column: what a Chrome trace
+        or an HTML report carries (their readers rebuild the events in an
+        order of their own, and :func:`recharge` charges the allocations to
+        them again, by track and time, as consolidation did)."""
+        doc = self.to_json()
+        del doc["event"]
+        return doc
+
+    @classmethod
+    def from_records_json(cls, doc: Any) -> Memory:
+        """Read :meth:`records_json`'s document (every allocation charged to
+        no event until :func:`recharge`).
+
+        Raises:
+            ValueError: a field is missing or of the wrong type or length.
+        """
+        if type(doc) is not dict:
+            raise ValueError("memory is not an object")
+        time = doc.get("time")
+        n = len(time) if type(time) is list else 0
+        return cls.from_json({**doc, "event": [-1] * n})
 
     def check_events(self, count: int) -> None:
         """Every event row must be one of the session's ``count`` events.
@@ -339,6 +379,17 @@ def attach_memory(session: Session, taken: tuple[Any, ...], interval: int) -> No
     m.event = _charge(session._table, m)
     m._table = session._table
     session.memory = m
+
+
+def recharge(m: Memory, tab: EventTable) -> None:
+    """Charge ``m``'s allocations to the events of ``tab`` (a session read
+    back from a trace or a report, or merged): each to the innermost range
+    open on its track at its time, as :func:`attach_memory` did at stop. A
+    range the file does not hold (a capped trace, a report past its budget)
+    leaves its bytes to the range around it."""
+    m.event = _charge(tab, m)
+    m._table = tab
+    m._per_event = None
 
 
 def _charge(tab: EventTable, m: Memory) -> array[int]:
