@@ -460,6 +460,57 @@ def test_max_events_caps_the_allocations_kept() -> None:
     assert m is not None
     assert len(m) == 5
     assert m.dropped >= 45
+    assert prof.session.dropped_by_kind["allocations"] == m.dropped  # SPEC 15.2
+    assert prof.session.dropped == 0  # no event was dropped
+    del keep
+
+
+# SPEC 15.2
+def test_keep_latest_keeps_the_latest_allocations() -> None:
+    # Issue 21: allocation records obey the budget's policy. A ring keeps
+    # the newest records, and the blocks of the records it let go, freed
+    # later, change none of the records kept.
+    with aprof.profile(profile_memory=True, memory_interval=0, max_events=300, keep="latest") as prof:
+        with aprof.record_function("old"):
+            old = [bytes(1000) for _ in range(2000)]
+        with aprof.record_function("new"):
+            new = [bytes(5000) for _ in range(50)]
+        del old  # frees 2,000 blocks whose records the ring let go
+        with aprof.record_function("newest"):
+            newest = [bytes(7000) for _ in range(20)]
+            del newest[10:]
+    m = prof.session.memory
+    assert m is not None
+    assert len(m) == 300
+    assert m.dropped >= 1700
+    assert prof.session.dropped_by_kind["allocations"] == m.dropped
+    assert list(m.time) == sorted(m.time)  # oldest first
+    (ev_new,) = _one(prof, "new")
+    (ev_newest,) = _one(prof, "newest")
+    st, st2 = ev_new.memory, ev_newest.memory
+    assert st is not None
+    assert st2 is not None
+    assert 50 * 5000 <= st.net <= 50 * 5000 + SLACK  # nothing of "old" was charged to it
+    assert st.count >= 50
+    assert 10 * 7000 <= st2.net <= 10 * 7000 + SLACK
+    assert st2.allocated >= 20 * 7000
+    (ev_old,) = _one(prof, "old")
+    assert ev_old.memory is not None
+    assert ev_old.memory.count < 2000  # its first records went
+    del new
+
+
+# SPEC 15.2
+def test_max_bytes_bounds_the_allocations_kept() -> None:
+    # A profile bounded by bytes alone does not grow its allocation records
+    # without bound either.
+    with aprof.profile(profile_memory=True, memory_interval=0, max_bytes=1 << 16) as prof:
+        keep = [bytes(100) for _ in range(5000)]
+    m = prof.session.memory
+    assert m is not None
+    assert len(m) == (1 << 16) // _memory.RECORD_BYTES
+    assert m.dropped >= 5000 - len(m)
+    assert prof.session.dropped_by_kind["allocations"] == m.dropped
     del keep
 
 

@@ -28,7 +28,7 @@ from .._integrations import _processes
 from . import _callbacks
 from ._callbacks import RF_STATE, AprofWarning, RecordFunctionCallback
 from ._debug_info import DEBUG_INFO, DebugInfoKind, SlotRef
-from ._memory import DEFAULT_INTERVAL, MemoryRun, check_memory_interval
+from ._memory import DEFAULT_INTERVAL, MemoryRun, check_memory_interval, max_records
 from ._memory import unavailable_reason as memory_unavailable
 from ._record_function import RecordFunction, get_default_node_id
 from ._recorder import ProfilerState, Recorder
@@ -359,7 +359,12 @@ class profile:
             self._sampler = sampler
         if self.profile_memory:
             # Last: aprof's own set-up is not counted.
-            memory = MemoryRun(recorder if self.scope == "context" else None, self.memory_interval, self.max_events or 0)
+            memory = MemoryRun(
+                recorder if self.scope == "context" else None,
+                self.memory_interval,
+                max_records(self.max_events, self.max_bytes),
+                self.keep,
+            )
             try:
                 memory.start()
             except BaseException:

@@ -379,6 +379,9 @@ def attach_memory(session: Session, taken: tuple[Any, ...], interval: int) -> No
     m.event = _charge(session._table, m)
     m._table = session._table
     session.memory = m
+    kinds = session.metadata.get("dropped_by_kind")
+    if isinstance(kinds, dict):  # the budget's counts, by kind (aprof._core._ring)
+        kinds["allocations"] = m.dropped
 
 
 def recharge(m: Memory, tab: EventTable) -> None:
