@@ -120,7 +120,10 @@ class profile:
             the task or thread that made it and to the innermost range open
             there (``FunctionEvent.memory``, ``cpu_memory_usage``, the
             memory columns of ``key_averages()``, ``session.memory``). Needs
-            the C extension. One memory profile at a time.
+            the C extension. One memory profile at a time. Its records
+            (48 bytes each, a buffer of their own) are bounded by
+            ``max_events`` and ``max_bytes`` and follow ``keep``; those not
+            kept are ``session.dropped_by_kind["allocations"]``.
         memory_interval: With ``profile_memory``, sample an allocation
             every this many bytes on average, weighted so that totals stay
             unbiased (default 256 KiB); ``0`` records every allocation
