@@ -126,7 +126,7 @@ class profile:
             kept are ``session.dropped_by_kind["allocations"]``.
         memory_interval: With ``profile_memory``, sample an allocation
             every this many bytes on average, weighted so that totals stay
-            unbiased (default 256 KiB); ``0`` records every allocation
+            unbiased (default 16 KiB); ``0`` records every allocation
             exactly (tests, small runs: it costs more).
 
     Raises:
