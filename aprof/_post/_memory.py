@@ -23,6 +23,7 @@ from __future__ import annotations
 import threading
 from array import array
 from collections.abc import Container, Iterable, Iterator
+from itertools import groupby
 from typing import TYPE_CHECKING, Any, Final
 
 from .._core._recorder import FLAG_ASYNC, KIND_INSTANT
@@ -406,29 +407,40 @@ def _charge(tab: EventTable, m: Memory) -> array[int]:
     out = array("i", [-1]) * len(m.time)
     if not len(m.time):
         return out
-    # the tracks' rows: events are stored track by track, in start order
-    rows_of: dict[int, list[int]] = {}
-    track_ids = [t.id for t in tab.tracks]
-    kind, start, end = tab.kind, tab.start, tab.end
-    for i in range(len(tab)):
-        if kind[i] & (KIND_INSTANT | FLAG_ASYNC):
-            continue
-        rows_of.setdefault(track_ids[tab.track[i]], []).append(i)
+    time = m.time
     by_track: dict[int, list[int]] = {}
     for i, tid in enumerate(m.thread_id):
         by_track.setdefault(tid, []).append(i)
+    # The rows of the tracks that allocated, found by runs of the track
+    # column (events are stored track by track; a run is counted in C), so
+    # the rows of the other tracks cost nothing here.
+    tracks = tab.tracks
+    runs: dict[int, list[tuple[int, int]]] = {}
+    pos = 0
+    for ti, grp in groupby(tab.track):
+        n = len(list(grp))
+        tid = tracks[ti].id
+        if tid in by_track:
+            runs.setdefault(tid, []).append((pos, pos + n))
+        pos += n
+    kind, start, end = tab.kind, tab.start, tab.end
+    skip = KIND_INSTANT | FLAG_ASYNC
     for tid, idx in by_track.items():
-        rows = rows_of.get(tid)
+        spans = runs.get(tid)
+        if not spans:
+            continue
+        rows = [r for lo, hi in spans for r in range(lo, hi) if not kind[r] & skip]
         if not rows:
             continue
         rows.sort(key=lambda r: (start[r], -end[r]))
         starts = [start[r] for r in rows]
-        idx.sort(key=lambda i: m.time[i])
+        idx.sort(key=time.__getitem__)
         stack: list[int] = []
         p = 0
+        nrows = len(rows)
         for i in idx:
-            t = m.time[i]
-            while p < len(rows) and starts[p] <= t:
+            t = time[i]
+            while p < nrows and starts[p] <= t:
                 r = rows[p]
                 while stack and end[stack[-1]] <= start[r]:
                     stack.pop()
