@@ -76,9 +76,13 @@ static struct {
     uint64_t interval;  /* bytes, 0: every allocation */
     int64_t countdown;
     uint64_t rng;
-    /* records */
+    /* records: with `latest`, a ring of `max` slots: record number k (the
+     * k-th sampled, counted in n) is in slot k % max, and `ptrs` holds each
+     * slot's block, so a record let go also leaves the live table */
     MemRec *recs;
+    uintptr_t *ptrs;
     size_t n, cap, max;
+    int latest;
     uint64_t dropped;
     /* live sampled blocks: address -> record index + 1 (0: empty) */
     uintptr_t *keys;
@@ -229,6 +233,21 @@ live_add(void *p, uint64_t rec)
 
 /* A block is freed (or moved): if it was sampled, its record gets the free
  * time and it leaves the table (backward-shift deletion: no tombstones). */
+/* The slot of record number `rec`, or -1 if it is not kept (any more). */
+static APROF_INLINE Py_ssize_t
+rec_slot(uint64_t rec)
+{
+    if (rec >= M.n)
+        return -1;
+    if (!M.latest)
+        return (Py_ssize_t)rec;
+    if (rec + M.max < M.n)
+        return -1; /* let go by the ring */
+    return (Py_ssize_t)(rec % M.max);
+}
+
+static void live_delete_at(size_t j);
+
 static APROF_NOINLINE void
 live_forget_slow(void *p)
 {
@@ -239,9 +258,35 @@ live_forget_slow(void *p)
             return;
         j = (j + 1) & mask;
     }
-    uint64_t rec = M.vals[j] - 1;
-    if (rec < M.n)
-        M.recs[rec].freed = now_ns();
+    Py_ssize_t slot = rec_slot(M.vals[j] - 1);
+    if (slot >= 0)
+        M.recs[slot].freed = now_ns();
+    live_delete_at(j);
+}
+
+/* The ring lets record `rec` of block `p` go: the block leaves the live
+ * table (unless the address now belongs to a newer record), so the table
+ * holds only blocks of kept records and stays bounded by the ring. */
+static void
+live_evict(uintptr_t p, uint64_t rec)
+{
+    if (M.used == 0 || p == 0)
+        return;
+    size_t mask = M.mask;
+    size_t j = hash_ptr((void *)p, mask);
+    while (M.keys[j] != p) {
+        if (M.keys[j] == 0)
+            return;
+        j = (j + 1) & mask;
+    }
+    if (M.vals[j] == rec + 1)
+        live_delete_at(j);
+}
+
+static void
+live_delete_at(size_t j)
+{
+    size_t mask = M.mask;
     M.used--;
     size_t hole = j;
     for (;;) {
@@ -467,23 +512,43 @@ on_sample(void *p, size_t size)
         M.busy = 0;
         return;
     }
-    if (M.max && M.n >= M.max) {
-        M.dropped++;
+    if (M.max && M.n >= M.max && !M.latest) {
+        M.dropped++; /* keep="first": the budget is full */
         M.busy = 0;
         return;
     }
-    if (M.n == M.cap) {
+    if (M.n == M.cap && (!M.latest || M.cap < M.max)) {
         size_t cap = M.cap ? M.cap * 2 : 4096;
+        if (M.max && cap > M.max)
+            cap = M.max;
         MemRec *nr = realloc(M.recs, cap * sizeof *nr);
+        if (nr != NULL)
+            M.recs = nr;
+        if (nr != NULL && M.latest) {
+            uintptr_t *np = realloc(M.ptrs, cap * sizeof *np);
+            if (np == NULL)
+                nr = NULL;
+            else
+                M.ptrs = np;
+        }
         if (nr == NULL) {
             M.dropped++;
             M.busy = 0;
             return;
         }
-        M.recs = nr;
         M.cap = cap;
     }
-    MemRec *r = &M.recs[M.n];
+    size_t slot = M.n;
+    if (M.latest) {
+        slot = M.n % M.max;
+        if (M.n >= M.max) {
+            /* keep="latest": the oldest record gives its slot to this one */
+            live_evict(M.ptrs[slot], M.n - M.max);
+            M.dropped++;
+        }
+        M.ptrs[slot] = (uintptr_t)p;
+    }
+    MemRec *r = &M.recs[slot];
     r->t = now_ns();
     r->size = size;
     r->weight = weight;
@@ -554,6 +619,8 @@ m_clear_records(void)
 {
     free(M.recs);
     M.recs = NULL;
+    free(M.ptrs);
+    M.ptrs = NULL;
     M.n = M.cap = 0;
     free(M.keys);
     free(M.vals);
@@ -569,13 +636,15 @@ m_clear_records(void)
 /* Module functions                                                           */
 /* ------------------------------------------------------------------------ */
 
-/* _memory_start(rf_var, recorder or None, lt_var, interval, max_records, seed) */
+/* _memory_start(rf_var, recorder or None, lt_var, interval, max_records, seed, latest) */
 static PyObject *
 memory_start(PyObject *Py_UNUSED(module), PyObject *args)
 {
     PyObject *rf_var, *recorder, *lt_var;
     unsigned long long interval, max_records, seed;
-    if (!PyArg_ParseTuple(args, "OOOKKK:_memory_start", &rf_var, &recorder, &lt_var, &interval, &max_records, &seed))
+    int latest = 0;
+    if (!PyArg_ParseTuple(args, "OOOKKK|p:_memory_start", &rf_var, &recorder, &lt_var, &interval, &max_records, &seed,
+                          &latest))
         return NULL;
     if (M.recording) {
         PyErr_SetString(PyExc_RuntimeError,
@@ -604,6 +673,7 @@ memory_start(PyObject *Py_UNUSED(module), PyObject *args)
     M.lts = lts;
     M.interval = interval;
     M.max = (size_t)max_records;
+    M.latest = latest && max_records > 0;
     M.dropped = 0;
     M.other_bytes = M.other_count = 0;
     M.rng = seed ? seed : (now_ns() | 1);
@@ -649,7 +719,16 @@ memory_stop(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
     M.keys = NULL;
     M.vals = NULL;
     M.mask = M.used = 0;
-    PyObject *recs = PyBytes_FromStringAndSize((const char *)M.recs, (Py_ssize_t)(M.n * sizeof(MemRec)));
+    /* Oldest first: a ring that went round starts at the next slot to be
+     * overwritten. */
+    size_t kept = M.latest && M.n > M.max ? M.max : M.n;
+    size_t head = M.latest && M.n > M.max ? M.n % M.max : 0;
+    PyObject *recs = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(kept * sizeof(MemRec)));
+    if (recs != NULL && kept) {
+        char *out = PyBytes_AS_STRING(recs);
+        memcpy(out, M.recs + head, (kept - head) * sizeof(MemRec));
+        memcpy(out + (kept - head) * sizeof(MemRec), M.recs, head * sizeof(MemRec));
+    }
     PyObject *idents = PyList_New((Py_ssize_t)M.nidents);
     if (idents != NULL) {
         for (size_t i = 0; i < M.nidents; i++) {

@@ -69,7 +69,7 @@ def test_keep_first_keeps_the_first_and_counts_the_rest() -> None:
             aprof.mark("m")
     assert _names(prof) == [f"r{i}" for i in range(100)]
     by_kind = prof.session.dropped_by_kind
-    assert by_kind == {"ranges": 150, "instants": 7, "tasks": 0, "steps": 0, "tracer_events": 0}
+    assert by_kind == {"ranges": 150, "instants": 7, "tasks": 0, "steps": 0, "tracer_events": 0, "allocations": 0}
     assert prof.session.dropped == 157
 
 
@@ -266,7 +266,7 @@ def test_an_old_session_reports_its_drops_as_tracer_events() -> None:
     from aprof._post._events import EventTable
 
     s = aprof.Session(EventTable(), {}, {"start_ns": 0, "stop_ns": 1, "dropped": 5})
-    assert s.dropped_by_kind == {"ranges": 0, "instants": 0, "tasks": 0, "steps": 0, "tracer_events": 5}
+    assert s.dropped_by_kind == {"ranges": 0, "instants": 0, "tasks": 0, "steps": 0, "tracer_events": 5, "allocations": 0}
 
 
 def test_an_unbounded_profile_drops_nothing() -> None:

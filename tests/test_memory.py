@@ -460,6 +460,57 @@ def test_max_events_caps_the_allocations_kept() -> None:
     assert m is not None
     assert len(m) == 5
     assert m.dropped >= 45
+    assert prof.session.dropped_by_kind["allocations"] == m.dropped  # SPEC 15.2
+    assert prof.session.dropped == 0  # no event was dropped
+    del keep
+
+
+# SPEC 15.2
+def test_keep_latest_keeps_the_latest_allocations() -> None:
+    # Issue 21: allocation records obey the budget's policy. A ring keeps
+    # the newest records, and the blocks of the records it let go, freed
+    # later, change none of the records kept.
+    with aprof.profile(profile_memory=True, memory_interval=0, max_events=300, keep="latest") as prof:
+        with aprof.record_function("old"):
+            old = [bytes(1000) for _ in range(2000)]
+        with aprof.record_function("new"):
+            new = [bytes(5000) for _ in range(50)]
+        del old  # frees 2,000 blocks whose records the ring let go
+        with aprof.record_function("newest"):
+            newest = [bytes(7000) for _ in range(20)]
+            del newest[10:]
+    m = prof.session.memory
+    assert m is not None
+    assert len(m) == 300
+    assert m.dropped >= 1700
+    assert prof.session.dropped_by_kind["allocations"] == m.dropped
+    assert list(m.time) == sorted(m.time)  # oldest first
+    (ev_new,) = _one(prof, "new")
+    (ev_newest,) = _one(prof, "newest")
+    st, st2 = ev_new.memory, ev_newest.memory
+    assert st is not None
+    assert st2 is not None
+    assert 50 * 5000 <= st.net <= 50 * 5000 + SLACK  # nothing of "old" was charged to it
+    assert st.count >= 50
+    assert 10 * 7000 <= st2.net <= 10 * 7000 + SLACK
+    assert st2.allocated >= 20 * 7000
+    (ev_old,) = _one(prof, "old")
+    assert ev_old.memory is not None
+    assert ev_old.memory.count < 2000  # its first records went
+    del new
+
+
+# SPEC 15.2
+def test_max_bytes_bounds_the_allocations_kept() -> None:
+    # A profile bounded by bytes alone does not grow its allocation records
+    # without bound either.
+    with aprof.profile(profile_memory=True, memory_interval=0, max_bytes=1 << 16) as prof:
+        keep = [bytes(100) for _ in range(5000)]
+    m = prof.session.memory
+    assert m is not None
+    assert len(m) == (1 << 16) // _memory.RECORD_BYTES
+    assert m.dropped >= 5000 - len(m)
+    assert prof.session.dropped_by_kind["allocations"] == m.dropped
     del keep
 
 
@@ -528,3 +579,236 @@ def test_the_hooks_do_not_keep_a_contexts_values_alive(backend: Backend) -> None
 
     alive = backend.run(main)
     assert alive <= 2  # at most what the cache's current entries still name
+
+
+# -- reading memory back from traces and reports, and merging it (issue 21) ----
+
+
+def _figures(session: aprof.Session) -> dict[tuple[str, int], tuple[dict[str, int], int]]:
+    """Each event's memory figures (with its children) and its own net bytes."""
+    out = {}
+    for e in session.events():
+        if e.memory is not None:
+            assert e.self_memory is not None
+            out[e.name, e.start_ns] = (e.memory.to_dict(), e.self_memory.net)
+    return out
+
+
+def _per_thread(session: aprof.Session) -> dict[int, dict[str, int]]:
+    m = session.memory
+    assert m is not None
+    return {tid: st.to_dict() for tid, st in m.by_thread().items()}
+
+
+# SPEC 9.1, 10.1, 15.5
+@pytest.mark.parametrize("name", ["t.json", "t.json.gz", "r.html"])
+def test_traces_and_reports_give_the_memory_back(backend: Backend, tmp_path: Path, name: str) -> None:
+    # Issue 21: a Chrome trace or an HTML report read back (aprof report,
+    # aprof.merge) has the memory figures of every range and task.
+    from aprof._post._readers import read_profile
+
+    keep: list[bytes] = []
+    prof = _run_workers(backend, 0, keep, free_too=True)
+    session = prof.session
+    path = tmp_path / name
+    if name.endswith(".html"):
+        prof.export_html(path)
+    else:
+        prof.export_chrome_trace(path)
+        doc = validate_trace(path)  # still what Perfetto loads
+        # Perfetto shows each range's figures on its slice
+        ranges = [e for e in doc["traceEvents"] if e.get("name", "").startswith("alloc") and e.get("ph") == "X"]
+        assert len(ranges) == 3
+        for e in ranges:
+            (ev,) = _one(prof, e["name"])
+            assert ev.memory is not None
+            assert e["args"]["memory"] == {**ev.memory.to_dict(), "self_net": ev.self_memory.net}  # type: ignore[union-attr]
+    back = read_profile(path)
+    m0, m1 = session.memory, back.memory
+    assert m0 is not None
+    assert m1 is not None
+    assert (m1.interval, m1.other_bytes, m1.other_count, m1.dropped) == (m0.interval, m0.other_bytes, m0.other_count, m0.dropped)
+    assert len(_figures(session)) >= 6  # three ranges and their tasks
+    assert _figures(back) == _figures(session)
+    assert _per_thread(back) == _per_thread(session)
+    assert m1.timeline() == m0.timeline()
+    assert m1.threads == m0.threads
+    for e in back.events():  # aprof's own args.memory is not an extra field
+        assert "memory" not in (e.extra or {})
+    # and the summary says the same
+    a, b = session.key_averages(), back.key_averages()
+    for i in range(3):
+        assert b[f"alloc{i}"].allocated_bytes == a[f"alloc{i}"].allocated_bytes
+        assert b[f"alloc{i}"].peak_memory == a[f"alloc{i}"].peak_memory
+
+
+def test_a_capped_trace_charges_the_missing_ranges_bytes_to_their_parent(tmp_path: Path) -> None:
+    # SPEC 9.1: a trace cut to its longest events keeps every byte: a range
+    # it dropped leaves its allocations to the range around it.
+    from aprof._post._readers import read_profile
+
+    keep: list[bytes] = []
+
+    async def main() -> aprof.profile:
+        async with aprof.profile(profile_memory=True, memory_interval=0) as prof:
+            with aprof.record_function("outer"):
+                await asyncio.sleep(0.01)
+                with aprof.record_function("inner"):
+                    keep.append(bytes(CHUNK))
+        return prof
+
+    prof = asyncio.run(main())
+    path = tmp_path / "c.json"
+    prof.export_chrome_trace(path, max_events=1)
+    back = read_profile(path)
+    names = {e.name for e in back.events()}
+    assert "inner" not in names
+    (outer,) = [e for e in back.events() if e.name == "outer"]
+    (outer0,) = _one(prof, "outer")
+    assert outer.memory is not None
+    assert outer0.memory is not None
+    assert outer.memory.to_dict() == outer0.memory.to_dict()
+    assert outer.self_memory is not None
+    assert outer.self_memory.net >= CHUNK  # inner's, now its own
+
+
+def test_a_foreign_args_memory_stays_an_extra_field(tmp_path: Path) -> None:
+    # SPEC 10.1: only aprof's own traces have their args.memory read as figures.
+    from aprof._post._readers import read_profile
+
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps({"traceEvents": [
+        {"ph": "X", "name": "x", "pid": 1, "tid": 1, "ts": 0, "dur": 5, "args": {"memory": 12}},
+    ]}))  # fmt: skip
+    back = read_profile(path)
+    assert back.memory is None
+    (ev,) = back.events()
+    assert ev.extra == {"memory": 12}
+
+
+def test_damaged_memory_records_name_the_part(tmp_path: Path) -> None:
+    # SPEC 12: a damaged file is refused with a message naming what is wrong.
+    from aprof._post._readers import read_profile
+
+    prof = _leaky_profile()
+    path = tmp_path / "t.json"
+    prof.export_chrome_trace(path)
+    doc = json.loads(path.read_text())
+    doc["otherData"]["aprof_memory"]["records"]["weight"] = ["x"]
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=r"t\.json.*aprof_memory: memory: weight is not a list of ints"):
+        read_profile(path)
+
+
+def test_cli_report_of_a_trace_has_the_memory_columns(tmp_path: Path) -> None:
+    # SPEC 10.1: `aprof report trace.json` prints what `aprof report s.aprof` does.
+    prof = _leaky_profile()
+    for name in ("t.json", "r.html"):
+        path = tmp_path / name
+        if name.endswith(".html"):
+            prof.export_html(path)
+        else:
+            prof.export_chrome_trace(path)
+        r = subprocess.run(
+            [sys.executable, "-m", "aprof", "report", str(path), "--sort", "cpu_memory_usage", "--row-limit", "2"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        assert "Net mem" in r.stdout
+        assert "Memory kept at stop (allocated and not freed; exact)" in r.stdout
+        assert "range 'handler' (5 ranges)" in r.stdout
+
+
+def _as_other_process(session: aprof.Session, pid: int) -> aprof.Session:
+    """The same session as if another process (pid) had recorded it."""
+    session.metadata = {**session.metadata, "pids": {"0": pid}}
+    return session
+
+
+# SPEC 15.4, 15.5
+def test_merge_keeps_each_process_memory(backend: Backend, tmp_path: Path) -> None:
+    # Issue 21: aprof.merge carries every input's allocations: each event
+    # keeps its figures and each task its own, across processes.
+    keep: list[bytes] = []
+    a = _run_workers(backend, 0, keep).session
+    b = _as_other_process(_run_workers(backend, 0, keep, free_too=True).session, 4242)
+    with aprof.profile() as plain:  # an input without memory adds none
+        with aprof.record_function("no memory"):
+            pass
+    merged = aprof.merge([a, b, _as_other_process(plain.session, 4343)])
+    m = merged.memory
+    assert m is not None
+    ma, mb = a.memory, b.memory
+    assert ma is not None
+    assert mb is not None
+    assert len(m) == len(ma) + len(mb)
+    assert (m.other_bytes, m.dropped) == (ma.other_bytes + mb.other_bytes, ma.dropped + mb.dropped)
+    # b's tracks got new ids (their ids are a's too): the figures follow them
+    fig = _figures(merged)
+    assert {k: v for k, v in fig.items() if k in _figures(a)} == _figures(a)
+    assert {k: v for k, v in fig.items() if k in _figures(b)} == _figures(b)
+    assert len(fig) == len(_figures(a)) + len(_figures(b)) + 1
+    assert fig["no memory", _one(plain, "no memory")[0].start_ns][0]["allocated"] == 0
+    by_node: dict[int, list[int]] = {}
+    for e in merged.events():
+        if e.name.startswith("alloc"):
+            by_node.setdefault(e.node_id, []).append(e.memory.net)  # type: ignore[union-attr]
+    assert len(by_node) == 2
+    nets = sorted(by_node.values(), key=sum)
+    assert all(abs(n) <= 0.01 * CHUNK * COUNT for n in nets[0])  # b freed everything
+    assert all(n >= CHUNK * COUNT for n in nets[1])  # a kept everything
+    per = {merged._tracks[tid].node_id: st for tid, st in m.by_thread().items() if tid in merged._tracks}
+    assert set(per) == set(by_node)
+    # each process has its own counter track in the Chrome trace, and the
+    # merged trace and file give it all back
+    path = tmp_path / "m.json"
+    merged.export_chrome_trace(path)
+    doc = validate_trace(path)
+    assert {e["pid"] for e in doc["traceEvents"] if e.get("ph") == "C"} == {int(p) for p in merged.metadata["pids"].values() if p in (4242, a.metadata["pids"]["0"])}
+    from aprof._post._readers import read_profile
+
+    assert _figures(read_profile(path)) == fig
+    merged.save(tmp_path / "m.aprof")
+    assert _figures(aprof.load(tmp_path / "m.aprof")) == fig
+
+
+def test_merge_of_files_keeps_memory_of_threads_without_events(tmp_path: Path) -> None:
+    # SPEC 15.4: a thread that allocated but recorded no range is counted
+    # in its own process after a merge of saved files, and again after
+    # merging the merge.
+    keep: list[bytes] = []
+
+    def profiled() -> aprof.Session:
+        done, go = threading.Event(), threading.Event()
+
+        def worker() -> None:
+            keep.append(bytes(4 * CHUNK))
+            done.set()
+            go.wait(60)  # alive at stop: named after itself
+
+        t = threading.Thread(target=worker, name="quiet-worker")
+        with aprof.profile(profile_memory=True, memory_interval=0, scope="global") as prof:
+            t.start()
+            done.wait(60)
+        go.set()
+        t.join()
+        return prof.session
+
+    a, b = profiled(), _as_other_process(profiled(), 4242)
+    quiet = [tid for tid, (name, _) in (a.memory.threads.items()) if name == "quiet-worker"]  # type: ignore[union-attr]
+    assert quiet
+    assert quiet[0] not in a._tracks  # no event of its own
+    a.export_chrome_trace(tmp_path / "a.json")
+    b.save(tmp_path / "b.aprof")
+    merged = aprof.merge([tmp_path / "a.json", tmp_path / "b.aprof"])
+    m = merged.memory
+    assert m is not None
+    quiet_m = {tid: st for tid, st in m.by_thread().items() if m.threads[tid][0] == "quiet-worker"}
+    assert len(quiet_m) == 2  # one per process
+    assert all(st.allocated >= 4 * CHUNK for st in quiet_m.values())
+    nodes = {m.nodes.get(tid, merged.metadata.get("node_id", 0)) for tid in quiet_m}
+    assert len(nodes) == 2
+    merged.save(tmp_path / "m.aprof")
+    again = aprof.merge([aprof.load(tmp_path / "m.aprof")])
+    assert again.memory is not None
+    assert again.memory.nodes == m.nodes

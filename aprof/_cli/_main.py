@@ -118,7 +118,7 @@ def _parser() -> argparse.ArgumentParser:
         "switches profiling on and off while the program runs; a profile still running at exit is written to -o",
     )
     run.add_argument("--memory", action="store_true", help="track allocations: bytes allocated, net and peak per task and range (profile_memory), sampled every --memory-interval bytes")
-    run.add_argument("--memory-interval", type=_memory_interval, metavar="BYTES", help="with --memory, sample an allocation every BYTES on average (default 262144); 0 records every allocation exactly")
+    run.add_argument("--memory-interval", type=_memory_interval, metavar="BYTES", help="with --memory, sample an allocation every BYTES on average (default 16384); 0 records every allocation exactly")
     run.add_argument("--sort", default="total", choices=sorted(_SORT_KEYS), help="sort the summary table by this column (default total)")
     run.add_argument("--row-limit", type=int, default=30, help="rows in the summary table (default 30)")
     run.add_argument("--no-summary", action="store_true", help="print neither the summary table nor the sections under it")

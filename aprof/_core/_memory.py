@@ -32,11 +32,15 @@ if TYPE_CHECKING:
     from .._post._session import Session
     from ._recorder import Recorder
 
-__all__ = ["DEFAULT_INTERVAL", "MemoryRun", "check_memory_interval"]
+__all__ = ["DEFAULT_INTERVAL", "RECORD_BYTES", "MemoryRun", "check_memory_interval", "max_records"]
 
 #: Sample an allocation every this many bytes on average (sampled mode).
 DEFAULT_INTERVAL: Final = 16 * 1024
 _MAX_INTERVAL: Final = 1 << 40
+#: One allocation record's bytes (aprof/_cmemory.c MemRec, 40), and with
+#: keep="latest" its block's address (8) so a record let go leaves the
+#: table of live blocks too.
+RECORD_BYTES: Final = 48
 
 _running: list[MemoryRun] = []
 #: Tests: the sampling generator's seed (0: from the clock).
@@ -61,6 +65,18 @@ def check_memory_interval(value: object) -> int:
     return value
 
 
+def max_records(max_events: int | None, max_bytes: int | None) -> int:
+    """How many allocation records a profile's budget lets it hold (0: no
+    limit): ``max_events`` of them, and no more than ``max_bytes`` of
+    records (the buffer is their own, apart from the ranges' bytes)."""
+    limits = []
+    if max_events is not None:
+        limits.append(max_events)
+    if max_bytes is not None:
+        limits.append(max(1, max_bytes // RECORD_BYTES))
+    return min(limits, default=0)
+
+
 def unavailable_reason() -> str | None:
     """Why ``profile_memory`` cannot run here, or None if it can."""
     ext = _native.extension
@@ -80,15 +96,18 @@ class MemoryRun:
         recorder: The profile's recorder (context scope), or None (global).
         interval: Mean bytes between samples; 0 records every allocation.
         max_records: Keep at most this many sampled allocations (0: no limit).
+        keep: Past ``max_records``, keep the ``"first"`` ones (the rest are
+            dropped) or the ``"latest"`` (a ring: the oldest record goes).
     """
 
-    def __init__(self, recorder: Recorder | None, interval: int, max_records: int = 0) -> None:
+    def __init__(self, recorder: Recorder | None, interval: int, max_records: int = 0, keep: str = "first") -> None:
         why = unavailable_reason()
         if why is not None:
             raise RuntimeError(why)
         self.recorder = recorder
         self.interval = interval
         self.max_records = max_records
+        self.keep = keep
         self._token: Token[tuple[LogicalThread, int] | None] | None = None
         self._taken: tuple[Any, ...] | None = None
         self._started = False
@@ -101,7 +120,7 @@ class MemoryRun:
         lt = current_logical_thread()
         token = TRACER_LT.set((lt, threading.get_ident())) if lt.kind != "thread" else None
         try:
-            ext._memory_start(RF_STATE, self.recorder, TRACER_LT, self.interval, self.max_records, seed)
+            ext._memory_start(RF_STATE, self.recorder, TRACER_LT, self.interval, self.max_records, seed, self.keep == "latest")
         except BaseException:
             if token is not None:
                 TRACER_LT.reset(token)

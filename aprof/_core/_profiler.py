@@ -28,7 +28,7 @@ from .._integrations import _processes
 from . import _callbacks
 from ._callbacks import RF_STATE, AprofWarning, RecordFunctionCallback
 from ._debug_info import DEBUG_INFO, DebugInfoKind, SlotRef
-from ._memory import DEFAULT_INTERVAL, MemoryRun, check_memory_interval
+from ._memory import DEFAULT_INTERVAL, MemoryRun, check_memory_interval, max_records
 from ._memory import unavailable_reason as memory_unavailable
 from ._record_function import RecordFunction, get_default_node_id
 from ._recorder import ProfilerState, Recorder
@@ -120,10 +120,13 @@ class profile:
             the task or thread that made it and to the innermost range open
             there (``FunctionEvent.memory``, ``cpu_memory_usage``, the
             memory columns of ``key_averages()``, ``session.memory``). Needs
-            the C extension. One memory profile at a time.
+            the C extension. One memory profile at a time. Its records
+            (48 bytes each, a buffer of their own) are bounded by
+            ``max_events`` and ``max_bytes`` and follow ``keep``; those not
+            kept are ``session.dropped_by_kind["allocations"]``.
         memory_interval: With ``profile_memory``, sample an allocation
             every this many bytes on average, weighted so that totals stay
-            unbiased (default 256 KiB); ``0`` records every allocation
+            unbiased (default 16 KiB); ``0`` records every allocation
             exactly (tests, small runs: it costs more).
 
     Raises:
@@ -359,7 +362,12 @@ class profile:
             self._sampler = sampler
         if self.profile_memory:
             # Last: aprof's own set-up is not counted.
-            memory = MemoryRun(recorder if self.scope == "context" else None, self.memory_interval, self.max_events or 0)
+            memory = MemoryRun(
+                recorder if self.scope == "context" else None,
+                self.memory_interval,
+                max_records(self.max_events, self.max_bytes),
+                self.keep,
+            )
             try:
                 memory.start()
             except BaseException:

@@ -123,9 +123,10 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def _event_args(r: list[Any], tid: int, steps: list[int] | None) -> str:
+def _event_args(r: list[Any], tid: int, steps: list[int] | None, memory: dict[str, int] | None = None) -> str:
     """The ``args`` object of one event, from its raw record ``r`` (the
-    fields FunctionEvent's properties read; see aprof._core._recorder)."""
+    fields FunctionEvent's properties read; see aprof._core._recorder), and
+    its ``memory`` figures (profile_memory) when it allocated."""
     args: dict[str, Any] = {}
     if r[R_ARGS] is not None:
         args["args"] = r[R_ARGS]
@@ -152,7 +153,24 @@ def _event_args(r: list[Any], tid: int, steps: list[int] | None) -> str:
     extra = r[R_EXTRA]
     if extra:
         args.update((k, v) for k, v in extra.items() if k != "steps")
+    if memory is not None:
+        args["memory"] = memory
     return _dumps(args) if args else ""
+
+
+def _memory_args(session: Session) -> dict[int, dict[str, int]]:
+    """profile_memory: each row that allocated (itself or its children) ->
+    its ``args.memory`` (bytes allocated, freed, net, peak, count, with its
+    children; ``self_net`` without), shown by Perfetto on the slice."""
+    m = session.memory
+    if m is None:
+        return {}
+    out = {}
+    for i in m.events_with_memory():
+        both = m.of_event(i)
+        if both is not None:
+            out[i] = {**both[0].to_dict(), "self_net": both[1].net}
+    return out
 
 
 def chrome_trace_chunks(session: Session, batch: int = 4096, capped: dict[str, int] | None = None) -> Iterator[str]:
@@ -249,7 +267,9 @@ def chrome_trace_chunks(session: Session, batch: int = 4096, capped: dict[str, i
     track_steps = [t.steps for t in tab_tracks]  # a task track's ranges report running and waiting time
     json_names: dict[int, str] = {}
     cats = tuple(sc.value for sc in SCOPES)
-    rare = array("i", sorted(tab.rare))
+    mem_args = _memory_args(session)
+    # Rows with memory figures have args: the C path leaves them to the loop.
+    rare = array("i", sorted(tab.rare.keys() | mem_args.keys()) if mem_args else sorted(tab.rare))
     track_col = tab.track
     pending = len(lines)
     i = 0
@@ -268,6 +288,7 @@ def chrome_trace_chunks(session: Session, batch: int = 4096, capped: dict[str, i
                 i = j
                 continue
         r = tab.record(i)
+        mem = mem_args.get(i) if mem_args else None
         if track_col[i] != ev_track:
             ev_track = track_col[i]
             t = tab_tracks[ev_track]
@@ -298,6 +319,7 @@ def chrome_trace_chunks(session: Session, batch: int = 4096, capped: dict[str, i
             and r[R_INPUTS] is None
             and r[R_STACK] is None
             and not extra
+            and mem is None
         )
         if bare and steps is None:  # a plain range: the common case, and no args
             emit(f'{{"ph":"X",{nc},{where},"ts":{ts:.3f},"dur":{(r[R_END] - start_ns) / 1000.0:.3f}}}')
@@ -311,7 +333,7 @@ def chrome_trace_chunks(session: Session, batch: int = 4096, capped: dict[str, i
                 f'"args":{{"running_ns": {running}, "waiting_ns": {waiting}}}}}'
             )
             continue
-        args = _event_args(r, tid, steps)
+        args = _event_args(r, tid, steps, mem)
         args_part = f',"args":{args}' if args else ""
         if kind & KIND_INSTANT:
             emit(f'{{"ph":"i","s":"t",{nc},{where},"ts":{ts:.3f}{args_part}}}')
@@ -404,6 +426,9 @@ def memory_summary(session: Session) -> dict[str, Any]:
         "other_bytes": m.other_bytes,
         "tracks": {str(tid): {"name": m.threads.get(tid, ("", ""))[0], **st.to_dict()} for tid, st in m.by_thread().items()},
         "events": events,
+        # The allocations whole, for aprof's readers (aprof report, merge):
+        # they charge them to the events they rebuild (aprof/_post/_readers.py).
+        "records": m.records_json(),
     }
 
 
@@ -413,18 +438,29 @@ def _memory_counters(session: Session, pids: dict[int, Any], base: int, emit: An
     m = session.memory
     if m is None:
         return
-    node = session.metadata.get("node_id", 0)
-    pid = pids.get(node, node) if isinstance(node, int) else 0
-    points = m.timeline()
-    if len(points) > MEMORY_COUNTER_POINTS:
-        step = -(-len(points) // MEMORY_COUNTER_POINTS)
-        points = [max(points[i : i + step], key=lambda p: p[1]) for i in range(0, len(points), step)]
-    if points:
-        # Counters belong to the process; the row is named for readers that want one.
-        emit(f'{{"ph":"M","name":"thread_name","pid":{pid},"tid":0,"args":{{"name":"memory (live bytes)"}}}}')
-        emit(f'{{"ph":"C","name":"memory","pid":{pid},"tid":0,"ts":0.000,"args":{{"live bytes":0}}}}')
-    for t, live in points:
-        emit(f'{{"ph":"C","name":"memory","pid":{pid},"tid":0,"ts":{(t - base) / 1000.0:.3f},"args":{{"live bytes":{live}}}}}')
+    home = session.metadata.get("node_id", 0)
+    home = home if isinstance(home, int) else 0
+    # A merged session's processes each get their own counter (SPEC 15.4):
+    # a thread is its track's process, or the one Memory.nodes says.
+    node_of = {t.id: t.node_id for t in session._table.tracks}
+    by_node: dict[int, set[int]] = {}
+    for tid in m.threads:
+        by_node.setdefault(node_of.get(tid, m.nodes.get(tid, home)), set()).add(tid)
+    for node in sorted(by_node):
+        pid = pids.get(node, node)
+        # Perfetto binds a tid to one process, so with several processes
+        # each counter gets a tid of its own, above every row's.
+        ctid = 0 if len(by_node) == 1 else UINT32_MAX - node
+        points = m.timeline(None if len(by_node) == 1 else by_node[node])
+        if len(points) > MEMORY_COUNTER_POINTS:
+            step = -(-len(points) // MEMORY_COUNTER_POINTS)
+            points = [max(points[i : i + step], key=lambda p: p[1]) for i in range(0, len(points), step)]
+        if points:
+            # Counters belong to the process; the row is named for readers that want one.
+            emit(f'{{"ph":"M","name":"thread_name","pid":{pid},"tid":{ctid},"args":{{"name":"memory (live bytes)"}}}}')
+            emit(f'{{"ph":"C","name":"memory","pid":{pid},"tid":{ctid},"ts":0.000,"args":{{"live bytes":0}}}}')
+        for t, live in points:
+            emit(f'{{"ph":"C","name":"memory","pid":{pid},"tid":{ctid},"ts":{(t - base) / 1000.0:.3f},"args":{{"live bytes":{live}}}}}')
 
 
 def cap_events(session: Session, max_events: int) -> tuple[Session, dict[str, int]]:
@@ -452,6 +488,7 @@ def cap_events(session: Session, max_events: int) -> tuple[Session, dict[str, in
         cm = Memory(m.interval)
         cm.time, cm.size, cm.weight, cm.freed, cm.thread_id = m.time, m.size, m.weight, m.freed, m.thread_id
         cm.threads, cm.other_bytes, cm.other_count, cm.dropped = m.threads, m.other_bytes, m.other_count, m.dropped
+        cm.nodes = m.nodes
         cm.event = array("i", [where.get(r, -1) for r in m.event])
         capped.memory = cm
     return capped, info

@@ -183,7 +183,9 @@ def _memory_doc(session: Session) -> dict[str, Any]:
     flat: list[int] = []
     for t, live in points:
         flat += (t - base, live)
-    return {"interval": m.interval, "other_bytes": m.other_bytes, "counter": flat}
+    # "records": the allocations whole, for aprof's readers (aprof report,
+    # merge), which charge them to the events they rebuild (issue 21).
+    return {"interval": m.interval, "other_bytes": m.other_bytes, "counter": flat, "records": m.records_json()}
 
 
 def _stitched(session: Session) -> list[Any]:

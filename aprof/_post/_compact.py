@@ -330,4 +330,15 @@ def session_from_compact(doc: dict[str, Any]) -> Session:
     if doc.get("lod") is not None:
         metadata[LOD_KEY] = _lod_info(doc["lod"], len(tab))
     samples = _samples_from_compact(doc["samples"], base, tracks) if doc.get("samples") is not None else None
-    return Session(tab, {t.id: t for t in tracks}, metadata, samples)
+    session = Session(tab, {t.id: t for t in tracks}, metadata, samples)
+    mem = doc.get("memory")
+    if type(mem) is dict and mem.get("records") is not None:  # an HTML report's (aprof._export._html)
+        from ._memory import Memory, recharge
+
+        try:
+            m = Memory.from_records_json(mem["records"])
+        except ValueError as exc:
+            raise ValueError(f"the report's memory part: {exc}") from None
+        recharge(m, tab)
+        session.memory = m
+    return session

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import threading
 from array import array
-from collections.abc import Iterator
+from collections.abc import Container, Iterable, Iterator
+from itertools import groupby
 from typing import TYPE_CHECKING, Any, Final
 
 from .._core._recorder import FLAG_ASYNC, KIND_INSTANT
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from ._session import Session
     from ._table import EventTable
 
-__all__ = ["Memory", "MemoryStats", "attach_memory"]
+__all__ = ["Memory", "MemoryStats", "attach_memory", "recharge"]
 
 _OWN_THREAD: Final = 1 << 63
 _REC_WORDS: Final = 5  # t, size, weight, lt, freed (aprof/_cmemory.c MemRec)
@@ -103,6 +104,9 @@ class Memory:
         self.other_bytes = 0
         self.other_count = 0
         self.dropped = 0
+        #: The process (node id) of each thread that has no track of its own
+        #: in a merged session; the others are their track's, or the session's.
+        self.nodes: dict[int, int] = {}
         self._per_event: dict[int, tuple[MemoryStats, MemoryStats]] | None = None
         self._table: EventTable | None = None
 
@@ -140,11 +144,17 @@ class Memory:
             self._per_event = self._compute_per_event()
         return iter(sorted(self._per_event))
 
-    def timeline(self) -> list[tuple[int, int]]:
+    def timeline(self, threads: Container[int] | None = None) -> list[tuple[int, int]]:
         """``[(time_ns, live_bytes)]``: the profiled work's live sampled
-        bytes after each allocation and free, in time order."""
-        deltas = [(t, w) for t, w in zip(self.time, self.weight, strict=True)]
-        deltas += [(f, -w) for f, w in zip(self.freed, self.weight, strict=True) if f > 0]
+        bytes after each allocation and free, in time order; of the
+        allocations of ``threads`` only, when given (one process of a
+        merged session)."""
+        rows: Iterable[int] = range(len(self.time))
+        if threads is not None:
+            rows = [i for i, tid in enumerate(self.thread_id) if tid in threads]
+        time, weight, freed = self.time, self.weight, self.freed
+        deltas = [(time[i], weight[i]) for i in rows]
+        deltas += [(freed[i], -weight[i]) for i in rows if freed[i] > 0]
         deltas.sort()
         live = 0
         out = []
@@ -192,6 +202,7 @@ class Memory:
             "other_bytes": self.other_bytes,
             "other_count": self.other_count,
             "dropped": self.dropped,
+            **({"nodes": [[tid, node] for tid, node in self.nodes.items()]} if self.nodes else {}),
         }
 
     @classmethod
@@ -247,7 +258,37 @@ class Memory:
             if type(v) is not int or v < 0:
                 raise ValueError(f"memory: {name} is {v!r}, not an int >= 0")
             setattr(m, name, v)
+        nodes = doc.get("nodes", [])
+        if type(nodes) is not list:
+            raise ValueError("memory: nodes is not a list")
+        for x in nodes:
+            if type(x) is not list or len(x) != 2 or type(x[0]) is not int or type(x[1]) is not int or x[1] < 0:
+                raise ValueError(f"memory: a node is {x!r}, not [thread id, node id]")
+            m.nodes[x[0]] = x[1]
         return m
+
+    def records_json(self) -> dict[str, Any]:
+        """:meth:`to_json` without the ``event`` column: what a Chrome trace
+        or an HTML report carries (their readers rebuild the events in an
+        order of their own, and :func:`recharge` charges the allocations to
+        them again, by track and time, as consolidation did)."""
+        doc = self.to_json()
+        del doc["event"]
+        return doc
+
+    @classmethod
+    def from_records_json(cls, doc: Any) -> Memory:
+        """Read :meth:`records_json`'s document (every allocation charged to
+        no event until :func:`recharge`).
+
+        Raises:
+            ValueError: a field is missing or of the wrong type or length.
+        """
+        if type(doc) is not dict:
+            raise ValueError("memory is not an object")
+        time = doc.get("time")
+        n = len(time) if type(time) is list else 0
+        return cls.from_json({**doc, "event": [-1] * n})
 
     def check_events(self, count: int) -> None:
         """Every event row must be one of the session's ``count`` events.
@@ -294,7 +335,13 @@ def attach_memory(session: Session, taken: tuple[Any, ...], interval: int) -> No
     raw, idents, lts, other_bytes, other_count, dropped = taken
     m = Memory(interval)
     m.other_bytes, m.other_count, m.dropped = int(other_bytes), int(other_count), int(dropped)
-    words = memoryview(raw).cast("Q") if raw else memoryview(b"").cast("Q")
+    # The records as two arrays of words; the columns are strided slices of
+    # them, copied in C (an array built from a memoryview converts every
+    # value through a Python int: some 1,000 instructions a record).
+    signed = array("q")
+    signed.frombytes(raw or b"")
+    words = array("Q")
+    words.frombytes(raw or b"")
     n = len(words) // _REC_WORDS
     tracks = session._tracks
     own: dict[int, int] = {}  # OS thread slot -> track id
@@ -321,11 +368,10 @@ def attach_memory(session: Session, taken: tuple[Any, ...], interval: int) -> No
 
     # Columns straight from the records (a strided view each: no Python
     # loop per record); the logical threads are resolved once each.
-    signed = memoryview(raw).cast("q") if raw else memoryview(b"").cast("q")
-    m.time = array("q", signed[0 : n * _REC_WORDS : _REC_WORDS])
-    m.size = array("q", signed[1 : n * _REC_WORDS : _REC_WORDS])
-    m.weight = array("q", signed[2 : n * _REC_WORDS : _REC_WORDS])
-    m.freed = array("q", signed[4 : n * _REC_WORDS : _REC_WORDS])
+    m.time = signed[0 : n * _REC_WORDS : _REC_WORDS]
+    m.size = signed[1 : n * _REC_WORDS : _REC_WORDS]
+    m.weight = signed[2 : n * _REC_WORDS : _REC_WORDS]
+    m.freed = signed[4 : n * _REC_WORDS : _REC_WORDS]
     raw_lt = words[3 : n * _REC_WORDS : _REC_WORDS]
     resolved: dict[int, int] = {}
     for lt in set(raw_lt):
@@ -339,6 +385,20 @@ def attach_memory(session: Session, taken: tuple[Any, ...], interval: int) -> No
     m.event = _charge(session._table, m)
     m._table = session._table
     session.memory = m
+    kinds = session.metadata.get("dropped_by_kind")
+    if isinstance(kinds, dict):  # the budget's counts, by kind (aprof._core._ring)
+        kinds["allocations"] = m.dropped
+
+
+def recharge(m: Memory, tab: EventTable) -> None:
+    """Charge ``m``'s allocations to the events of ``tab`` (a session read
+    back from a trace or a report, or merged): each to the innermost range
+    open on its track at its time, as :func:`attach_memory` did at stop. A
+    range the file does not hold (a capped trace, a report past its budget)
+    leaves its bytes to the range around it."""
+    m.event = _charge(tab, m)
+    m._table = tab
+    m._per_event = None
 
 
 def _charge(tab: EventTable, m: Memory) -> array[int]:
@@ -347,29 +407,40 @@ def _charge(tab: EventTable, m: Memory) -> array[int]:
     out = array("i", [-1]) * len(m.time)
     if not len(m.time):
         return out
-    # the tracks' rows: events are stored track by track, in start order
-    rows_of: dict[int, list[int]] = {}
-    track_ids = [t.id for t in tab.tracks]
-    kind, start, end = tab.kind, tab.start, tab.end
-    for i in range(len(tab)):
-        if kind[i] & (KIND_INSTANT | FLAG_ASYNC):
-            continue
-        rows_of.setdefault(track_ids[tab.track[i]], []).append(i)
+    time = m.time
     by_track: dict[int, list[int]] = {}
     for i, tid in enumerate(m.thread_id):
         by_track.setdefault(tid, []).append(i)
+    # The rows of the tracks that allocated, found by runs of the track
+    # column (events are stored track by track; a run is counted in C), so
+    # the rows of the other tracks cost nothing here.
+    tracks = tab.tracks
+    runs: dict[int, list[tuple[int, int]]] = {}
+    pos = 0
+    for ti, grp in groupby(tab.track):
+        n = len(list(grp))
+        tid = tracks[ti].id
+        if tid in by_track:
+            runs.setdefault(tid, []).append((pos, pos + n))
+        pos += n
+    kind, start, end = tab.kind, tab.start, tab.end
+    skip = KIND_INSTANT | FLAG_ASYNC
     for tid, idx in by_track.items():
-        rows = rows_of.get(tid)
+        spans = runs.get(tid)
+        if not spans:
+            continue
+        rows = [r for lo, hi in spans for r in range(lo, hi) if not kind[r] & skip]
         if not rows:
             continue
         rows.sort(key=lambda r: (start[r], -end[r]))
         starts = [start[r] for r in rows]
-        idx.sort(key=lambda i: m.time[i])
+        idx.sort(key=time.__getitem__)
         stack: list[int] = []
         p = 0
+        nrows = len(rows)
         for i in idx:
-            t = m.time[i]
-            while p < len(rows) and starts[p] <= t:
+            t = time[i]
+            while p < nrows and starts[p] <= t:
                 r = rows[p]
                 while stack and end[stack[-1]] <= start[r]:
                     stack.pop()

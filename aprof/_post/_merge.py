@@ -47,6 +47,7 @@ from typing import Any, Final
 
 from .._core._callbacks import RecordScope
 from ._events import EventTable, Track
+from ._memory import Memory, recharge
 from ._session import Session
 from ._table import COLUMNS, SCOPE_INDEX, X_EXTRA
 
@@ -184,6 +185,7 @@ def merge_sessions(sessions: Sequence[Session], names: Sequence[str] | None = No
         if type(link) is dict and type(link.get("fwd")) is int and link.get("node_id") == first.metadata.get("node_id"):
             used_ids.add(link["fwd"])
     id_maps: list[dict[int, int]] = []  # per session: old logical thread id -> merged id
+    mem_nodes: dict[int, int] = {}  # profile_memory: merged id of a thread with no track -> its node
     track_maps: list[array[int]] = []  # per session: old track index -> merged track index
     out = EventTable()
     shared: set[int] = set()  # merged track indexes that more than one session adds to
@@ -216,16 +218,23 @@ def merge_sessions(sessions: Sequence[Session], names: Sequence[str] | None = No
         # nothing): of the session's own process.
         tab = s._table
         pkey_home = _proc_of(s, k, home if type(home) is int else 0)
-        for col in (tab.fwd, tab.end_lt):
+        mem = s.memory
+        for col in (tab.fwd, tab.end_lt, () if mem is None else mem.threads):
             for v in set(col):
                 if v not in ids:
-                    mt = track_map.get((pkey_home, v))
+                    # profile_memory: a thread that allocated and recorded
+                    # no event may be of another process of a merged input.
+                    mnode = mem.nodes.get(v) if mem is not None else None
+                    pkey = pkey_home if mnode is None else _proc_of(s, k, mnode)
+                    mt = track_map.get((pkey, v))
                     if mt is not None:
                         ids[v] = mt.id
                     else:
                         new_id = fresh(v, k == 0)
                         used_ids.add(new_id)
                         ids[v] = new_id
+                        if mem is not None and v in mem.threads:
+                            mem_nodes[new_id] = node_for(k, s, mnode if mnode is not None else home if type(home) is int else 0)
         id_maps.append(ids)
         track_maps.append(tmap)
 
@@ -339,7 +348,46 @@ def merge_sessions(sessions: Sequence[Session], names: Sequence[str] | None = No
     if type(st) is dict and type(st.get("id")) is int:
         md["start_thread"] = {**st, "id": id_maps[0].get(st["id"], st["id"])}
     tracks = {t.id: t for t in out.tracks}
-    return Session(out, tracks, md, first.samples)
+    merged = Session(out, tracks, md, first.samples)
+    memory = _merge_memory(sessions, shifts, id_maps, mem_nodes, out)
+    if memory is not None:
+        merged.memory = memory
+    return merged
+
+
+def _merge_memory(
+    sessions: Sequence[Session], shifts: list[int], id_maps: list[dict[int, int]], nodes: dict[int, int], out: EventTable
+) -> Memory | None:
+    """profile_memory (issue 21): the inputs' allocations on the merged
+    clock and thread ids, charged again to the merged events (each is the
+    same event it was, so each keeps its figures), or None when no input
+    tracked memory. An input without memory adds nothing to it.
+
+    Each allocation keeps its weight, so sums stay unbiased when inputs
+    sampled at different intervals; ``interval`` is then the largest (0
+    only when every input was exact)."""
+    have = [(k, s.memory) for k, s in enumerate(sessions) if s.memory is not None]
+    if not have:
+        return None
+    m = Memory(max(mm.interval for _, mm in have))
+    for k, mm in have:
+        d = shifts[k]
+        ids = id_maps[k]
+        m.time.extend(t + d for t in mm.time) if d else m.time.extend(mm.time)
+        m.freed.extend(f + d if f > 0 else 0 for f in mm.freed) if d else m.freed.extend(mm.freed)
+        m.size.extend(mm.size)
+        m.weight.extend(mm.weight)
+        m.thread_id.extend(ids.get(t, t) for t in mm.thread_id)
+        for tid, named in mm.threads.items():
+            m.threads[ids.get(tid, tid)] = named
+        m.other_bytes += mm.other_bytes
+        m.other_count += mm.other_count
+        m.dropped += mm.dropped
+    have_track = {t.id for t in out.tracks}
+    m.nodes = {tid: node for tid, node in nodes.items() if tid in m.threads and tid not in have_track}
+    m.event = array("i", [-1]) * len(m.time)
+    recharge(m, out)
+    return m
 
 
 def _group_tracks(tab: EventTable, shared: set[int]) -> None:

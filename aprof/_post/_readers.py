@@ -28,6 +28,7 @@ from ._binary import MAGIC as SESSION_MAGIC
 from ._compact import FORMAT as COMPACT_FORMAT
 from ._compact import session_from_compact
 from ._events import EventTable, Track
+from ._memory import Memory, recharge
 from ._session import FORMAT as SESSION_FORMAT
 from ._session import Session, load, session_from_document
 from ._stitch import STITCHED_SUFFIX  # profiles that are views of the others: skipped
@@ -173,14 +174,14 @@ def read_chrome_trace(doc: dict[str, Any] | list[Any]) -> Session:
         args: dict[str, Any] = e["args"] if isinstance(e.get("args"), dict) else {}
         if ph == "X":
             end = start + round(float(e.get("dur", 0)) * 1000)
-            rec = _record(e, args, start, end, KIND_RANGE)
+            rec = _record(e, args, start, end, KIND_RANGE, own)
             ranges.append((track_for(pid, tid), rec, False, bool(args.get("unfinished"))))
             last_ns = max(last_ns, end)
         elif ph in ("i", "I", "n"):
-            ranges.append((track_for(pid, tid), _record(e, args, start, start, KIND_INSTANT), False, False))
+            ranges.append((track_for(pid, tid), _record(e, args, start, start, KIND_INSTANT, own), False, False))
         elif ph == "b":
             key = (pid, e.get("cat"), _async_id(e), e.get("name"))
-            open_async.setdefault(key, []).append((track_for(pid, tid), _record(e, args, start, start, KIND_RANGE), args))
+            open_async.setdefault(key, []).append((track_for(pid, tid), _record(e, args, start, start, KIND_RANGE, own), args))
             last_ns = max(last_ns, start)
         elif ph == "e":
             key = (pid, e.get("cat"), _async_id(e), e.get("name"))
@@ -234,7 +235,10 @@ def read_chrome_trace(doc: dict[str, Any] | list[Any]) -> Session:
     if own and pids:
         metadata["pids"] = pids
     samples = _samples_of(other, labels, track_for)
-    return Session(tab, {t.id: t for t in tracks.values()}, metadata, samples)
+    session = Session(tab, {t.id: t for t in tracks.values()}, metadata, samples)
+    if own:
+        _memory_of(other, session)
+    return session
 
 
 def _nest_records(tab: EventTable, track: Track, recs: list[tuple[list[Any], bool, bool]]) -> None:
@@ -275,6 +279,23 @@ def _samples_of(other: dict[str, Any], labels: dict[tuple[Any, Any], str], track
     return samples
 
 
+def _memory_of(other: dict[str, Any], session: Session) -> None:
+    """profile_memory's allocations, kept whole in ``otherData.aprof_memory``
+    (its ``records``), charged again to the events read back (issue 21).
+    A trace written before aprof carried them gives no memory figures (its
+    per-event ``args.memory`` alone cannot give a task's peak or a range's
+    self bytes)."""
+    doc = other.get("aprof_memory")
+    if type(doc) is not dict or doc.get("records") is None:
+        return
+    try:
+        m = Memory.from_records_json(doc["records"])
+    except ValueError as exc:
+        raise ValueError(f"otherData.aprof_memory: {exc}") from None
+    recharge(m, session._table)
+    session.memory = m
+
+
 def _int_or(value: Any, default: Any) -> Any:
     """``value`` if it is an int (not a bool), else ``default``."""
     return value if isinstance(value, int) and not isinstance(value, bool) else default
@@ -286,7 +307,7 @@ def _async_id(e: dict[str, Any]) -> Any:
     return e.get("id")
 
 
-def _record(e: dict[str, Any], args: dict[str, Any], start: int, end: int, kind: int) -> list[Any]:
+def _record(e: dict[str, Any], args: dict[str, Any], start: int, end: int, kind: int, own: bool = False) -> list[Any]:
     scope = _SCOPES.get(str(e.get("cat")), RecordScope.FUNCTION)
     stack = None
     if isinstance(args.get("stack"), list):
@@ -295,7 +316,7 @@ def _record(e: dict[str, Any], args: dict[str, Any], start: int, end: int, kind:
             m = _FRAME.match(str(f))
             frames.append((m.group(1), int(m.group(2)), m.group(3)) if m else (str(f), 0, ""))
         stack = tuple(frames)
-    extra = {k: v for k, v in args.items() if k not in _KNOWN_ARGS}
+    extra = {k: v for k, v in args.items() if k not in _KNOWN_ARGS and not (own and k == "memory")}
     end_tid = args.get("end_thread_id")
     inputs = args.get("inputs")
     return [

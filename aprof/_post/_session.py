@@ -43,9 +43,10 @@ __all__ = ["Session", "load"]
 _NONE: Final = 2**63 - 1  # first_starts' value for a track with no events
 
 #: ``dropped_by_kind``'s keys, and those counted in ``dropped`` (a step is
-#: part of its task, not an event of its own).
-DROPPED_KINDS: Final = (*KIND_NAMES, "tracer_events")
-DROPPED_EVENTS: Final = tuple(k for k in DROPPED_KINDS if k != "steps")
+#: part of its task, not an event of its own; an allocation record of
+#: profile_memory is a figure's sample, not an event).
+DROPPED_KINDS: Final = (*KIND_NAMES, "tracer_events", "allocations")
+DROPPED_EVENTS: Final = tuple(k for k in DROPPED_KINDS if k not in ("steps", "allocations"))
 
 
 def dropped_metadata(by_kind: dict[str, int]) -> dict[str, Any]:
