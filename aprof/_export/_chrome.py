@@ -58,9 +58,9 @@ from .._core._recorder import (
 )
 from .._post._events import overlap
 from .._post._lod import always_kept, longest_rows
-from .._post._table import SCOPES
+from .._post._table import SCOPES, X_EXTRA
 from ._files import atomic_write_text, check_output_path
-from ._labels import task_coroutines, track_label
+from ._labels import track_label
 
 if TYPE_CHECKING:
     from os import PathLike
@@ -155,6 +155,27 @@ def _event_args(r: list[Any], tid: int, steps: list[int] | None) -> str:
     return _dumps(args) if args else ""
 
 
+def _task_coroutines(tab: Any) -> dict[int, str]:
+    """``_labels.task_coroutines`` over the table's columns: each task
+    track's coroutine, from its TASK range (one not nested on its own
+    track), with no event view per task."""
+    out: dict[int, str] = {}
+    parent, track, rare, tracks = tab.parent, tab.track, tab.rare, tab.tracks
+    for i in tab.rows_of_scope(RecordScope.TASK):
+        x = rare.get(i)
+        extra = None if x is None else x[X_EXTRA]
+        if not extra:
+            continue
+        tid = tracks[track[i]].id
+        p = parent[i]
+        if p >= 0 and tracks[track[p]].id == tid:
+            continue
+        coro = extra.get("coro")
+        if coro:
+            out[tid] = str(coro)
+    return out
+
+
 def chrome_trace_chunks(session: Session, batch: int = 4096, capped: dict[str, int] | None = None) -> Iterator[str]:
     """The trace as a stream of JSON text chunks (about ``batch`` events
     each); ``capped`` (from :func:`cap_events`) goes into ``otherData``."""
@@ -200,7 +221,7 @@ def chrome_trace_chunks(session: Session, batch: int = 4096, capped: dict[str, i
     for node in nodes:
         pid = pids.get(node, node)
         emit(f'{{"ph":"M","name":"process_name","pid":{pid},"tid":0,"args":{{"name":{_dumps(f"aprof node {node}")}}}}}')
-    coros = task_coroutines(map(tab.view, tab.rows_of_scope(RecordScope.TASK)))
+    coros = _task_coroutines(tab)
     for order, track in enumerate(tracks):
         pid = pids.get(track.node_id, track.node_id)
         label = track_label(track, coros.get(track.id))
@@ -244,8 +265,13 @@ def chrome_trace_chunks(session: Session, batch: int = 4096, capped: dict[str, i
     # Runs of plain ranges (no args, flags or links: most of a big trace)
     # are written in C when the extension is active; the loop below writes
     # everything else, and everything on the pure-Python path.
-    plain = None if _native.extension is None else _native.extension.chrome_plain
-    wheres = [f'"pid":{pids.get(t.node_id, t.node_id)},"tid":{t.id}' for t in tab_tracks]
+    # chrome_rows also writes the tasks' rows (their args, spawn arrows and
+    # steps: a task per request makes them a tenth of a server's trace).
+    plain = None if _native.extension is None else _native.extension.chrome_rows
+    pid_of = [pids.get(t.node_id, t.node_id) for t in tab_tracks]
+    tid_of = [t.id for t in tab_tracks]
+    wheres = [f'"pid":{p},"tid":{t}' for p, t in zip(pid_of, tid_of, strict=True)]
+    task_index = SCOPES.index(task_scope)
     track_steps = [t.steps for t in tab_tracks]  # a task track's ranges report running and waiting time
     json_names: dict[int, str] = {}
     cats = tuple(sc.value for sc in SCOPES)
@@ -261,7 +287,10 @@ def chrome_trace_chunks(session: Session, batch: int = 4096, capped: dict[str, i
             lines.clear()
             pending = 0
         if plain is not None:
-            text, j = plain(tab, i, base, wheres, json_names, cats, _dumps, batch, rare, track_steps)
+            text, j, flow_id = plain(
+                tab, i, base, wheres, json_names, cats, _dumps, batch, rare, track_steps,
+                tab.rare, pid_of, tid_of, track_pids, track_names, run_base, task_index, flow_id,
+            )  # fmt: skip
             if j > i:
                 emit(text)
                 pending += j - i
