@@ -639,10 +639,22 @@ buf_put(Buf *b, const char *s, size_t n) /* room reserved by the caller */
 static inline void
 buf_us(Buf *b, long long ns)
 {
-    char tmp[32];
+    /* snprintf("%s%llu.%03u") by hand: two per event, it was most of the writer's time */
+    char tmp[32], *end = tmp + sizeof tmp, *p = end;
     unsigned long long a = ns < 0 ? 0ull - (unsigned long long)ns : (unsigned long long)ns;
-    int n = snprintf(tmp, sizeof tmp, "%s%llu.%03u", ns < 0 ? "-" : "", a / 1000u, (unsigned)(a % 1000u));
-    buf_put(b, tmp, (size_t)n);
+    unsigned frac = (unsigned)(a % 1000u);
+    a /= 1000u;
+    *--p = (char)('0' + frac % 10u);
+    *--p = (char)('0' + frac / 10u % 10u);
+    *--p = (char)('0' + frac / 100u);
+    *--p = '.';
+    do {
+        *--p = (char)('0' + a % 10u);
+        a /= 10u;
+    } while (a);
+    if (ns < 0)
+        *--p = '-';
+    buf_put(b, p, (size_t)(end - p));
 }
 
 /* A str's text (ASCII: what _dumps and the exporter's prefixes produce). */
@@ -1024,7 +1036,7 @@ chrome_impl(PyObject *const *args, Py_ssize_t nargs, TaskCtx *ctx)
         return NULL;
     Py_buffer rv;
     Py_ssize_t n_rare = get_column(args[8], &rv, 4, "rare", 0);
-    PyObject *names = PyObject_GetAttrString(tab, "names"), *result = NULL;
+    PyObject *names = PyObject_GetAttrString(tab, "names"), *result = NULL, **jcache = NULL;
     Buf b = {NULL, 0, 0};
     if (n_rare < 0 || names == NULL || !PyList_Check(names))
         goto done;
@@ -1040,6 +1052,12 @@ chrome_impl(PyObject *const *args, Py_ssize_t nargs, TaskCtx *ctx)
     }
     Py_ssize_t rpos = lo, written = 0, ncats = PyTuple_GET_SIZE(cats), nwheres = PyList_GET_SIZE(wheres),
                n_names = PyList_GET_SIZE(names);
+    /* json_names' entries by name id for this call (borrowed: the dict holds them) */
+    jcache = PyMem_Calloc((size_t)n_names + 1, sizeof(PyObject *));
+    if (jcache == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
     for (i = i < 0 ? 0 : i; i < t.n && written < limit; i++) {
         int32_t tr = t.track[i], nm = t.name[i];
         if (tr < 0 || tr >= nwheres || t.scope[i] >= ncats || nm < 0 || nm >= n_names)
@@ -1049,7 +1067,7 @@ chrome_impl(PyObject *const *args, Py_ssize_t nargs, TaskCtx *ctx)
         if (in_sorted(rare, n_rare, &rpos, i) || t.kind[i] || t.seq[i] >= 0 || t.fwd[i] || t.end_lt[i] != -1) {
             if (ctx == NULL || t.scope[i] != ctx->task_scope)
                 break;
-            PyObject *jname = json_name(jnames, names, nm, dumps);
+            PyObject *jname = jcache[nm] ? jcache[nm] : (jcache[nm] = json_name(jnames, names, nm, dumps));
             if (jname == NULL)
                 goto done;
             int rc = chrome_task_row(&b, ctx, &t, i, base, steps, jname, names, cat, where, dumps);
@@ -1067,7 +1085,7 @@ chrome_impl(PyObject *const *args, Py_ssize_t nargs, TaskCtx *ctx)
             if (steps_overlap(steps, t.start[i], t.end[i], &running) < 0)
                 goto done;
         }
-        PyObject *jname = json_name(jnames, names, nm, dumps);
+        PyObject *jname = jcache[nm] ? jcache[nm] : (jcache[nm] = json_name(jnames, names, nm, dumps));
         if (jname == NULL)
             goto done;
         Py_ssize_t nw = 0, nn = 0, nc = 0;
@@ -1102,6 +1120,7 @@ chrome_impl(PyObject *const *args, Py_ssize_t nargs, TaskCtx *ctx)
     if (text != NULL)
         result = ctx == NULL ? Py_BuildValue("(Nn)", text, i) : Py_BuildValue("(NnL)", text, i, ctx->flow_id);
 done:
+    PyMem_Free(jcache);
     PyMem_Free(b.p);
     Py_XDECREF(names);
     if (n_rare >= 0)
