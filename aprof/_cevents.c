@@ -25,7 +25,8 @@
  *                   of a table read from a file (aprof/_post/_binary.py).
  *   name_totals()   key_averages by name over the columns.
  *   chrome_plain()  the Chrome trace lines of a run of plain ranges (the
- *                   exporter's common case; aprof/_export/_chrome.py).
+ *                   exporter's common case; aprof/_export/_chrome.py);
+ *   chrome_rows()   the same, and tasks' rows (args, spawn arrow, steps).
  *   take_columns(), many_children()
  *                   EventTable.take's columns, and the rows with many
  *                   children (the summary's repeated awaits).
@@ -638,10 +639,22 @@ buf_put(Buf *b, const char *s, size_t n) /* room reserved by the caller */
 static inline void
 buf_us(Buf *b, long long ns)
 {
-    char tmp[32];
+    /* snprintf("%s%llu.%03u") by hand: two per event, it was most of the writer's time */
+    char tmp[32], *end = tmp + sizeof tmp, *p = end;
     unsigned long long a = ns < 0 ? 0ull - (unsigned long long)ns : (unsigned long long)ns;
-    int n = snprintf(tmp, sizeof tmp, "%s%llu.%03u", ns < 0 ? "-" : "", a / 1000u, (unsigned)(a % 1000u));
-    buf_put(b, tmp, (size_t)n);
+    unsigned frac = (unsigned)(a % 1000u);
+    a /= 1000u;
+    *--p = (char)('0' + frac % 10u);
+    *--p = (char)('0' + frac / 10u % 10u);
+    *--p = (char)('0' + frac / 100u);
+    *--p = '.';
+    do {
+        *--p = (char)('0' + a % 10u);
+        a /= 10u;
+    } while (a);
+    if (ns < 0)
+        *--p = '-';
+    buf_put(b, p, (size_t)(end - p));
 }
 
 /* A str's text (ASCII: what _dumps and the exporter's prefixes produce). */
@@ -656,16 +669,6 @@ ascii_of(PyObject *s, Py_ssize_t *n)
     return (const char *)PyUnicode_DATA(s);
 }
 
-/* chrome_plain(tab, i, base, wheres, json_names, cats, dumps, limit, rare)
- *     -> (text, next_i)
- *
- * The "X" lines, joined by ",\n", of rows i, i+1, ... of the EventTable
- * `tab` while they are plain ranges (kind 0, no sequence number, spawner
- * or other ending thread, not in `rare`: the exporter's test), at most
- * `limit` of them; next_i is the first row not written. wheres[track] is
- * '"pid":P,"tid":T' for a track with no task steps, None for one with;
- * json_names caches dumps(name) by name id; cats[scope] is the category;
- * rare the sorted int32 indexes of the rows with rare fields. */
 /* Time in [start, end] covered by the (start, end) pairs of the flat list
  * `flat` (sorted): _events.overlap. */
 static int
@@ -697,10 +700,325 @@ steps_overlap(PyObject *flat, int64_t start, int64_t end, long long *out)
     return 0;
 }
 
-static PyObject *
-chrome_plain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+/* Append a str's ASCII text, growing the buffer. */
+static int
+buf_text(Buf *b, PyObject *s)
 {
-    if (nargs != 10 || !PyList_Check(args[3]) || !PyDict_Check(args[4]) || !PyTuple_Check(args[5]) ||
+    Py_ssize_t n = 0;
+    const char *p = ascii_of(s, &n);
+    if (p == NULL || buf_grow(b, (size_t)n) < 0)
+        return -1;
+    buf_put(b, p, (size_t)n);
+    return 0;
+}
+
+/* Append printf-formatted text (short: numbers and fixed keys). */
+static int
+buf_fmt(Buf *b, const char *fmt, ...)
+{
+    char tmp[256];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= sizeof tmp) {
+        PyErr_SetString(PyExc_SystemError, "aprof: chrome_rows: a formatted field is too long");
+        return -1;
+    }
+    if (buf_grow(b, (size_t)n) < 0)
+        return -1;
+    buf_put(b, tmp, (size_t)n);
+    return 0;
+}
+
+/* Append microseconds (buf_us), growing the buffer. */
+static int
+buf_us_grow(Buf *b, long long ns)
+{
+    if (buf_grow(b, 32) < 0)
+        return -1;
+    buf_us(b, ns);
+    return 0;
+}
+
+/* Append a JSON value as json.dumps (ASCII, the default separators)
+ * writes it, without the call for the common ones: an exact int, an exact
+ * str of printable ASCII with no quote or backslash (what
+ * encode_basestring_ascii leaves as it is), a list or tuple of those;
+ * anything else through dumps. */
+static int exact_ll(PyObject *v, long long *out);
+
+static int
+buf_json(Buf *b, PyObject *dumps, PyObject *v, int depth)
+{
+    long long n = 0;
+    if (exact_ll(v, &n)) {
+        char tmp[32];
+        int k = snprintf(tmp, sizeof tmp, "%lld", n);
+        if (buf_grow(b, (size_t)k) < 0)
+            return -1;
+        buf_put(b, tmp, (size_t)k);
+        return 0;
+    }
+    if (PyUnicode_CheckExact(v) && PyUnicode_IS_ASCII(v)) {
+        Py_ssize_t len = PyUnicode_GET_LENGTH(v);
+        const unsigned char *p = (const unsigned char *)PyUnicode_DATA(v);
+        Py_ssize_t k = 0;
+        while (k < len && p[k] >= 0x20 && p[k] < 0x7f && p[k] != '"' && p[k] != '\\')
+            k++;
+        if (k == len) {
+            if (buf_grow(b, (size_t)len + 2) < 0)
+                return -1;
+            buf_put(b, "\"", 1);
+            buf_put(b, (const char *)p, (size_t)len);
+            buf_put(b, "\"", 1);
+            return 0;
+        }
+    }
+    else if (depth == 0 && (PyList_CheckExact(v) || PyTuple_CheckExact(v))) {
+        size_t len0 = b->len;
+        Py_ssize_t m = PySequence_Fast_GET_SIZE(v);
+        PyObject **items = PySequence_Fast_ITEMS(v);
+        if (buf_grow(b, 2) < 0)
+            return -1;
+        buf_put(b, "[", 1);
+        for (Py_ssize_t k = 0; k < m; k++) {
+            if (PySequence_Fast_GET_SIZE(v) != m) { /* changed under us (a callback): start over in Python */
+                b->len = len0;
+                goto call;
+            }
+            if (k && (buf_grow(b, 2) < 0 || (buf_put(b, ", ", 2), 0)))
+                return -1;
+            if (buf_json(b, dumps, items[k], depth + 1) < 0)
+                return -1;
+            items = PySequence_Fast_ITEMS(v);
+        }
+        if (buf_grow(b, 1) < 0)
+            return -1;
+        buf_put(b, "]", 1);
+        return 0;
+    }
+call:;
+    PyObject *d = PyObject_CallOneArg(dumps, v);
+    if (d == NULL)
+        return -1;
+    Py_ssize_t dn = 0;
+    const char *dp = ascii_of(d, &dn);
+    int rc = dp == NULL || buf_grow(b, (size_t)dn) < 0 ? -1 : 0;
+    if (rc == 0)
+        buf_put(b, dp, (size_t)dn);
+    Py_DECREF(d);
+    return rc;
+}
+
+/* An exact int that fits a long long (json.dumps and an f-string print it
+ * as %lld), else 0 with no error set. */
+static int
+exact_ll(PyObject *v, long long *out)
+{
+    if (v == NULL || !PyLong_CheckExact(v))
+        return 0;
+    int overflow = 0;
+    *out = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow || (*out == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return 0;
+    }
+    return 1;
+}
+
+/* dumps(names[nm]), cached in jnames by name id; borrowed, NULL on error. */
+static PyObject *
+json_name(PyObject *jnames, PyObject *names, int32_t nm, PyObject *dumps)
+{
+    PyObject *key = PyLong_FromLong(nm);
+    if (key == NULL)
+        return NULL;
+    PyObject *jname = PyDict_GetItemWithError(jnames, key); /* borrowed */
+    if (jname == NULL && !PyErr_Occurred()) {
+        PyObject *d = PyObject_CallOneArg(dumps, PyList_GET_ITEM(names, nm));
+        int rc = d == NULL ? -1 : PyDict_SetItem(jnames, key, d);
+        Py_XDECREF(d); /* the dict keeps it */
+        jname = rc < 0 ? NULL : d;
+    }
+    Py_DECREF(key);
+    return jname;
+}
+
+/* What chrome_rows needs for the tasks' rows (chrome_plain: none). */
+typedef struct {
+    PyObject *rare_map;    /* tab.rare: row -> [exc, args, inputs, stack, extra] */
+    PyObject *pid_of;      /* per track: its pid */
+    PyObject *tid_of;      /* per track: its id */
+    PyObject *track_pids;  /* tid -> pid, of the session's tracks */
+    PyObject *track_names; /* tid -> name, of the session's tracks */
+    long long run_base;    /* the running rows' tid offset */
+    long long task_scope;  /* RecordScope.TASK's index in cats */
+    long long flow_id;     /* the last flow arrow's id, in and out */
+} TaskCtx;
+
+/* args keys the exporter writes before a task's extra items: an extra item
+ * of the same name would take their place (dict.update), left to Python. */
+static const char *const task_arg_keys[] = {"args", "exception", "unfinished", "inputs", "sequence_nr",
+                                            "forward_thread_id", "end_thread_id", "stack", "running_ns",
+                                            "waiting_ns", NULL};
+
+/* One TASK row, as the Python loop of _chrome.chrome_trace_chunks writes
+ * it: its "X" line with args, the spawn slice and flow arrow from the
+ * spawner, the steps on the task's running row. 1: written; 0: a row this
+ * path leaves to Python (nothing appended, no error); -1: an error. */
+static int
+chrome_task_row(Buf *b, TaskCtx *c, Cols *t, Py_ssize_t i, long long base, PyObject *steps, PyObject *jname,
+                PyObject *names, PyObject *cat, PyObject *where, PyObject *dumps)
+{
+    size_t len0 = b->len;
+    long long flow0 = c->flow_id;
+    int32_t tr = t->track[i];
+    if (t->kind[i] || t->end_lt[i] != -1 || t->seq[i] < 0 || !PyList_Check(steps) || PyList_GET_SIZE(steps) % 2 ||
+        c->run_base <= 0 || tr >= PyList_GET_SIZE(c->pid_of) || tr >= PyList_GET_SIZE(c->tid_of))
+        return 0;
+    PyObject *key = PyLong_FromSsize_t(i);
+    if (key == NULL)
+        return -1;
+    PyObject *x = PyDict_GetItemWithError(c->rare_map, key); /* borrowed */
+    Py_DECREF(key);
+    if (x == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    if (!PyList_CheckExact(x) || PyList_GET_SIZE(x) != 5)
+        return 0;
+    for (int k = 0; k < 4; k++) /* no exception, args, inputs or stack */
+        if (PyList_GET_ITEM(x, k) != Py_None)
+            return 0;
+    PyObject *extra = PyList_GET_ITEM(x, 4);
+    if (!PyDict_CheckExact(extra) || PyDict_GET_SIZE(extra) == 0)
+        return 0;
+    long long pid = 0, tid = 0, fwd = t->fwd[i], seq = t->seq[i], start = t->start[i], end = t->end[i];
+    if (!exact_ll(PyList_GET_ITEM(c->pid_of, tr), &pid) || !exact_ll(PyList_GET_ITEM(c->tid_of, tr), &tid))
+        return 0;
+    for (int k = 0; task_arg_keys[k] != NULL; k++)
+        if (PyDict_GetItemString(extra, task_arg_keys[k]) != NULL)
+            return 0;
+    long long running = 0;
+    if (steps_overlap(steps, start, end, &running) < 0)
+        return -1;
+    long long waiting = end - start - running;
+    /* the "X" line */
+    if (b->len && buf_fmt(b, ",\n") < 0)
+        goto fail;
+    if (buf_fmt(b, "{\"ph\":\"X\",\"name\":") < 0 || buf_text(b, jname) < 0 || buf_fmt(b, ",\"cat\":\"") < 0 ||
+        buf_text(b, cat) < 0 || buf_fmt(b, "\",") < 0 || buf_text(b, where) < 0 || buf_fmt(b, ",\"ts\":") < 0 ||
+        buf_us_grow(b, start - base) < 0 || buf_fmt(b, ",\"dur\":") < 0 || buf_us_grow(b, end - start) < 0 ||
+        buf_fmt(b, ",\"args\":{\"sequence_nr\": %lld", seq) < 0)
+        goto fail;
+    if (fwd && buf_fmt(b, ", \"forward_thread_id\": %lld", fwd) < 0)
+        goto fail;
+    if (buf_fmt(b, ", \"running_ns\": %lld, \"waiting_ns\": %lld", running, waiting > 0 ? waiting : 0) < 0)
+        goto fail;
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(extra, &pos, &k, &v)) {
+        if (!PyUnicode_CheckExact(k))
+            goto not_here;
+        if (PyUnicode_CompareWithASCIIString(k, "steps") == 0)
+            continue;
+        if (buf_fmt(b, ", ") < 0 || buf_json(b, dumps, k, 0) < 0 || buf_fmt(b, ": ") < 0 ||
+            buf_json(b, dumps, v, 0) < 0)
+            goto fail;
+    }
+    if (buf_fmt(b, "}}") < 0)
+        goto fail;
+    /* the spawn slice and the flow arrow */
+    if (fwd && seq > 0) {
+        long long link_ns = start;
+        PyObject *at = PyDict_GetItemString(extra, "spawn_ns");
+        if (at == NULL)
+            at = PyDict_GetItemString(extra, "submit_ns");
+        if (at != NULL && !exact_ll(at, &link_ns))
+            goto not_here;
+        PyObject *fkey = PyLong_FromLongLong(fwd), *tkey = PyLong_FromLongLong(tid);
+        PyObject *fp = NULL, *tn = NULL;
+        if (fkey != NULL && tkey != NULL) {
+            fp = PyDict_GetItemWithError(c->track_pids, fkey);
+            if (fp == NULL && !PyErr_Occurred())
+                fp = PyList_GET_ITEM(c->pid_of, tr);
+            tn = fp == NULL ? NULL : PyDict_GetItemWithError(c->track_names, tkey);
+            if (fp != NULL && tn == NULL && !PyErr_Occurred())
+                tn = PyList_GET_ITEM(names, t->name[i]);
+        }
+        Py_XDECREF(fkey);
+        Py_XDECREF(tkey);
+        if (fp == NULL || tn == NULL) {
+            if (PyErr_Occurred())
+                goto fail;
+            goto not_here;
+        }
+        long long fpid = 0;
+        if (!exact_ll(fp, &fpid) || !PyUnicode_CheckExact(tn))
+            goto not_here;
+        PyObject *label = PyUnicode_FromFormat("spawn %U", tn);
+        if (label == NULL)
+            goto fail;
+        int rc = buf_fmt(b, ",\n{\"ph\":\"X\",\"name\":") < 0 || buf_json(b, dumps, label, 0) < 0;
+        Py_DECREF(label);
+        long long id = ++c->flow_id;
+        if (rc || buf_fmt(b, ",\"cat\":\"spawn\",\"pid\":%lld,\"tid\":%lld,\"ts\":", fpid, fwd) < 0 ||
+            buf_us_grow(b, link_ns - base) < 0 || buf_fmt(b, ",\"dur\":0.000}") < 0 ||
+            buf_fmt(b, ",\n{\"ph\":\"s\",\"name\":\"spawn\",\"cat\":\"") < 0 || buf_text(b, cat) < 0 ||
+            buf_fmt(b, "\",\"id\":%lld,\"pid\":%lld,\"tid\":%lld,\"ts\":", id, fpid, fwd) < 0 ||
+            buf_us_grow(b, link_ns - base) < 0 ||
+            buf_fmt(b, "},\n{\"ph\":\"f\",\"bp\":\"e\",\"name\":\"spawn\",\"cat\":\"") < 0 || buf_text(b, cat) < 0 ||
+            buf_fmt(b, "\",\"id\":%lld,", id) < 0 || buf_text(b, where) < 0 || buf_fmt(b, ",\"ts\":") < 0 ||
+            buf_us_grow(b, start - base) < 0 || buf_fmt(b, "}") < 0)
+            goto fail;
+    }
+    /* the steps, on the task's running row */
+    PyObject *ts = PyDict_GetItemString(extra, "steps");
+    if (ts != NULL && ts != Py_None) {
+        if (!PyList_CheckExact(ts) && !PyTuple_CheckExact(ts))
+            goto not_here;
+        Py_ssize_t ns = PySequence_Fast_GET_SIZE(ts);
+        PyObject **items = PySequence_Fast_ITEMS(ts);
+        for (Py_ssize_t s = 0; s + 1 < ns; s += 2) {
+            long long s0 = 0, s1 = 0;
+            if (!exact_ll(items[s], &s0) || !exact_ll(items[s + 1], &s1))
+                goto not_here;
+            if (buf_fmt(b, ",\n{\"ph\":\"X\",\"name\":\"running\",\"cat\":\"step\",\"pid\":%lld,\"tid\":%lld,\"ts\":",
+                        pid, c->run_base + tid) < 0 ||
+                buf_us_grow(b, s0 - base) < 0 || buf_fmt(b, ",\"dur\":") < 0 || buf_us_grow(b, s1 - s0) < 0 ||
+                buf_fmt(b, "}") < 0)
+                goto fail;
+        }
+    }
+    return 1;
+not_here:
+    b->len = len0;
+    c->flow_id = flow0;
+    return 0;
+fail:
+    b->len = len0;
+    c->flow_id = flow0;
+    return -1;
+}
+
+/* chrome_plain(tab, i, base, wheres, json_names, cats, dumps, limit, rare, steps)
+ *     -> (text, next_i)
+ * chrome_rows(tab, i, base, wheres, json_names, cats, dumps, limit, rare, steps,
+ *             rare_map, pid_of, tid_of, track_pids, track_names, run_base,
+ *             task_scope, flow_id) -> (text, next_i, flow_id)
+ *
+ * The lines, joined by ",\n", of rows i, i+1, ... of the EventTable `tab`
+ * while they are plain ranges (kind 0, no sequence number, spawner or other
+ * ending thread, not in `rare`: the exporter's test) or, for chrome_rows,
+ * tasks (chrome_task_row), at most `limit` rows; next_i is the first row
+ * not written. wheres[track] is its '"pid":P,"tid":T'; steps[track] None,
+ * or a task track's flat step list (its ranges then get running and
+ * waiting time); json_names caches dumps(name) by name id; cats[scope] is
+ * the category; rare the sorted int32 indexes of the rows with rare fields.
+ * chrome_rows' flow_id is the last flow arrow's id: the next one is +1. */
+static PyObject *
+chrome_impl(PyObject *const *args, Py_ssize_t nargs, TaskCtx *ctx)
+{
+    if (nargs < 10 || !PyList_Check(args[3]) || !PyDict_Check(args[4]) || !PyTuple_Check(args[5]) ||
         !PyCallable_Check(args[6]) || !PyList_Check(args[9]) || PyList_GET_SIZE(args[9]) != PyList_GET_SIZE(args[3])) {
         PyErr_SetString(PyExc_TypeError,
                         "chrome_plain(tab, i, base, wheres, json_names, cats, dumps, limit, rare, steps)");
@@ -718,7 +1036,7 @@ chrome_plain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     Py_buffer rv;
     Py_ssize_t n_rare = get_column(args[8], &rv, 4, "rare", 0);
-    PyObject *names = PyObject_GetAttrString(tab, "names"), *result = NULL;
+    PyObject *names = PyObject_GetAttrString(tab, "names"), *result = NULL, **jcache = NULL;
     Buf b = {NULL, 0, 0};
     if (n_rare < 0 || names == NULL || !PyList_Check(names))
         goto done;
@@ -734,14 +1052,32 @@ chrome_plain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     Py_ssize_t rpos = lo, written = 0, ncats = PyTuple_GET_SIZE(cats), nwheres = PyList_GET_SIZE(wheres),
                n_names = PyList_GET_SIZE(names);
+    /* json_names' entries by name id for this call (borrowed: the dict holds them) */
+    jcache = PyMem_Calloc((size_t)n_names + 1, sizeof(PyObject *));
+    if (jcache == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
     for (i = i < 0 ? 0 : i; i < t.n && written < limit; i++) {
-        if (in_sorted(rare, n_rare, &rpos, i) || t.kind[i] || t.seq[i] >= 0 || t.fwd[i] || t.end_lt[i] != -1)
-            break;
         int32_t tr = t.track[i], nm = t.name[i];
         if (tr < 0 || tr >= nwheres || t.scope[i] >= ncats || nm < 0 || nm >= n_names)
             break;
         PyObject *where = PyList_GET_ITEM(wheres, tr), *cat = PyTuple_GET_ITEM(cats, t.scope[i]);
         PyObject *steps = PyList_GET_ITEM(steps_of, tr);
+        if (in_sorted(rare, n_rare, &rpos, i) || t.kind[i] || t.seq[i] >= 0 || t.fwd[i] || t.end_lt[i] != -1) {
+            if (ctx == NULL || t.scope[i] != ctx->task_scope)
+                break;
+            PyObject *jname = jcache[nm] ? jcache[nm] : (jcache[nm] = json_name(jnames, names, nm, dumps));
+            if (jname == NULL)
+                goto done;
+            int rc = chrome_task_row(&b, ctx, &t, i, base, steps, jname, names, cat, where, dumps);
+            if (rc < 0)
+                goto done;
+            if (rc == 0)
+                break;
+            written++;
+            continue;
+        }
         long long running = 0;
         if (steps != Py_None) { /* a task's track: the range's running time (_events.overlap) */
             if (!PyList_Check(steps) || PyList_GET_SIZE(steps) % 2 != 0)
@@ -749,32 +1085,16 @@ chrome_plain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             if (steps_overlap(steps, t.start[i], t.end[i], &running) < 0)
                 goto done;
         }
-        PyObject *key = PyLong_FromLong(nm);
-        if (key == NULL)
+        PyObject *jname = jcache[nm] ? jcache[nm] : (jcache[nm] = json_name(jnames, names, nm, dumps));
+        if (jname == NULL)
             goto done;
-        PyObject *jname = PyDict_GetItemWithError(jnames, key); /* borrowed */
-        if (jname == NULL) {
-            if (PyErr_Occurred()) {
-                Py_DECREF(key);
-                goto done;
-            }
-            PyObject *d = PyObject_CallOneArg(dumps, PyList_GET_ITEM(names, nm));
-            int rc = d == NULL ? -1 : PyDict_SetItem(jnames, key, d);
-            Py_XDECREF(d); /* the dict keeps it */
-            if (rc < 0) {
-                Py_DECREF(key);
-                goto done;
-            }
-            jname = d;
-        }
-        Py_DECREF(key);
         Py_ssize_t nw = 0, nn = 0, nc = 0;
         const char *w = ascii_of(where, &nw), *jn = ascii_of(jname, &nn), *ct = ascii_of(cat, &nc);
         if (w == NULL || jn == NULL || ct == NULL)
             goto done;
         if (buf_grow(&b, (size_t)(nw + nn + nc) + 128) < 0)
             goto done;
-        if (written)
+        if (b.len)
             buf_put(&b, ",\n", 2);
         buf_put(&b, "{\"ph\":\"X\",\"name\":", 17);
         buf_put(&b, jn, (size_t)nn);
@@ -798,14 +1118,45 @@ chrome_plain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     PyObject *text = PyUnicode_DecodeASCII(b.p ? b.p : "", (Py_ssize_t)b.len, "strict");
     if (text != NULL)
-        result = Py_BuildValue("(Nn)", text, i);
+        result = ctx == NULL ? Py_BuildValue("(Nn)", text, i) : Py_BuildValue("(NnL)", text, i, ctx->flow_id);
 done:
+    PyMem_Free(jcache);
     PyMem_Free(b.p);
     Py_XDECREF(names);
     if (n_rare >= 0)
         PyBuffer_Release(&rv);
     cols_release(&t);
     return result;
+}
+
+static PyObject *
+chrome_plain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError,
+                        "chrome_plain(tab, i, base, wheres, json_names, cats, dumps, limit, rare, steps)");
+        return NULL;
+    }
+    return chrome_impl(args, nargs, NULL);
+}
+
+static PyObject *
+chrome_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 18 || !PyDict_Check(args[10]) || !PyList_Check(args[11]) || !PyList_Check(args[12]) ||
+        !PyDict_Check(args[13]) || !PyDict_Check(args[14])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "chrome_rows(tab, i, base, wheres, json_names, cats, dumps, limit, rare, steps, rare_map, "
+                        "pid_of, tid_of, track_pids, track_names, run_base, task_scope, flow_id)");
+        return NULL;
+    }
+    TaskCtx ctx = {args[10], args[11], args[12], args[13], args[14], 0, 0, 0};
+    ctx.run_base = PyLong_AsLongLong(args[15]);
+    ctx.task_scope = PyLong_AsLongLong(args[16]);
+    ctx.flow_id = PyLong_AsLongLong(args[17]);
+    if (PyErr_Occurred())
+        return NULL;
+    return chrome_impl(args, nargs, &ctx);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -3384,6 +3735,8 @@ static PyMethodDef event_functions[] = {
      "Each event's children, from the parent, track and kind columns: (offsets, children)."},
     {"chrome_plain", (PyCFunction)(void (*)(void))chrome_plain, METH_FASTCALL,
      "The Chrome trace lines of a run of plain ranges, and the index after it."},
+    {"chrome_rows", (PyCFunction)(void (*)(void))chrome_rows, METH_FASTCALL,
+     "chrome_plain, and tasks' rows (their args, spawn arrows and steps); also the last flow id."},
     {"encode_column", (PyCFunction)(void (*)(void))encode_column, METH_FASTCALL,
      "A column as the binary session format stores it."},
     {"decode_column", (PyCFunction)(void (*)(void))decode_column, METH_FASTCALL,

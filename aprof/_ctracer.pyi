@@ -366,6 +366,17 @@ def chrome_plain(
     it; on a task's track (``steps[track]``) with their running and waiting
     time."""
 
+def chrome_rows(
+    tab: Any, i: int, base: int, wheres: list[str], json_names: dict[int, str], cats: tuple[str, ...],
+    dumps: Callable[[Any], str], limit: int, rare: Any, steps: list[list[int] | None],
+    rare_map: dict[int, list[Any]], pid_of: list[Any], tid_of: list[int], track_pids: dict[int, Any],
+    track_names: dict[int, str], run_base: int, task_scope: int, flow_id: int, /,
+) -> tuple[str, int, int]:
+    """``chrome_plain``, and tasks' rows too, as the exporter's Python loop
+    writes them (the ``X`` line with args, the spawn slice and flow arrow,
+    the steps on the running row ``run_base`` + id); also the last flow
+    arrow's id (``flow_id`` in: the one before)."""
+
 def encode_column(col: Any, c: int, starts: Any, /) -> bytes:
     """``_binary._encode``: column ``c`` as the file stores it."""
 

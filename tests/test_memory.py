@@ -623,6 +623,13 @@ def test_traces_and_reports_give_the_memory_back(backend: Backend, tmp_path: Pat
             (ev,) = _one(prof, e["name"])
             assert ev.memory is not None
             assert e["args"]["memory"] == {**ev.memory.to_dict(), "self_net": ev.self_memory.net}  # type: ignore[union-attr]
+        # and each task's slice (the C writer's task rows leave these to the loop)
+        allocated = {ev.memory.allocated for ev in prof.events() if ev.scope is aprof.RecordScope.TASK and ev.memory}
+        assert len(allocated) >= 1
+        task_slices = [e for e in doc["traceEvents"] if e.get("cat") == "task" and e.get("ph") == "X"]
+        with_memory = [e for e in task_slices if "memory" in e.get("args", {})]
+        assert len(with_memory) >= 3, task_slices
+        assert {e["args"]["memory"]["allocated"] for e in with_memory} <= allocated
     back = read_profile(path)
     m0, m1 = session.memory, back.memory
     assert m0 is not None

@@ -47,6 +47,10 @@ from ._callbacks import AprofWarning
 from ._profiler import profile
 from ._recorder import FLAG_UNFINISHED
 
+# kind byte -> 1 if it has the unfinished flag, else 0 (for bytes.translate)
+_UNFINISHED: Final = bytes(1 if k & FLAG_UNFINISHED else 0 for k in range(256))
+_UNFINISHED_BYTE: Final = 1
+
 if TYPE_CHECKING:
     from .._post._session import Session
 
@@ -388,7 +392,11 @@ class flight_recorder:
         table, tracks = consolidate(lists, now, state.node_id, records, state.with_stack)
         since = max(now - int(window * 1e9), ring.window_start_ns())
         kind, start = table.kind, table.start
-        keep = [i for i in range(len(table)) if start[i] >= since and not kind[i] & FLAG_UNFINISHED]
+        # Mostly the whole ring is in the window and ended: then the table is
+        # kept as it is (min and a byte translate run in C; the row-by-row
+        # test and the copy cost about a third of a second at 600k events).
+        whole = len(table) == 0 or (min(start) >= since and _UNFINISHED_BYTE not in kind.tobytes().translate(_UNFINISHED))
+        keep = None if whole else [i for i in range(len(table)) if start[i] >= since and not kind[i] & FLAG_UNFINISHED]
         metadata: dict[str, Any] = {
             **Session.base_metadata(state, now),
             **dropped_metadata(dropped),
@@ -399,4 +407,4 @@ class flight_recorder:
                 "trigger": trigger or {"reason": "dump"},
             },
         }
-        return Session(table.take(keep), tracks, metadata)
+        return Session(table if keep is None else table.take(keep), tracks, metadata)

@@ -34,6 +34,7 @@ import math
 import warnings
 from array import array
 from collections.abc import Callable, Iterator
+from itertools import compress
 from typing import TYPE_CHECKING, Any, Final
 
 from .._core import _native
@@ -58,9 +59,9 @@ from .._core._recorder import (
 )
 from .._post._events import overlap
 from .._post._lod import always_kept, longest_rows
-from .._post._table import SCOPES
+from .._post._table import SCOPES, X_EXTRA
 from ._files import atomic_write_text, check_output_path
-from ._labels import task_coroutines, track_label
+from ._labels import track_label
 
 if TYPE_CHECKING:
     from os import PathLike
@@ -173,6 +174,27 @@ def _memory_args(session: Session) -> dict[int, dict[str, int]]:
     return out
 
 
+def _task_coroutines(tab: Any) -> dict[int, str]:
+    """``_labels.task_coroutines`` over the table's columns: each task
+    track's coroutine, from its TASK range (one not nested on its own
+    track), with no event view per task."""
+    out: dict[int, str] = {}
+    parent, track, rare, tracks = tab.parent, tab.track, tab.rare, tab.tracks
+    for i in tab.rows_of_scope(RecordScope.TASK):
+        x = rare.get(i)
+        extra = None if x is None else x[X_EXTRA]
+        if not extra:
+            continue
+        tid = tracks[track[i]].id
+        p = parent[i]
+        if p >= 0 and tracks[track[p]].id == tid:
+            continue
+        coro = extra.get("coro")
+        if coro:
+            out[tid] = str(coro)
+    return out
+
+
 def chrome_trace_chunks(session: Session, batch: int = 4096, capped: dict[str, int] | None = None) -> Iterator[str]:
     """The trace as a stream of JSON text chunks (about ``batch`` events
     each); ``capped`` (from :func:`cap_events`) goes into ``otherData``."""
@@ -182,7 +204,10 @@ def chrome_trace_chunks(session: Session, batch: int = 4096, capped: dict[str, i
     tracks = session.tracks()  # sorted by first activity: a walk over every event, so once
     tab = session._table
     tab_tracks = tab.tracks
-    spawners = {(tab_tracks[t].node_id, f) for t, f, q in zip(tab.track, tab.fwd, tab.seq, strict=True) if f and q > 0}
+    # The rows with a spawner, found in C (compress), then read one by one:
+    # a tenth of the rows of a server's trace, not all of them.
+    track_col, fwd_col, seq_col = tab.track, tab.fwd, tab.seq
+    spawners = {(tab_tracks[track_col[i]].node_id, fwd_col[i]) for i in compress(range(len(fwd_col)), fwd_col) if seq_col[i] > 0}
     run_base = 0
     if any(t.steps for t in tracks) or session.samples is not None:
         # Rows of their own, with 32-bit tids: a task's running row is
@@ -218,18 +243,25 @@ def chrome_trace_chunks(session: Session, batch: int = 4096, capped: dict[str, i
     for node in nodes:
         pid = pids.get(node, node)
         emit(f'{{"ph":"M","name":"process_name","pid":{pid},"tid":0,"args":{{"name":{_dumps(f"aprof node {node}")}}}}}')
-    coros = task_coroutines(map(tab.view, tab.rows_of_scope(RecordScope.TASK)))
+    coros = _task_coroutines(tab)
+    # A track's lines are one string (joined as the batch joins them): a
+    # task per request makes tens of thousands of tracks.
     for order, track in enumerate(tracks):
+        tid = track.id
         pid = pids.get(track.node_id, track.node_id)
-        label = track_label(track, coros.get(track.id))
-        emit(f'{{"ph":"M","name":"thread_name","pid":{pid},"tid":{track.id},"args":{{"name":{_dumps(label)}}}}}')
-        emit(f'{{"ph":"M","name":"thread_sort_index","pid":{pid},"tid":{track.id},"args":{{"sort_index":{2 * order}}}}}')
+        label = track_label(track, coros.get(tid))
+        named = f'{{"ph":"M","name":"thread_name","pid":{pid},"tid":{tid},"args":{{"name":{_dumps(label)}}}}},\n'
+        sort = f'{{"ph":"M","name":"thread_sort_index","pid":{pid},"tid":{tid},"args":{{"sort_index":{2 * order}}}}}'
         if track.steps:  # a task's steps, set by consolidation and by load()
             # A task's steps overlap its ranges without nesting in them, so
             # they get a row of their own, right under the task's.
-            rid = run_base + track.id
-            emit(f'{{"ph":"M","name":"thread_name","pid":{pid},"tid":{rid},"args":{{"name":{_dumps(label + " running")}}}}}')
-            emit(f'{{"ph":"M","name":"thread_sort_index","pid":{pid},"tid":{rid},"args":{{"sort_index":{2 * order + 1}}}}}')
+            rid = run_base + tid
+            emit(
+                f'{named}{sort},\n{{"ph":"M","name":"thread_name","pid":{pid},"tid":{rid},"args":{{"name":{_dumps(label + " running")}}}}},\n'
+                f'{{"ph":"M","name":"thread_sort_index","pid":{pid},"tid":{rid},"args":{{"sort_index":{2 * order + 1}}}}}'
+            )
+        else:
+            emit(named + sort)
 
     # Spawners that recorded nothing have no track; name their row for the
     # flow arrows that start there (the profile's starting task, mostly).
@@ -262,14 +294,22 @@ def chrome_trace_chunks(session: Session, batch: int = 4096, capped: dict[str, i
     # Runs of plain ranges (no args, flags or links: most of a big trace)
     # are written in C when the extension is active; the loop below writes
     # everything else, and everything on the pure-Python path.
-    plain = None if _native.extension is None else _native.extension.chrome_plain
-    wheres = [f'"pid":{pids.get(t.node_id, t.node_id)},"tid":{t.id}' for t in tab_tracks]
+    # chrome_rows also writes the tasks' rows (their args, spawn arrows and
+    # steps: a task per request makes them a tenth of a server's trace).
+    plain = None if _native.extension is None else _native.extension.chrome_rows
+    pid_of = [pids.get(t.node_id, t.node_id) for t in tab_tracks]
+    tid_of = [t.id for t in tab_tracks]
+    wheres = [f'"pid":{p},"tid":{t}' for p, t in zip(pid_of, tid_of, strict=True)]
+    task_index = SCOPES.index(task_scope)
     track_steps = [t.steps for t in tab_tracks]  # a task track's ranges report running and waiting time
     json_names: dict[int, str] = {}
     cats = tuple(sc.value for sc in SCOPES)
     mem_args = _memory_args(session)
     # Rows with memory figures have args: the C path leaves them to the loop.
     rare = array("i", sorted(tab.rare.keys() | mem_args.keys()) if mem_args else sorted(tab.rare))
+    # ... and so must chrome_rows with a task row (it writes a task's args
+    # from tab.rare alone): it is handed the rare rows without memory.
+    rare_map = {k: v for k, v in tab.rare.items() if k not in mem_args} if mem_args else tab.rare
     track_col = tab.track
     pending = len(lines)
     i = 0
@@ -281,7 +321,10 @@ def chrome_trace_chunks(session: Session, batch: int = 4096, capped: dict[str, i
             lines.clear()
             pending = 0
         if plain is not None:
-            text, j = plain(tab, i, base, wheres, json_names, cats, _dumps, batch, rare, track_steps)
+            text, j, flow_id = plain(
+                tab, i, base, wheres, json_names, cats, _dumps, batch, rare, track_steps,
+                rare_map, pid_of, tid_of, track_pids, track_names, run_base, task_index, flow_id,
+            )  # fmt: skip
             if j > i:
                 emit(text)
                 pending += j - i

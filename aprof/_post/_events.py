@@ -393,50 +393,67 @@ def consolidate(
     raw stacks recorded at range starts are named here (:func:`name_stacks`).
     """
     stack_names: dict[Any, Any] | None = {} if with_stack else None
-    tasks = _task_events(task_records or (), stop_ns)
+    task_tracks, task_recs = _task_events(task_records or (), stop_ns)
     # Unless raw stacks need naming, the extension pairs, orders and nests a
     # track in one pass (consolidate_raw), with no record per range.
     ext = _native.extension
     one_pass = ext.consolidate_raw if ext is not None and stack_names is None else None
-    # (first start, order, track, raw list for one_pass or None, records)
-    # for every track, task tracks first in spawn order, then the lists in
-    # the order they were made.
-    rows: list[tuple[int, int, Track, Any, list[list[Any]]]] = []
+    # Per track, in parallel lists (no tuple per track: a task per request
+    # makes tens of thousands, and every container made here is one more
+    # for the cyclic GC to walk while the program runs): its first start,
+    # the track, its raw list for one_pass (or None), its task record (or
+    # None) on the one-pass path, else all its records. Task tracks come
+    # first in spawn order, then the lists in the order they were made.
+    firsts: list[int] = []
+    row_tracks: list[Track] = []
+    raws: list[Any] = []
+    leads: list[Any] = []
     for lt, raw in lists.items():
         if not raw:
             continue
         tid = lt.id
-        task = tasks.pop(tid, None)
-        if task is not None:
-            track, rec = task
-            lead = [rec]
+        track = task_tracks.pop(tid, None)
+        rec = None
+        if track is not None:
+            rec = task_recs.pop(tid)
         else:
             track = Track(tid, lt.current_name(), lt.kind, lt.os_thread_id, node_id)
-            lead = []
         if one_pass is not None:
             assert ext is not None
             first = ext.raw_first_start(raw)
-            if lead and (first is None or lead[0][R_START] < first):
-                first = lead[0][R_START]
+            if rec is not None and (first is None or rec[R_START] < first):
+                first = rec[R_START]
             if first is not None:
-                rows.append((first, len(rows), track, raw, lead))
+                firsts.append(first)
+                row_tracks.append(track)
+                raws.append(raw)
+                leads.append(rec)
             continue
         records = records_of(unpack_blocks(raw), tid)  # reads a snapshot: later appends are dropped
         if stack_names is not None:
             name_stacks(records, stack_names)
-        records[0:0] = lead
+        if rec is not None:
+            records.insert(0, rec)
         # Out of order when an eager task's first step recorded before its
         # TASK record was appended (the task is created by its own first
         # step's caller), or when the tracer's replay appended its calls.
         sort_by_start(records)
         if records:
-            rows.append((records[0][R_START], len(rows), track, None, records))
-    for track, rec in tasks.values():
-        rows.append((rec[R_START], len(rows), track, None, [rec]))
+            firsts.append(records[0][R_START])
+            row_tracks.append(track)
+            raws.append(None)
+            leads.append(records)
+    for tid, track in task_tracks.items():
+        rec = task_recs[tid]
+        firsts.append(rec[R_START])
+        row_tracks.append(track)
+        raws.append(None)
+        leads.append(rec if one_pass is not None else [rec])
+    del task_tracks, task_recs
     # Tracks in the order their first event started (a track's list is made
-    # when its first range starts, so this is the order they were made).
-    rows.sort(key=_row_key)
-    rows.reverse()  # popped from the end: each track's records are let go once written
+    # when its first range starts, so this is the order they were made):
+    # a stable sort of the indexes, so equal starts keep that order.
+    order = sorted(range(len(firsts)), key=firsts.__getitem__)
 
     tab = EventTable()
     tracks: dict[int, Track] = {}
@@ -447,20 +464,40 @@ def consolidate(
     # request, would otherwise pay ten array appends per track).
     stage = ext.ColumnStage() if one_pass is not None and ext is not None else None
     empty: list[Any] = []
-    while rows:
-        _, _, track, raw, records = rows.pop()
-        tid = track.id
-        tracks[tid] = track
-        track.node_id = node_id
-        first = len(tab) if stage is None else len(tab) + len(stage)
-        if one_pass is not None:
-            one_pass(empty if raw is None else raw, tid, records, tab.add_track(track), stop_ns, tab, linked, stage)
-        else:
-            nest(records, tab.add_track(track), stop_ns, tab, linked)
-        del raw, records
-        spans[tid] = (first, len(tab) if stage is None else len(tab) + len(stage))
-    if stage is not None:
+    # The table is new and each Track a new object: add_track's bookkeeping
+    # inline (its method call and lookups cost a tenth of a second at 50k
+    # tracks); staged rows are counted by the stage alone until the flush.
+    tab_tracks, track_ids = tab.tracks, tab._track_ids
+    if one_pass is not None:
+        assert stage is not None
+        assert len(tab) == 0  # rows go to the stage until the flush
+        n_stage = stage.__len__
+        for k in order:
+            track = row_tracks[k]
+            raw, lead = raws[k], leads[k]
+            raws[k] = leads[k] = None  # each track's records are let go once written
+            tid = track.id
+            tracks[tid] = track
+            track.node_id = node_id
+            ti = track_ids[id(track)] = len(tab_tracks)
+            tab_tracks.append(track)
+            first = n_stage()
+            one_pass(empty if raw is None else raw, tid, empty if lead is None else [lead], ti, stop_ns, tab, linked, stage)
+            del raw, lead
+            spans[tid] = (first, n_stage())
         stage.flush(tab)
+    else:
+        for k in order:
+            track = row_tracks[k]
+            lead = leads[k]
+            leads[k] = None
+            tid = track.id
+            tracks[tid] = track
+            track.node_id = node_id
+            first = len(tab)
+            nest(lead, tab.add_track(track), stop_ns, tab, linked)
+            del lead
+            spans[tid] = (first, len(tab))
     _link_across_tracks(tab, spans, linked)
     return tab, tracks
 
@@ -561,24 +598,22 @@ def _sort_by_start(records: list[list[Any]]) -> None:
         records.sort(key=_start_of)
 
 
-def _row_key(row: tuple[int, int, Track, Any, list[list[Any]]]) -> tuple[int, int]:
-    return row[0], row[1]
-
-
 _SCOPES: Final = {s.value: s for s in RecordScope}
 _TASK: Final = RecordScope.TASK
 _EXECUTOR: Final = RecordScope.EXECUTOR
 
 
-def _task_events(task_records: Iterable[Any], stop_ns: int) -> dict[int, tuple[Track, list[Any]]]:
-    """The track and consolidated TASK record of each recorded task, by track id.
+def _task_events(task_records: Iterable[Any], stop_ns: int) -> tuple[dict[int, Track], dict[int, list[Any]]]:
+    """The track and the consolidated TASK record of each recorded task, by
+    track id (two dicts: no tuple per task).
 
     A finished task's record is a tuple (``aprof._integrations._tasks``); a
     running one is its ``TaskThread``, read as it is now and closed at the
     stop time (its steps after stop are no longer kept, unless another
     running profile records it).
     """
-    out: dict[int, tuple[Track, list[Any]]] = {}
+    tracks: dict[int, Track] = {}
+    recs: dict[int, list[Any]] = {}
     for t in list(task_records):  # a snapshot
         waiting_on = None
         if type(t) is tuple:
@@ -606,8 +641,9 @@ def _task_events(task_records: Iterable[Any], stop_ns: int) -> dict[int, tuple[T
         rec = [name, _TASK, spawn_ns, end_ns, None, exc, None, seq, fwd, None, None, KIND_RANGE, extra]
         track = Track(tid, name, kind, os_tid, 0)
         track.steps = flat
-        out[tid] = (track, rec)
-    return out
+        tracks[tid] = track
+        recs[tid] = rec
+    return tracks, recs
 
 
 def _steps_until(flat: list[int], stop_ns: int) -> list[int]:

@@ -83,8 +83,10 @@ class Session:
     ) -> None:
         self._table = table
         self._tracks = tracks
-        for t in tracks.values():  # the table lists every track: files and exports index them there
-            table.add_track(t)
+        known = table._track_ids  # the table lists every track: files and exports index them there
+        for t in tracks.values():
+            if id(t) not in known:
+                table.add_track(t)
         self.metadata = metadata
         #: The stack samples (SPEC 8.4), or None when the profile did not sample.
         self.samples = samples
