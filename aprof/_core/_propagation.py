@@ -311,12 +311,12 @@ class _PropagatingExecutor(Executor):
         if self._processes:
             # Another process: the profile's options and the link go with
             # the call, and the child's session comes back at stop (SPEC 11.4).
-            from .._integrations._processes import process_call, submit_in_band
+            from .._integrations._processes import process_call, submit_to_pool
 
             call, tell = process_call(
-                fn, (stepping.lt or current_logical_thread()).id, next_sequence_nr(), perf_counter_ns(), in_band=True
+                fn, (stepping.lt or current_logical_thread()).id, next_sequence_nr(), perf_counter_ns(), pool=True
             )
-            return submit_in_band(type(self._inner).submit, self._inner, call, tell, args, kwargs)  # type: ignore[no-any-return]
+            return submit_to_pool(type(self._inner).submit, self._inner, call, tell, args, kwargs)  # type: ignore[no-any-return]
         return self._inner.submit(_Wrapped(fn), *args, **kwargs)
 
     def map(self, fn: Callable[..., R], *iterables: Any, timeout: float | None = None, chunksize: int = 1) -> Iterator[R]:

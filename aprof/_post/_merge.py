@@ -24,10 +24,11 @@ What changes on the way:
   share an id get fresh ids. The first session keeps its ids, so its
   events' ``thread_id`` stays ``aprof.current_thread_id()`` of that time.
   ``forward_thread_id`` and ``end_thread_id`` follow the same map.
-* **Links.** A child's job recorded under a process pool carries the
-  submit's link in its metadata (``parent_link``): the merge points that
-  job's ``EXECUTOR`` range at the submitting logical thread of the parent,
-  so exports draw the arrow across processes.
+* **Links.** A child's session recorded under a process pool carries the
+  submits' links in its metadata (``parent_link``: one job's ``seq`` and
+  ``fwd``, or a pool worker's ``links``, ``[seq, fwd]`` per job): the
+  merge points each job's ``EXECUTOR`` range at the submitting logical
+  thread of the parent, so exports draw the arrow across processes.
 * **Metadata.** Start is the earliest start, stop the latest stop,
   ``dropped`` the sum; ``lost`` (work that never came back, see
   ``Session.lost``) is the list of all inputs' losses.
@@ -120,6 +121,22 @@ def _proc_of(s: Session, k: int, node: int) -> tuple[Any, ...]:
     return ("session", k, node)
 
 
+def _links(link: dict[str, Any]) -> dict[int, int]:
+    """A child session's links to its submits: sequence number -> the
+    submitting logical thread. One job (``seq``, ``fwd``), or a pool
+    worker's many (``links``: ``[seq, fwd]`` pairs)."""
+    pairs = link.get("links")
+    if pairs is None:
+        pairs = [(link.get("seq"), link.get("fwd"))]
+    try:
+        out = dict(pairs)
+    except (TypeError, ValueError):
+        return {}
+    if all(type(k) is int for k in out) and all(type(v) is int for v in out.values()):
+        return out
+    return {k: v for k, v in out.items() if type(k) is int and type(v) is int}
+
+
 def merge_sessions(sessions: Sequence[Session], names: Sequence[str] | None = None) -> Session:
     """One session holding the events of ``sessions`` (see the module's docstring).
 
@@ -181,8 +198,8 @@ def merge_sessions(sessions: Sequence[Session], names: Sequence[str] | None = No
     # even when they recorded nothing (the thread that waits for the pool).
     for s in sessions[1:]:
         link = s.metadata.get("parent_link")
-        if type(link) is dict and type(link.get("fwd")) is int and link.get("node_id") == first.metadata.get("node_id"):
-            used_ids.add(link["fwd"])
+        if type(link) is dict and link.get("node_id") == first.metadata.get("node_id"):
+            used_ids.update(_links(link).values())
     id_maps: list[dict[int, int]] = []  # per session: old logical thread id -> merged id
     track_maps: list[array[int]] = []  # per session: old track index -> merged track index
     out = EventTable()
@@ -278,20 +295,21 @@ def merge_sessions(sessions: Sequence[Session], names: Sequence[str] | None = No
     linked_to: set[int] = set()
     for k, s in enumerate(sessions):
         link = s.metadata.get("parent_link")
-        if type(link) is not dict or k == 0:
-            continue
-        seq, fwd, pnode = link.get("seq"), link.get("fwd"), link.get("node_id")
-        if type(seq) is not int or type(fwd) is not int or type(pnode) is not int:
+        if type(link) is not dict or k == 0 or type(link.get("node_id")) is not int:
             continue
         # The parent is the first session (process pools): its ids are kept.
-        target = id_maps[0].get(fwd, fwd) if first.metadata.get("node_id") == pnode else None
-        if target is None:
+        if first.metadata.get("node_id") != link["node_id"]:
+            continue
+        targets = {seq: id_maps[0].get(fwd, fwd) for seq, fwd in _links(link).items()}
+        if not targets:
             continue
         lo, hi = start_at[k], start_at[k] + len(s._table)
         for i in range(lo, hi):
-            if out.scope[i] == executor and out.seq[i] == seq and out.fwd[i] == 0:
-                out.fwd[i] = target
-                linked_to.add(target)
+            if out.scope[i] == executor and out.fwd[i] == 0:
+                target = targets.get(out.seq[i])
+                if target is not None:
+                    out.fwd[i] = target
+                    linked_to.add(target)
 
     if shared:
         _group_tracks(out, shared)
