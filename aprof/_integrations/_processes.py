@@ -446,7 +446,10 @@ def _finish_in_child(prof: Any, part: str, job: _Job) -> None:
 class _Run:
     """The jobs one profile handed to other processes."""
 
-    __slots__ = ("_dir", "asked", "conns", "dead", "gather_lock", "jobs", "listener", "options", "sessions", "silent")
+    __slots__ = (
+        "_dir", "asked", "callbacks", "conns", "dead", "gather_lock", "jobs", "listener", "options", "pool_jobs", "sessions",
+        "silent",
+    )  # fmt: skip
 
     def __init__(self, options: dict[str, Any]) -> None:
         self._dir: str | None = None
@@ -463,8 +466,12 @@ class _Run:
         self.asked: set[int] = set()
         self.conns: list[socket.socket] = []
         #: [job id, name, what the submitter got back (a future, an
-        #: AsyncResult, a Process; None until known), seq, pool job?]
+        #: AsyncResult, a Process; None until known)] of calls profiled on
+        #: their own; (fn, future, seq) of pool jobs, named only if lost.
         self.jobs: list[list[Any]] = []
+        self.pool_jobs: list[tuple[Callable[..., Any], Any, int]] = []
+        #: id(pool) -> the done callback of its futures (for a broken pool).
+        self.callbacks: dict[int, Callable[[Future[Any]], None]] = {}
 
     @property
     def dir(self) -> str:
@@ -474,9 +481,25 @@ class _Run:
             self._dir = tempfile.mkdtemp(prefix="aprof-children-")
         return self._dir
 
+    def tell_pool(self, fn: Callable[..., Any], seq: int, inner: Any, pool: Any = None) -> Any:
+        """Note a pool job's future; return it as it is."""
+        self.pool_jobs.append((fn, inner, seq))
+        if isinstance(inner, Future):
+            cb = self.callbacks.get(id(pool))
+            if cb is None:
+                cb = self.callbacks[id(pool)] = functools.partial(_pool_job_done, self, pool)
+            inner.add_done_callback(cb)
+        return inner
+
     def listen(self, node_id: int) -> bool:
         """Open the socket pool workers connect to (once), with the file of
         the profile's options beside it; False if it cannot be."""
+        if self.listener is not None:
+            return True
+        with _lock:
+            return self._listen(node_id)
+
+    def _listen(self, node_id: int) -> bool:
         if self.listener is None:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
@@ -556,31 +579,31 @@ def process_call(
     Called in the submitter's context. Without a running profile, ``fn``
     itself: the child runs it as it would without aprof.
     """
-    found = _current_state()
-    if found is None:
-        return fn, _no_future
-    state, prof = found
-    with _lock:
-        entry = _runs.get(id(state))
-        if entry is None or entry[0] is not state:
-            options = {k: getattr(prof, k) for k in _FORWARDED if hasattr(prof, k)}
-            entry = _runs[id(state)] = (state, _Run(options))
+    # The common case first, without a lock: a context's profile that has
+    # handed work to other processes before.
+    rec = RF_STATE.get().recorder
+    state = rec.state if rec is not None else None
+    entry = _runs.get(id(state)) if state is not None and state.running else None
+    if entry is not None and entry[0] is state:
         run = entry[1]
+    else:
+        found = _current_state()
+        if found is None:
+            return fn, _no_future
+        state, prof = found
+        with _lock:
+            entry = _runs.get(id(state))
+            if entry is None or entry[0] is not state:
+                options = {k: getattr(prof, k) for k in _FORWARDED if hasattr(prof, k)}
+                entry = _runs[id(state)] = (state, _Run(options))
+            run = entry[1]
+    if pool and run.listen(state.node_id):  # no socket (no /proc): a session per job instead
+        return _PoolCall(fn, run.dir, seq, fwd, submit_ns), functools.partial(run.tell_pool, fn, seq)
+    with _lock:
         job_id = next(_ids)
-        worker = pool and run.listen(state.node_id)  # no socket (no /proc): a session per job instead
-        record: list[Any] = [job_id, _name_of(fn), None, seq, worker]
+        record: list[Any] = [job_id, _name_of(fn), None]
         run.jobs.append(record)
-        job = _Job(job_id, run.dir, run.options, state.node_id, fwd, seq, submit_ns, worker)
-
-    if worker:
-
-        def tell_pool(inner: Any, pool: Any = None) -> Any:
-            record[2] = inner
-            if isinstance(inner, Future):
-                inner.add_done_callback(functools.partial(_pool_job_done, run, pool))
-            return inner
-
-        return ProcessCall(fn, job), tell_pool
+        job = _Job(job_id, run.dir, run.options, state.node_id, fwd, seq, submit_ns)
 
     def tell(handle: Any, pool: Any = None) -> Any:
         record[2] = handle
@@ -593,7 +616,8 @@ def _pool_job_done(run: _Run, pool: Any, fut: Future[Any]) -> None:
     # A broken pool fails its futures, then terminates its other workers:
     # ask those for their sessions first (this runs in the pool's manager
     # thread, which waits for us).
-    if fut.cancelled() or not isinstance(fut.exception(), BrokenProcessPool):
+    # The future is done: its fields are final (no lock: this runs per job).
+    if not isinstance(getattr(fut, "_exception", None), BrokenProcessPool):
         return
     with contextlib.suppress(Exception):  # the pool's manager thread must go on
         dead = _dead_workers(pool) if pool is not None else []
@@ -709,6 +733,12 @@ def _status(handle: Any) -> str:
         return "unknown"
 
 
+def _finished(handle: Any) -> bool:
+    """A pool job's future completed with its result or its own exception
+    (read without the future's lock: a stop reads thousands)."""
+    return getattr(handle, "_state", None) == "FINISHED" and not isinstance(getattr(handle, "_exception", None), BrokenProcessPool)
+
+
 def _who(pids: list[int]) -> str:
     if len(pids) == 1:
         return f"process {pids[0]}"
@@ -761,31 +791,34 @@ def collect(state: ProfilerState, session: Any) -> Any:
         if type(link) is dict:
             came_back.update(seq for seq, _fwd in link.get("links") or ())
     dead, silent = sorted(run.dead), sorted(run.silent)
-    for job_id, name, handle, seq, worker in run.jobs:
+    for fn, handle, seq in run.pool_jobs:
+        if seq in came_back and _finished(handle):
+            continue  # the common case, without a lock
         status = _status(handle)
-        if worker:
-            if status == "running":
-                why = "still running" if seq in came_back else "still queued or running"
-                lost.append(_lost(name, None, f"{why} in another process when the profile stopped"))
-            elif status == "broken":
-                # Its range, if it came back, ends where its worker was asked.
-                pid = dead[0] if len(dead) == 1 else None
-                lost.append(_lost(name, pid, f"{_who(dead)} of the process pool died (it crashed or was killed) while the job was queued or running"))
-            elif seq in came_back:
-                pass
-            elif status == "done" and (dead or silent):
-                # It ran, in a worker whose profile did not come back.
-                pid = dead[0] if len(dead) == 1 and not silent else silent[0] if len(silent) == 1 and not dead else None
-                why = (
-                    f"{_who(dead)} of the process pool died (it crashed or was killed) with the profile of the jobs it ran"
-                    if dead
-                    else f"{_who(silent)} did not send its profile within {FLUSH_TIMEOUT:g} s"
-                )
-                lost.append(_lost(name, pid, why))
-            # "done" otherwise: it failed in the parent (it could not be
-            # pickled) or its worker could not profile (it warned);
-            # "cancelled": it never ran. Nothing was lost.
-            continue
+        name = _name_of(fn)
+        if status == "running":
+            why = "still running" if seq in came_back else "still queued or running"
+            lost.append(_lost(name, None, f"{why} in another process when the profile stopped"))
+        elif status == "broken":
+            # Its range, if it came back, ends where its worker was asked.
+            pid = dead[0] if len(dead) == 1 else None
+            lost.append(_lost(name, pid, f"{_who(dead)} of the process pool died (it crashed or was killed) while the job was queued or running"))
+        elif seq in came_back:
+            pass
+        elif status == "done" and (dead or silent):
+            # It ran, in a worker whose profile did not come back.
+            pid = dead[0] if len(dead) == 1 and not silent else silent[0] if len(silent) == 1 and not dead else None
+            why = (
+                f"{_who(dead)} of the process pool died (it crashed or was killed) with the profile of the jobs it ran"
+                if dead
+                else f"{_who(silent)} did not send its profile within {FLUSH_TIMEOUT:g} s"
+            )
+            lost.append(_lost(name, pid, why))
+        # "done" otherwise: it failed in the parent (it could not be
+        # pickled) or its worker could not profile (it warned);
+        # "cancelled": it never ran. Nothing was lost.
+    for job_id, name, handle in run.jobs:
+        status = _status(handle)
         mine = files.get(job_id, [])
         for path, pid, finished in mine:
             if finished:
@@ -846,7 +879,7 @@ def _link() -> tuple[int, int, int]:
 
 def _wrapped(fn: Any, pool: bool = False) -> tuple[Any, Callable[..., Any]]:
     """``fn`` made a profiled call if a profile runs here (and it is not one already)."""
-    if not callable(fn) or isinstance(fn, ProcessCall) or _current_state() is None:
+    if not callable(fn) or isinstance(fn, (ProcessCall, _PoolCall)) or _current_state() is None:
         return fn, _no_future
     return process_call(fn, *_link(), pool=pool)
 
