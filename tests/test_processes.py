@@ -103,6 +103,80 @@ def test_pool_work_is_profiled_in_the_child_and_merged(pool: concurrent.futures.
     assert all(len(tids) == 1 for tids in per_node.values())
 
 
+def test_a_job_costs_a_range_not_a_session(pool: concurrent.futures.ProcessPoolExecutor, private_tmp: Path) -> None:
+    # SPEC 15.6; issue 20 target (1,000 jobs at most 1.2x a plain pool):
+    # the program gets the pool's own future, a job pickles as its
+    # function and about 100 bytes (not the profile's options), and a
+    # worker keeps one profile for all the jobs of a parent profile.
+    ppool = aprof.propagating(pool)
+    with aprof.profile() as prof:
+        fut = ppool.submit(procjobs.work, 10)
+        assert type(fut) is concurrent.futures.Future
+        assert fut.result() == 45
+        call, _ = _processes.process_call(procjobs.work, aprof.current_thread_id(), 10**9, time.perf_counter_ns(), pool=True)
+        # The function, the profile's private directory (its path: here
+        # under pytest's long tmp_path), and the link.
+        assert len(pickle.dumps(call)) <= len(pickle.dumps(procjobs.work)) + len(call.dir.encode()) + 110  # type: ignore[attr-defined]
+        assert pool.submit(call, 10).result() == 45  # what the worker gets works
+        assert [f.result() for f in [ppool.submit(procjobs.work, 10) for _ in range(20)]] == [45] * 20
+    assert prof.session.lost == []
+    assert len([e for e in _children(prof) if e.name == "work"]) == 22
+    # One profile per worker: one session per worker came back, whatever
+    # the number of jobs.
+    assert 1 <= len(prof.session.metadata["pids"]) - 1 <= 2
+    assert _left(private_tmp) == []
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_workers_that_exit_before_stop_leave_their_profile(method: str, private_tmp: Path) -> None:
+    # SPEC 11.4, 15.4: a worker that ends before the parent's stop (the
+    # pool shut down inside the profile; max_tasks_per_child) leaves its
+    # profile on its way out; nothing is lost and nothing is left behind.
+    ctx = multiprocessing.get_context(method)
+    # max_tasks_per_child cannot be used with fork.
+    extra = {} if method == "fork" else {"max_tasks_per_child": 1}
+    with aprof.profile() as prof:
+        with concurrent.futures.ProcessPoolExecutor(2, mp_context=ctx, **extra) as ex:  # type: ignore[arg-type]
+            ppool = aprof.propagating(ex)
+            assert [f.result() for f in [ppool.submit(procjobs.work, 10) for _ in range(4)]] == [45] * 4
+    jobs = _children(prof)
+    assert [e.name for e in jobs] == ["work"] * 4
+    assert len([e for e in prof.events() if e.name == "inner"]) == 4
+    nodes = {e.node_id for e in jobs}
+    assert len(nodes) == (4 if extra else len(nodes))
+    assert 0 not in nodes
+    assert prof.session.lost == []
+    assert _left(private_tmp) == []
+
+
+def test_the_childs_profile_has_the_parents_options(pool: concurrent.futures.ProcessPoolExecutor) -> None:
+    # SPEC 8.3, 11.4: the child records with the submitting profile's options.
+    ppool = aprof.propagating(pool)
+    with aprof.profile(with_stack=True, tasks=False) as prof:
+        assert ppool.submit(procjobs.stack_depth).result() == 0
+    [e] = [e for e in prof.events() if e.name == "with a stack"]
+    assert e.node_id != 0
+    assert e.stack
+    assert any(frame[2] == "stack_depth" for frame in e.stack)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_jobs_context_reaches_the_next_job_as_without_aprof(method: str) -> None:
+    # SPEC 15.6: what a job sets in its context, the next job in that
+    # worker sees, with or without a profile.
+    ex = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context(method))
+    try:
+        plain = [ex.submit(procjobs.set_var, "a").result(), ex.submit(procjobs.get_var).result()]
+        ppool = aprof.propagating(ex)
+        with aprof.profile() as prof:
+            profiled = [ppool.submit(procjobs.set_var, "b").result(), ppool.submit(procjobs.get_var).result()]
+    finally:
+        ex.shutdown()
+    assert plain == ["a", "a"]
+    assert profiled == ["b", "b"]
+    assert [e.name for e in _children(prof)] == ["set_var", "get_var"]
+
+
 def test_chrome_trace_puts_each_child_in_its_process_with_an_arrow(pool: concurrent.futures.ProcessPoolExecutor, tmp_path: Path) -> None:
     # SPEC 9.1, 15.4: a process per node (named by pid), flow arrows from
     # the submit in the parent's process to the job in the child's.

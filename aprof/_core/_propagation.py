@@ -126,7 +126,10 @@ class _Wrapped:
         # when no profile runs there.
         from .._integrations._processes import process_call
 
-        call, _ = self._ctx.run(process_call, self.__wrapped__, self._fwd, self._seq, self._submit_ns)
+        # A pool worker's profile when it is one (the common case:
+        # run_in_executor(process_pool, ...)); a multiprocessing.Process
+        # sends its profile as it exits.
+        call, _ = self._ctx.run(process_call, self.__wrapped__, self._fwd, self._seq, self._submit_ns, True)
         return (_same, (call,))
 
     def __repr__(self) -> str:

@@ -467,9 +467,10 @@ class _Run:
         self.conns: list[socket.socket] = []
         #: [job id, name, what the submitter got back (a future, an
         #: AsyncResult, a Process; None until known)] of calls profiled on
-        #: their own; (fn, future, seq) of pool jobs, named only if lost.
+        #: their own; [fn, future (None until known), seq] of pool jobs,
+        #: named only if lost.
         self.jobs: list[list[Any]] = []
-        self.pool_jobs: list[tuple[Callable[..., Any], Any, int]] = []
+        self.pool_jobs: list[list[Any]] = []
         #: id(pool) -> the done callback of its futures (for a broken pool).
         self.callbacks: dict[int, Callable[[Future[Any]], None]] = {}
 
@@ -481,9 +482,9 @@ class _Run:
             self._dir = tempfile.mkdtemp(prefix="aprof-children-")
         return self._dir
 
-    def tell_pool(self, fn: Callable[..., Any], seq: int, inner: Any, pool: Any = None) -> Any:
+    def tell_pool(self, record: list[Any], inner: Any, pool: Any = None) -> Any:
         """Note a pool job's future; return it as it is."""
-        self.pool_jobs.append((fn, inner, seq))
+        record[1] = inner
         if isinstance(inner, Future):
             cb = self.callbacks.get(id(pool))
             if cb is None:
@@ -598,7 +599,9 @@ def process_call(
                 entry = _runs[id(state)] = (state, _Run(options))
             run = entry[1]
     if pool and run.listen(state.node_id):  # no socket (no /proc): a session per job instead
-        return _PoolCall(fn, run.dir, seq, fwd, submit_ns), functools.partial(run.tell_pool, fn, seq)
+        job_record: list[Any] = [fn, None, seq]
+        run.pool_jobs.append(job_record)
+        return _PoolCall(fn, run.dir, seq, fwd, submit_ns), functools.partial(run.tell_pool, job_record)
     with _lock:
         job_id = next(_ids)
         record: list[Any] = [job_id, _name_of(fn), None]
@@ -814,6 +817,8 @@ def collect(state: ProfilerState, session: Any) -> Any:
                 else f"{_who(silent)} did not send its profile within {FLUSH_TIMEOUT:g} s"
             )
             lost.append(_lost(name, pid, why))
+        elif status == "unknown":  # aprof.wrap(fn) pickled: no future to ask
+            lost.append(_lost(name, None, "no profile came back from the process that ran it (or it never ran)"))
         # "done" otherwise: it failed in the parent (it could not be
         # pickled) or its worker could not profile (it warned);
         # "cancelled": it never ran. Nothing was lost.
