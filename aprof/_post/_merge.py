@@ -166,6 +166,7 @@ def merge_sessions(sessions: Sequence[Session], names: Sequence[str] | None = No
     node_map: dict[tuple[Any, ...], int] = {}  # process key -> merged node id
     used_nodes: set[int] = set()
     pids: dict[str, int] = {}
+    commands: dict[str, str] = {}
 
     def node_for(k: int, s: Session, node: int) -> int:
         key = _proc_of(s, k, node)
@@ -179,6 +180,9 @@ def merge_sessions(sessions: Sequence[Session], names: Sequence[str] | None = No
             pid = (s.metadata.get("pids") or {}).get(str(node))
             if type(pid) is int:
                 pids[str(got)] = pid
+            command = (s.metadata.get("commands") or {}).get(str(node))
+            if type(command) is str:  # a followed child program's command line
+                commands[str(got)] = command
         return got
 
     track_map: dict[tuple[Any, ...], Track] = {}  # (process key, old id) -> merged track
@@ -342,6 +346,8 @@ def merge_sessions(sessions: Sequence[Session], names: Sequence[str] | None = No
     if by_kind:
         md["dropped_by_kind"] = by_kind
     md["pids"] = pids or dict(first.metadata.get("pids") or {})
+    if commands:
+        md["commands"] = commands
     md.pop("parent_link", None)
     lost: list[Any] = []
     for s in sessions:
