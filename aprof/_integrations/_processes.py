@@ -228,6 +228,12 @@ class _WorkerProfile:
         self.closed = False
 
 
+def _run_executor_range(fn: Callable[..., Any], args: Any, kwargs: Any, fwd: int, seq: int, submit_ns: int) -> Any:
+    """Replaced by :mod:`aprof._core._propagation`'s at the first join (an
+    import there, not per job: a relative import costs microseconds)."""
+    raise AssertionError("no worker profile was started")  # pragma: no cover
+
+
 #: The parent profile's directory -> this process's profile for it (None:
 #: none can be made, the jobs run unprofiled).
 _workers: dict[str, _WorkerProfile | None] = {}
@@ -235,8 +241,6 @@ _exit_hooked: list[bool] = []
 
 
 def _call_in_worker(fn: Callable[..., Any], dir: str, seq: int, fwd: int, submit_ns: int, args: Any, kwargs: Any) -> Any:
-    from .._core._propagation import _run_executor_range
-
     if dir in _workers:
         w = _workers[dir]
     else:
@@ -286,6 +290,9 @@ def _join(dir: str) -> _WorkerProfile | None:
         sock.close()
         _warn_once(f"aprof: could not profile work in process {os.getpid()} ({type(exc).__name__}: {exc}); it runs unprofiled")
         return None
+    global _run_executor_range
+    from .._core._propagation import _run_executor_range
+
     w = _WorkerProfile(dir, prof, ctx, sock, header["node_id"])
     # A bare thread, as the flight recorder's: invisible to the program's
     # threading.enumerate() (SPEC 15.6). It waits for the parent's request.
