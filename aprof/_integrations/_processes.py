@@ -454,8 +454,8 @@ class _Run:
     """The jobs one profile handed to other processes."""
 
     __slots__ = (
-        "_dir", "asked", "callbacks", "conns", "dead", "gather_lock", "jobs", "listener", "options", "pool_jobs", "sessions",
-        "silent",
+        "_dir", "asked", "callbacks", "conns", "dead", "gather_lock", "jobs", "listener", "options", "pool_jobs", "rescued",
+        "sessions", "silent",
     )  # fmt: skip
 
     def __init__(self, options: dict[str, Any]) -> None:
@@ -478,8 +478,10 @@ class _Run:
         #: named only if lost.
         self.jobs: list[list[Any]] = []
         self.pool_jobs: list[list[Any]] = []
-        #: id(pool) -> the done callback of its futures (for a broken pool).
+        #: id(pool) -> the done callback of its futures (for a broken pool),
+        #: and the pools whose survivors were asked when they broke.
         self.callbacks: dict[int, Callable[[Future[Any]], None]] = {}
+        self.rescued: set[int] = set()
 
     @property
     def dir(self) -> str:
@@ -629,6 +631,10 @@ def _pool_job_done(run: _Run, pool: Any, fut: Future[Any]) -> None:
     # The future is done: its fields are final (no lock: this runs per job).
     if not isinstance(getattr(fut, "_exception", None), BrokenProcessPool):
         return
+    with run.gather_lock:
+        if id(pool) in run.rescued:
+            return  # once per pool: all its pending futures fail together
+        run.rescued.add(id(pool))
     with contextlib.suppress(Exception):  # the pool's manager thread must go on
         dead = _dead_workers(pool) if pool is not None else []
         _gather(run, final=False)
