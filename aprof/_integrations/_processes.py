@@ -102,16 +102,12 @@ _FORWARDED: Final = (
 
 
 class _Job:
-    """What a child needs to profile one submitted call (picklable).
-    ``worker``: the child is a pool worker that keeps one profile for all
-    the jobs of the parent profile (``dir`` names it); otherwise the call
-    is profiled on its own and leaves its session in ``dir``."""
+    """What a child needs to profile one call on its own (picklable): it
+    leaves its session in ``dir``."""
 
-    __slots__ = ("dir", "fwd", "id", "node_id", "options", "seq", "submit_ns", "worker")
+    __slots__ = ("dir", "fwd", "id", "node_id", "options", "seq", "submit_ns")
 
-    def __init__(
-        self, id: int, dir: str, options: dict[str, Any], node_id: int, fwd: int, seq: int, submit_ns: int, worker: bool = False
-    ) -> None:
+    def __init__(self, id: int, dir: str, options: dict[str, Any], node_id: int, fwd: int, seq: int, submit_ns: int) -> None:
         self.id = id
         self.dir = dir
         self.options = options
@@ -119,19 +115,18 @@ class _Job:
         self.fwd = fwd
         self.seq = seq
         self.submit_ns = submit_ns
-        self.worker = worker
 
     def __getstate__(self) -> tuple[Any, ...]:
-        return (self.id, self.dir, self.options, self.node_id, self.fwd, self.seq, self.submit_ns, self.worker)
+        return (self.id, self.dir, self.options, self.node_id, self.fwd, self.seq, self.submit_ns)
 
     def __setstate__(self, state: tuple[Any, ...]) -> None:
-        self.id, self.dir, self.options, self.node_id, self.fwd, self.seq, self.submit_ns, self.worker = state
+        self.id, self.dir, self.options, self.node_id, self.fwd, self.seq, self.submit_ns = state
 
 
 class ProcessCall:
-    """``fn`` submitted to another process under a profile: in that process,
-    runs it inside a profile and gets the session to the parent. Pickles
-    as ``fn`` and the job (``fn`` must pickle as it would without aprof,
+    """``fn`` handed to another process under a profile, to be profiled on
+    its own (multiprocessing): in that process, runs it inside a profile
+    and leaves the session for the parent. Pickles as ``fn`` and the job (``fn`` must pickle as it would without aprof,
     and fails the same way if it does not)."""
 
     __slots__ = ("__wrapped__", "_job")
@@ -141,11 +136,7 @@ class ProcessCall:
         self._job = job
 
     def __reduce__(self) -> tuple[Any, ...]:
-        job = self._job
-        if job.worker:
-            # Every job pays this: the options went once, in a file.
-            return (_PoolCall, (self.__wrapped__, job.dir, job.seq, job.fwd, job.submit_ns))
-        return (ProcessCall, (self.__wrapped__, job))
+        return (ProcessCall, (self.__wrapped__, self._job))
 
     def __repr__(self) -> str:
         return repr(self.__wrapped__)
@@ -153,8 +144,6 @@ class ProcessCall:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         fn = self.__wrapped__
         job = self._job
-        if job.worker:
-            return _call_in_worker(fn, job.dir, job.seq, job.fwd, job.submit_ns, args, kwargs)
         try:
             started = _start_in_child(job)
         except Exception as exc:  # noqa: BLE001 - the job runs anyway (issue 20, "Bad input")
@@ -179,10 +168,9 @@ class ProcessCall:
 
 
 class _PoolCall:
-    """A pool job as the worker gets it: ``fn``, the parent profile's
-    directory and the link. About 100 bytes and 2 us to pickle and
-    unpickle more than ``fn`` alone (the options, in a :class:`_Job`,
-    cost 12 us)."""
+    """A pool job: ``fn``, the parent profile's directory and the link.
+    About 100 bytes and 2 us to pickle and unpickle more than ``fn`` alone
+    (the options, as a :class:`_Job` carries them, cost 12 us)."""
 
     __slots__ = ("dir", "fn", "fwd", "seq", "submit_ns")
 
