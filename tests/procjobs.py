@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import os
 import signal
 import time
@@ -39,3 +40,21 @@ def slow(flag: str, seconds: float) -> str:
 def fail(_: int = 0) -> int:
     with aprof.record_function("failing inner"):
         raise ValueError("job failed")
+
+
+_VAR: contextvars.ContextVar[str] = contextvars.ContextVar("procjobs_var", default="unset")
+
+
+def set_var(value: str) -> str:
+    """Sets a context variable in the worker (the next job may see it)."""
+    _VAR.set(value)
+    return value
+
+
+def get_var(_: int = 0) -> str:
+    return _VAR.get()
+
+
+def stack_depth(_: int = 0) -> int:
+    with aprof.record_function("with a stack"):
+        return 0

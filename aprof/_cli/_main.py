@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import runpy
+import shlex
 import signal
 import sys
 import tempfile
@@ -23,7 +24,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from .. import _version
 from .._core._memory import DEFAULT_INTERVAL as DEFAULT_MEMORY_INTERVAL
@@ -36,6 +37,9 @@ from .._post._analysis import _SORT_KEYS
 from .._post._compact import LOD_KEY
 from .._post._readers import read_profile
 from .._post._session import Session
+
+if TYPE_CHECKING:
+    from .._integrations._follow import Follow
 
 __all__ = ["main"]
 
@@ -111,6 +115,12 @@ def _parser() -> argparse.ArgumentParser:
         help=f"record every stretch in which one task step or callback held the event loop (or trio run) longer than this, with the blocking stack (default {DEFAULT_LOOP_BLOCK_THRESHOLD})",
     )
     run.add_argument("--no-loop-block", action="store_true", help="do not watch for loop blocks")
+    run.add_argument(
+        "--no-follow",
+        action="store_true",
+        help="do not profile the Python programs this one starts (subprocess, os.exec*, multiprocessing spawn); by default each is "
+        "profiled with the same options and merged into the output as its own process",
+    )
     run.add_argument(
         "--control",
         action="store_true",
@@ -324,6 +334,7 @@ class _Finish:
         self.pending: int | None = None
         self.pid = os.getpid()
         self._previous: Any = None
+        self.follow: Follow | None = None
 
     def install(self) -> None:
         if threading_main() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
@@ -356,6 +367,9 @@ class _Finish:
             for action in undo:
                 action()
         session = self.prof.session
+        if self.follow is not None:
+            session = self.follow.collect(session, shlex.join(sys.argv))
+            self.follow = None
         if not args.no_summary:
             print(session.key_averages().table(sort_by=args.sort, row_limit=args.row_limit), file=sys.stderr)
             sections = session.summary().render()
@@ -390,20 +404,25 @@ def _die_by(signum: int) -> None:
     os._exit(128 + signum)  # pragma: no cover - the signal ends the process first
 
 
+def _profile_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The profile's options (plain values: they go to the children too)."""
+    return {
+        "scope": args.scope,
+        "with_stack": args.with_stack,
+        "python_tracer": args.python_tracer,
+        "max_events": args.max_events,
+        "max_bytes": args.max_bytes,
+        "keep": args.keep,
+        "sample_interval": args.sample,
+        "c_calls": args.c_calls,
+        "loop_block_threshold": None if args.no_loop_block else args.loop_block_threshold,
+        "profile_memory": args.memory,
+        "memory_interval": DEFAULT_MEMORY_INTERVAL if args.memory_interval is None else args.memory_interval,
+    }
+
+
 def _profile_for(args: argparse.Namespace) -> profile:
-    return profile(
-        scope=args.scope,
-        with_stack=args.with_stack,
-        python_tracer=args.python_tracer,
-        max_events=args.max_events,
-        max_bytes=args.max_bytes,
-        keep=args.keep,
-        sample_interval=args.sample,
-        c_calls=args.c_calls,
-        loop_block_threshold=None if args.no_loop_block else args.loop_block_threshold,
-        profile_memory=args.memory,
-        memory_interval=DEFAULT_MEMORY_INTERVAL if args.memory_interval is None else args.memory_interval,
-    )
+    return profile(**_profile_options(args))
 
 
 
@@ -460,6 +479,16 @@ def _run(args: argparse.Namespace) -> int:
             action()
         raise _UsageError(f"run: {exc}") from None
     finish = _Finish(prof, args, out, shown, undo)
+    if not args.no_follow:
+        # Child Python programs: profiled with the same options, merged at the end.
+        from .._integrations._follow import Follow
+
+        try:
+            finish.follow = Follow(_profile_options(args))
+        except OSError as exc:
+            print(f"aprof: cannot follow child processes ({exc}); profiling this one only", file=sys.stderr)
+        else:
+            undo.append(finish.follow.restore)
     finish.install()
     code, interrupted = _run_program(args)
     try:

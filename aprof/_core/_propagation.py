@@ -126,7 +126,10 @@ class _Wrapped:
         # when no profile runs there.
         from .._integrations._processes import process_call
 
-        call, _ = self._ctx.run(process_call, self.__wrapped__, self._fwd, self._seq, self._submit_ns)
+        # A pool worker's profile when it is one (the common case:
+        # run_in_executor(process_pool, ...)); a multiprocessing.Process
+        # sends its profile as it exits.
+        call, _ = self._ctx.run(process_call, self.__wrapped__, self._fwd, self._seq, self._submit_ns, True)
         return (_same, (call,))
 
     def __repr__(self) -> str:
@@ -304,6 +307,13 @@ class _PropagatingExecutor(Executor):
     def __init__(self, inner: Executor) -> None:
         self._inner = inner
         self._processes = isinstance(inner, concurrent.futures.ProcessPoolExecutor)
+        if self._processes:
+            # Once here, not per submit: a relative import costs a few
+            # microseconds a call, a tenth of a small job (issue 20).
+            from .._integrations._processes import process_call, submit_to_pool
+
+            self._process_call = process_call
+            self._submit_to_pool = submit_to_pool
 
     def submit(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         if not callable(fn):
@@ -311,12 +321,10 @@ class _PropagatingExecutor(Executor):
         if self._processes:
             # Another process: the profile's options and the link go with
             # the call, and the child's session comes back at stop (SPEC 11.4).
-            from .._integrations._processes import process_call, submit_in_band
-
-            call, tell = process_call(
-                fn, (stepping.lt or current_logical_thread()).id, next_sequence_nr(), perf_counter_ns(), in_band=True
+            call, tell = self._process_call(
+                fn, (stepping.lt or current_logical_thread()).id, next_sequence_nr(), perf_counter_ns(), pool=True
             )
-            return submit_in_band(type(self._inner).submit, self._inner, call, tell, args, kwargs)  # type: ignore[no-any-return]
+            return self._submit_to_pool(type(self._inner).submit, self._inner, call, tell, args, kwargs)  # type: ignore[no-any-return]
         return self._inner.submit(_Wrapped(fn), *args, **kwargs)
 
     def map(self, fn: Callable[..., R], *iterables: Any, timeout: float | None = None, chunksize: int = 1) -> Iterator[R]:

@@ -200,6 +200,7 @@ def chrome_trace_chunks(session: Session, batch: int = 4096, capped: dict[str, i
     each); ``capped`` (from :func:`cap_events`) goes into ``otherData``."""
     base = session.metadata["start_ns"]
     pids = {int(k): v for k, v in session.metadata.get("pids", {}).items()}
+    commands = session.metadata.get("commands") or {}
     yield '{"displayTimeUnit":"ms","otherData":'
     tracks = session.tracks()  # sorted by first activity: a walk over every event, so once
     tab = session._table
@@ -242,7 +243,9 @@ def chrome_trace_chunks(session: Session, batch: int = 4096, capped: dict[str, i
     nodes = sorted({t.node_id for t in tracks})
     for node in nodes:
         pid = pids.get(node, node)
-        emit(f'{{"ph":"M","name":"process_name","pid":{pid},"tid":0,"args":{{"name":{_dumps(f"aprof node {node}")}}}}}')
+        command = commands.get(str(node))  # a program aprof run followed: its command line
+        label = f"{command} (pid {pid})" if type(command) is str else f"aprof node {node}"
+        emit(f'{{"ph":"M","name":"process_name","pid":{pid},"tid":0,"args":{{"name":{_dumps(label)}}}}}')
     coros = _task_coroutines(tab)
     # A track's lines are one string (joined as the batch joins them): a
     # task per request makes tens of thousands of tracks.

@@ -8,30 +8,45 @@ carries the profile's options (tracer, stacks, inputs, tasks, event
 budget), the link to the submit point (the submitting logical thread, the
 submit's sequence number and its time) and the parent's node id.
 
-In the child, the call runs inside a profile of its own (node id = the
-child's pid), as an ``EXECUTOR`` range with everything it does inside. Its
-session goes back one of two ways:
+Two ways, depending on what runs the call:
 
-* **In band** (executors: ``propagating(ProcessPoolExecutor)``, the
-  installed ``ProcessPoolExecutor.submit``): the session's columns,
-  pickled, ride with the result (:class:`InBand`) or on the exception, and
-  the future the submitter holds (:class:`_InBandFuture`) takes them off
-  before it completes. No file: one per job cost about a millisecond.
-* **Through a private directory** (``multiprocessing`` ``Process`` and
-  ``Pool``, which give no future to unwrap): the profile's
-  ``tempfile.mkdtemp`` directory (mode 0700, in the system's temp dir,
-  never the working directory). The child creates
-  ``<job>-<pid>-<n>.part`` when it starts, writes its session into it and
-  renames it ``.aprof`` before the result goes back; a ``.part`` alone
-  means the process died mid-job, and names its pid.
+* **A pool worker keeps one profile** (executors:
+  ``propagating(ProcessPoolExecutor)``, the installed
+  ``ProcessPoolExecutor.submit``). The first job a worker runs for a
+  given parent profile starts a profile there (node id = the worker's
+  pid, in a copy of the worker's context that every later job of that
+  parent profile runs in), and connects to a Unix socket in the parent
+  profile's private directory (``tempfile.mkdtemp``: mode 0700, in the
+  system's temp dir, never the working directory). Each job is then one
+  ``EXECUTOR`` range in that profile, and its link (the submit's
+  sequence number and logical thread) one pair in a list: the result
+  goes back as it would without aprof. At the parent's ``stop()`` the
+  parent asks every connected worker for its session over the socket (a
+  thread of aprof's in the worker answers, even while a job runs: that
+  job's range ends at the stop, unfinished, as in one process); a worker
+  that exits first (pool shutdown, ``max_tasks_per_child``) leaves its
+  session as a file in the directory from a ``multiprocessing``
+  finalizer. A job costs a range and a few pickled ints, not a session.
+  A worker that dies (SIGKILL, a crash; the pool then terminates its
+  other workers) takes its unsent profile with it: the parent names
+  each of its jobs in ``session.lost``, and a broken pool's surviving
+  workers are asked for theirs before the pool terminates them.
+* **A call of its own** (``multiprocessing`` ``Process`` and ``Pool``,
+  which give no future to follow, and ``aprof.wrap`` pickled): the call
+  runs inside a profile of its own, as an ``EXECUTOR`` range with
+  everything it does inside, and its session goes through the private
+  directory: the child creates ``<job>-<pid>-<n>.part`` when it starts,
+  writes its session into it and renames it ``.aprof`` before the result
+  goes back; a ``.part`` alone means the process died mid-job, and names
+  its pid.
 
 At the parent's ``stop()``, :func:`collect` merges what came back into the
 parent's session (:mod:`aprof._post._merge`: each child process on its own
 tracks under its node id, the submit linked to the child's range) and
 removes the directory. A job that did not come back is named in
 ``session.lost``, with what its future, AsyncResult or Process says (still
-running at stop, the pool broke, killed by a signal). Only that job's work
-is lost; the parent's events are untouched.
+running at stop, the pool broke, killed by a signal). The parent's events
+are untouched.
 
 Anything that goes wrong on the child's side (aprof cannot start there,
 the directory is gone because the parent stopped) runs the job unprofiled;
@@ -41,14 +56,19 @@ never fails because of aprof.
 
 from __future__ import annotations
 
+import _thread
 import contextlib
+import contextvars
 import functools
 import itertools
 import os
 import pickle
 import shutil
+import socket
+import struct
 import tempfile
 import threading
+import time
 import warnings
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -60,6 +80,19 @@ from .._core._recorder import ProfilerState
 
 __all__ = ["ProcessCall", "collect", "discard", "process_call"]
 
+#: The socket pool workers connect to, in the parent profile's directory,
+#: and the file that gives them the profile's options and node id.
+_SOCKET: Final = "workers"
+_OPTIONS: Final = "options"
+#: A worker says its pid when it connects; a session is its length, then its bytes.
+_U64: Final = struct.Struct("<Q")
+#: What the parent sends a worker to ask for its session.
+_FLUSH: Final = b"F"
+#: How long a stop waits for the workers' sessions, all together (seconds):
+#: aprof's thread in each worker answers at once, even while a job runs,
+#: so only a stuck process (stopped, swapping) is waited for this long.
+FLUSH_TIMEOUT: float = 10.0
+
 #: Options of the parent's profile that the child's profile takes (those
 #: this aprof's profile has: the memory budget's max_bytes and keep too).
 _FORWARDED: Final = (
@@ -69,7 +102,8 @@ _FORWARDED: Final = (
 
 
 class _Job:
-    """What a child needs to profile one submitted call (picklable)."""
+    """What a child needs to profile one call on its own (picklable): it
+    leaves its session in ``dir``."""
 
     __slots__ = ("dir", "fwd", "id", "node_id", "options", "seq", "submit_ns")
 
@@ -90,10 +124,10 @@ class _Job:
 
 
 class ProcessCall:
-    """``fn`` submitted to another process under a profile: in that process,
-    runs it inside a profile of its own and leaves the session for the
-    parent. Pickles as ``fn`` and the job (``fn`` must pickle as it would
-    without aprof, and fails the same way if it does not)."""
+    """``fn`` handed to another process under a profile, to be profiled on
+    its own (multiprocessing): in that process, runs it inside a profile
+    and leaves the session for the parent. Pickles as ``fn`` and the job (``fn`` must pickle as it would without aprof,
+    and fails the same way if it does not)."""
 
     __slots__ = ("__wrapped__", "_job")
 
@@ -110,8 +144,6 @@ class ProcessCall:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         fn = self.__wrapped__
         job = self._job
-        if not job.dir:
-            return _call_in_band(fn, job, args, kwargs)
         try:
             started = _start_in_child(job)
         except Exception as exc:  # noqa: BLE001 - the job runs anyway (issue 20, "Bad input")
@@ -130,58 +162,191 @@ class ProcessCall:
             _finish_in_child(prof, part, job)
 
 
-class InBand:
-    """A job's result with its session, on the way back to the submitter
-    (the executor path: :class:`_InBandFuture` takes it apart)."""
+# ---------------------------------------------------------------------------
+# A pool worker's side: one profile per parent profile
+# ---------------------------------------------------------------------------
 
-    __slots__ = ("payload", "result")
 
-    def __init__(self, result: Any, payload: bytes) -> None:
-        self.result = result
-        self.payload = payload
+class _PoolCall:
+    """A pool job: ``fn``, the parent profile's directory and the link.
+    About 100 bytes and 2 us to pickle and unpickle more than ``fn`` alone
+    (the options, as a :class:`_Job` carries them, cost 12 us)."""
+
+    __slots__ = ("dir", "fn", "fwd", "seq", "submit_ns")
+
+    def __init__(self, fn: Callable[..., Any], dir: str, seq: int, fwd: int, submit_ns: int) -> None:
+        self.fn = fn
+        self.dir = dir
+        self.seq = seq
+        self.fwd = fwd
+        self.submit_ns = submit_ns
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (InBand, (self.result, self.payload))
+        return (_PoolCall, (self.fn, self.dir, self.seq, self.fwd, self.submit_ns))
+
+    def __repr__(self) -> str:
+        return repr(self.fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return _call_in_worker(self.fn, self.dir, self.seq, self.fwd, self.submit_ns, args, kwargs)
 
 
-#: The attribute a job's exception carries its session back in (removed by
-#: the submitter's side before anyone sees the exception).
-_EXC_ATTR: Final = "_aprof_session"
+
+class _WorkerProfile:
+    """This process's profile of the jobs one parent profile sent it."""
+
+    __slots__ = ("closed", "ctx", "dir", "enter", "links", "lock", "parent_node", "prof", "sock")
+
+    def __init__(self, dir: str, prof: Any, ctx: contextvars.Context, sock: socket.socket, parent_node: int) -> None:
+        self.dir = dir
+        self.prof: Any = prof
+        #: The context every job of this parent profile runs in (a copy of
+        #: the worker's, taken at the first job): what a job sets in it, the
+        #: next job sees, as in the worker's own context without aprof.
+        self.ctx: contextvars.Context | None = ctx
+        self.sock = sock
+        self.parent_node = parent_node
+        #: (seq, fwd) of each job run: the links the parent's merge draws.
+        self.links: list[tuple[int, int]] = []
+        #: Held while a job runs in ``ctx`` (a Context is entered by one
+        #: thread at a time; a job that runs another in this process, or one
+        #: run from another thread, takes a copy).
+        self.enter = threading.Lock()
+        self.lock = threading.Lock()
+        self.closed = False
 
 
-def _call_in_band(fn: Callable[..., Any], job: _Job, args: Any, kwargs: Any) -> Any:
-    """Run one job under a profile of its own and send the session back
-    with the result (or on the exception): no file, no directory."""
-    from .._core._profiler import profile
+def _run_executor_range(fn: Callable[..., Any], args: Any, kwargs: Any, fwd: int, seq: int, submit_ns: int) -> Any:
+    """Replaced by :mod:`aprof._core._propagation`'s at the first join (an
+    import there, not per job: a relative import costs microseconds)."""
+    raise AssertionError("no worker profile was started")  # pragma: no cover
+
+
+#: The parent profile's directory -> this process's profile for it (None:
+#: none can be made, the jobs run unprofiled).
+_workers: dict[str, _WorkerProfile | None] = {}
+_exit_hooked: list[bool] = []
+
+
+def _call_in_worker(fn: Callable[..., Any], dir: str, seq: int, fwd: int, submit_ns: int, args: Any, kwargs: Any) -> Any:
+    if dir in _workers:
+        w = _workers[dir]
+    else:
+        w = _workers[dir] = _join(dir)
+    ctx = None if w is None or w.closed else w.ctx
+    if w is None or ctx is None:
+        return fn(*args, **kwargs)
+    w.links.append((seq, fwd))
+    # fwd 0: the submitter is in another process; the merge points this
+    # range at it through the session's parent_link.
+    if not w.enter.acquire(blocking=False):
+        return ctx.copy().run(_run_executor_range, fn, args, kwargs, 0, seq, submit_ns)
+    try:
+        return ctx.run(_run_executor_range, fn, args, kwargs, 0, seq, submit_ns)
+    finally:
+        w.enter.release()
+
+
+def _join(dir: str) -> _WorkerProfile | None:
+    """Start this worker's profile for the parent profile that owns
+    ``dir``, and connect to the parent; None if the parent is gone or
+    aprof cannot profile here (the jobs then run unprofiled)."""
+    try:
+        # Through the directory's descriptor: a socket's path is limited to
+        # 107 bytes, a temp dir's is not.
+        fd = os.open(dir, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None  # the parent stopped and removed it: nobody would read this profile
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        with open(f"/proc/self/fd/{fd}/{_OPTIONS}", "rb") as f:
+            header = pickle.load(f)
+        sock.connect(f"/proc/self/fd/{fd}/{_SOCKET}")
+        sock.sendall(_U64.pack(os.getpid()))
+    except OSError:
+        sock.close()
+        return None  # the parent stopped meanwhile
+    finally:
+        os.close(fd)
+    try:
+        from .._core._profiler import profile
+
+        prof = profile(node_id=os.getpid(), **header["options"])
+        ctx = contextvars.copy_context()
+        ctx.run(prof.start)
+    except Exception as exc:  # noqa: BLE001 - the jobs run anyway (issue 20, "Bad input")
+        sock.close()
+        _warn_once(f"aprof: could not profile work in process {os.getpid()} ({type(exc).__name__}: {exc}); it runs unprofiled")
+        return None
+    global _run_executor_range
     from .._core._propagation import _run_executor_range
 
-    try:
-        prof = profile(node_id=os.getpid(), **job.options)
-        prof.start()
-    except Exception as exc:  # noqa: BLE001 - the job runs anyway (issue 20, "Bad input")
-        _warn_once(f"aprof: could not profile work in process {os.getpid()} ({type(exc).__name__}: {exc}); it runs unprofiled")
-        return fn(*args, **kwargs)
-    try:
-        result = _run_executor_range(fn, args, kwargs, 0, job.seq, job.submit_ns)
-    except BaseException as exc:
-        payload = _payload(prof, job)
-        if payload is not None:
-            with contextlib.suppress(Exception):  # an exception that takes no attributes goes back without it
-                setattr(exc, _EXC_ATTR, payload)
-        raise
-    payload = _payload(prof, job)
-    return result if payload is None else InBand(result, payload)
+    w = _WorkerProfile(dir, prof, ctx, sock, header["node_id"])
+    # A bare thread, as the flight recorder's: invisible to the program's
+    # threading.enumerate() (SPEC 15.6). It waits for the parent's request.
+    _thread.start_new_thread(_serve, (w,))
+    if not _exit_hooked:
+        _exit_hooked.append(True)
+        import atexit
+        from multiprocessing import util
+
+        # A multiprocessing worker ends with os._exit after its finalizers
+        # (atexit never runs there); any other process, the other way round.
+        util.Finalize(None, _flush_all_at_exit, exitpriority=100)
+        atexit.register(_flush_all_at_exit)
+    return w
 
 
-def _payload(prof: Any, job: _Job) -> bytes | None:
+def _serve(w: _WorkerProfile) -> None:
+    """aprof's thread in a worker: wait for the parent's request, answer it.
+    The connection closing instead means the parent is gone (or stopped
+    without asking): the profile is dropped."""
     try:
-        prof.stop()
+        asked = w.sock.recv(1) == _FLUSH
+    except OSError:
+        asked = False
+    _flush(w, "send" if asked else "drop")
+
+
+def _flush_all_at_exit() -> None:
+    for w in list(_workers.values()):
+        if w is not None:
+            _flush(w, "file")
+
+
+def _flush(w: _WorkerProfile, how: str) -> None:
+    """Stop ``w``'s profile and send its session to the parent (``send``),
+    leave it in the parent's directory (``file``: the worker is exiting),
+    or drop it (``drop``). Once: the first caller does it."""
+    with w.lock:
+        if w.closed:
+            return
+        w.closed = True
+    prof, w.prof, w.ctx = w.prof, None, None
+    try:
+        prof.stop()  # from any thread (SPEC 5.4): a job running now ends unfinished
+        if how == "drop":
+            return
         session = prof.session
-        session.metadata["parent_link"] = {"node_id": job.node_id, "fwd": job.fwd, "seq": job.seq}
-        return dump_session(session)
-    except Exception as exc:  # noqa: BLE001 - never fail the job for its profile
-        _warn_once(f"aprof: could not send the profile of work in process {os.getpid()} back ({type(exc).__name__}: {exc})")
-        return None
+        session.metadata["parent_link"] = {"node_id": w.parent_node, "links": list(w.links)}
+        payload = dump_session(session)
+        if how == "send":
+            w.sock.sendall(_U64.pack(len(payload)))
+            w.sock.sendall(payload)
+        else:
+            # Before the socket closes: the parent reads the directory after
+            # every connection has ended.
+            part = os.path.join(w.dir, f"{os.getpid()}.session.part")
+            with open(part, "wb") as f:
+                f.write(payload)
+            os.replace(part, part[: -len(".part")])
+    except OSError:
+        pass  # the parent is gone, or stopped meanwhile: its session names the jobs as lost
+    except Exception as exc:  # noqa: BLE001 - never fail the worker for its profile
+        with contextlib.suppress(Exception):  # a warning filter set to "error", at exit
+            _warn_once(f"aprof: could not send the profile of work in process {os.getpid()} back ({type(exc).__name__}: {exc})")
+    finally:
+        w.sock.close()
 
 
 def dump_session(session: Any) -> bytes:
@@ -276,33 +441,85 @@ def _finish_in_child(prof: Any, part: str, job: _Job) -> None:
 class _Run:
     """The jobs one profile handed to other processes."""
 
-    __slots__ = ("_dir", "closed", "dead", "jobs", "late", "options", "payloads", "received")
+    __slots__ = (
+        "_dir", "asked", "callbacks", "conns", "dead", "gather_lock", "jobs", "listener", "options", "pool_jobs", "rescued",
+        "sessions", "silent",
+    )  # fmt: skip
 
     def __init__(self, options: dict[str, Any]) -> None:
         self._dir: str | None = None
         self.options = options
-        #: Sessions sent back with results (the executor path), and whose.
-        self.payloads: list[bytes] = []
-        self.received: set[int] = set()
-        #: Read by stop(): what comes back later is dropped, and its job
-        #: noted in ``late`` (before its future completes).
-        self.closed = False
-        self.late: set[int] = set()
-        #: job id -> pids of the pool's workers found dead when it broke.
-        self.dead: dict[int, list[int]] = {}
-        #: (job id, name, what the submitter got back: a future, an
-        #: AsyncResult, a Process; None until known)
-        self.jobs: list[tuple[int, str, Any]] = []
+        #: The socket pool workers connect to (None until the first pool job).
+        self.listener: socket.socket | None = None
+        self.gather_lock = threading.Lock()
+        #: Workers' sessions received, the pids of workers whose connection
+        #: ended without one, of those that did not answer in time, and
+        #: those asked already (a broken pool's survivors are asked early).
+        self.sessions: list[bytes] = []
+        self.dead: set[int] = set()
+        self.silent: set[int] = set()
+        self.asked: set[int] = set()
+        self.conns: list[socket.socket] = []
+        #: [job id, name, what the submitter got back (a future, an
+        #: AsyncResult, a Process; None until known)] of calls profiled on
+        #: their own; [fn, future (None until known), seq] of pool jobs,
+        #: named only if lost.
+        self.jobs: list[list[Any]] = []
+        self.pool_jobs: list[list[Any]] = []
+        #: id(pool) -> the done callback of its futures (for a broken pool),
+        #: and the pools whose survivors were asked when they broke.
+        self.callbacks: dict[int, Callable[[Future[Any]], None]] = {}
+        self.rescued: set[int] = set()
 
     @property
     def dir(self) -> str:
-        """The directory children leave their sessions in (the multiprocessing
-        path), made on first use: 0700, in the temp dir."""
+        """The directory children leave their sessions in, made on first
+        use: 0700, in the temp dir."""
         if self._dir is None:
             self._dir = tempfile.mkdtemp(prefix="aprof-children-")
         return self._dir
 
+    def tell_pool(self, record: list[Any], inner: Any, pool: Any = None) -> Any:
+        """Note a pool job's future; return it as it is."""
+        record[1] = inner
+        if isinstance(inner, Future):
+            cb = self.callbacks.get(id(pool))
+            if cb is None:
+                cb = self.callbacks[id(pool)] = functools.partial(_pool_job_done, self, pool)
+            inner.add_done_callback(cb)
+        return inner
+
+    def listen(self, node_id: int) -> bool:
+        """Open the socket pool workers connect to (once), with the file of
+        the profile's options beside it; False if it cannot be."""
+        if self.listener is not None:
+            return True
+        with _lock:
+            return self._listen(node_id)
+
+    def _listen(self, node_id: int) -> bool:
+        if self.listener is None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                with open(os.path.join(self.dir, _OPTIONS), "wb") as f:
+                    pickle.dump({"options": self.options, "node_id": node_id}, f)
+                fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    sock.bind(f"/proc/self/fd/{fd}/{_SOCKET}")
+                finally:
+                    os.close(fd)
+                sock.listen(socket.SOMAXCONN)
+            except OSError:
+                sock.close()
+                return False
+            self.listener = sock
+        return True
+
     def remove(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
+        for c in self.conns:
+            c.close()
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
 
@@ -314,34 +531,31 @@ _ids = itertools.count(1)
 
 def _after_fork_in_child() -> None:
     # The parent's profiles are not the child's (the profiler empties them),
-    # and a thread of the parent may have held the lock at the fork.
+    # and a thread of the parent may have held the lock at the fork; nor
+    # are a parent pool worker's profiles (its thread did not follow).
     global _lock
     _lock = threading.Lock()
     _runs.clear()
+    _workers.clear()
     _warned.clear()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _current_state() -> tuple[ProfilerState, dict[str, Any]] | None:
-    """The profile recording the current context (or a global one), with its options."""
+def _current_state() -> tuple[ProfilerState, Any] | None:
+    """The profile recording the current context (or a global one), and its state."""
     from .._core import _profiler
 
     rec = RF_STATE.get().recorder
     state = rec.state if rec is not None else None
-    found = None
     for prof in list(_profiler._live):
         st = prof._state
         if st is None or not st.running:
             continue
         if st is state or (state is None and prof.scope == "global"):
-            found = prof
-            break
-    if found is None or found._state is None:
-        return None
-    options = {k: getattr(found, k) for k in _FORWARDED if hasattr(found, k)}
-    return found._state, options
+            return st, prof
+    return None
 
 
 def _name_of(fn: Callable[..., Any]) -> str:
@@ -351,77 +565,73 @@ def _name_of(fn: Callable[..., Any]) -> str:
 
 
 def process_call(
-    fn: Callable[..., Any], fwd: int, seq: int, submit_ns: int, in_band: bool = False
+    fn: Callable[..., Any], fwd: int, seq: int, submit_ns: int, pool: bool = False
 ) -> tuple[Callable[..., Any], Callable[[Any], Any]]:
     """What to hand another process for ``fn``, and what to do with what
-    the submit returned: ``tell(handle)`` returns what the caller should
-    get back. ``in_band`` (an executor's future): the session comes back
-    with the result and ``tell`` returns a future that takes it off;
-    otherwise the child leaves a file and ``tell`` keeps the handle (a
-    future, an AsyncResult, a Process: read at stop to say what became of
-    a job that did not come back).
+    the submit returned: ``tell(handle)`` keeps the handle (a future, an
+    AsyncResult, a Process: read at stop to say what became of a job that
+    did not come back) and returns it. ``pool`` (an executor's worker):
+    the worker keeps one profile for all this profile's jobs; otherwise
+    the call is profiled on its own and leaves a file.
 
     Called in the submitter's context. Without a running profile, ``fn``
     itself: the child runs it as it would without aprof.
     """
-    found = _current_state()
-    if found is None:
-        return fn, _no_future
-    state, options = found
-    with _lock:
-        entry = _runs.get(id(state))
-        if entry is None or entry[0] is not state:
-            entry = _runs[id(state)] = (state, _Run(options))
+    # The common case first, without a lock: a context's profile that has
+    # handed work to other processes before.
+    rec = RF_STATE.get().recorder
+    state = rec.state if rec is not None else None
+    entry = _runs.get(id(state)) if state is not None and state.running else None
+    if entry is not None and entry[0] is state:
         run = entry[1]
+    else:
+        found = _current_state()
+        if found is None:
+            return fn, _no_future
+        state, prof = found
+        with _lock:
+            entry = _runs.get(id(state))
+            if entry is None or entry[0] is not state:
+                options = {k: getattr(prof, k) for k in _FORWARDED if hasattr(prof, k)}
+                entry = _runs[id(state)] = (state, _Run(options))
+            run = entry[1]
+    if pool and run.listen(state.node_id):  # no socket (no /proc): a session per job instead
+        job_record: list[Any] = [fn, None, seq]
+        run.pool_jobs.append(job_record)
+        return _PoolCall(fn, run.dir, seq, fwd, submit_ns), functools.partial(run.tell_pool, job_record)
+    with _lock:
         job_id = next(_ids)
         record: list[Any] = [job_id, _name_of(fn), None]
-        run.jobs.append(record)  # type: ignore[arg-type]
-        job = _Job(job_id, "" if in_band else run.dir, run.options, state.node_id, fwd, seq, submit_ns)
+        run.jobs.append(record)
+        job = _Job(job_id, run.dir, run.options, state.node_id, fwd, seq, submit_ns)
 
-    if in_band:
-
-        def tell_in_band(inner: Any) -> Any:
-            outer = _InBandFuture(inner, run, job_id)
-            record[2] = outer
-            return outer
-
-        return ProcessCall(fn, job), tell_in_band
-
-    def tell(handle: Any) -> Any:
+    def tell(handle: Any, pool: Any = None) -> Any:
         record[2] = handle
         return handle
 
     return ProcessCall(fn, job), tell
 
 
-class _InBandFuture(Future):  # type: ignore[type-arg]
-    """The future a submitter gets for an in-band job: the inner future's
-    outcome with the child's session taken off (SPEC 15.6: the program
-    sees its result or exception as without aprof)."""
-
-    def __init__(self, inner: Future[Any], run: _Run, job_id: int) -> None:
-        super().__init__()
-        self._inner = inner
-        pool = _pools.get(id(inner))
-        inner.add_done_callback(functools.partial(_in_band_done, self, run, job_id, pool))
-
-    def cancel(self) -> bool:
-        return self._inner.cancel() and super().cancel()
-
-    def running(self) -> bool:
-        return self._inner.running() and not self.done()
-
-
-#: id(inner future) -> its executor, while a submit is telling (for the
-#: pids of workers that died).
-_pools: dict[int, Any] = {}
+def _pool_job_done(run: _Run, pool: Any, fut: Future[Any]) -> None:
+    # A broken pool fails its futures, then terminates its other workers:
+    # ask those for their sessions first (this runs in the pool's manager
+    # thread, which waits for us).
+    # The future is done: its fields are final (no lock: this runs per job).
+    if not isinstance(getattr(fut, "_exception", None), BrokenProcessPool):
+        return
+    with run.gather_lock:
+        if id(pool) in run.rescued:
+            return  # once per pool: all its pending futures fail together
+        run.rescued.add(id(pool))
+    with contextlib.suppress(Exception):  # the pool's manager thread must go on
+        dead = _dead_workers(pool) if pool is not None else []
+        _gather(run, final=False)
+        run.dead.update(dead)
 
 
 def _dead_workers(pool: Any) -> list[int]:
     """The pids of ``pool``'s workers that a signal ended. A worker's pipe
     closes a moment before it can be waited for: look for up to 0.2 s."""
-    import time
-
     procs = list(pool._processes.values())
     deadline = time.monotonic() + 0.2
     while True:
@@ -431,40 +641,68 @@ def _dead_workers(pool: Any) -> list[int]:
         time.sleep(0.005)
 
 
-def _in_band_done(outer: _InBandFuture, run: _Run, job_id: int, pool: Any, inner: Future[Any]) -> None:
-    if inner.cancelled():
-        super(_InBandFuture, outer).cancel()
-        outer.set_running_or_notify_cancel()
-        return
-    exc = inner.exception()
-    payload = None
-    if exc is not None:
-        payload = exc.__dict__.pop(_EXC_ATTR, None) if hasattr(exc, "__dict__") else None
-        if isinstance(exc, BrokenProcessPool) and pool is not None:
-            # The futures of a broken pool fail before its other workers
-            # are terminated: the dead ones are those with an exit code.
-            with contextlib.suppress(Exception):
-                run.dead[job_id] = _dead_workers(pool)
-    else:
-        result = inner.result()
-        if isinstance(result, InBand):
-            payload = result.payload
-            result = result.result
-    if payload is not None:
-        with _lock:
-            if run.closed:
-                run.late.add(job_id)
-            else:
-                run.payloads.append(payload)
-                run.received.add(job_id)
-    with contextlib.suppress(Exception):  # cancelled meanwhile: nothing to set
-        if exc is not None:
-            outer.set_exception(exc)
-        else:
-            outer.set_result(result)
+def _recv(conn: socket.socket, n: int, deadline: float) -> bytes | None:
+    """``n`` bytes from ``conn`` by ``deadline``; None if it closed first."""
+    chunks = []
+    while n:
+        conn.settimeout(max(deadline - time.monotonic(), 0.001))
+        chunk = conn.recv(min(n, 1 << 20))
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
 
 
-def _no_future(handle: Any) -> Any:
+def _gather(run: _Run, final: bool) -> None:
+    """Ask every worker connected so far for its session (``final``: at
+    stop; also no more connections after)."""
+    with run.gather_lock:
+        listener = run.listener
+        if listener is None:
+            return
+        conns: list[tuple[socket.socket, int | None]] = []
+        listener.setblocking(False)
+        deadline = time.monotonic() + FLUSH_TIMEOUT
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                break
+            run.conns.append(conn)
+            try:
+                head = _recv(conn, _U64.size, deadline)
+            except OSError:
+                head = None
+            conns.append((conn, None if head is None else _U64.unpack(head)[0]))
+        if final:
+            listener.close()
+            run.listener = None
+        for conn, _pid in conns:
+            with contextlib.suppress(OSError):
+                conn.sendall(_FLUSH)  # all first: the workers answer together
+        for conn, pid in conns:
+            try:
+                head = _recv(conn, _U64.size, deadline)
+                payload = None if head is None else _recv(conn, _U64.unpack(head)[0], deadline)
+            except TimeoutError:
+                if pid is not None:
+                    run.silent.add(pid)
+                payload = None
+            except OSError:
+                payload = None
+            conn.close()
+            if pid is not None:
+                run.asked.add(pid)
+            if payload is not None:
+                run.sessions.append(payload)
+            elif pid is not None and pid not in run.silent:
+                run.dead.add(pid)  # unless it left a file on its way out: see collect
+
+
+def _no_future(handle: Any, pool: Any = None) -> Any:
     return handle
 
 
@@ -479,8 +717,6 @@ def _status(handle: Any) -> str:
     if handle is None:
         return "unknown"
     try:
-        # An in-band job's own future completes only after its session
-        # was taken (or, past stop, noted late): its state is the truth.
         if isinstance(handle, Future):
             if not handle.done():
                 return "running"
@@ -501,6 +737,18 @@ def _status(handle: Any) -> str:
         return "unknown"
 
 
+def _finished(handle: Any) -> bool:
+    """A pool job's future completed with its result or its own exception
+    (read without the future's lock: a stop reads thousands)."""
+    return getattr(handle, "_state", None) == "FINISHED" and not isinstance(getattr(handle, "_exception", None), BrokenProcessPool)
+
+
+def _who(pids: list[int]) -> str:
+    if len(pids) == 1:
+        return f"process {pids[0]}"
+    return "a worker" if not pids else f"processes {', '.join(map(str, pids))}"
+
+
 def collect(state: ProfilerState, session: Any) -> Any:
     """The parent's session with its children's merged in (at stop)."""
     with _lock:
@@ -508,18 +756,26 @@ def collect(state: ProfilerState, session: Any) -> Any:
         if entry is None or entry[0] is not state:
             return session
         run = entry[1]
-        run.closed = True  # a job ending from now on is "still running at stop", consistently
-        payloads, received = list(run.payloads), set(run.received)
     from .._post._merge import merge_sessions
     from .._post._session import load
 
+    _gather(run, final=True)  # no worker joins this profile from now on
     try:
         names = os.listdir(run._dir) if run._dir is not None else []
     except OSError:
         names = []
     # job id -> [(path, pid, finished)]
     files: dict[int, list[tuple[str, int, bool]]] = {}
+    payloads = list(run.sessions)
     for n in names:
+        if n.endswith(".session") and n[: -len(".session")].isdigit():  # a worker's, on its way out
+            try:
+                with open(os.path.join(run.dir, n), "rb") as f:
+                    payloads.append(f.read())
+            except OSError:
+                continue
+            run.dead.discard(int(n[: -len(".session")]))
+            continue
         stem, _, ext = n.rpartition(".")
         parts = stem.split("-")
         if len(parts) != 3 or not all(x.isdigit() for x in parts) or ext not in ("aprof", "part"):
@@ -527,15 +783,48 @@ def collect(state: ProfilerState, session: Any) -> Any:
         files.setdefault(int(parts[0]), []).append((os.path.join(run.dir, n), int(parts[1]), ext == "aprof"))
     children = []
     lost: list[dict[str, Any]] = []
+    came_back: set[int] = set()  # the seqs of pool jobs whose range came back
     for payload in payloads:
         try:
-            children.append(load_session(payload))
-        except Exception as exc:  # noqa: BLE001 - one bad payload loses one job
-            lost.append(_lost("?", None, f"its profile could not be read ({type(exc).__name__}: {exc})"))
-    for job_id, name, handle in run.jobs:
-        if job_id in received:
+            child = load_session(payload)
+        except Exception as exc:  # noqa: BLE001 - one bad payload loses one worker's jobs
+            lost.append(_lost("?", None, f"a profile could not be read ({type(exc).__name__}: {exc})"))
             continue
-        status = "running" if job_id in run.late else _status(handle)
+        children.append(child)
+        link = child.metadata.get("parent_link")
+        if type(link) is dict:
+            came_back.update(seq for seq, _fwd in link.get("links") or ())
+    dead, silent = sorted(run.dead), sorted(run.silent)
+    for fn, handle, seq in run.pool_jobs:
+        if seq in came_back and _finished(handle):
+            continue  # the common case, without a lock
+        status = _status(handle)
+        name = _name_of(fn)
+        if status == "running":
+            why = "still running" if seq in came_back else "still queued or running"
+            lost.append(_lost(name, None, f"{why} in another process when the profile stopped"))
+        elif status == "broken":
+            # Its range, if it came back, ends where its worker was asked.
+            pid = dead[0] if len(dead) == 1 else None
+            lost.append(_lost(name, pid, f"{_who(dead)} of the process pool died (it crashed or was killed) while the job was queued or running"))
+        elif seq in came_back:
+            pass
+        elif status == "done" and (dead or silent):
+            # It ran, in a worker whose profile did not come back.
+            pid = dead[0] if len(dead) == 1 and not silent else silent[0] if len(silent) == 1 and not dead else None
+            why = (
+                f"{_who(dead)} of the process pool died (it crashed or was killed) with the profile of the jobs it ran"
+                if dead
+                else f"{_who(silent)} did not send its profile within {FLUSH_TIMEOUT:g} s"
+            )
+            lost.append(_lost(name, pid, why))
+        elif status == "unknown":  # aprof.wrap(fn) pickled: no future to ask
+            lost.append(_lost(name, None, "no profile came back from the process that ran it (or it never ran)"))
+        # "done" otherwise: it failed in the parent (it could not be
+        # pickled) or its worker could not profile (it warned);
+        # "cancelled": it never ran. Nothing was lost.
+    for job_id, name, handle in run.jobs:
+        status = _status(handle)
         mine = files.get(job_id, [])
         for path, pid, finished in mine:
             if finished:
@@ -552,18 +841,13 @@ def collect(state: ProfilerState, session: Any) -> Any:
             continue
         if status == "running":
             lost.append(_lost(name, None, "still queued or running in another process when the profile stopped"))
-        elif status == "broken":
-            dead = run.dead.get(job_id) or []
-            dead_pid = dead[0] if len(dead) == 1 else None
-            who = f"process {dead[0]}" if len(dead) == 1 else "a worker" if not dead else f"processes {', '.join(map(str, dead))}"
-            lost.append(_lost(name, dead_pid, f"{who} of the process pool died (it crashed or was killed) while the job was queued or running"))
         elif status.startswith("killed"):
             lost.append(_lost(name, None, f"its process ended before the job started ({status})"))
         elif status == "unknown":
             lost.append(_lost(name, None, "no profile came back from the process that ran it"))
         # "done" without a file: it failed in the parent (it could not be
-        # pickled) or ran no call (an empty map); "cancelled", "never
-        # started": it never ran. Nothing was lost.
+        # pickled) or ran no call (an empty map); "never started": it never
+        # ran. Nothing was lost.
     run.remove()
     if lost:
         session.metadata["lost"] = [*(session.metadata.get("lost") or ()), *lost]
@@ -599,23 +883,17 @@ def _link() -> tuple[int, int, int]:
     return (stepping.lt or current_logical_thread()).id, next_sequence_nr(), perf_counter_ns()
 
 
-def _wrapped(fn: Any, in_band: bool = False) -> tuple[Any, Callable[[Any], Any]]:
+def _wrapped(fn: Any, pool: bool = False) -> tuple[Any, Callable[..., Any]]:
     """``fn`` made a profiled call if a profile runs here (and it is not one already)."""
-    if not callable(fn) or isinstance(fn, ProcessCall) or _current_state() is None:
+    if not callable(fn) or isinstance(fn, (ProcessCall, _PoolCall)) or _current_state() is None:
         return fn, _no_future
-    return process_call(fn, *_link(), in_band=in_band)
+    return process_call(fn, *_link(), pool=pool)
 
 
-def submit_in_band(submit: Any, pool: Any, call: Any, tell: Callable[[Any], Any], args: Any, kwargs: Any) -> Any:
-    """``submit(pool, call, ...)`` and the future the submitter gets."""
-    inner = submit(pool, call, *args, **kwargs)
-    if tell is _no_future:
-        return inner
-    _pools[id(inner)] = pool
-    try:
-        return tell(inner)
-    finally:
-        _pools.pop(id(inner), None)
+def submit_to_pool(submit: Any, pool: Any, call: Any, tell: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    """``submit(pool, call, ...)``, its future noted for the profile and
+    returned as it is: the program's own future."""
+    return tell(submit(pool, call, *args, **kwargs), pool)
 
 
 def _is_machinery(fn: Any) -> bool:
@@ -626,8 +904,8 @@ def _is_machinery(fn: Any) -> bool:
 
 def _executor_submit(original: Any) -> Any:
     def submit(self: Any, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
-        call, tell = _wrapped(fn, in_band=True)
-        return submit_in_band(original, self, call, tell, args, kwargs)
+        call, tell = _wrapped(fn, pool=True)
+        return submit_to_pool(original, self, call, tell, args, kwargs)
 
     return submit
 

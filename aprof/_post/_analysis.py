@@ -277,7 +277,9 @@ def _fmt(ns: float) -> str:
 
 def _node_label(session: Session, node: int) -> str:
     pid = (session.metadata.get("pids") or {}).get(str(node))
-    return f"node {node} (pid {pid})" if pid is not None else f"node {node}"
+    label = f"node {node} (pid {pid})" if pid is not None else f"node {node}"
+    command = (session.metadata.get("commands") or {}).get(str(node))
+    return f"{label}: {command}" if type(command) is str else label
 
 
 def key_averages(session: Session, group_by: str = "name") -> EventAverages:

@@ -24,10 +24,11 @@ What changes on the way:
   share an id get fresh ids. The first session keeps its ids, so its
   events' ``thread_id`` stays ``aprof.current_thread_id()`` of that time.
   ``forward_thread_id`` and ``end_thread_id`` follow the same map.
-* **Links.** A child's job recorded under a process pool carries the
-  submit's link in its metadata (``parent_link``): the merge points that
-  job's ``EXECUTOR`` range at the submitting logical thread of the parent,
-  so exports draw the arrow across processes.
+* **Links.** A child's session recorded under a process pool carries the
+  submits' links in its metadata (``parent_link``: one job's ``seq`` and
+  ``fwd``, or a pool worker's ``links``, ``[seq, fwd]`` per job): the
+  merge points each job's ``EXECUTOR`` range at the submitting logical
+  thread of the parent, so exports draw the arrow across processes.
 * **Metadata.** Start is the earliest start, stop the latest stop,
   ``dropped`` the sum; ``lost`` (work that never came back, see
   ``Session.lost``) is the list of all inputs' losses.
@@ -121,6 +122,22 @@ def _proc_of(s: Session, k: int, node: int) -> tuple[Any, ...]:
     return ("session", k, node)
 
 
+def _links(link: dict[str, Any]) -> dict[int, int]:
+    """A child session's links to its submits: sequence number -> the
+    submitting logical thread. One job (``seq``, ``fwd``), or a pool
+    worker's many (``links``: ``[seq, fwd]`` pairs)."""
+    pairs = link.get("links")
+    if pairs is None:
+        pairs = [(link.get("seq"), link.get("fwd"))]
+    try:
+        out = dict(pairs)
+    except (TypeError, ValueError):
+        return {}
+    if all(type(k) is int for k in out) and all(type(v) is int for v in out.values()):
+        return out
+    return {k: v for k, v in out.items() if type(k) is int and type(v) is int}
+
+
 def merge_sessions(sessions: Sequence[Session], names: Sequence[str] | None = None) -> Session:
     """One session holding the events of ``sessions`` (see the module's docstring).
 
@@ -150,6 +167,7 @@ def merge_sessions(sessions: Sequence[Session], names: Sequence[str] | None = No
     node_map: dict[tuple[Any, ...], int] = {}  # process key -> merged node id
     used_nodes: set[int] = set()
     pids: dict[str, int] = {}
+    commands: dict[str, str] = {}
 
     def node_for(k: int, s: Session, node: int) -> int:
         key = _proc_of(s, k, node)
@@ -163,6 +181,9 @@ def merge_sessions(sessions: Sequence[Session], names: Sequence[str] | None = No
             pid = (s.metadata.get("pids") or {}).get(str(node))
             if type(pid) is int:
                 pids[str(got)] = pid
+            command = (s.metadata.get("commands") or {}).get(str(node))
+            if type(command) is str:  # a followed child program's command line
+                commands[str(got)] = command
         return got
 
     track_map: dict[tuple[Any, ...], Track] = {}  # (process key, old id) -> merged track
@@ -182,8 +203,8 @@ def merge_sessions(sessions: Sequence[Session], names: Sequence[str] | None = No
     # even when they recorded nothing (the thread that waits for the pool).
     for s in sessions[1:]:
         link = s.metadata.get("parent_link")
-        if type(link) is dict and type(link.get("fwd")) is int and link.get("node_id") == first.metadata.get("node_id"):
-            used_ids.add(link["fwd"])
+        if type(link) is dict and link.get("node_id") == first.metadata.get("node_id"):
+            used_ids.update(_links(link).values())
     id_maps: list[dict[int, int]] = []  # per session: old logical thread id -> merged id
     mem_nodes: dict[int, int] = {}  # profile_memory: merged id of a thread with no track -> its node
     track_maps: list[array[int]] = []  # per session: old track index -> merged track index
@@ -287,20 +308,21 @@ def merge_sessions(sessions: Sequence[Session], names: Sequence[str] | None = No
     linked_to: set[int] = set()
     for k, s in enumerate(sessions):
         link = s.metadata.get("parent_link")
-        if type(link) is not dict or k == 0:
-            continue
-        seq, fwd, pnode = link.get("seq"), link.get("fwd"), link.get("node_id")
-        if type(seq) is not int or type(fwd) is not int or type(pnode) is not int:
+        if type(link) is not dict or k == 0 or type(link.get("node_id")) is not int:
             continue
         # The parent is the first session (process pools): its ids are kept.
-        target = id_maps[0].get(fwd, fwd) if first.metadata.get("node_id") == pnode else None
-        if target is None:
+        if first.metadata.get("node_id") != link["node_id"]:
+            continue
+        targets = {seq: id_maps[0].get(fwd, fwd) for seq, fwd in _links(link).items()}
+        if not targets:
             continue
         lo, hi = start_at[k], start_at[k] + len(s._table)
         for i in range(lo, hi):
-            if out.scope[i] == executor and out.seq[i] == seq and out.fwd[i] == 0:
-                out.fwd[i] = target
-                linked_to.add(target)
+            if out.scope[i] == executor and out.fwd[i] == 0:
+                target = targets.get(out.seq[i])
+                if target is not None:
+                    out.fwd[i] = target
+                    linked_to.add(target)
 
     if shared:
         _group_tracks(out, shared)
@@ -333,6 +355,8 @@ def merge_sessions(sessions: Sequence[Session], names: Sequence[str] | None = No
     if by_kind:
         md["dropped_by_kind"] = by_kind
     md["pids"] = pids or dict(first.metadata.get("pids") or {})
+    if commands:
+        md["commands"] = commands
     md.pop("parent_link", None)
     lost: list[Any] = []
     for s in sessions:
