@@ -120,6 +120,24 @@ class Backend:
         return await asyncio.to_thread(fn, *args)
 
 
+@contextlib.asynccontextmanager
+async def named_group(backend: Backend) -> AsyncIterator[Callable[..., None]]:
+    """A task group whose ``spawn(fn, *args, name=...)`` names the task."""
+    if backend.is_anyio:
+        import anyio
+
+        async with anyio.create_task_group() as tg:
+            yield lambda fn, *args, name: tg.start_soon(fn, *args, name=name)
+    elif backend.is_trio:
+        import trio
+
+        async with trio.open_nursery() as nursery:
+            yield lambda fn, *args, name: nursery.start_soon(fn, *args, name=name)
+    else:
+        async with asyncio.TaskGroup() as tg:
+            yield lambda fn, *args, name: tg.create_task(fn(*args), name=name)
+
+
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> Backend:
     return Backend(request.param)

@@ -10,7 +10,6 @@ import contextlib
 import json
 import math
 from array import array
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -20,30 +19,12 @@ from aprof._export._chrome import _task_coroutines, chrome_trace_chunks
 from aprof._export._labels import task_coroutines
 from aprof._post._table import SCOPES, X_EXTRA
 
-from .conftest import Backend, require_c_extension, twin
+from .conftest import Backend, named_group, require_c_extension, twin
 from .tracecheck import validate_trace
 
 TASK = aprof.RecordScope.TASK
 
 
-@contextlib.asynccontextmanager
-async def _named_group(backend: Backend) -> AsyncIterator[Callable[..., None]]:
-    """A task group whose ``spawn(fn, *args, name=...)`` names the task."""
-    if backend.is_anyio:
-        import anyio
-
-        async with anyio.create_task_group() as tg:
-            yield lambda fn, *args, name: tg.start_soon(fn, *args, name=name)
-    elif backend.is_trio:
-        import trio
-
-        async with trio.open_nursery() as nursery:
-            yield lambda fn, *args, name: nursery.start_soon(fn, *args, name=name)
-    else:
-        import asyncio
-
-        async with asyncio.TaskGroup() as tg:
-            yield lambda fn, *args, name: tg.create_task(fn(*args), name=name)
 
 
 def _task_session(backend: Backend) -> aprof.Session:
@@ -60,7 +41,7 @@ def _task_session(backend: Backend) -> aprof.Session:
             await backend.checkpoint()
             with aprof.record_function("inner"):
                 pass
-        async with _named_group(backend) as spawn:
+        async with named_group(backend) as spawn:
             spawn(leaf, i, name=f"leaf-{i}")
         await backend.checkpoint()
 
@@ -71,11 +52,11 @@ def _task_session(backend: Backend) -> aprof.Session:
     async def main() -> aprof.profile:
         async with aprof.profile() as prof:
             with aprof.record_function("parent"):
-                async with _named_group(backend) as spawn:
+                async with named_group(backend) as spawn:
                     for i in range(7):
                         spawn(child, i, name=names[i % len(names)] + f" {i}")
             with contextlib.suppress(KeyError, BaseException):
-                async with _named_group(backend) as spawn:
+                async with named_group(backend) as spawn:
                     spawn(fails, name="fails")
         return prof
 

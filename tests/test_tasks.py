@@ -12,12 +12,11 @@ checked on asyncio and uvloop. RELIABILITY cases CP-01, CP-06, CP-07, LD-01
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import gc
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,8 @@ import pytest
 
 import aprof
 
-from .conftest import Backend
+from . import conftest
+from .conftest import Backend, named_group
 from .tracecheck import validate_trace
 
 TASK = aprof.RecordScope.TASK
@@ -115,22 +115,6 @@ def task_of(events: list[aprof.FunctionEvent], ev: aprof.FunctionEvent) -> aprof
     return tasks[0]
 
 
-@contextlib.asynccontextmanager
-async def named_group(backend: Backend) -> AsyncIterator[Callable[..., None]]:
-    """A task group whose ``spawn(fn, *args, name=...)`` names the task."""
-    if backend.is_anyio:
-        import anyio
-
-        async with anyio.create_task_group() as tg:
-            yield lambda fn, *args, name: tg.start_soon(fn, *args, name=name)
-    elif backend.is_trio:
-        import trio
-
-        async with trio.open_nursery() as nursery:
-            yield lambda fn, *args, name: nursery.start_soon(fn, *args, name=name)
-    else:
-        async with asyncio.TaskGroup() as tg:
-            yield lambda fn, *args, name: tg.create_task(fn(*args), name=name)
 
 
 def check_spawned(
@@ -772,9 +756,9 @@ def test_spawn_site_is_the_users_line(backend: Backend) -> None:
 
     prof = backend.run(main)
     site = one(prof.events(), "child").extra["spawn_site"]
-    assert site[0] == __file__
+    assert site[0] == conftest.__file__
     assert site[2] == "named_group.<locals>.<lambda>"  # the line that called create_task / start_soon
-    lines = Path(__file__).read_text().splitlines()
+    lines = Path(conftest.__file__).read_text().splitlines()
     assert "lambda fn, *args, name:" in lines[site[1] - 1]
 
 

@@ -194,7 +194,7 @@ class Follow:
     def collect(self, session: Any, command: str | None = None) -> Any:
         """``session`` (aprof run's own) with the children's merged in; the
         directory is removed."""
-        from .._post._merge import merge_sessions
+        from .._post._merge import merge_children
         from .._post._session import load
 
         self.restore()
@@ -227,9 +227,4 @@ class Follow:
         if command is not None:
             node = session.metadata.get("node_id", 0)
             session.metadata["commands"] = {**(session.metadata.get("commands") or {}), str(node): command}
-        if lost:
-            session.metadata["lost"] = [*(session.metadata.get("lost") or ()), *lost]
-        if not children:
-            return session
-        children.sort(key=lambda s: s.metadata["start_ns"])
-        return merge_sessions([session, *children])
+        return merge_children(session, children, lost)

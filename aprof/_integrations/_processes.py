@@ -756,7 +756,7 @@ def collect(state: ProfilerState, session: Any) -> Any:
         if entry is None or entry[0] is not state:
             return session
         run = entry[1]
-    from .._post._merge import merge_sessions
+    from .._post._merge import merge_children
     from .._post._session import load
 
     _gather(run, final=True)  # no worker joins this profile from now on
@@ -849,12 +849,7 @@ def collect(state: ProfilerState, session: Any) -> Any:
         # pickled) or ran no call (an empty map); "never started": it never
         # ran. Nothing was lost.
     run.remove()
-    if lost:
-        session.metadata["lost"] = [*(session.metadata.get("lost") or ()), *lost]
-    if not children:
-        return session
-    children.sort(key=lambda s: s.metadata["start_ns"])
-    return merge_sessions([session, *children])
+    return merge_children(session, children, lost)
 
 
 def discard(state: ProfilerState) -> None:

@@ -138,6 +138,18 @@ def _links(link: dict[str, Any]) -> dict[int, int]:
     return {k: v for k, v in out.items() if type(k) is int and type(v) is int}
 
 
+def merge_children(session: Session, children: list[Session], lost: list[dict[str, Any]]) -> Session:
+    """``session`` with the sessions its child processes sent back merged
+    in (in the order they started), and what the children lost named in
+    its ``lost`` (process pools, ``aprof run`` following children)."""
+    if lost:
+        session.metadata["lost"] = [*(session.metadata.get("lost") or ()), *lost]
+    if not children:
+        return session
+    children.sort(key=lambda s: s.metadata["start_ns"])
+    return merge_sessions([session, *children])
+
+
 def merge_sessions(sessions: Sequence[Session], names: Sequence[str] | None = None) -> Session:
     """One session holding the events of ``sessions`` (see the module's docstring).
 
