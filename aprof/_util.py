@@ -2,10 +2,26 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
 from types import ModuleType
-from typing import Any
+from typing import Any, NoReturn
 
-__all__ = ["fixup_module_metadata"]
+__all__ = ["die_by", "fixup_module_metadata"]
+
+
+def die_by(signum: int) -> NoReturn:
+    """End the process by ``signum`` with its default action, as a program
+    with no handler for it ends (the parent sees "killed by signal")."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    os._exit(128 + signum)  # pragma: no cover - the signal ends the process first
 
 
 def fixup_module_metadata(module_name: str, namespace: dict[str, Any]) -> None:

@@ -133,6 +133,99 @@ def test_a_child_still_running_at_the_end_is_named(tmp_path: Path) -> None:
     assert list((tmp_path / "tmp").iterdir()) == []
 
 
+def test_a_child_ended_by_sigterm_keeps_its_profile_and_its_ending(tmp_path: Path) -> None:
+    # Issue 20 items 3-4: a child with no SIGTERM handler of its own (a
+    # server's worker told to stop) runs no exit hook when the signal ends
+    # it: its profile is saved first, and it still ends by the signal.
+    script = """
+    import signal, subprocess, sys
+    import aprof
+    code = (
+        "import os, signal, aprof\\n"
+        "assert signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN\\n"
+        "with aprof.record_function('before the signal'): pass\\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\\n"
+        "raise SystemExit('not reached')\\n"
+    )
+    with aprof.record_function("parent work"):
+        p = subprocess.run([sys.executable, "-c", code])
+    assert p.returncode == -signal.SIGTERM, p.returncode
+    """
+    proc, cwd = _run(tmp_path, script=script)
+    assert proc.returncode == 0, proc.stderr
+    s = aprof.load(cwd / "out.aprof")
+    assert sorted(e.name for e in s.events()) == ["before the signal", "parent work"]
+    assert s.lost == []
+
+
+APP = """
+import aprof
+
+async def app(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    with aprof.record_function("request " + scope["path"]):
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+"""
+
+
+def test_uvicorn_workers_are_followed_into_one_trace(tmp_path: Path) -> None:
+    # Issue 20 item 4: `aprof run -m uvicorn app:app --workers 2`: one
+    # output with every request that either worker served, exactly once,
+    # each worker its own process; stopped by Ctrl-C as a user would.
+    import http.client
+    import signal
+    import socket
+    import time
+
+    pytest.importorskip("uvicorn")
+    cwd = tmp_path / "cwd"
+    tmp = tmp_path / "tmp"
+    cwd.mkdir()
+    tmp.mkdir()
+    (cwd / "app.py").write_text(APP)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("APROF_FOLLOW", "PYTHONPATH")}
+    env["TMPDIR"] = str(tmp)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "aprof", "run", "--no-summary", "-o", "out.aprof", "-m", "uvicorn", "app:app",
+         "--workers", "2", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+        cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    n = 200
+    try:
+        deadline = time.monotonic() + 60
+        served = 0
+        while served < n:
+            assert time.monotonic() < deadline, "the server did not answer"
+            assert server.poll() is None, server.communicate()
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            try:
+                conn.request("GET", f"/r{served}")
+                assert conn.getresponse().read() == b"ok"
+            except ConnectionError:
+                time.sleep(0.1)  # not listening yet
+                continue
+            finally:
+                conn.close()
+            served += 1
+    finally:
+        server.send_signal(signal.SIGINT)
+        out, err = server.communicate(timeout=60)
+    s = aprof.load(cwd / "out.aprof")
+    names = sorted(e.name for e in s.events() if e.name.startswith("request "))
+    assert names == sorted(f"request /r{i}" for i in range(n)), err  # every request, exactly once
+    workers = {e.node_id for e in s.events() if e.name.startswith("request ")}
+    assert 0 not in workers  # served in the workers, not in the supervisor
+    for node in workers:
+        assert "multiprocessing" in s.metadata["commands"][str(node)]
+    assert s.lost == [], s.lost
+    assert list(tmp.iterdir()) == []
+
+
 def test_the_bootstrap_is_a_no_op_elsewhere(tmp_path: Path) -> None:
     # Issue 20 item 3: in a Python whose APROF_FOLLOW is not this
     # bootstrap's directory, or that cannot import aprof, the bootstrap

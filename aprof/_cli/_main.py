@@ -37,6 +37,7 @@ from .._post._analysis import _SORT_KEYS
 from .._post._compact import LOD_KEY
 from .._post._readers import read_profile
 from .._post._session import Session
+from .._util import die_by
 
 if TYPE_CHECKING:
     from .._integrations._follow import Follow
@@ -347,13 +348,13 @@ class _Finish:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if os.getpid() != self.pid:
-            _die_by(signum)  # a forked child: not aprof's process
+            die_by(signum)  # a forked child: not aprof's process
         if self.busy:
             self.pending = signum
             return
         print(f"aprof: terminated ({signal.Signals(signum).name})", file=sys.stderr)
         self.finish(0)
-        _die_by(signum)
+        die_by(signum)
 
     def finish(self, code: int) -> int:
         """Stop, summarise and write; returns the exit code to use."""
@@ -389,19 +390,6 @@ def threading_main() -> bool:
     import threading
 
     return threading.current_thread() is threading.main_thread()
-
-
-def _die_by(signum: int) -> None:
-    """End the process by ``signum`` with its default action, as a program
-    with no handler for it ends (the parent sees "killed by signal")."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
-    os._exit(128 + signum)  # pragma: no cover - the signal ends the process first
 
 
 def _profile_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -496,7 +484,7 @@ def _run(args: argparse.Namespace) -> int:
     finally:
         finish.uninstall()
     if finish.pending is not None:
-        _die_by(finish.pending)
+        die_by(finish.pending)
     if interrupted is not None:
         # As python does with an uncaught KeyboardInterrupt: the traceback,
         # then the end by SIGINT, after the program's atexit handlers.

@@ -37,15 +37,19 @@ removes the directory and restores the environment.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shlex
 import shutil
+import signal
 import sys
 import tempfile
 import threading
 import warnings
 from typing import Any, Final
+
+from .._util import die_by
 
 __all__ = ["Follow", "start_child"]
 
@@ -134,15 +138,33 @@ def start_child(home: str) -> None:
             warnings.warn(f"aprof: could not profile child process {os.getpid()} ({type(exc).__name__}: {exc})", stacklevel=2)
         return
     threading._register_atexit(_finish_child, prof, part, pid, command)  # type: ignore[attr-defined]
+    # A program ended by SIGTERM runs no exit hook: a server's worker told
+    # to stop (uvicorn's re-raises the signal after its graceful shutdown,
+    # with the handler it found) would take its profile with it. Where the
+    # program has no handler of its own, save the profile first, then end
+    # by the signal as the program would have.
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, functools.partial(_on_sigterm, prof, part, pid, command))
+
+
+def _on_sigterm(prof: Any, part: str, pid: int, command: str, signum: int, frame: Any) -> None:
+    if os.getpid() == pid:  # not a forked copy of the child
+        _finish_child(prof, part, pid, command)
+    die_by(signum)
 
 
 #: Command lines of multiprocessing's helper processes, left alone.
 _MACHINERY: Final = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
 
 
+#: The profiles _finish_child saved (the exit hook and the SIGTERM handler may both come).
+_saved: set[str] = set()
+
+
 def _finish_child(prof: Any, part: str, pid: int, command: str) -> None:
-    if os.getpid() != pid:
-        return  # a forked copy of the child: not the program that was followed
+    if os.getpid() != pid or part in _saved:
+        return  # a forked copy of the child (not the program that was followed), or saved already
+    _saved.add(part)
     try:
         from .._post._binary import write_binary
 
