@@ -270,3 +270,19 @@ def peak_rss_bytes() -> int:
         pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024
+
+
+def callgrind(argv: list[str], toggles: tuple[str, ...] = ("builtin_eval",), nice: bool = False) -> tuple[int, str]:
+    """Run ``argv`` under ``valgrind --tool=callgrind``: the instructions it
+    counted (inside the ``toggles`` functions; all of the run if none) and
+    the program's stdout. Raises with the end of valgrind's output when the
+    run fails or has no count."""
+    import re
+
+    collect = [f"--toggle-collect={t}" for t in toggles]
+    cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *collect, *argv]
+    out = subprocess.run(["nice", *cmd] if nice else cmd, capture_output=True, text=True, check=False)
+    m = re.search(r"Collected : (\d+)", out.stderr)
+    if out.returncode != 0 or m is None:
+        raise RuntimeError(f"{' '.join(argv[1:])}: exit {out.returncode}:\n{out.stderr[-2000:]}")
+    return int(m.group(1)), out.stdout

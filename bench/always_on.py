@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import inspect
-import os
 import statistics
 import subprocess
 import sys
@@ -50,7 +49,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import Case, dump, header, interleave, table  # noqa: E402
+from _common import Case, callgrind, dump, header, interleave, table  # noqa: E402
 from tasks import PLAIN, identity, timed_fan_out  # noqa: E402
 
 import aprof  # noqa: E402
@@ -314,18 +313,9 @@ def callgrind_child(variant: str, n: int) -> None:
 
 def callgrind_report(n: int) -> dict[str, float]:
     """Marginal instructions per fan-out task on the loop's thread, over plain."""
-    import re
 
     def count(variant: str, k: int) -> int:
-        out = subprocess.run(
-            ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", "--toggle-collect=builtin_eval",
-             sys.executable, __file__, "--callgrind-child", variant, str(k)],
-            capture_output=True, text=True, check=True,
-        )  # fmt: skip
-        m = re.search(r"Collected : (\d+)", out.stderr)
-        if m is None:
-            raise RuntimeError(out.stderr[-2000:])
-        return int(m.group(1))
+        return callgrind([sys.executable, __file__, "--callgrind-child", variant, str(k)])[0]
 
     half = n // 2
     c = {(v, k): count(v, k) for v in ("plain", "context", "global") for k in (half, n)}

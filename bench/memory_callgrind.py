@@ -18,13 +18,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import re
-import subprocess
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+
+from _common import callgrind  # noqa: E402
 
 CASES = {
     "fan": (("fan-plain", "fan-tasks", "fan-memory"), (20, 600), "task"),
@@ -55,15 +54,7 @@ async def one(case: str, n: int) -> None:
 
 
 def instructions(case: str, n: int) -> int:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "cg.out")
-        proc = subprocess.run(
-            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, __file__, "--case", case, "--n", str(n)],
-            capture_output=True, text=True, check=True,
-        )  # fmt: skip
-    m = re.search(r"Collected : (\d+)", proc.stderr)
-    assert m is not None, proc.stderr[-500:]
-    return int(m.group(1))
+    return callgrind([sys.executable, __file__, "--case", case, "--n", str(n)], toggles=())[0]
 
 
 def main() -> None:

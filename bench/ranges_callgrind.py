@@ -63,6 +63,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _common import callgrind  # noqa: E402
+
 RANGE_CASES = {
     "null": "nullcontext(), no profile",
     "idle": "aprof range, nothing registered",
@@ -184,18 +186,12 @@ def run_fan(case: str, n: int) -> None:
 def count(case: str, n: int, python: str) -> tuple[int, int | None]:
     """Instructions callgrind counted inside eval() for one run (with
     ``-engine``, in the sampler's engine thread too), and the samples taken."""
-    toggles = ["--toggle-collect=builtin_eval"]
+    toggles = ("builtin_eval",)
     if case.endswith("-engine"):
-        toggles.append("--toggle-collect=engine_main")  # the engine thread, from its start to its end
-    out = subprocess.run(
-        ["nice", "valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *toggles, python, __file__, case, str(n)],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    m = re.search(r"Collected : (\d+)", out.stderr)
-    if out.returncode != 0 or m is None:
-        raise RuntimeError(f"{case} {n}: exit {out.returncode}:\n{out.stderr[-2000:]}")
-    s = re.search(r"samples: (\d+)", out.stdout)
-    return int(m.group(1)), int(s.group(1)) if s else None
+        toggles += ("engine_main",)  # the engine thread, from its start to its end
+    count, stdout = callgrind([python, __file__, case, str(n)], toggles, nice=True)
+    s = re.search(r"samples: (\d+)", stdout)
+    return count, int(s.group(1)) if s else None
 
 
 def marginal(case: str, n: int, python: str) -> float:

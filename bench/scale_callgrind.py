@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import callgrind  # noqa: E402
 
 STEPS = ("stop", "save", "load", "table", "html")
 
@@ -59,15 +59,7 @@ def run_step(step: str, n: int) -> None:
 
 def count(step: str, n: int, python: str) -> int:
     """Instructions callgrind counted inside eval() for one run."""
-    out = subprocess.run(
-        ["nice", "valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", "--toggle-collect=builtin_eval",
-         python, __file__, step, str(n)],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    m = re.search(r"Collected : (\d+)", out.stderr)
-    if out.returncode != 0 or m is None:
-        raise RuntimeError(f"{step} {n}: exit {out.returncode}:\n{out.stderr[-2000:]}")
-    return int(m.group(1))
+    return callgrind([python, __file__, step, str(n)], nice=True)[0]
 
 
 def report(python: str, n: int, steps: list[str]) -> None:

@@ -27,9 +27,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextvars
-import re
-import subprocess
+import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _common import callgrind, header  # noqa: E402
 
 VARIANTS = ("plain", "context", "global", "nowait")
 
@@ -80,15 +83,7 @@ def child(case: str, variant: str, n: int) -> None:
 
 
 def count(case: str, variant: str, n: int) -> int:
-    out = subprocess.run(
-        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", "--toggle-collect=builtin_eval",
-         sys.executable, __file__, "--child", case, variant, str(n)],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    m = re.search(r"Collected : (\d+)", out.stderr)
-    if m is None:
-        raise RuntimeError(out.stderr[-2000:])
-    return int(m.group(1))
+    return callgrind([sys.executable, __file__, "--child", case, variant, str(n)])[0]
 
 
 def main() -> None:
@@ -100,9 +95,6 @@ def main() -> None:
         case, variant, n = args.child
         child(case, variant, int(n))
         return
-    sys.path.insert(0, __file__.rsplit("/", 1)[0])
-    from _common import header
-
     print(header())
     half = args.n // 2
     for case, variants in (("trivial", ("plain", "context", "global")), ("wait", ("plain", "context", "nowait"))):

@@ -21,13 +21,13 @@ more, and counts the sampler's engine thread on request).
 
 from __future__ import annotations
 
-import re
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import callgrind  # noqa: E402
 
 
 def run(variant: str, n: int) -> None:
@@ -40,17 +40,7 @@ def run(variant: str, n: int) -> None:
 
 def count(variant: str, n: int, python: str) -> int:
     """Instructions callgrind counted inside eval() for one run."""
-    out = subprocess.run(
-        [
-            "valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", "--toggle-collect=builtin_eval",
-            python, __file__, variant, str(n),
-        ],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    m = re.search(r"Collected : (\d+)", out.stderr)
-    if m is None:
-        raise RuntimeError(f"no callgrind summary in:\n{out.stderr[-2000:]}")
-    return int(m.group(1))
+    return callgrind([python, __file__, variant, str(n)])[0]
 
 
 def report(n: int, python: str) -> dict[str, Any]:
