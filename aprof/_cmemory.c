@@ -784,9 +784,189 @@ memory_hooked(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
     return Py_BuildValue("(ii)", M.installed, M.installed && is_ours(PYMEM_DOMAIN_MEM) && is_ours(PYMEM_DOMAIN_OBJ));
 }
 
+/* ------------------------------------------------------------------------ */
+/* Charging allocations to ranges (aprof/_post/_memory.py: _charge)           */
+/* ------------------------------------------------------------------------ */
+
+typedef struct {
+    int64_t tid, start, negend;
+    int32_t row;
+} ChargeRow;
+
+typedef struct {
+    int64_t tid, time;
+    Py_ssize_t i;
+} ChargeAlloc;
+
+static int
+cmp_charge_row(const void *a, const void *b)
+{
+    const ChargeRow *x = a, *y = b;
+    if (x->tid != y->tid)
+        return x->tid < y->tid ? -1 : 1;
+    if (x->start != y->start)
+        return x->start < y->start ? -1 : 1;
+    if (x->negend != y->negend)
+        return x->negend < y->negend ? -1 : 1;
+    return (x->row > y->row) - (x->row < y->row);
+}
+
+static int
+cmp_charge_alloc(const void *a, const void *b)
+{
+    const ChargeAlloc *x = a, *y = b;
+    if (x->tid != y->tid)
+        return x->tid < y->tid ? -1 : 1;
+    if (x->time != y->time)
+        return x->time < y->time ? -1 : 1;
+    return (x->i > y->i) - (x->i < y->i);
+}
+
+static int
+cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* A read-only buffer of n items of `width` bytes, or -1 with an error set. */
+static Py_ssize_t
+charge_column(PyObject *obj, Py_buffer *view, Py_ssize_t width, const char *what)
+{
+    if (PyObject_GetBuffer(obj, view, PyBUF_SIMPLE) < 0)
+        return -1;
+    if (view->len % width != 0) {
+        PyErr_Format(PyExc_ValueError, "charge_allocations: %s is not a column of %zd-byte items", what, width);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return view->len / width;
+}
+
+/* charge_allocations(track, kind, start, end, track_ids, skip, alloc_tid,
+ * alloc_time) -> bytes of int32: for each allocation, the row of the
+ * innermost range open on its track (track_ids[track[row]] == its tid) at
+ * its time, -1 if none; rows whose kind has a `skip` bit are not ranges.
+ * The same answer as _memory._charge's loop (ties broken the same way:
+ * rows by start, the longer first, then by row; allocations by time, then
+ * by order), in C: a session of millions of events is charged in one sort
+ * of the rows of the tracks that allocated, not a Python loop over them. */
+static PyObject *
+charge_allocations(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "charge_allocations takes 8 arguments");
+        return NULL;
+    }
+    long skip = PyLong_AsLong(args[5]);
+    if (skip == -1 && PyErr_Occurred())
+        return NULL;
+    Py_buffer v[7];
+    static const Py_ssize_t widths[7] = {4, 1, 8, 8, 8, 8, 8};
+    static const char *names[7] = {"track", "kind", "start", "end", "track_ids", "alloc_tid", "alloc_time"};
+    Py_ssize_t len[7];
+    int got = 0;
+    PyObject *result = NULL;
+    ChargeRow *rows = NULL;
+    ChargeAlloc *allocs = NULL;
+    int64_t *tids = NULL;
+    unsigned char *wanted = NULL;
+    int32_t *stack = NULL;
+    for (; got < 7; got++) {
+        len[got] = charge_column(args[got < 5 ? got : got + 1], &v[got], widths[got], names[got]);
+        if (len[got] < 0)
+            goto done;
+    }
+    Py_ssize_t n = len[0], ntracks = len[4], m = len[5];
+    if (len[1] != n || len[2] != n || len[3] != n || len[6] != m) {
+        PyErr_SetString(PyExc_ValueError, "charge_allocations: columns of different lengths");
+        goto done;
+    }
+    const int32_t *track = v[0].buf;
+    const uint8_t *kind = v[1].buf;
+    const int64_t *start = v[2].buf, *end = v[3].buf, *track_id = v[4].buf;
+    const int64_t *atid = v[5].buf, *atime = v[6].buf;
+    result = PyBytes_FromStringAndSize(NULL, m * 4);
+    if (result == NULL)
+        goto done;
+    int32_t *out = (int32_t *)PyBytes_AS_STRING(result);
+    for (Py_ssize_t i = 0; i < m; i++)
+        out[i] = -1;
+    if (m == 0 || n == 0)
+        goto done;
+    /* the tracks that allocated */
+    tids = PyMem_Malloc((size_t)m * sizeof *tids);
+    wanted = PyMem_Calloc((size_t)ntracks + 1, 1);
+    allocs = PyMem_Malloc((size_t)m * sizeof *allocs);
+    stack = PyMem_Malloc((size_t)n * sizeof *stack);
+    if (tids == NULL || wanted == NULL || allocs == NULL || stack == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    memcpy(tids, atid, (size_t)m * sizeof *tids);
+    qsort(tids, (size_t)m, sizeof *tids, cmp_i64);
+    for (Py_ssize_t ti = 0; ti < ntracks; ti++)
+        wanted[ti] = bsearch(&track_id[ti], tids, (size_t)m, sizeof *tids, cmp_i64) != NULL;
+    Py_ssize_t nrows = 0;
+    for (Py_ssize_t r = 0; r < n; r++)
+        if (!(kind[r] & skip) && track[r] >= 0 && track[r] < ntracks && wanted[track[r]])
+            nrows++;
+    rows = PyMem_Malloc((size_t)(nrows ? nrows : 1) * sizeof *rows);
+    if (rows == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    Py_ssize_t k = 0;
+    for (Py_ssize_t r = 0; r < n; r++)
+        if (!(kind[r] & skip) && track[r] >= 0 && track[r] < ntracks && wanted[track[r]])
+            rows[k++] = (ChargeRow){track_id[track[r]], start[r], -end[r], (int32_t)r};
+    qsort(rows, (size_t)nrows, sizeof *rows, cmp_charge_row);
+    for (Py_ssize_t i = 0; i < m; i++)
+        allocs[i] = (ChargeAlloc){atid[i], atime[i], i};
+    qsort(allocs, (size_t)m, sizeof *allocs, cmp_charge_alloc);
+    /* one walk: each track's allocations against its rows, innermost open */
+    Py_ssize_t p = 0, depth = 0;
+    int64_t cur = 0;
+    int have = 0;
+    for (Py_ssize_t a = 0; a < m; a++) {
+        int64_t tid = allocs[a].tid, t = allocs[a].time;
+        if (!have || tid != cur) {
+            cur = tid;
+            have = 1;
+            depth = 0;
+            while (p < nrows && rows[p].tid < tid)
+                p++;
+        }
+        while (p < nrows && rows[p].tid == tid && rows[p].start <= t) {
+            int32_t r = rows[p].row;
+            while (depth && end[stack[depth - 1]] <= start[r])
+                depth--;
+            stack[depth++] = r;
+            p++;
+        }
+        while (depth && end[stack[depth - 1]] <= t)
+            depth--;
+        out[allocs[a].i] = depth ? stack[depth - 1] : -1;
+    }
+    goto done;
+fail:
+    Py_CLEAR(result);
+done:
+    for (int c = 0; c < got; c++)
+        PyBuffer_Release(&v[c]);
+    PyMem_Free(tids);
+    PyMem_Free(wanted);
+    PyMem_Free(allocs);
+    PyMem_Free(stack);
+    PyMem_Free(rows);
+    return result;
+}
+
 static PyMethodDef memory_methods[] = {
     {"_memory_start", memory_start, METH_VARARGS, "Start tracking allocations (profile_memory)."},
     {"_memory_stop", memory_stop, METH_NOARGS, "Stop tracking allocations; return the records."},
+    {"charge_allocations", (PyCFunction)(void (*)(void))charge_allocations, METH_FASTCALL,
+     "charge_allocations(track, kind, start, end, track_ids, skip, alloc_tid, alloc_time) -> bytes (int32 rows)."},
     {"_memory_hooked", memory_hooked, METH_NOARGS, "(installed, on top): the state of aprof's allocator hooks."},
     {NULL, NULL, 0, NULL},
 };

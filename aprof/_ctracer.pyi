@@ -544,5 +544,14 @@ def _memory_stop() -> tuple[bytes, list[int], dict[int, Any], int, int, int]:
     Returns (records, OS thread idents, {id: LogicalThread}, other bytes,
     other count, dropped)."""
 
+def charge_allocations(
+    track: Any, kind: Any, start: Any, end: Any, track_ids: Any, skip: int, alloc_tid: Any, alloc_time: Any
+) -> bytes:
+    """For each allocation (``alloc_tid``, ``alloc_time``: int64 columns),
+    the row (int32) of the innermost range open on its track at its time,
+    -1 if none: what ``aprof._post._memory._charge`` computes. ``track_ids``
+    holds each track index's id; rows whose kind has a ``skip`` bit are not
+    ranges."""
+
 def _memory_hooked() -> tuple[int, int]:
     """(installed, on top of both domains): the state of aprof's hooks."""

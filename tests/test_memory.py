@@ -167,6 +167,52 @@ def test_innermost_range_gets_the_bytes_and_parents_include_them(backend: Backen
     assert outer.self_cpu_memory_usage < 2 * CHUNK
 
 
+# SPEC 15.5 (each allocation goes to the innermost range open on its track)
+def test_the_c_charge_gives_the_twins_answer(backend: Backend) -> None:
+    """The C walk that charges allocations to ranges at stop answers as the
+    Python loop does, on a real session's table: nested and sibling ranges
+    on several tasks, allocations at random times on every track, and at
+    the exact start and end of ranges (ties)."""
+    import random
+    from array import array
+
+    from aprof._post import _memory as post
+
+    async def worker(i: int) -> None:
+        for k in range(3):
+            with aprof.record_function(f"w{i}.{k}"):
+                with aprof.record_function("inner"):
+                    await backend.checkpoint()
+                with aprof.record_function("inner2"):
+                    pass
+
+    async def main() -> aprof.profile:
+        async with aprof.profile(profile_memory=True, memory_interval=0) as prof:
+            with aprof.record_function("outer"):
+                async with backend.group() as g:
+                    for i in range(4):
+                        g.start_soon(worker, i)
+        return prof
+
+    prof = backend.run(main)
+    sess = prof.session
+    tab = sess._table
+    m = sess.memory
+    assert m is not None and len(m) > 0
+    rng = random.Random(7)
+    ids = [t.id for t in tab.tracks] + [999_999_999]  # and a track with no events
+    edges = list(tab.start) + list(tab.end)
+    lo, hi = min(edges) - 10, max(edges) + 10
+    n = 4000
+    m.thread_id = array("q", [rng.choice(ids) for _ in range(n)])
+    m.time = array("q", [rng.choice(edges) if rng.random() < 0.4 else rng.randint(lo, hi) for _ in range(n)])
+    c = post._charge(tab, m)
+    assert c == post._charge_py(tab, m)
+    charged = [r for r in c if r >= 0]
+    assert len(set(charged)) > 10  # many ranges got allocations: the comparison is not all -1
+    assert {tab.names[tab.name[r]] for r in charged} >= {"outer", "inner", "inner2"}
+
+
 # SPEC 15.5 (context scope: unprofiled work is not charged, it is "other")
 def test_context_scope_leaves_other_threads_out_as_other() -> None:
     keep: list[bytes] = []

@@ -26,6 +26,7 @@ from collections.abc import Container, Iterable, Iterator
 from itertools import groupby
 from typing import TYPE_CHECKING, Any, Final
 
+from .._core import _native
 from .._core._recorder import FLAG_ASYNC, KIND_INSTANT
 
 if TYPE_CHECKING:
@@ -378,8 +379,12 @@ def attach_memory(session: Session, taken: tuple[Any, ...], interval: int) -> No
         if lt & _OWN_THREAD:
             resolved[lt] = own_thread(lt & 0xFFFFFFFF)
         else:
-            obj = lts.get(lt)
-            m.threads[lt] = (obj.current_name(), obj.kind) if obj is not None else (f"thread {lt}", "asyncio")
+            track = tracks.get(lt)  # named at stop already: the task's name at its end
+            obj = lts.get(lt) if track is None else None
+            if track is not None:
+                m.threads[lt] = (track.name, track.kind)
+            else:
+                m.threads[lt] = (obj.current_name(), obj.kind) if obj is not None else (f"thread {lt}", "asyncio")
             resolved[lt] = lt
     m.thread_id = array("q", map(resolved.__getitem__, raw_lt))
     m.event = _charge(session._table, m)
@@ -404,6 +409,21 @@ def recharge(m: Memory, tab: EventTable) -> None:
 def _charge(tab: EventTable, m: Memory) -> array[int]:
     """For each allocation, the row of the innermost range open on its track
     at its time, -1 if none."""
+    ext = _native.extension
+    if ext is not None and len(m.time):
+        out = array("i")
+        track_ids = array("q", [t.id for t in tab.tracks])
+        out.frombytes(
+            ext.charge_allocations(
+                tab.track, tab.kind, tab.start, tab.end, track_ids, KIND_INSTANT | FLAG_ASYNC, m.thread_id, m.time
+            )
+        )
+        return out
+    return _charge_py(tab, m)
+
+
+def _charge_py(tab: EventTable, m: Memory) -> array[int]:
+    """:func:`_charge`'s pure-Python twin (and its reference)."""
     out = array("i", [-1]) * len(m.time)
     if not len(m.time):
         return out
