@@ -68,10 +68,13 @@ def main() -> None:
     print(f"Python {sys.version.split()[0]}; instructions per unit (large run - small run) / (n_large - n_small)")
     for cases, (small, large), unit in CASES.values():
         base = None
+        per_case = {}
         for case in cases:
-            per = (instructions(case, large) - instructions(case, small)) / (large - small)
+            per = per_case[case] = (instructions(case, large) - instructions(case, small)) / (large - small)
             base = base or per
             print(f"  {case:<14} {per:>12,.0f} instructions per {unit}  x{per / base:.3f}")
+        if "fan-memory" in per_case:  # issue 21's fan-out target: memory's cost over the profile it is part of
+            print(f"  profile_memory over the default profile: x{per_case['fan-memory'] / per_case['fan-tasks']:.3f}")
 
 
 if __name__ == "__main__":

@@ -198,7 +198,8 @@ def test_the_c_charge_gives_the_twins_answer(backend: Backend) -> None:
     sess = prof.session
     tab = sess._table
     m = sess.memory
-    assert m is not None and len(m) > 0
+    assert m is not None
+    assert len(m) > 0
     rng = random.Random(7)
     ids = [t.id for t in tab.tracks] + [999_999_999]  # and a track with no events
     edges = list(tab.start) + list(tab.end)
