@@ -552,13 +552,21 @@ raw_snapshot(PyObject *module, PyObject *lists)
         if (copy == NULL)
             goto fail;
         PyList_SET_ITEM(out, j, copy);
+        int plain = 1; /* nothing in it is on the cyclic GC's lists */
         for (Py_ssize_t i = 0; i < n; i++) {
             PyObject *t = PyList_GET_ITEM(lst, i);
             PyObject *c = RangeBlock_Check(t) ? block_copy((RangeBlock *)t) : Py_NewRef(t);
             if (c == NULL)
                 goto fail;
             PyList_SET_ITEM(copy, i, c);
+            if (plain && PyObject_IS_GC(c) && PyObject_GC_IsTracked(c))
+                plain = 0;
         }
+        /* A copy of blocks and plain records leads no cycle: off the GC's
+         * lists, so a snapshot of many small tracks (a task per request)
+         * sets off no full collection while it is consolidated. */
+        if (plain)
+            PyObject_GC_UnTrack(copy);
     }
     return out;
 fail:

@@ -343,6 +343,81 @@ untrack_if_atomic(PyObject *rec)
     PyObject_GC_UnTrack(rec);
 }
 
+/* Module-level constants a record may hold (the RecordScope members, set
+ * by untrack_exempt): they live as long as the program and refer to no
+ * record, so they lead no cycle back. */
+#define MAX_EXEMPT 32
+static PyObject *untrack_exempt_objs[MAX_EXEMPT];
+static int n_untrack_exempt = 0;
+
+static int
+visit_tracked(PyObject *o, void *found)
+{
+    /* an instance's heap type is visited too: a class lives as long as the
+     * program's modules, and holds no instance of plain data */
+    if (PyObject_IS_GC(o) && PyObject_GC_IsTracked(o) && !PyType_Check(o)) {
+        for (int i = 0; i < n_untrack_exempt; i++)
+            if (o == untrack_exempt_objs[i])
+                return 0;
+        *(int *)found = 1;
+        return 1; /* stop: o may lead back */
+    }
+    return 0;
+}
+
+/* untrack_exempt(objs): the constants untrack_acyclic may find in data
+ * (kept alive here for the program's life). */
+static PyObject *
+untrack_exempt(PyObject *Py_UNUSED(module), PyObject *objs)
+{
+    PyObject *seq = PySequence_Fast(objs, "untrack_exempt: a sequence of objects");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n > MAX_EXEMPT) {
+        Py_DECREF(seq);
+        PyErr_Format(PyExc_ValueError, "untrack_exempt: at most %d objects", MAX_EXEMPT);
+        return NULL;
+    }
+    for (int i = 0; i < n_untrack_exempt; i++)
+        Py_CLEAR(untrack_exempt_objs[i]);
+    for (Py_ssize_t i = 0; i < n; i++)
+        untrack_exempt_objs[i] = Py_NewRef(PySequence_Fast_GET_ITEM(seq, i));
+    n_untrack_exempt = (int)n;
+    Py_DECREF(seq);
+    Py_RETURN_NONE;
+}
+
+/* untrack_acyclic(*objs): take each object off the cyclic GC's lists when
+ * nothing it refers to is on them (only strings, ints, None, arrays, or
+ * containers already taken off; an instance's class aside): it cannot be
+ * part of a reference cycle,
+ * so no collection needs to walk it. Given leaves first, a whole tree of
+ * plain data goes. A snapshot of a flight recorder's ring builds a few
+ * such containers per task; tens of thousands of them kept alive during
+ * the snapshot set off full collections of the whole heap, in a program
+ * that runs on (a list or dict appended to later is re-checked by
+ * nothing: pass only finished data). */
+static void
+untrack_if_acyclic(PyObject *o)
+{
+    if (!PyObject_IS_GC(o) || !PyObject_GC_IsTracked(o))
+        return;
+    traverseproc trav = Py_TYPE(o)->tp_traverse;
+    int found = 0;
+    if (trav == NULL || trav(o, visit_tracked, &found) != 0 || found)
+        return;
+    PyObject_GC_UnTrack(o);
+}
+
+static PyObject *
+untrack_acyclic(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        untrack_if_acyclic(args[i]);
+    Py_RETURN_NONE;
+}
+
 /* records_of(raw, tid): see _events._records_of. Reads raw as it is on
  * entry; no Python code runs during the loop, so no other thread appends. */
 static PyObject *
@@ -2230,6 +2305,7 @@ consolidate(PyObject *raw, long long tid, PyObject *lead, long track, long long 
             if (lst != NULL && ix != NULL) {
                 for (int q = 0; q < 5; q++)
                     PyList_SET_ITEM(lst, q, f[q] != NULL ? Py_NewRef(f[q]) : Py_NewRef(Py_None));
+                untrack_if_acyclic(lst); /* a task's: its extra is plain data (_task_events) */
                 rc = PyDict_SetItem(rare_d, ix, lst);
             }
             Py_XDECREF(lst);
@@ -3747,6 +3823,10 @@ static PyMethodDef event_functions[] = {
      "key_averages by name: the sums of the plain ranges, and the indexes of the others."},
     {"consolidate_raw", (PyCFunction)(void (*)(void))consolidate_raw, METH_FASTCALL,
      "records_of, sort_by_start and nest of one track in one pass, into an EventTable, with no record per range."},
+    {"untrack_acyclic", (PyCFunction)(void (*)(void))untrack_acyclic, METH_FASTCALL,
+     "untrack_acyclic(*objs): take off the cyclic GC each object that refers to nothing it tracks (leaves first)."},
+    {"untrack_exempt", (PyCFunction)untrack_exempt, METH_O,
+     "untrack_exempt(objs): the module-level constants untrack_acyclic may find in plain data."},
     {"raw_first_start", (PyCFunction)raw_first_start, METH_O, "The earliest start among a raw list's start tuples, or None."},
     {"lod_keep", (PyCFunction)(void (*)(void))lod_keep, METH_FASTCALL,
      "Level of detail: the events a budgeted report keeps in full (mask, rows, shortest kept)."},

@@ -544,6 +544,14 @@ def _memory_stop() -> tuple[bytes, list[int], dict[int, Any], int, int, int]:
     Returns (records, OS thread idents, {id: LogicalThread}, other bytes,
     other count, dropped)."""
 
+def untrack_acyclic(*objs: object) -> None:
+    """Take each object off the cyclic GC's lists when nothing it refers to
+    is on them (leaves first); for finished plain data only."""
+
+def untrack_exempt(objs: Any) -> None:
+    """The module-level constants (RecordScope members) untrack_acyclic may
+    find in plain data."""
+
 def charge_allocations(
     track: Any, kind: Any, start: Any, end: Any, track_ids: Any, skip: int, alloc_tid: Any, alloc_time: Any
 ) -> bytes:

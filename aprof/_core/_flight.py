@@ -377,16 +377,20 @@ class flight_recorder:
             flat = [lst for _, chunks in views for lst in chunks]
             copies = ext.raw_snapshot(flat) if ext is not None else [list(lst) for lst in flat]
             dropped = ring.dropped()
+            lists: dict[Any, Any] = {}
+            k = 0
+            for lt, chunks in views:
+                got = copies[k : k + len(chunks)]
+                k += len(chunks)
+                lists[lt] = got[0] if len(got) == 1 else tuple(got)
+            # Gone before the GC runs again: a task per request makes tens of
+            # thousands of these, which a collection would otherwise move to
+            # the old generation (and set off a full collection of the heap).
+            del views, flat, copies
         finally:
             ring.pins -= 1
             if gc_was_enabled:
                 gc.enable()
-        lists: dict[Any, Any] = {}
-        k = 0
-        for lt, chunks in views:
-            got = copies[k : k + len(chunks)]
-            k += len(chunks)
-            lists[lt] = got[0] if len(got) == 1 else tuple(got)
         # Consolidated with the cyclic GC on: the dump runs beside the
         # program, whose collections must not wait for it.
         table, tracks = consolidate(lists, now, state.node_id, records, state.with_stack)

@@ -599,6 +599,8 @@ def _sort_by_start(records: list[list[Any]]) -> None:
 
 
 _SCOPES: Final = {s.value: s for s in RecordScope}
+if _native.extension is not None:  # a record's scope leads no cycle back (see _task_events)
+    _native.extension.untrack_exempt(tuple(RecordScope))
 _TASK: Final = RecordScope.TASK
 _EXECUTOR: Final = RecordScope.EXECUTOR
 
@@ -614,6 +616,10 @@ def _task_events(task_records: Iterable[Any], stop_ns: int) -> tuple[dict[int, T
     """
     tracks: dict[int, Track] = {}
     recs: dict[int, list[Any]] = {}
+    # Each task's containers hold plain data: off the cyclic GC's lists as
+    # they are made (a snapshot of a flight recorder's ring makes tens of
+    # thousands, which would set off full collections of the program's heap).
+    untrack = _native.extension.untrack_acyclic if _native.extension is not None else None
     for t in list(task_records):  # a snapshot
         waiting_on = None
         if type(t) is tuple:
@@ -641,6 +647,8 @@ def _task_events(task_records: Iterable[Any], stop_ns: int) -> tuple[dict[int, T
         rec = [name, _TASK, spawn_ns, end_ns, None, exc, None, seq, fwd, None, None, KIND_RANGE, extra]
         track = Track(tid, name, kind, os_tid, 0)
         track.steps = flat
+        if untrack is not None:
+            untrack(*extra.get("waits", ()), flat, *extra.values(), extra, track, rec)
         tracks[tid] = track
         recs[tid] = rec
     return tracks, recs
