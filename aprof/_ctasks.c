@@ -358,6 +358,7 @@ typedef struct {
 } StepCall;
 
 static PyTypeObject StepCallType;
+static Py_ssize_t member_offset(PyObject *cls, const char *name);
 
 /* The step is over: if the task finished in it, close its record. */
 /* task.done(): for the C Task itself through its method descriptor, found
@@ -372,6 +373,153 @@ task_done(PyObject *task)
     return PyObject_VectorcallMethod(str_done, &task, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
 }
 
+/* ------------------------------------------------------------------------ */
+/* A task's end in C: _asyncio._task_done and TaskThread.finished (their     */
+/* twins), for the common case: a C Task recorded by one profile             */
+/* ------------------------------------------------------------------------ */
+
+/* TaskThread's slots the record is made of (offsets, -1: not set up). */
+enum {
+    F_ID, F_NAME, F_KIND, F_OS_TID, F_CORO, F_SPAWN_NS, F_SEQ, F_FWD, F_WAITS, F_SITE, F_MORE, F_RECORDS, F_IDX,
+    F_COUNT
+};
+static const char *finish_slots[F_COUNT] = {"id", "name", "kind", "os_thread_id", "coro_name", "spawn_ns", "seq",
+                                            "fwd", "waits", "spawn_site", "_more", "_records", "_idx"};
+static Py_ssize_t off_f[F_COUNT];
+static int finish_ready = 0;
+static PyObject *steps_array_type, *steps_typecode, *no_records, *discard_steps;
+static PyObject *c_task_get_name, *c_task_cancelled;
+static PyObject *str_exception, *str_runs, *str_frombytes, *str_returned, *str_cancelled, *str_cancelled_error,
+    *str_task_fallback;
+
+static inline void
+set_slot(PyObject *obj, Py_ssize_t offset, PyObject *value)
+{
+    PyObject **p = (PyObject **)((char *)obj + offset);
+    PyObject *old = *p;
+    *p = Py_NewRef(value);
+    Py_XDECREF(old);
+}
+
+/* The task's name now (it may have been renamed): _asyncio._name_of. */
+static PyObject *
+finish_name(PyObject *task)
+{
+    PyObject *name = PyObject_Vectorcall(c_task_get_name, &task, 1, NULL);
+    if (name != NULL && !PyUnicode_CheckExact(name))
+        Py_SETREF(name, PyObject_Str(name));
+    if (name == NULL) { /* a task subclass with an odd name */
+        PyErr_Clear();
+        name = Py_NewRef(str_task_fallback);
+    }
+    return name;
+}
+
+/* Close the TASK record of `tt` (exact TaskThread, recorded by one
+ * profile) of `task` (exact C Task), done: 1 if done here, 0 if the
+ * Python twin must do it (nothing changed yet), -1 on error (nothing
+ * changed either). */
+static int
+finish_in_c(PyObject *tt, PyObject *task)
+{
+    uint64_t end = now_ns();
+    PyObject *state = slot_at(tt, off_state);
+    if (state == NULL || state == Py_None)
+        return 1; /* no profile records it any more */
+    for (int i = 0; i < F_COUNT; i++)
+        if (slot_at(tt, off_f[i]) == NULL)
+            return 0;
+    PyObject *steps = slot_at(tt, off_steps);
+    PyObject *records = slot_at(tt, off_f[F_RECORDS]);
+    if (steps == NULL || !Py_IS_TYPE(steps, &StepLogType) || slot_at(tt, off_f[F_MORE]) != Py_None ||
+        !PyList_CheckExact(records) || !PyLong_CheckExact(slot_at(tt, off_f[F_IDX])))
+        return 0;
+    PyObject *waits = slot_at(tt, off_f[F_WAITS]);
+    PyObject *name = finish_name(task), *outcome = NULL, *exc_name = NULL, *runs = NULL, *exact = NULL, *rec = NULL;
+    PyObject *cancelled = PyObject_Vectorcall(c_task_cancelled, &task, 1, NULL);
+    if (cancelled == NULL)
+        goto error;
+    if (cancelled == Py_True) {
+        outcome = Py_NewRef(str_cancelled);
+        exc_name = Py_NewRef(str_cancelled_error);
+    }
+    else {
+        PyObject *exc = PyObject_GetAttr(task, str_exception); /* not exception(): that marks it retrieved */
+        if (exc == NULL)
+            goto error;
+        if (exc == Py_None) {
+            outcome = Py_NewRef(str_returned);
+            exc_name = Py_NewRef(Py_None);
+        }
+        else {
+            exc_name = PyType_GetName(Py_TYPE(exc)); /* type(exc).__name__ */
+            outcome = exc_name != NULL ? PyUnicode_FromFormat("raised %U", exc_name) : NULL;
+        }
+        Py_DECREF(exc);
+        if (outcome == NULL)
+            goto error;
+    }
+    StepLog *log = (StepLog *)steps;
+    if (log->n & 1) { /* finished mid-step (cancelled while running) */
+        if (steplog_push(log, end) < 0)
+            goto error;
+    }
+    /* exact size: the log over-allocates as it grows */
+    exact = PyObject_CallOneArg(steps_array_type, steps_typecode);
+    if (exact == NULL)
+        goto error;
+    PyObject *r = PyObject_CallMethodOneArg(exact, str_frombytes, steps);
+    if (r == NULL)
+        goto error;
+    Py_DECREF(r);
+    if (waits != Py_None) {
+        runs = PyObject_GetAttr(waits, str_runs);
+        if (runs == NULL)
+            goto error;
+    }
+    PyObject *end_o = PyLong_FromUnsignedLongLong(end);
+    if (end_o == NULL)
+        goto error;
+    rec = PyTuple_Pack(14, slot_at(tt, off_f[F_ID]), name, slot_at(tt, off_f[F_KIND]), slot_at(tt, off_f[F_OS_TID]),
+                       slot_at(tt, off_f[F_CORO]), slot_at(tt, off_f[F_SPAWN_NS]), slot_at(tt, off_f[F_SEQ]),
+                       slot_at(tt, off_f[F_FWD]), end_o, outcome, exc_name, exact, runs != NULL ? runs : Py_None,
+                       slot_at(tt, off_f[F_SITE]));
+    Py_DECREF(end_o);
+    if (rec == NULL)
+        goto error;
+    /* Nothing fails from here. _put: after stop nobody reads the list, and
+     * a bounded profile empties the list of a generation it lets go. */
+    Py_ssize_t idx = PyLong_AsSsize_t(slot_at(tt, off_f[F_IDX]));
+    if (idx >= 0 && idx < PyList_GET_SIZE(records) && PyList_GET_ITEM(records, idx) == tt) {
+        PyObject *old = PyList_GET_ITEM(records, idx);
+        PyList_SET_ITEM(records, idx, Py_NewRef(rec));
+        Py_DECREF(old);
+    }
+    if (idx == -1 && PyErr_Occurred())
+        PyErr_Clear(); /* an idx out of Py_ssize_t's range: nothing put */
+    set_slot(tt, off_f[F_NAME], name);
+    set_slot(tt, off_state, Py_None);
+    set_slot(tt, off_f[F_RECORDS], no_records);
+    set_slot(tt, off_steps, discard_steps);
+    set_slot(tt, off_f[F_WAITS], Py_None);
+    Py_DECREF(name);
+    Py_DECREF(cancelled);
+    Py_DECREF(outcome);
+    Py_DECREF(exc_name);
+    Py_XDECREF(runs);
+    Py_DECREF(exact);
+    Py_DECREF(rec);
+    return 1;
+error:
+    Py_XDECREF(name);
+    Py_XDECREF(cancelled);
+    Py_XDECREF(outcome);
+    Py_XDECREF(exc_name);
+    Py_XDECREF(runs);
+    Py_XDECREF(exact);
+    return -1;
+}
+
 static int
 after_step(StepCall *self)
 {
@@ -383,9 +531,49 @@ after_step(StepCall *self)
     Py_DECREF(done);
     if (!is_done)
         return 0;
-    PyObject *r = PyObject_CallFunctionObjArgs(on_task_done, self->tt, task, NULL);
+    PyObject *tt = self->tt;
+    if (finish_ready && Py_IS_TYPE(tt, task_thread_type) && Py_IS_TYPE(task, (PyTypeObject *)c_task_type)) {
+        int rc = finish_in_c(tt, task);
+        if (rc != 0)
+            return rc < 0 ? -1 : 0;
+    }
+    PyObject *r = PyObject_CallFunctionObjArgs(on_task_done, tt, task, NULL);
     Py_XDECREF(r);
     return r == NULL ? -1 : 0;
+}
+
+/* _task_finish_setup(array_type, typecode, NO_RECORDS, DISCARD_STEPS) after
+ * _tasks_setup: a C Task's end is then recorded here; None: by the Python
+ * twin (_asyncio._task_done), as before. */
+static PyObject *
+task_finish_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs == 1 && args[0] == Py_None) {
+        finish_ready = 0;
+        Py_RETURN_NONE;
+    }
+    if (nargs != 4 || task_thread_type == NULL || c_task_type == NULL) {
+        PyErr_SetString(PyExc_TypeError,
+                        "_task_finish_setup(array_type, typecode, NO_RECORDS, DISCARD_STEPS) after _tasks_setup, "
+                        "or _task_finish_setup(None)");
+        return NULL;
+    }
+    for (int i = 0; i < F_COUNT; i++) {
+        Py_ssize_t off = member_offset((PyObject *)task_thread_type, finish_slots[i]);
+        if (off < 0)
+            return NULL;
+        off_f[i] = off;
+    }
+    Py_XSETREF(c_task_get_name, PyObject_GetAttrString(c_task_type, "get_name"));
+    Py_XSETREF(c_task_cancelled, PyObject_GetAttrString(c_task_type, "cancelled"));
+    if (c_task_get_name == NULL || c_task_cancelled == NULL)
+        return NULL;
+    Py_XSETREF(steps_array_type, Py_NewRef(args[0]));
+    Py_XSETREF(steps_typecode, Py_NewRef(args[1]));
+    Py_XSETREF(no_records, Py_NewRef(args[2]));
+    Py_XSETREF(discard_steps, Py_NewRef(args[3]));
+    finish_ready = 1;
+    Py_RETURN_NONE;
 }
 
 /* Call note_wait(tt, task, start, end); it reports its own failures. */
@@ -1263,6 +1451,8 @@ static PyMethodDef tasks_functions[] = {
     {"_tasks_setup", (PyCFunction)(void (*)(void))tasks_setup, METH_FASTCALL,
      "Give the task hooks TaskThread, the task attribute name, the Task classes, the Python Task's step "
      "functions, the Python callbacks, the tracer's list of runs, and the long-wait callback and threshold."},
+    {"_task_finish_setup", (PyCFunction)(void (*)(void))task_finish_setup, METH_FASTCALL,
+     "Record a C Task's end in C (array type, typecode, NO_RECORDS, DISCARD_STEPS), or in Python (None)."},
     {"_watch_eager", watch_eager, METH_O, "Watch asyncio's current-task table for eager steps (None: stop)."},
     {"await_key", await_key, METH_O, "The key of a suspended coroutine's await chain, and the awaitable at its bottom."},
     {NULL, NULL, 0, NULL},
@@ -1275,6 +1465,16 @@ aprof_tasks_init(PyObject *module)
     str_done = PyUnicode_InternFromString("done");
     str_append = PyUnicode_InternFromString("append");
     if (str_self == NULL || str_done == NULL || str_append == NULL)
+        return -1;
+    str_exception = PyUnicode_InternFromString("_exception");
+    str_runs = PyUnicode_InternFromString("runs");
+    str_frombytes = PyUnicode_InternFromString("frombytes");
+    str_returned = PyUnicode_InternFromString("returned");
+    str_cancelled = PyUnicode_InternFromString("cancelled");
+    str_cancelled_error = PyUnicode_InternFromString("CancelledError");
+    str_task_fallback = PyUnicode_InternFromString("Task");
+    if (str_exception == NULL || str_runs == NULL || str_frombytes == NULL || str_returned == NULL ||
+        str_cancelled == NULL || str_cancelled_error == NULL || str_task_fallback == NULL)
         return -1;
     str_cr_await = PyUnicode_InternFromString("cr_await");
     str_cr_code = PyUnicode_InternFromString("cr_code");

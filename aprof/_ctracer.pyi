@@ -283,6 +283,12 @@ def _tasks_setup(
     called before a step that starts ``long_wait_ns`` or more after the
     task's last one ended (called once, at import)."""
 
+def _task_finish_setup(*args: Any) -> None:
+    """``(array_type, typecode, NO_RECORDS, DISCARD_STEPS)``: record the end
+    of a C Task that one profile records in C (``_asyncio._task_done`` and
+    ``TaskThread.finished`` are its twins, and do every other case);
+    ``(None)``: leave every end to them. After ``_tasks_setup``."""
+
 def _watch_eager(table: dict[Any, Any] | None, /) -> bool:
     """Watch asyncio's current-task table for eager first steps (3.12+;
     ``None``: stop). Returns whether it is watched."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+from array import array
 import gc
 import sys
 import time
@@ -534,6 +535,71 @@ def test_asyncio_outcomes_of_awaited_and_cancelled_tasks(runner: str) -> None:
     assert early.extra["outcome"] == "cancelled"
     assert early.track == "cancelled-before-start"
     assert not early.unfinished
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_a_tasks_end_recorded_in_c_matches_the_python_twin(runner: str) -> None:
+    # SPEC 7.1: a C Task's end is recorded in C (aprof/_ctasks.c,
+    # finish_in_c); the Python twin (_asyncio._task_done, TaskThread.finished)
+    # records every other case. Both give the same record: name (after a
+    # rename), outcome, exception name, steps (one cut by the end of a task
+    # that cancels itself mid-step), long waits.
+    from aprof._integrations import _asyncio as hooks
+
+    ext = conftest.require_c_extension()
+
+    class Odd(Exception):
+        pass
+
+    async def raises() -> None:
+        await asyncio.sleep(0)
+        raise Odd("boom")
+
+    async def renamed() -> None:
+        await asyncio.sleep(0)
+        t = asyncio.current_task()
+        assert t is not None
+        t.set_name("renamed-late")
+
+    async def waits() -> None:
+        await asyncio.sleep(0.003)
+
+    async def cancels_itself() -> None:
+        t = asyncio.current_task()
+        assert t is not None
+        t.cancel()
+        await asyncio.sleep(0)
+
+    async def main() -> aprof.profile:
+        async with aprof.profile() as prof:
+            tasks = [
+                asyncio.create_task(raises(), name="raiser"),
+                asyncio.create_task(renamed(), name="renamer"),
+                asyncio.create_task(waits(), name="waiter"),
+                asyncio.create_task(cancels_itself(), name="canceller"),
+            ]
+            await asyncio.gather(*tasks, return_exceptions=True)
+        return prof
+
+    def records() -> dict[str, tuple[Any, ...]]:
+        out = {}
+        for e in run_on(runner, main).events():
+            if e.scope == aprof.RecordScope.TASK:
+                x = e.extra
+                out[e.track] = (e.name, x["outcome"], e.exception, x["coro"], len(x["steps"]), bool(x.get("waits")))
+        return out
+
+    in_c = records()
+    ext._task_finish_setup(None)
+    try:
+        in_python = records()
+    finally:
+        ext._task_finish_setup(array, hooks.STEPS_TYPECODE, hooks._NO_RECORDS, hooks.DISCARD_STEPS)
+    assert in_c == in_python
+    assert in_c["raiser"][1:3] == ("raised Odd", "Odd")
+    assert in_c["renamed-late"][0] == "renamed-late"
+    assert in_c["waiter"][5] is True
+    assert in_c["canceller"][1:3] == ("cancelled", "CancelledError")
 
 
 # ---------------------------------------------------------------------------

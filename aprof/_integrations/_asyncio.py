@@ -44,6 +44,7 @@ import sys
 import threading
 import types
 import weakref
+from array import array
 from collections.abc import Callable
 from time import perf_counter_ns
 from typing import Any, Final
@@ -53,7 +54,7 @@ from .._core._propagation import hook_to_thread
 from .._core._recorder import ProfilerState
 from .._core._threads import LogicalThread, stepping
 from ._await_chain import WaitLog
-from ._tasks import TaskThread, coro_qualname, note_wait, states_in
+from ._tasks import _NO_RECORDS, DISCARD_STEPS, STEPS_TYPECODE, TaskThread, coro_qualname, note_wait, states_in
 from ._tasks import report as _report
 
 __all__ = ["hook_loop", "hook_new_loops", "install", "on_new_loops", "running_loop"]
@@ -433,6 +434,9 @@ if _ext is not None:
         TaskThread, _TASK_ATTR, _CTask, _PyTask, _PY_STEP, _PY_WAKEUP,
         _first_scheduled, _first_step, _task_done, _eager_started, _tracer.publishing, note_wait, _WAIT_MIN_NS,
     )  # fmt: skip
+    # A C Task's end, recorded by one profile: _task_done and
+    # TaskThread.finished in C (the twins below and in _tasks.py do the rest).
+    _ext._task_finish_setup(array, STEPS_TYPECODE, _NO_RECORDS, DISCARD_STEPS)
 else:
     CallSoonHook = _PyCallSoonHook
 
