@@ -824,6 +824,223 @@ hook_call_own(CallSoonHook *self, PyObject *const *args, size_t nargsf, PyObject
     return result;
 }
 
+/* ------------------------------------------------------------------------ */
+/* A task's creation in C: _asyncio._record and TaskThread.__init__ (their   */
+/* twins), for the common case: a new C Task spawned inside a recorded       */
+/* task's step, recorded by one profile                                      */
+/* ------------------------------------------------------------------------ */
+
+enum {
+    C_TASK_REF, C_ID, C_KIND, C_NAME, C_OS_TID, C_CORO, C_FWD, C_SEQ, C_STEPS, C_WAITS, C_READY, C_SITE, C_MORE,
+    C_STATE, C_RECORDS, C_IDX, C_SPAWN_NS, C_COUNT
+};
+static const char *create_slots[C_COUNT] = {"_task_ref", "id", "kind", "name", "os_thread_id", "coro_name", "fwd",
+                                            "seq", "steps", "waits", "ready_ns", "spawn_site", "_more", "_state",
+                                            "_records", "_idx", "spawn_ns"};
+static Py_ssize_t off_c[C_COUNT];
+static int create_ready = 0;
+static PyObject *cr_states_in, *cr_ids, *cr_seqs, *cr_state_type, *cr_user_site, *cr_site_cache, *cr_is_library,
+    *cr_coro_qualname, *cr_budget_task;
+static PyObject *str_asyncio, *str_qualname, *str_cr_running, *str_cr_suspended, *str_budget, *str_admit,
+    *str_task_records, *str_run_coro, *str_get_coro;
+static PyObject *c_task_get_coro;
+#define CREATE_FALLBACK ((PyObject *)&_Py_NotImplementedStruct)
+
+/* A new C Task's TaskThread (new reference), Py_None (not recorded: the
+ * task is marked seen), or CREATE_FALLBACK (borrowed: the Python twin
+ * decides, nothing changed), or NULL with an exception. */
+static PyObject *
+create_in_c(PyObject *task, PyObject *ctx)
+{
+    PyObject *spawner = aprof_stepping_lt;
+    if (spawner == NULL || !Py_IS_TYPE(spawner, task_thread_type) ||
+        (aprof_stepping_ctx != NULL && aprof_stepping_ctx != PyThreadState_Get()->context))
+        return CREATE_FALLBACK; /* not inside a recorded task's step: the twin checks for the loop's machinery */
+    PyObject *coro = PyObject_Vectorcall(c_task_get_coro, &task, 1, NULL);
+    if (coro == NULL)
+        return NULL;
+    PyObject *result = CREATE_FALLBACK, *states = NULL, *name = NULL, *coro_name = NULL, *tt = NULL;
+    if (!PyCoro_CheckExact(coro))
+        goto out;
+    /* not started: the twin's _not_started */
+    PyObject *flag = PyObject_GetAttr(coro, str_cr_running);
+    if (flag == NULL)
+        goto error;
+    int started = flag != Py_False;
+    Py_DECREF(flag);
+    if (!started) {
+        flag = PyObject_GetAttr(coro, str_cr_suspended);
+        if (flag == NULL)
+            goto error;
+        started = flag != Py_False;
+        Py_DECREF(flag);
+    }
+    if (started)
+        goto out;
+    states = PyObject_CallOneArg(cr_states_in, ctx);
+    if (states == NULL)
+        goto error;
+    if (states == Py_None || (PyList_CheckExact(states) && PyList_GET_SIZE(states) == 0)) {
+        /* seen: not asked again at each step */
+        if (PyObject_SetAttr(task, str_task_attr, Py_None) < 0)
+            goto error;
+        result = Py_None;
+        goto out;
+    }
+    if (PyList_CheckExact(states) && PyList_GET_SIZE(states) == 1) /* a global profile's */
+        Py_SETREF(states, Py_NewRef(PyList_GET_ITEM(states, 0)));
+    if (!Py_IS_TYPE(states, (PyTypeObject *)cr_state_type))
+        goto out; /* several profiles */
+    PyObject *budget = PyObject_GetAttr(states, str_budget);
+    if (budget == NULL)
+        goto error;
+    int admitted = 1;
+    if (budget != Py_None) {
+        PyObject *ok = PyObject_CallMethodOneArg(states, str_admit, cr_budget_task);
+        admitted = ok == NULL ? -1 : PyObject_IsTrue(ok);
+        Py_XDECREF(ok);
+    }
+    Py_DECREF(budget);
+    if (admitted < 0)
+        goto error;
+    PyObject *records = PyObject_GetAttr(states, str_task_records);
+    if (records == NULL)
+        goto error;
+    if (!PyList_CheckExact(records)) {
+        Py_DECREF(records);
+        goto out;
+    }
+    /* the task's name, and its coroutine's (a wrapped one: the twin's work) */
+    name = finish_name(task);
+    coro_name = PyObject_GetAttr(coro, str_qualname);
+    if (coro_name == NULL || !PyUnicode_CheckExact(coro_name) || PyUnicode_GET_LENGTH(coro_name) == 0) {
+        PyErr_Clear();
+        Py_XSETREF(coro_name, PyObject_CallOneArg(cr_coro_qualname, coro));
+    }
+    else if (PyUnicode_Find(coro_name, str_run_coro, 0, PyUnicode_GET_LENGTH(coro_name), 1) != -1) {
+        PyErr_Clear();
+        Py_SETREF(coro_name, PyObject_CallOneArg(cr_coro_qualname, coro));
+    }
+    if (coro_name == NULL) {
+        Py_DECREF(records);
+        goto error;
+    }
+    PyObject *id = PyIter_Next(cr_ids), *seq = id != NULL ? PyIter_Next(cr_seqs) : NULL;
+    PyObject *steps = seq != NULL ? PyObject_CallNoArgs((PyObject *)&StepLogType) : NULL;
+    PyObject *site = steps != NULL ? PyObject_CallFunctionObjArgs(cr_user_site, cr_site_cache, cr_is_library, NULL)
+                                   : NULL;
+    PyObject *ref = site != NULL ? PyWeakref_NewRef(task, NULL) : NULL;
+    /* tasks run on the thread that spawns them (their loop's): share its int */
+    PyObject *ident = ref != NULL ? PyLong_FromUnsignedLong(PyThread_get_thread_ident()) : NULL;
+    PyObject *spawn_ns = ident != NULL ? PyLong_FromUnsignedLongLong(now_ns()) : NULL;
+    tt = spawn_ns != NULL ? task_thread_type->tp_alloc(task_thread_type, 0) : NULL;
+    if (tt == NULL || (admitted && PyList_Append(records, tt) < 0)) {
+        Py_XDECREF(id);
+        Py_XDECREF(seq);
+        Py_XDECREF(steps);
+        Py_XDECREF(site);
+        Py_XDECREF(ref);
+        Py_XDECREF(ident);
+        Py_XDECREF(spawn_ns);
+        Py_XDECREF(records);
+        Py_CLEAR(tt);
+        goto error;
+    }
+    PyObject *sp_os = slot_at(spawner, off_c[C_OS_TID]);
+    PyObject *os_tid = sp_os != NULL && PyObject_RichCompareBool(sp_os, ident, Py_EQ) == 1 ? sp_os : ident;
+    PyErr_Clear();
+    PyObject *zero = PyLong_FromLong(0);
+    set_slot(tt, off_c[C_ID], id);
+    set_slot(tt, off_c[C_KIND], str_asyncio);
+    set_slot(tt, off_c[C_NAME], name);
+    set_slot(tt, off_c[C_OS_TID], os_tid);
+    set_slot(tt, off_c[C_TASK_REF], ref);
+    set_slot(tt, off_c[C_CORO], coro_name);
+    set_slot(tt, off_c[C_FWD], slot_at(spawner, off_c[C_ID]) != NULL ? slot_at(spawner, off_c[C_ID]) : Py_None);
+    set_slot(tt, off_c[C_SEQ], seq);
+    set_slot(tt, off_c[C_STEPS], steps);
+    set_slot(tt, off_c[C_WAITS], Py_None);
+    set_slot(tt, off_c[C_READY], zero != NULL ? zero : Py_None);
+    set_slot(tt, off_c[C_SITE], site);
+    set_slot(tt, off_c[C_MORE], Py_None);
+    set_slot(tt, off_c[C_SPAWN_NS], spawn_ns);
+    if (admitted) {
+        /* another thread may append at the same moment: find our slot from
+         * the end (nothing is ever removed, so it stays put) */
+        Py_ssize_t i = PyList_GET_SIZE(records) - 1;
+        while (i > 0 && PyList_GET_ITEM(records, i) != tt)
+            i--;
+        PyObject *idx = PyLong_FromSsize_t(i);
+        set_slot(tt, off_c[C_STATE], states);
+        set_slot(tt, off_c[C_RECORDS], records);
+        set_slot(tt, off_c[C_IDX], idx != NULL ? idx : zero);
+        Py_XDECREF(idx);
+    }
+    else {
+        set_slot(tt, off_c[C_STATE], Py_None);
+        set_slot(tt, off_c[C_RECORDS], no_records);
+        set_slot(tt, off_c[C_IDX], zero != NULL ? zero : Py_None);
+    }
+    Py_XDECREF(zero);
+    Py_DECREF(id);
+    Py_DECREF(seq);
+    Py_DECREF(steps);
+    Py_DECREF(site);
+    Py_DECREF(ref);
+    Py_DECREF(ident);
+    Py_DECREF(spawn_ns);
+    Py_DECREF(records);
+    /* bind: the task's attribute names its logical thread */
+    if (PyObject_SetAttr(task, str_task_attr, tt) < 0)
+        goto error; /* recorded, not bound: its steps go untimed */
+    result = tt;
+    tt = NULL;
+    goto out;
+error:
+    result = NULL;
+out:
+    Py_XDECREF(tt);
+    Py_XDECREF(states);
+    Py_XDECREF(name);
+    Py_XDECREF(coro_name);
+    Py_DECREF(coro);
+    return result;
+}
+
+/* _task_create_setup(states_in, ids, seqs, ProfilerState, user_site,
+ * site_cache, is_library, coro_qualname, budget_task) after
+ * _task_finish_setup: a new C Task spawned in a recorded task's step is
+ * then recorded here; None: by the Python twin (_asyncio._record). */
+static PyObject *
+task_create_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs == 1 && args[0] == Py_None) {
+        create_ready = 0;
+        Py_RETURN_NONE;
+    }
+    if (nargs != 9 || !finish_ready || !PyType_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "_task_create_setup(states_in, ids, seqs, ProfilerState, user_site, site_cache, is_library, "
+                        "coro_qualname, budget_task) after _task_finish_setup, or _task_create_setup(None)");
+        return NULL;
+    }
+    for (int i = 0; i < C_COUNT; i++) {
+        Py_ssize_t off = member_offset((PyObject *)task_thread_type, create_slots[i]);
+        if (off < 0)
+            return NULL;
+        off_c[i] = off;
+    }
+    Py_XSETREF(c_task_get_coro, PyObject_GetAttr(c_task_type, str_get_coro));
+    if (c_task_get_coro == NULL)
+        return NULL;
+    PyObject **dst[9] = {&cr_states_in, &cr_ids, &cr_seqs, &cr_state_type, &cr_user_site,
+                         &cr_site_cache, &cr_is_library, &cr_coro_qualname, &cr_budget_task};
+    for (int i = 0; i < 9; i++)
+        Py_XSETREF(*dst[i], Py_NewRef(args[i]));
+    create_ready = 1;
+    Py_RETURN_NONE;
+}
+
 static PyObject *
 CallSoonHook_vectorcall(CallSoonHook *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
@@ -846,7 +1063,12 @@ CallSoonHook_vectorcall(CallSoonHook *self, PyObject *const *args, size_t nargsf
             if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, i), "context") == 0)
                 ctx = args[nargs + i];
         }
-        tt = PyObject_CallFunctionObjArgs(on_first_scheduled, task, ctx, NULL);
+        tt = create_ready && Py_IS_TYPE(task, (PyTypeObject *)c_task_type) ? create_in_c(task, ctx)
+                                                                             : CREATE_FALLBACK;
+        if (tt == CREATE_FALLBACK)
+            tt = PyObject_CallFunctionObjArgs(on_first_scheduled, task, ctx, NULL);
+        else if (tt == Py_None)
+            tt = Py_NewRef(Py_None);
         if (tt == NULL) {
             report_unraisable("task creation");
         }
@@ -1453,6 +1675,8 @@ static PyMethodDef tasks_functions[] = {
      "functions, the Python callbacks, the tracer's list of runs, and the long-wait callback and threshold."},
     {"_task_finish_setup", (PyCFunction)(void (*)(void))task_finish_setup, METH_FASTCALL,
      "Record a C Task's end in C (array type, typecode, NO_RECORDS, DISCARD_STEPS), or in Python (None)."},
+    {"_task_create_setup", (PyCFunction)(void (*)(void))task_create_setup, METH_FASTCALL,
+     "Record a new C Task spawned in a recorded step in C (see _asyncio), or in Python (None)."},
     {"_watch_eager", watch_eager, METH_O, "Watch asyncio's current-task table for eager steps (None: stop)."},
     {"await_key", await_key, METH_O, "The key of a suspended coroutine's await chain, and the awaitable at its bottom."},
     {NULL, NULL, 0, NULL},
@@ -1473,6 +1697,19 @@ aprof_tasks_init(PyObject *module)
     str_cancelled = PyUnicode_InternFromString("cancelled");
     str_cancelled_error = PyUnicode_InternFromString("CancelledError");
     str_task_fallback = PyUnicode_InternFromString("Task");
+    str_asyncio = PyUnicode_InternFromString("asyncio");
+    str_qualname = PyUnicode_InternFromString("__qualname__");
+    str_cr_running = PyUnicode_InternFromString("cr_running");
+    str_cr_suspended = PyUnicode_InternFromString("cr_suspended");
+    str_budget = PyUnicode_InternFromString("budget");
+    str_admit = PyUnicode_InternFromString("admit");
+    str_task_records = PyUnicode_InternFromString("task_records");
+    str_run_coro = PyUnicode_InternFromString("run_coro");
+    str_get_coro = PyUnicode_InternFromString("get_coro");
+    if (str_asyncio == NULL || str_qualname == NULL || str_cr_running == NULL || str_cr_suspended == NULL ||
+        str_budget == NULL || str_admit == NULL || str_task_records == NULL || str_run_coro == NULL ||
+        str_get_coro == NULL)
+        return -1;
     if (str_exception == NULL || str_runs == NULL || str_frombytes == NULL || str_returned == NULL ||
         str_cancelled == NULL || str_cancelled_error == NULL || str_task_fallback == NULL)
         return -1;

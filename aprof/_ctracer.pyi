@@ -289,6 +289,14 @@ def _task_finish_setup(*args: Any) -> None:
     ``TaskThread.finished`` are its twins, and do every other case);
     ``(None)``: leave every end to them. After ``_tasks_setup``."""
 
+def _task_create_setup(*args: Any) -> None:
+    """``(states_in, ids, seqs, ProfilerState, user_site, site_cache,
+    is_library, coro_qualname, budget_task)``: record a new C Task spawned
+    inside a recorded task's step, for one profile, in C
+    (``_asyncio._record`` and ``TaskThread.__init__`` are its twins, and do
+    every other case); ``(None)``: leave every creation to them. After
+    ``_task_finish_setup``."""
+
 def _watch_eager(table: dict[Any, Any] | None, /) -> bool:
     """Watch asyncio's current-task table for eager first steps (3.12+;
     ``None``: stop). Returns whether it is watched."""

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from array import array
 import gc
 import sys
 import time
+from array import array
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -600,6 +600,72 @@ def test_a_tasks_end_recorded_in_c_matches_the_python_twin(runner: str) -> None:
     assert in_c["renamed-late"][0] == "renamed-late"
     assert in_c["waiter"][5] is True
     assert in_c["canceller"][1:3] == ("cancelled", "CancelledError")
+
+
+@pytest.mark.parametrize("scope", ["context", "global"])
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_a_tasks_creation_recorded_in_c_matches_the_python_twin(runner: str, scope: str) -> None:
+    # SPEC 7.1, 7.2: a new C Task spawned inside a recorded task's step is
+    # recorded in C (aprof/_ctasks.c, create_in_c); the Python twin
+    # (_asyncio._record, TaskThread.__init__) records every other case.
+    # Both give the same tasks: names, coroutine names (anyio's wrapper
+    # left to the twin), spawn sites, spawn links, logical threads.
+    from aprof._integrations import _asyncio as hooks
+    from aprof._integrations._tasks import TaskThread
+
+    ext = conftest.require_c_extension()
+
+    async def leaf(i: int) -> int:
+        await asyncio.sleep(0)
+        return i
+
+    seen: list[tuple[Any, ...]] = []
+
+    async def parent() -> None:
+        kids = [asyncio.create_task(leaf(i), name=f"kid{i}") for i in range(3)]
+        kids.append(asyncio.create_task(leaf(9)))  # a default name, Task-N
+        for k in kids:
+            tt = getattr(k, "_aprof_logical_thread", None)
+            assert type(tt) is TaskThread
+            seen.append((tt.kind, tt.name.startswith("Task-"), tt.coro_name, tt.os_thread_id, tt.ready_ns, tt.waits, tt._more, tt.spawn_site))
+        await asyncio.gather(*kids)
+
+    async def main() -> aprof.profile:
+        async with aprof.profile(scope=scope) as prof:  # type: ignore[arg-type]
+            await asyncio.create_task(parent(), name="parent")
+        return prof
+
+    def tasks() -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+        seen.clear()
+        events = run_on(runner, main).events()
+        by_id = {e.thread_id: e.name for e in events if e.scope == aprof.RecordScope.TASK}
+        out = sorted(
+            (
+                "Task-N" if e.name.startswith("Task-") else e.name,
+                e.extra["coro"],
+                e.extra["outcome"],
+                tuple(e.extra["spawn_site"]),
+                by_id.get(e.forward_thread_id),
+            )
+            for e in events
+            if e.scope == aprof.RecordScope.TASK and e.name != "parent"
+        )
+        return out, list(seen)
+
+    in_c = tasks()
+    ext._task_create_setup(None)
+    try:
+        in_python = tasks()
+    finally:
+        hooks._ext._task_create_setup(
+            hooks.states_in, hooks._ids, hooks._sequence_numbers, hooks.ProfilerState, hooks._c_user_site,
+            hooks._library_cache, hooks.is_library_cached, hooks.coro_qualname, hooks._ring.TASK,
+        )  # fmt: skip
+    assert in_c == in_python
+    assert [t[0] for t in in_c[0]] == ["Task-N", "kid0", "kid1", "kid2"]
+    assert all(t[4] == "parent" for t in in_c[0])  # spawned from the parent's track
+    assert all(t[2] == "returned" for t in in_c[0])
+    assert in_c[0][0][1].endswith("leaf")
 
 
 # ---------------------------------------------------------------------------

@@ -49,12 +49,24 @@ from collections.abc import Callable
 from time import perf_counter_ns
 from typing import Any, Final
 
-from .._core import _native, _threads, _tracer
+from .._core import _native, _ring, _threads, _tracer
 from .._core._propagation import hook_to_thread
 from .._core._recorder import ProfilerState
 from .._core._threads import LogicalThread, stepping
+from .._frames import _library_cache, is_library_cached
 from ._await_chain import WaitLog
-from ._tasks import _NO_RECORDS, DISCARD_STEPS, STEPS_TYPECODE, TaskThread, coro_qualname, note_wait, states_in
+from ._tasks import (
+    _NO_RECORDS,
+    DISCARD_STEPS,
+    STEPS_TYPECODE,
+    TaskThread,
+    _c_user_site,
+    _ids,
+    _sequence_numbers,
+    coro_qualname,
+    note_wait,
+    states_in,
+)
 from ._tasks import report as _report
 
 __all__ = ["hook_loop", "hook_new_loops", "install", "on_new_loops", "running_loop"]
@@ -437,6 +449,13 @@ if _ext is not None:
     # A C Task's end, recorded by one profile: _task_done and
     # TaskThread.finished in C (the twins below and in _tasks.py do the rest).
     _ext._task_finish_setup(array, STEPS_TYPECODE, _NO_RECORDS, DISCARD_STEPS)
+    # A new C Task spawned inside a recorded task's step, recorded by one
+    # profile: _record and TaskThread.__init__ in C (the twins do the rest).
+    if _c_user_site is not None:
+        _ext._task_create_setup(
+            states_in, _ids, _sequence_numbers, ProfilerState, _c_user_site, _library_cache, is_library_cached,
+            coro_qualname, _ring.TASK,
+        )  # fmt: skip
 else:
     CallSoonHook = _PyCallSoonHook
 
