@@ -519,6 +519,14 @@ static Py_ssize_t
 size_of(PyObject *o)
 {
     Py_ssize_t head = PyObject_IS_GC(o) ? GC_HEAD_BYTES : 0;
+#ifdef Py_TPFLAGS_MANAGED_DICT /* the pre-header of an instance's dict (and weakrefs): sys.getsizeof counts it */
+    unsigned long managed = Py_TPFLAGS_MANAGED_DICT;
+#ifdef Py_TPFLAGS_MANAGED_WEAKREF
+    managed |= Py_TPFLAGS_MANAGED_WEAKREF;
+#endif
+    if (Py_TYPE(o)->tp_flags & managed)
+        head += 2 * (Py_ssize_t)sizeof(PyObject *);
+#endif
     if (PyTuple_CheckExact(o))
         return (Py_ssize_t)sizeof(PyTupleObject) + head + (PyTuple_GET_SIZE(o) - 1) * (Py_ssize_t)sizeof(PyObject *);
     PyObject *r = PyObject_CallMethod(o, "__sizeof__", NULL);
