@@ -646,7 +646,7 @@ raw_counts(PyObject *module, PyObject *lst)
 #define TASK_RECORD_STEPS 11 /* a finished task's record: its steps (aprof/_integrations/_tasks.py) */
 
 /* ring_counts(lists, records) -> (ranges, instants, tasks, steps, running):
- * what a ring's generation holds, counted exactly when the ring lets it go
+ * what a ring's generation holds (lists: its dict of raw lists), counted exactly when the ring lets it go
  * (aprof/_core/_ring.py): the events of its raw lists, its task records and
  * their steps (a finished task's record is a tuple holding its steps at
  * TASK_RECORD_STEPS; a running task's is its object, with a `steps`
@@ -656,16 +656,17 @@ raw_counts(PyObject *module, PyObject *lst)
 static PyObject *
 ring_counts(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "ring_counts(lists: list[list], records: list)");
+    if (nargs != 2 || !PyDict_CheckExact(args[0]) || !PyList_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "ring_counts(lists: dict[lt, list], records: list)");
         return NULL;
     }
-    PyObject *lists = args[0], *records = args[1];
-    Py_ssize_t ranges = 0, instants = 0, steps = 0;
-    for (Py_ssize_t j = 0; j < PyList_GET_SIZE(lists); j++) {
-        PyObject *lst = PyList_GET_ITEM(lists, j);
+    PyObject *lists = args[0], *records = args[1], *key, *lst;
+    Py_ssize_t ranges = 0, instants = 0, steps = 0, pos = 0;
+    /* The dict's values in place (no list of them made: touching each
+     * list's reference count costs as much as counting it). */
+    while (PyDict_Next(lists, &pos, &key, &lst)) {
         if (!PyList_CheckExact(lst)) {
-            PyErr_SetString(PyExc_TypeError, "ring_counts(lists: list[list], records: list)");
+            PyErr_SetString(PyExc_TypeError, "ring_counts(lists: dict[lt, list], records: list)");
             return NULL;
         }
         count_list(lst, &ranges, &instants);

@@ -181,7 +181,7 @@ def ring_seal(lists: list[list[Any]], /) -> int:
 def ring_records(records: list[Any], /) -> tuple[int, int, list[int]]:
     """(bytes, steps of finished tasks, indices of running ones) of a sealed generation's task records."""
 
-def ring_counts(lists: list[list[Any]], records: list[Any], /) -> tuple[int, int, int, int, list[Any]]:
+def ring_counts(lists: dict[Any, list[Any]], records: list[Any], /) -> tuple[int, int, int, int, list[Any]]:
     """(ranges, instants, tasks, steps, running records) a ring's generation holds."""
 
 def raw_snapshot(lists: list[list[Any]], /) -> list[list[Any]]:

@@ -262,8 +262,9 @@ def test_the_ring_helpers_agree_with_their_twins() -> None:
         return [rec(1, 4), Running(array("Q", range(3))), rec(2, 0), rec(3, 7)]
 
     lists = [[("a", "user_scope", 1, None, -1, 0, None, None, 0, None), (0, 2, 1, None)], [("i", "user_scope", 1, None, -1, 0, None, None, 1, None)]]
-    got = _ring._counts(lists, records()), _ring._measure_records(records())
-    want = twin(_ring._counts, lists, records()), twin(_ring._measure_records, records())
+    by_lt = dict(enumerate(lists))
+    got = _ring._counts(by_lt, records()), _ring._measure_records(records())  # type: ignore[arg-type]
+    want = twin(_ring._counts, by_lt, records()), twin(_ring._measure_records, records())
     assert got[0][:4] == want[0][:4] == (1, 1, 4, 2 + 2 + 0 + 4)
     assert [type(r) for r in got[0][4]] == [type(r) for r in want[0][4]] == [Running]
     assert got[1] == want[1]
@@ -297,3 +298,29 @@ def test_a_record_added_to_a_generation_after_it_was_measured_is_counted_when_it
         assert late.let_go_by == [prof._state]
     assert prof.session.dropped_by_kind["tasks"] == 1
     assert len(_user(prof)) + prof.session.dropped_by_kind["ranges"] == recorded
+
+
+def test_the_first_generation_is_sized_by_what_records_hold_not_a_guess(backend: Backend) -> None:
+    # SPEC 15.2: a ring by bytes sizes its first generation from its first
+    # records, measured: a server's tasks hold several times the bytes per
+    # event guessed before anything is measured, and a first generation
+    # sized by the guess would hold most of the budget (and cost its
+    # rotation that much more).
+    budget = 4_000_000
+    seen: dict[str, Any] = {}
+
+    async def child(i: int) -> None:
+        with aprof.record_function("c"):
+            await backend.checkpoint()
+
+    async def main() -> None:
+        async with aprof.profile(max_bytes=budget, keep="latest") as prof:
+            ring = prof._state.ring
+            while not any(g.measured for g in ring.sealed):
+                async with backend.group() as g:
+                    for i in range(100):
+                        g.start_soon(child, i)
+            seen["first"] = ring.sealed[0].bytes
+
+    backend.run(main)
+    assert seen["first"] <= budget // 8 * 1.5

@@ -11,11 +11,20 @@ the budget's limit, :meth:`Ring.on_full` runs, once:
   *full* and every later record is dropped, counted by kind in the budget.
 - ``keep="latest"`` (a ring): the records are kept in *generations*. The
   current generation is the profile's ``lists`` and ``task_records``; when
-  it holds an eighth of the budget it is *sealed* (its blocks trimmed to
-  size, its bytes measured) and a new one begins, and the oldest sealed
-  generations are let go while the rest hold more than seven eighths. An
-  event belongs to the generation in which it started, so whole events are
-  dropped, oldest first, and counted exactly, by kind, as they go.
+  it holds an eighth of the budget it is *sealed* (swapped out, its bytes
+  estimated) and a new one begins, and the oldest sealed generations are
+  let go while the rest hold more than seven eighths. An event belongs to
+  the generation in which it started, so whole events are dropped, oldest
+  first, and counted exactly, by kind, as they go.
+
+A rotation does only that on the recording thread. The rest of a
+generation's work (measuring the one sealed: its blocks trimmed to size,
+its bytes; freeing the one let go) is done in *pieces*: while any is
+pending, the budget's limit brings ``on_full`` back every
+1/``_PIECES`` of a generation's records, and it works for about
+``PIECE_NS`` each time. What is still pending at the next rotation is done
+then. So no record waits for a whole generation's work (issue 19: a
+server's p99).
 
 A range still open when its generation is let go is dropped with it (it
 started before everything kept); its end, written later, goes nowhere. A
@@ -24,11 +33,14 @@ running then stops keeping them (a long-lived task, a server's connection,
 does not grow the ring: it is dropped whole when its generation goes, and its
 ranges after that are kept on its track like any others).
 
-Bytes are the records' own memory, measured when a generation is sealed
-(``raw_seal``): blocks, tuples, the ints in them, and strings only the
-record holds (an ``args`` string made for the range); names the program
-holds anyway are not counted. Between seals, the bytes of the current
-generation are estimated from the last sealed one's bytes per event.
+Bytes are the records' own memory, measured after a generation is sealed
+(``ring_seal``, ``ring_records``): blocks, tuples, the ints in them, and
+strings only the record holds (an ``args`` string made for the range);
+names the program holds anyway are not counted. Until then, the bytes of a
+generation are estimated from the last measured one's bytes per event.
+Measuring also takes the sealed lists and finished task records out of the
+cyclic GC's lists (they can be in no cycle), so full collections do not
+walk the ring.
 """
 
 from __future__ import annotations
@@ -70,6 +82,9 @@ PIECE_NS: Final = 200_000
 _PIECES: Final = 256
 #: Lists or records a piece handles between two reads of the clock.
 _CHUNK: Final = 64
+#: A ring by bytes measures its first records (an eighth of the first
+#: generation its guess makes, at most this many) to size that generation.
+_PROBE: Final = 1_024
 #: keep="first" stops at this close to the byte budget.
 _SLACK: Final = 16
 
@@ -173,7 +188,7 @@ def _measure_records(records: list[Any]) -> tuple[int, int, list[int]]:
     return nbytes, steps, running
 
 
-def _counts(lists: list[list[Any]], records: list[Any]) -> tuple[int, int, int, int, list[Any]]:
+def _counts(lists: dict[LogicalThread, list[Any]], records: list[Any]) -> tuple[int, int, int, int, list[Any]]:
     """(ranges, instants, tasks, steps) that raw lists and task records
     hold, and the records of tasks still running (the extension's
     ``ring_counts``, in Python)."""
@@ -181,7 +196,7 @@ def _counts(lists: list[list[Any]], records: list[Any]) -> tuple[int, int, int, 
     if ext is not None:
         return ext.ring_counts(lists, records)  # type: ignore[no-any-return]
     ranges = instants = steps = 0
-    for lst in lists:
+    for lst in list(lists.values()):
         for t in lst:
             if type(t[0]) is int:
                 continue
@@ -231,7 +246,7 @@ class Ring:
 
     __slots__ = (
         "__weakref__", "_bpe", "_dropped", "_dying", "_dying_bytes", "_every", "_failed", "_gen_limit", "_held_bytes",
-        "_held_events", "_measuring", "_start_ns", "budget", "keep", "max_bytes", "max_events", "pins", "sealed", "state",
+        "_held_events", "_measuring", "_probe", "_start_ns", "budget", "keep", "max_bytes", "max_events", "pins", "sealed", "state",
     )  # fmt: skip
 
     def __init__(
@@ -258,7 +273,12 @@ class Ring:
         self.pins = 0
         self._gen_limit = self._limit(0)
         self._every = max(1, self._gen_limit // _PIECES)
-        self.budget = Budget(self.on_full, self._gen_limit)
+        # A ring by bytes sizes its first generation from a guess: measure
+        # the first few thousand records instead of a whole generation's
+        # worth sized by it (tasks hold several times the guess).
+        probe = min(_PROBE, self._gen_limit // 8)
+        self._probe = keep == "latest" and max_bytes is not None and probe > 0
+        self.budget = Budget(self.on_full, probe if self._probe else self._gen_limit)
 
     # -- the budget ------------------------------------------------------------
 
@@ -288,6 +308,8 @@ class Ring:
             elif self.budget.count >= self._gen_limit:
                 self._rotate()
             else:
+                if self._probe:
+                    self._probe_first()
                 self._work(perf_counter_ns() + PIECE_NS)
                 self._schedule()
         except Exception as exc:
@@ -353,6 +375,16 @@ class Ring:
         self._every = max(1, self._gen_limit // _PIECES)
         self._schedule()
 
+    def _probe_first(self) -> None:
+        """The first generation's bytes per event, from its first records."""
+        self._probe = False
+        state, taken = self.state, self.budget.count
+        if taken > 0:
+            held = _seal(state.lists) + _task_bytes(state.task_records)
+            self._bpe = max(held / taken, 8.0)
+            self._gen_limit = self._limit(0)
+            self._every = max(1, self._gen_limit // _PIECES)
+
     def _schedule(self) -> None:
         """The budget's next limit: the generation's end, or sooner, for the
         next piece of the work pending."""
@@ -374,7 +406,7 @@ class Ring:
         measured = gen._mrecords
         recount = [records[i] for i in gen._running]
         recount += records[measured:]
-        ranges, instants, _, steps, running = _counts(list(gen.lists.values()), recount)
+        ranges, instants, _, steps, running = _counts(gen.lists, recount)
         self.sealed.popleft()
         d = self._dropped
         d[0] += ranges
