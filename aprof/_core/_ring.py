@@ -407,14 +407,18 @@ class Ring:
         recount = [records[i] for i in gen._running]
         recount += records[measured:]
         ranges, instants, _, steps, running = _counts(gen.lists, recount)
-        self.sealed.popleft()
+        tasks = max(measured, len(records))
         d = self._dropped
+        # No call between these stores (as in _measure); a dump reading the
+        # counts meanwhile (another thread) sees the generation counted
+        # and gone together, or neither.
         d[0] += ranges
         d[1] += instants
-        d[2] += max(measured, len(records))
+        d[2] += tasks
         d[3] += gen._steps + steps
         self._held_bytes -= gen.bytes
         self._held_events -= gen.events
+        del self.sealed[0]
         for rec in running:  # still running: it keeps no steps for us any more
             rec.let_go(self.state)
         self._dying.append(gen)
@@ -452,10 +456,14 @@ class Ring:
             i = gen._mrecords
             chunk = records[i : i + _CHUNK]
             nbytes, steps, running = _measure_records(chunk)
+            where = [i + k for k in running]
+            end = i + len(chunk)
+            # No call between these stores: a signal's exception (raised
+            # only at a call or a loop's end) cannot leave them half done.
             gen._mbytes += nbytes
             gen._steps += steps
-            gen._running += [i + k for k in running]
-            gen._mrecords = i + len(chunk)
+            gen._running += where
+            gen._mrecords = end
             if deadline is not None and perf_counter_ns() >= deadline:
                 return False
         nbytes = gen._mbytes
