@@ -274,7 +274,7 @@ class Ring:
         self._gen_limit = self._limit(0)
         self._every = max(1, self._gen_limit // _PIECES)
         # A ring by bytes sizes its first generation from a guess: measure
-        # the first few thousand records instead of a whole generation's
+        # its first records (at most _PROBE) instead of a whole generation's
         # worth sized by it (tasks hold several times the guess).
         probe = min(_PROBE, self._gen_limit // 8)
         self._probe = keep == "latest" and max_bytes is not None and probe > 0
