@@ -432,16 +432,12 @@ owned_str_bytes(PyObject *s)
 #define GC_HEAD_BYTES 16
 #define INT_BYTES 32 /* a perf_counter_ns value: two 30-bit digits */
 
-/* raw_seal(lst) -> bytes: what a raw list's records hold, trimming every
- * block's spare capacity first (a sealed generation takes no new slots;
- * ends of ranges still open are written into the slots they have). */
-static PyObject *
-raw_seal(PyObject *module, PyObject *lst)
+/* What raw list lst's records hold, trimming every block's spare capacity
+ * first (a sealed generation takes no new slots; ends of ranges still open
+ * are written into the slots they have). */
+static size_t
+seal_list(PyObject *lst)
 {
-    if (!PyList_CheckExact(lst)) {
-        PyErr_SetString(PyExc_TypeError, "raw_seal(lst: list)");
-        return NULL;
-    }
     Py_ssize_t n = PyList_GET_SIZE(lst);
     size_t bytes = sizeof(PyListObject) + GC_HEAD_BYTES + (size_t)n * sizeof(PyObject *);
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -473,11 +469,168 @@ raw_seal(PyObject *module, PyObject *lst)
         else
             bytes += 64; /* an object of another kind: a guess, none are expected */
     }
+    return bytes;
+}
+
+/* raw_seal(lst) -> bytes: what a raw list's records hold (seal_list). */
+static PyObject *
+raw_seal(PyObject *module, PyObject *lst)
+{
+    if (!PyList_CheckExact(lst)) {
+        PyErr_SetString(PyExc_TypeError, "raw_seal(lst: list)");
+        return NULL;
+    }
+    return PyLong_FromSize_t(seal_list(lst));
+}
+
+/* ring_seal(lists) -> bytes: seal_list for each raw list of a ring's sealed
+ * generation, and take each list out of the garbage collector's lists. A
+ * raw list holds records (blocks, and tuples of strs, ints and None, or of
+ * those and a stack tuple) and nothing it holds refers back to it, so it
+ * can never be part of a cycle; a ring full of a server's tasks holds a
+ * list for each task, and every full collection would walk them all (the
+ * pause a request sees: issue 19). */
+static PyObject *
+ring_seal(PyObject *module, PyObject *lists)
+{
+    if (!PyList_CheckExact(lists)) {
+        PyErr_SetString(PyExc_TypeError, "ring_seal(lists: list[list])");
+        return NULL;
+    }
+    size_t bytes = 0;
+    for (Py_ssize_t j = 0; j < PyList_GET_SIZE(lists); j++) {
+        PyObject *lst = PyList_GET_ITEM(lists, j);
+        if (!PyList_CheckExact(lst)) {
+            PyErr_SetString(PyExc_TypeError, "ring_seal(lists: list[list])");
+            return NULL;
+        }
+        bytes += seal_list(lst);
+        if (PyObject_GC_IsTracked(lst))
+            PyObject_GC_UnTrack(lst);
+    }
     return PyLong_FromSize_t(bytes);
 }
 
-/* raw_counts(lst) -> (ranges, instants): the events a raw list records (a
+#define TASK_RECORD_STEPS 11 /* a finished task's record: its steps (aprof/_integrations/_tasks.py) */
+
+/* The bytes `sys.getsizeof(o)` gives: the object's __sizeof__ (a tuple's
+ * without a call), and the GC's header for a GC type. */
+static Py_ssize_t
+size_of(PyObject *o)
+{
+    Py_ssize_t head = PyObject_IS_GC(o) ? GC_HEAD_BYTES : 0;
+#ifdef Py_TPFLAGS_MANAGED_DICT /* the pre-header of an instance's dict (and weakrefs): sys.getsizeof counts it */
+    unsigned long managed = Py_TPFLAGS_MANAGED_DICT;
+#ifdef Py_TPFLAGS_MANAGED_WEAKREF
+    managed |= Py_TPFLAGS_MANAGED_WEAKREF;
+#endif
+    if (Py_TYPE(o)->tp_flags & managed)
+        head += 2 * (Py_ssize_t)sizeof(PyObject *);
+#endif
+    if (PyTuple_CheckExact(o))
+        return (Py_ssize_t)sizeof(PyTupleObject) + head + (PyTuple_GET_SIZE(o) - 1) * (Py_ssize_t)sizeof(PyObject *);
+    PyObject *r = PyObject_CallMethod(o, "__sizeof__", NULL);
+    if (r == NULL)
+        return -1;
+    Py_ssize_t n = PyLong_AsSsize_t(r);
+    Py_DECREF(r);
+    return n < 0 ? -1 : n + head;
+}
+
+/* Whether o is an exact array.array (it holds numbers, no objects). */
+static int
+is_array(PyObject *o)
+{
+    return strcmp(Py_TYPE(o)->tp_name, "array.array") == 0;
+}
+
+/* ring_records(records) -> (bytes, steps, running): what task records of a
+ * ring's sealed generation hold (the tuple and its steps, as
+ * sys.getsizeof measures them), the steps of those finished (a finished
+ * task's record is a tuple holding its steps, an array, at
+ * TASK_RECORD_STEPS), and the indices of those still running (a running
+ * task's record is its object, with a `steps` attribute: counted when the
+ * generation goes). A finished record is then taken out of the garbage
+ * collector's lists, with its steps: an array holds no objects, and the
+ * tuple then holds only untracked ones (what CPython's collector does for
+ * such a tuple itself, but only once a collection looks at it; see
+ * ring_seal). */
+static PyObject *
+ring_records(PyObject *module, PyObject *records)
+{
+    if (!PyList_CheckExact(records)) {
+        PyErr_SetString(PyExc_TypeError, "ring_records(records: list)");
+        return NULL;
+    }
+    PyObject *running = PyList_New(0);
+    if (running == NULL)
+        return NULL;
+    Py_ssize_t bytes = 0, steps = 0;
+    /* Python code (__sizeof__, a running record's `steps`) may run: the list
+     * is read by index with its size checked each time. */
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(records); i++) {
+        PyObject *rec = Py_NewRef(PyList_GET_ITEM(records, i)), *s;
+        int finished = PyTuple_CheckExact(rec) && PyTuple_GET_SIZE(rec) > TASK_RECORD_STEPS;
+        if (finished)
+            s = Py_NewRef(PyTuple_GET_ITEM(rec, TASK_RECORD_STEPS));
+        else {
+            PyObject *idx = PyLong_FromSsize_t(i);
+            int err = idx == NULL || PyList_Append(running, idx) < 0;
+            Py_XDECREF(idx);
+            if (err || (s = PyObject_GetAttrString(rec, "steps")) == NULL)
+                goto fail_rec;
+        }
+        Py_ssize_t rb = size_of(rec), sb = size_of(s), len = finished ? PyObject_Size(s) : 0;
+        if (rb < 0 || sb < 0 || len < 0) {
+            Py_DECREF(s);
+            goto fail_rec;
+        }
+        bytes += rb + sb;
+        steps += (len + 1) / 2;
+        if (finished && PyObject_GC_IsTracked(rec)) {
+            if (is_array(s) && PyObject_GC_IsTracked(s))
+                PyObject_GC_UnTrack(s);
+            Py_ssize_t k = 0, n = PyTuple_GET_SIZE(rec);
+            for (; k < n; k++) {
+                PyObject *v = PyTuple_GET_ITEM(rec, k);
+                if (PyObject_IS_GC(v) && PyObject_GC_IsTracked(v))
+                    break;
+            }
+            if (k == n)
+                PyObject_GC_UnTrack(rec);
+        }
+        Py_DECREF(s);
+        Py_DECREF(rec);
+        continue;
+    fail_rec:
+        Py_DECREF(rec);
+        Py_DECREF(running);
+        return NULL;
+    }
+    return Py_BuildValue("(nnN)", bytes, steps, running);
+}
+
+/* The events raw list lst records, added to *ranges and *instants (a
  * range's end tuple is part of its range). */
+static void
+count_list(PyObject *lst, Py_ssize_t *ranges, Py_ssize_t *instants)
+{
+    Py_ssize_t n = PyList_GET_SIZE(lst);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *t = PyList_GET_ITEM(lst, i);
+        if (RangeBlock_Check(t))
+            *ranges += ((RangeBlock *)t)->n;
+        else if (PyTuple_Check(t) && PyTuple_GET_SIZE(t) >= 4 && !PyLong_CheckExact(PyTuple_GET_ITEM(t, 0))) {
+            PyObject *kind = PyTuple_GET_SIZE(t) == 10 ? PyTuple_GET_ITEM(t, 8) : NULL;
+            if (kind != NULL && PyLong_CheckExact(kind) && PyLong_AsLong(kind) == 1) /* KIND_INSTANT */
+                (*instants)++;
+            else
+                (*ranges)++;
+        }
+    }
+}
+
+/* raw_counts(lst) -> (ranges, instants): the events a raw list records. */
 static PyObject *
 raw_counts(PyObject *module, PyObject *lst)
 {
@@ -485,20 +638,67 @@ raw_counts(PyObject *module, PyObject *lst)
         PyErr_SetString(PyExc_TypeError, "raw_counts(lst: list)");
         return NULL;
     }
-    Py_ssize_t ranges = 0, instants = 0, n = PyList_GET_SIZE(lst);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *t = PyList_GET_ITEM(lst, i);
-        if (RangeBlock_Check(t))
-            ranges += ((RangeBlock *)t)->n;
-        else if (PyTuple_Check(t) && PyTuple_GET_SIZE(t) >= 4 && !PyLong_CheckExact(PyTuple_GET_ITEM(t, 0))) {
-            PyObject *kind = PyTuple_GET_SIZE(t) == 10 ? PyTuple_GET_ITEM(t, 8) : NULL;
-            if (kind != NULL && PyLong_CheckExact(kind) && PyLong_AsLong(kind) == 1) /* KIND_INSTANT */
-                instants++;
-            else
-                ranges++;
-        }
-    }
+    Py_ssize_t ranges = 0, instants = 0;
+    count_list(lst, &ranges, &instants);
     return Py_BuildValue("(nn)", ranges, instants);
+}
+
+#define TASK_RECORD_STEPS 11 /* a finished task's record: its steps (aprof/_integrations/_tasks.py) */
+
+/* ring_counts(lists, records) -> (ranges, instants, tasks, steps, running):
+ * what a ring's generation holds (lists: its dict of raw lists), counted exactly when the ring lets it go
+ * (aprof/_core/_ring.py): the events of its raw lists, its task records and
+ * their steps (a finished task's record is a tuple holding its steps at
+ * TASK_RECORD_STEPS; a running task's is its object, with a `steps`
+ * attribute), and the running ones, which the ring tells it let go. One
+ * pass in C: a generation of a server's ring holds tens of thousands of
+ * lists and records, and this runs in the rotation. */
+static PyObject *
+ring_counts(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyDict_CheckExact(args[0]) || !PyList_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "ring_counts(lists: dict[lt, list], records: list)");
+        return NULL;
+    }
+    PyObject *lists = args[0], *records = args[1], *key, *lst;
+    Py_ssize_t ranges = 0, instants = 0, steps = 0, pos = 0;
+    /* The dict's values in place (no list of them made: touching each
+     * list's reference count costs as much as counting it). */
+    while (PyDict_Next(lists, &pos, &key, &lst)) {
+        if (!PyList_CheckExact(lst)) {
+            PyErr_SetString(PyExc_TypeError, "ring_counts(lists: dict[lt, list], records: list)");
+            return NULL;
+        }
+        count_list(lst, &ranges, &instants);
+    }
+    PyObject *running = PyList_New(0);
+    if (running == NULL)
+        return NULL;
+    /* Python code (a running record's `steps`) may run: the records list is
+     * read by index with its size checked each time. */
+    Py_ssize_t tasks = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(records); i++) {
+        PyObject *rec = Py_NewRef(PyList_GET_ITEM(records, i)), *s;
+        tasks++;
+        if (PyTuple_CheckExact(rec) && PyTuple_GET_SIZE(rec) > TASK_RECORD_STEPS)
+            s = Py_NewRef(PyTuple_GET_ITEM(rec, TASK_RECORD_STEPS));
+        else {
+            if (PyList_Append(running, rec) < 0 || (s = PyObject_GetAttrString(rec, "steps")) == NULL) {
+                Py_DECREF(rec);
+                Py_DECREF(running);
+                return NULL;
+            }
+        }
+        Py_DECREF(rec);
+        Py_ssize_t len = PyObject_Size(s);
+        Py_DECREF(s);
+        if (len < 0) {
+            Py_DECREF(running);
+            return NULL;
+        }
+        steps += (len + 1) / 2;
+    }
+    return Py_BuildValue("(nnnnN)", ranges, instants, tasks, steps, running);
 }
 
 /* A copy of block b as it is now (its slots, their references taken). */
@@ -578,6 +778,10 @@ static PyMethodDef block_functions[] = {
     {"raw_snapshot", raw_snapshot, METH_O, "raw_snapshot(lists) -> copies of the raw lists, blocks copied."},
     {"raw_seal", raw_seal, METH_O, "raw_seal(lst) -> bytes the raw records hold (blocks trimmed to size)."},
     {"raw_counts", raw_counts, METH_O, "raw_counts(lst) -> (ranges, instants) a raw list records."},
+    {"ring_seal", ring_seal, METH_O, "ring_seal(lists) -> bytes the raw lists hold (sealed: blocks trimmed, untracked)."},
+    {"ring_records", ring_records, METH_O, "ring_records(records) -> (bytes, steps, running) of sealed task records."},
+    {"ring_counts", (PyCFunction)(void (*)(void))ring_counts, METH_FASTCALL,
+     "ring_counts(lists, records) -> (ranges, instants, tasks, steps, running) a ring's generation holds."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -175,6 +175,15 @@ def raw_seal(lst: list[Any], /) -> int:
 def raw_counts(lst: list[Any], /) -> tuple[int, int]:
     """(ranges, instants) a raw list records."""
 
+def ring_seal(lists: list[list[Any]], /) -> int:
+    """The bytes raw lists of a ring's sealed generation hold (blocks trimmed, lists untracked)."""
+
+def ring_records(records: list[Any], /) -> tuple[int, int, list[int]]:
+    """(bytes, steps of finished tasks, indices of running ones) of a sealed generation's task records."""
+
+def ring_counts(lists: dict[Any, list[Any]], records: list[Any], /) -> tuple[int, int, int, int, list[Any]]:
+    """(ranges, instants, tasks, steps, running records) a ring's generation holds."""
+
 def raw_snapshot(lists: list[list[Any]], /) -> list[list[Any]]:
     """Copies of raw lists as they are, blocks copied, in one call."""
 
