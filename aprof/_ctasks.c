@@ -381,10 +381,11 @@ task_done(PyObject *task)
 /* TaskThread's slots the record is made of (offsets, -1: not set up). */
 enum {
     F_ID, F_NAME, F_KIND, F_OS_TID, F_CORO, F_SPAWN_NS, F_SEQ, F_FWD, F_WAITS, F_SITE, F_MORE, F_RECORDS, F_IDX,
-    F_COUNT
+    F_TASK_REF, F_COUNT
 };
 static const char *finish_slots[F_COUNT] = {"id", "name", "kind", "os_thread_id", "coro_name", "spawn_ns", "seq",
-                                            "fwd", "waits", "spawn_site", "_more", "_records", "_idx"};
+                                            "fwd", "waits", "spawn_site", "_more", "_records", "_idx",
+                                            "_task_ref"};
 static Py_ssize_t off_f[F_COUNT];
 static int finish_ready = 0;
 static PyObject *steps_array_type, *steps_typecode, *no_records, *discard_steps;
@@ -502,6 +503,7 @@ finish_in_c(PyObject *tt, PyObject *task)
     set_slot(tt, off_f[F_RECORDS], no_records);
     set_slot(tt, off_steps, discard_steps);
     set_slot(tt, off_f[F_WAITS], Py_None);
+    set_slot(tt, off_f[F_TASK_REF], Py_None); /* named for good */
     Py_DECREF(name);
     Py_DECREF(cancelled);
     Py_DECREF(outcome);

@@ -214,6 +214,7 @@ class TaskThread(LogicalThread):
         self._records = _NO_RECORDS
         self.steps = DISCARD_STEPS  # the record has them now
         self.waits = None
+        self._task_ref = None  # named above for good: one object fewer for the cyclic GC to walk
 
     def stopped(self) -> None:
         """A profile recording the task stopped while it runs: stop keeping
