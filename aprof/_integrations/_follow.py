@@ -24,9 +24,13 @@ bootstrap, which:
 * runs the ``sitecustomize`` it shadows, if there is one.
 
 A program that is not Python ignores both variables. A forked child is not
-a new program: it records nothing (the parent's profiles are emptied in a
-fork). An ``exec`` replaces the program: what ran before it in that
-process is not recorded; the program it becomes is, if it is Python.
+a new program (gunicorn's workers, ``multiprocessing``'s ``fork`` and
+``forkserver`` children): no bootstrap runs there, so a following process
+(``aprof run``'s, a followed child, the forkserver) registers a fork hook
+that detaches the child's copies of the parent's profiles (emptied at the
+fork) and starts the child's own, saved as a followed child's is. An
+``exec`` replaces the program: what ran before it in that process is not
+recorded; the program it becomes is, if it is Python.
 
 At the end, ``aprof run`` merges the sessions it finds into its own (each
 process its own group of tracks, named by pid and command line) and names
