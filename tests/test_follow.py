@@ -295,6 +295,23 @@ with aprof.record_function("parent work"):
         code = "import aprof\\nwith aprof.record_function('exec work'): pass"
         os.execv(sys.executable, [sys.executable, "-c", code])
     assert os.waitpid(pid, 0)[1] == 0
+    # The program's own profile, inherited by a fork, still stops there
+    # with an empty session (RELIABILITY LC-01); the fork's own profile
+    # records what the fork does.
+    mine = aprof.profile()
+    mine.start()
+    with aprof.record_function("parent in its own profile"):
+        pass
+    pid = os.fork()
+    if pid == 0:
+        with aprof.record_function("fork with the program's profile"):
+            pass
+        mine.stop()
+        assert mine.session.events() == [], mine.session.events()
+        sys.exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+    mine.stop()
+    assert [e.name for e in mine.session.events()] == ["parent in its own profile"]
     # A fork that leaves by os._exit runs no exit hook: it is named as lost.
     pid = os.fork()
     if pid == 0:
@@ -319,7 +336,10 @@ def test_run_follows_forks_into_one_session(tmp_path: Path) -> None:
     parent = int(proc.stdout.split("forks ")[1].split()[0])
     s = aprof.load(cwd / "out.aprof")
     names = sorted(e.name for e in s.events() if e.scope is not aprof.RecordScope.TASK)
-    assert names == ["child async", "exec work", "fork before the signal", "fork work", "parent work"], names
+    assert names == [
+        "child async", "exec work", "fork before the signal", "fork with the program's profile", "fork work",
+        "parent in its own profile", "parent work",
+    ], names  # fmt: skip
     nodes = {e.name: e.node_id for e in s.events()}
     assert nodes["parent work"] == 0
     assert len({nodes[n] for n in ("fork work", "fork before the signal", "exec work")}) == 3

@@ -479,7 +479,7 @@ def _run(args: argparse.Namespace) -> int:
         from .._integrations._follow import Follow
 
         try:
-            finish.follow = Follow(_profile_options(args))
+            finish.follow = Follow(_profile_options(args), own=prof)
         except OSError as exc:
             print(f"aprof: cannot follow child processes ({exc}); profiling this one only", file=sys.stderr)
         else:

@@ -719,13 +719,6 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def forget_forked_profiles() -> None:
-    """In a forked child that profiles itself (``aprof run`` follows forks):
-    detach the copies of the parent's running profiles first."""
-    for prof in list(_live):
-        prof._forget()
-
-
 def _install_task_hooks(recorder: Recorder, global_scope: bool) -> list[Callable[[], None]]:
     """Hook task creation in the loop or trio run this profile starts in.
 

@@ -178,6 +178,7 @@ def _begin(home: str, options: dict[str, Any], command: str) -> None:
         _warn(f"could not profile child process {os.getpid()} ({type(exc).__name__}: {exc})")
         return
     _current = (prof, part, pid, command)
+    _own.append(prof)
     _claimed = None
     threading._register_atexit(_finish_child, prof, part, pid, command)  # type: ignore[attr-defined]
     follow_forks(home, options, command)
@@ -310,6 +311,9 @@ def _save(prof: Any, part: str, pid: int, command: str) -> None:
 #: command line its forks are named by.
 _following: tuple[str, dict[str, Any], str] | None = None
 _fork_hook = False
+#: The profiles aprof started to follow this process (aprof run's own, a
+#: followed child's): a fork detaches its copies of them.
+_own: list[Any] = []
 
 
 def follow_forks(home: str, options: dict[str, Any], command: str) -> None:
@@ -354,13 +358,15 @@ def _after_fork_in_child() -> None:
     home, options, command = following
     if _execs_next():
         return  # the program it execs is followed, if it is Python
-    try:
-        from .._core._profiler import forget_forked_profiles
-
-        forget_forked_profiles()
-    except Exception as exc:  # noqa: BLE001 - never fail a fork
-        _warn(f"could not profile forked process {os.getpid()} ({type(exc).__name__}: {exc})")
-        return
+    # aprof's own profiles of the parent (aprof run's, a followed child's),
+    # emptied by the profiler's fork hook, are detached here: their hooks
+    # would cost the child for nothing. The program's own profiles are
+    # left as the fork made them (RELIABILITY LC-01: their stop() in the
+    # child gives an empty session).
+    for prof in _own:
+        with contextlib.suppress(Exception):
+            prof._forget()
+    _own.clear()
     _begin(home, options, f"{command} (forked by pid {os.getppid()})")
 
 
@@ -390,7 +396,7 @@ class Follow:
     """``aprof run``'s side: the directory and the environment, while the
     program runs; the children's sessions merged at its end."""
 
-    def __init__(self, options: dict[str, Any], command: str | None = None) -> None:
+    def __init__(self, options: dict[str, Any], command: str | None = None, own: Any = None) -> None:
         self.dir = tempfile.mkdtemp(prefix="aprof-follow-")
         try:
             boot = os.path.join(self.dir, "boot")
@@ -406,6 +412,8 @@ class Follow:
         path = os.environ.get("PYTHONPATH")
         os.environ[ENV] = self.dir
         os.environ["PYTHONPATH"] = boot if not path else boot + os.pathsep + path
+        if own is not None:
+            _own.append(own)  # aprof run's profile: a fork detaches its copy
         follow_forks(self.dir, options, shlex.join(sys.argv) if command is None else command)
 
     def restore(self) -> None:
