@@ -142,11 +142,12 @@ def _warn(message: str) -> None:
         warnings.warn(f"aprof: {message}", stacklevel=3)
 
 
-def _begin(home: str, options: dict[str, Any], command: str) -> None:
+def _begin(home: str, options: dict[str, Any], command: str, guard: bool = True) -> None:
     """Profile this process (node id = its pid) into ``home``, saved at its
-    end or at SIGTERM; its forks are followed too. Never raises."""
+    end or (``guard``) at SIGTERM; its forks are followed too. Never raises."""
     global _current, _claimed
-    _guard_signals()  # first: a signal from now on leaves no half-made file
+    if guard:
+        _guard_signals()  # first: a signal from now on leaves no half-made file
     try:
         from .._core._profiler import profile
 
@@ -182,7 +183,7 @@ def _begin(home: str, options: dict[str, Any], command: str) -> None:
     _claimed = None
     threading._register_atexit(_finish_child, prof, part, pid, command)  # type: ignore[attr-defined]
     follow_forks(home, options, command)
-    if "asyncio" in sys.modules:
+    if guard and "asyncio" in sys.modules:
         # A server's worker may put SIGTERM back to its default after the
         # fork (gunicorn's UvicornWorker does, before its loop starts):
         # the handler goes in again when the program makes its loop.
@@ -335,14 +336,13 @@ def stop_following_forks() -> None:
     _following = None
 
 
-def _execs_next() -> bool:
-    """Whether this fork is ``subprocess``'s, which runs the fork hooks when
-    given a ``preexec_fn`` and then execs: not a copy of the program."""
-    frame = sys._getframe(1)
+def _forked_by(function: str, module: str) -> bool:
+    """Whether ``module.function`` is on the stack of the fork that runs the fork hooks."""
+    frame = sys._getframe(2)
     for _ in range(8):
         if frame is None:
             return False
-        if frame.f_code.co_name == "_execute_child" and frame.f_globals.get("__name__") == "subprocess":
+        if frame.f_code.co_name == function and frame.f_globals.get("__name__") == module:
             return True
         frame = frame.f_back  # type: ignore[assignment]
     return False
@@ -356,8 +356,10 @@ def _after_fork_in_child() -> None:
     if following is None:
         return
     home, options, command = following
-    if _execs_next():
-        return  # the program it execs is followed, if it is Python
+    if _forked_by("_execute_child", "subprocess"):
+        # subprocess runs the fork hooks for a preexec_fn, then execs: the
+        # program it becomes is followed, if it is Python.
+        return
     # aprof's own profiles of the parent (aprof run's, a followed child's),
     # emptied by the profiler's fork hook, are detached here: their hooks
     # would cost the child for nothing. The program's own profiles are
@@ -367,7 +369,19 @@ def _after_fork_in_child() -> None:
         with contextlib.suppress(Exception):
             prof._forget()
     _own.clear()
-    _begin(home, options, f"{command} (forked by pid {os.getppid()})")
+    # A multiprocessing fork child gets no signal handler of aprof's, and
+    # loses the one aprof run's process has: CPython can miss a Python-level
+    # SIGTERM handler's signal in a forked Pool worker that waits on its
+    # task queue, and Pool.terminate() (what `with Pool()` does at its end)
+    # then waits for it forever. Such a child saves at its normal end
+    # (Process._bootstrap runs the threading exit hooks); one ended by
+    # terminate() is named in session.lost.
+    guard = not _forked_by("_launch", "multiprocessing.popen_fork")
+    if not guard and threading.current_thread() is threading.main_thread():
+        for signum in _ENDING:
+            if _inherited(signal.getsignal(signum)):
+                signal.signal(signum, signal.SIG_DFL)  # what the program had: aprof run's took its place
+    _begin(home, options, f"{command} (forked by pid {os.getppid()})", guard)
 
 
 def _why_lost(pid: int) -> str:
