@@ -109,9 +109,12 @@ def one(cwd: Path, profiled: bool, requests: int, concurrency: int, tag: str, ki
 
         return asyncio.run(drive())
     finally:
-        proc.send_signal(signal.SIGINT)
+        # gunicorn's graceful stop is SIGTERM to the master; a SIGINT to the
+        # master alone SIGQUITs the workers, which UvicornWorker does not
+        # act on: they are SIGKILLed after the graceful timeout.
+        proc.send_signal(signal.SIGTERM if kind == "gunicorn" else signal.SIGINT)
         _, err = proc.communicate(timeout=120)
-        if proc.returncode not in (0, -signal.SIGINT, 130):
+        if proc.returncode not in (0, -signal.SIGINT, -signal.SIGTERM, 130):
             print(err.decode(errors="replace")[-2000:], file=sys.stderr)
 
 
