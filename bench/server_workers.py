@@ -1,6 +1,10 @@
 """A 2-worker uvicorn app under ``aprof run`` (issue 20 item 4).
 
-    python bench/server_workers.py [--rounds 3] [--requests 2000] [--concurrency 16]
+    python bench/server_workers.py [--rounds 3] [--requests 2000] [--concurrency 16] [--server uvicorn|gunicorn]
+
+``--server gunicorn`` runs the app as ``gunicorn app:app -w 2 -k
+uvicorn.workers.UvicornWorker`` instead (its workers are forks of the
+master, followed as forks).
 
 Each round starts the same ASGI app twice, one after the other, on a free
 loopback port: plain (``python -m uvicorn app:app --workers 2``) and under
@@ -88,9 +92,12 @@ async def wait_up(port: int, proc: subprocess.Popen[bytes]) -> None:
             await asyncio.sleep(0.1)
 
 
-def one(cwd: Path, profiled: bool, requests: int, concurrency: int, tag: str) -> float:
+def one(cwd: Path, profiled: bool, requests: int, concurrency: int, tag: str, kind: str = "uvicorn") -> float:
     port = free_port()
-    server = ["-m", "uvicorn", "app:app", "--workers", "2", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+    if kind == "gunicorn":
+        server = ["-m", "gunicorn", "app:app", "-w", "2", "-k", "uvicorn.workers.UvicornWorker", "-b", f"127.0.0.1:{port}", "--log-level", "warning"]
+    else:
+        server = ["-m", "uvicorn", "app:app", "--workers", "2", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
     cmd = [sys.executable, "-m", "aprof", "run", "--no-summary", "-o", "out.aprof", *server] if profiled else [sys.executable, *server]
     proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -102,9 +109,12 @@ def one(cwd: Path, profiled: bool, requests: int, concurrency: int, tag: str) ->
 
         return asyncio.run(drive())
     finally:
-        proc.send_signal(signal.SIGINT)
+        # gunicorn's graceful stop is SIGTERM to the master; a SIGINT to the
+        # master alone SIGQUITs the workers, which UvicornWorker does not
+        # act on: they are SIGKILLed after the graceful timeout.
+        proc.send_signal(signal.SIGTERM if kind == "gunicorn" else signal.SIGINT)
         _, err = proc.communicate(timeout=120)
-        if proc.returncode not in (0, -signal.SIGINT, 130):
+        if proc.returncode not in (0, -signal.SIGINT, -signal.SIGTERM, 130):
             print(err.decode(errors="replace")[-2000:], file=sys.stderr)
 
 
@@ -113,6 +123,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--server", choices=("uvicorn", "gunicorn"), default="uvicorn")
     args = ap.parse_args()
     import aprof
 
@@ -126,7 +137,7 @@ def main() -> None:
         for r in range(args.rounds):
             order = (False, True) if r % 2 == 0 else (True, False)
             for prof in order:
-                rps = one(cwd, prof, args.requests, args.concurrency, f"{r}{int(prof)}")
+                rps = one(cwd, prof, args.requests, args.concurrency, f"{r}{int(prof)}", args.server)
                 (profiled if prof else plain).append(rps)
                 if prof:
                     s = aprof.load(cwd / "out.aprof")

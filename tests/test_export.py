@@ -849,3 +849,95 @@ def test_convert_caps_a_chrome_trace_and_refuses_the_option_for_other_formats(tm
     assert refused.returncode == 2, refused.stderr
     assert "--max-events applies to Chrome traces" in refused.stderr
     assert not (tmp_path / "t.html").exists()
+
+
+def _two_process_session(tmp_path: Path) -> aprof.Session:
+    """A session of two processes (node 3, pid 1003; node 4, pid 1004), as a
+    merge makes, each with a range on its own MainThread-like track."""
+    import json
+
+    with aprof.profile(node_id=3) as prof:
+        with aprof.record_function("main-range"):
+            time.sleep(0.002)  # folded stacks keep frames of 1 us or more
+
+        def other() -> None:
+            with aprof.record_function("other-range"):
+                time.sleep(0.002)
+
+        t = threading.Thread(target=aprof.wrap(other), name="MainThread")
+        t.start()
+        t.join()
+    doc = v1_document(prof)
+    fields = doc["fields"]
+    moved = {t["id"] for t in doc["tracks"]} - {e.thread_id for e in prof.events() if e.name == "main-range"}
+    assert len(moved) == 1
+    for t in doc["tracks"]:
+        if t["id"] in moved:
+            t["node_id"] = 4
+    for row in doc["events"]:
+        if row[fields.index("thread_id")] in moved:
+            row[fields.index("node_id")] = 4
+    doc["metadata"]["pids"] = {"3": 1003, "4": 1004}
+    (tmp_path / "merged.aprof").write_bytes(gzip.compress(json.dumps(doc).encode()))
+    merged = aprof.load(tmp_path / "merged.aprof")
+    assert {e.name: e.node_id for e in merged.events() if e.name.endswith("-range")} == {"main-range": 3, "other-range": 4}
+    return merged
+
+
+def test_every_export_of_a_merged_session_says_each_events_process(tmp_path: Path) -> None:
+    # SPEC 15.4, issue 20 item 6: in a session of several processes, every
+    # exported event says its process: Chrome by pid, folded stacks and
+    # speedscope by the track's name ("pid N · track", so two processes'
+    # MainThreads stay apart, and read back as two processes),
+    # OpenTelemetry spans by aprof.node_id and process.pid; the summary
+    # groups by process.
+    import json
+
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from aprof._post._readers import read_profile
+
+    merged = _two_process_session(tmp_path)
+    merged.export_chrome_trace(tmp_path / "t.json")
+    trace = validate_trace(tmp_path / "t.json")
+    pid_of_range = {e["name"]: e["pid"] for e in trace["traceEvents"] if e.get("name") in ("main-range", "other-range")}
+    assert pid_of_range == {"main-range": 1003, "other-range": 1004}
+
+    merged.export_folded(tmp_path / "t.folded")
+    lines = (tmp_path / "t.folded").read_text(encoding="utf-8").splitlines()
+    roots = sorted(line.split(";")[0] for line in lines if "-range" in line)
+    assert roots == ["pid\u00a01003\u00a0\u00b7\u00a0MainThread", "pid\u00a01004\u00a0\u00b7\u00a0MainThread"]
+    back = read_profile(tmp_path / "t.folded")
+    assert sorted((e.name, e.node_id) for e in back.events() if e.name.endswith("-range")) == [("main-range", 1003), ("other-range", 1004)]
+    assert sorted((t.name, t.node_id) for t in back.tracks()) == [("MainThread", 1003), ("MainThread", 1004)]
+
+    merged.export_speedscope(tmp_path / "t.speedscope.json")
+    doc = json.loads((tmp_path / "t.speedscope.json").read_text())
+    names = sorted(p["name"] for p in doc["profiles"])
+    assert [n.rsplit(" (", 1)[0] for n in names] == ["pid 1003 \u00b7 MainThread", "pid 1004 \u00b7 MainThread"]
+    back = read_profile(tmp_path / "t.speedscope.json")
+    assert sorted((e.name, e.node_id) for e in back.events() if e.name.endswith("-range")) == [("main-range", 1003), ("other-range", 1004)]
+    assert sorted(t.name for t in back.tracks()) == ["MainThread", "MainThread"]
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    try:
+        merged.export_opentelemetry(provider)
+        spans = {s.name: dict(s.attributes or {}) for s in exporter.get_finished_spans()}
+    finally:
+        provider.shutdown()
+    assert (spans["main-range"]["aprof.node_id"], spans["main-range"]["process.pid"]) == (3, 1003)
+    assert (spans["other-range"]["aprof.node_id"], spans["other-range"]["process.pid"]) == (4, 1004)
+
+    table = merged.key_averages(group_by="node").table()
+    assert "node 3 (pid 1003)" in table
+    assert "node 4 (pid 1004)" in table
+    # One process: the names stay bare, and a span still says its node.
+    with aprof.profile() as one:
+        with aprof.record_function("alone"):
+            time.sleep(0.002)
+    one.export_folded(tmp_path / "one.folded")
+    assert (tmp_path / "one.folded").read_text(encoding="utf-8").startswith("MainThread;alone ")

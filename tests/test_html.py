@@ -693,3 +693,74 @@ def test_tracks_of_a_merged_session_say_their_process(page: Page, tmp_path: Path
     open_report(page, out)
     labels = page.eval("Array.from(document.querySelectorAll('#tracks-table tbody tr td:first-child')).map(td => td.textContent)")
     assert not any(x.startswith("pid ") for x in labels)
+
+
+def _process_groups(page: Page) -> list[list[Any]]:
+    return page.eval("JSON.parse(document.getElementById('tl').dataset.processes || '[]')")  # type: ignore[no-any-return]
+
+
+def test_processes_of_a_merged_session_are_groups_of_the_timeline(page: Page, tmp_path: Path) -> None:
+    # SPEC 15.4, issue 20 item 6: each process of a merged session is a
+    # group of the timeline: a header named by its pid (and command line,
+    # when the session knows it), its tracks under it, closed and opened by
+    # a click on the header; with profile_memory, each process has its own
+    # memory counter under its header, not one summed over the processes.
+    import textwrap
+
+    script = """
+    import subprocess, sys
+    import aprof
+    code = "import aprof\\nwith aprof.record_function('child work'):\\n    keep = [bytearray(300_000) for _ in range(4)]"
+    with aprof.record_function("parent work"):
+        keep = [bytearray(200_000) for _ in range(5)]
+        subprocess.run([sys.executable, "-c", code], check=True)
+    """
+    (tmp_path / "parent.py").write_text(textwrap.dedent(script))
+    env = {k: v for k, v in os.environ.items() if k not in ("APROF_FOLLOW", "PYTHONPATH")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "aprof", "run", "--no-summary", "--memory", "-o", "out.aprof", "parent.py"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=100,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    session = aprof.load(tmp_path / "out.aprof")
+    pids = session.metadata["pids"]
+    assert len(pids) == 2
+    commands = session.metadata["commands"]
+    commands.pop(next(n for n in commands if n != "0"))  # a process whose command line is not known
+    out = tmp_path / "r.html"
+    session.export_html(out)
+    state = open_report(page, out)
+    procs = _process_groups(page)
+    assert [(p[0], p[1]) for p in procs] == sorted(((int(n), pid) for n, pid in pids.items()), key=lambda x: x[0] != 0)
+    parent, child = procs
+    assert parent[2] == f"pid {pids['0']}: parent.py"
+    assert child[2] == f"pid {child[1]}"  # no command line known: the pid
+    by_node: dict[int, int] = {}
+    for t in session.tracks():
+        by_node[t.node_id] = by_node.get(t.node_id, 0) + 1
+    assert [p[3] for p in procs] == [by_node[p[0]] for p in procs]  # each process's tracks
+    assert [p[4] for p in procs] == [True, True]  # open
+    assert parent[5] >= 2  # a memory counter of its own...
+    assert child[5] >= 2
+    assert int(page.eval("document.getElementById('tl').dataset.memoryDrawn")) >= 4  # ...both drawn
+    assert_timeline_drawn(page, state["box"])
+    drawn_open = int(page.eval("document.getElementById('tl').dataset.drawn"))
+    # The first item is the parent's header, just under the time axis.
+    x, y, w, h = state["box"]
+    page.click(x + 200, y + 18 + 8)
+    procs = _process_groups(page)
+    assert [p[4] for p in procs] == [False, True]
+    assert int(page.eval("document.getElementById('tl').dataset.drawn")) < drawn_open
+    # A second click opens it again.
+    page.click(x + 200, y + 18 + 8)
+    assert [p[4] for p in _process_groups(page)] == [True, True]
+    assert page.console_errors() == []
+    # One process: no process groups, one memory counter under the axis.
+    with aprof.profile(profile_memory=True) as one:
+        with aprof.record_function("only"):
+            keep = [bytearray(100_000) for _ in range(3)]
+    del keep
+    one.export_html(out)
+    open_report(page, out)
+    assert _process_groups(page) == []
+    assert int(page.eval("document.getElementById('tl').dataset.memoryDrawn")) >= 2

@@ -358,6 +358,13 @@ class _Finish:
 
     def finish(self, code: int) -> int:
         """Stop, summarise and write; returns the exit code to use."""
+        if os.getpid() != self.pid:
+            # A fork of the program that came back here (a gunicorn worker
+            # ends by sys.exit through the master's code): the output and
+            # the followed children are the parent's. The fork's own
+            # profile, if it is followed, is saved at its exit.
+            self.prof._forget()
+            return code
         self.busy = True
         args = self.args
         try:
@@ -472,7 +479,7 @@ def _run(args: argparse.Namespace) -> int:
         from .._integrations._follow import Follow
 
         try:
-            finish.follow = Follow(_profile_options(args))
+            finish.follow = Follow(_profile_options(args), own=prof)
         except OSError as exc:
             print(f"aprof: cannot follow child processes ({exc}); profiling this one only", file=sys.stderr)
         else:

@@ -519,6 +519,22 @@ class profile:
         if warn:
             warnings.warn(why, AprofWarning, stacklevel=2)
 
+    def _forget(self) -> None:
+        """Detach this profile without a session or a warning: its hooks go,
+        and the interpreter's exit does not call it abandoned. For a forked
+        child's copy of a parent's profile (emptied at the fork: RELIABILITY
+        LC-01), and a followed process's profile that steps aside."""
+        self._active = False
+        if self._recorder is not None and self._state is not None:
+            self._queue_stop(consolidate=False, notify=False)
+        while self._stopping:
+            stop = self._stopping.pop(0)
+            try:
+                stop.detach()
+            except Exception:  # noqa: BLE001 - never fail a fork for a copy that records nothing
+                pass
+        _live.discard(self)
+
     # -- results ------------------------------------------------------------
 
     @property

@@ -478,20 +478,29 @@ def memory_summary(session: Session) -> dict[str, Any]:
     }
 
 
+def memory_threads_by_node(session: Session) -> dict[int, set[int]]:
+    """profile_memory: the threads that allocated, by process (node id). A
+    merged session's processes each get their own counter (SPEC 15.4): a
+    thread is its track's process, or the one ``Memory.nodes`` says."""
+    m = session.memory
+    if m is None:
+        return {}
+    home = session.metadata.get("node_id", 0)
+    home = home if isinstance(home, int) else 0
+    node_of = {t.id: t.node_id for t in session._table.tracks}
+    by_node: dict[int, set[int]] = {}
+    for tid in m.threads:
+        by_node.setdefault(node_of.get(tid, m.nodes.get(tid, home)), set()).add(tid)
+    return by_node
+
+
 def _memory_counters(session: Session, pids: dict[int, Any], base: int, emit: Any) -> None:
     """profile_memory (issue 21): the profiled work's live bytes over time as a
     counter track (``"ph":"C"``, name ``memory``), one per process."""
     m = session.memory
     if m is None:
         return
-    home = session.metadata.get("node_id", 0)
-    home = home if isinstance(home, int) else 0
-    # A merged session's processes each get their own counter (SPEC 15.4):
-    # a thread is its track's process, or the one Memory.nodes says.
-    node_of = {t.id: t.node_id for t in session._table.tracks}
-    by_node: dict[int, set[int]] = {}
-    for tid in m.threads:
-        by_node.setdefault(node_of.get(tid, m.nodes.get(tid, home)), set()).add(tid)
+    by_node = memory_threads_by_node(session)
     for node in sorted(by_node):
         pid = pids.get(node, node)
         # Perfetto binds a tid to one process, so with several processes

@@ -22,7 +22,7 @@ from os import PathLike
 from typing import TYPE_CHECKING
 
 from ._files import atomic_write_text, check_output_path
-from ._labels import frame_label
+from ._labels import frame_label, process_labels
 
 if TYPE_CHECKING:
     from .._post._events import FunctionEvent
@@ -47,7 +47,8 @@ def _frame(name: str) -> str:
 def folded_lines(session: Session) -> Iterator[str]:
     """The session as folded-stack lines (self time in microseconds)."""
     totals: dict[str, int] = {}
-    names = {t.id: _frame(t.name) for t in session.tracks()}
+    procs = process_labels(session)  # several processes: each track's root frame says its pid
+    names = {t.id: _frame(procs.get(t.node_id, "") + t.name) for t in session.tracks()}
 
     def walk(root: FunctionEvent, prefix: str) -> None:
         # Depth first with an explicit stack (call trees can nest deeper
@@ -81,7 +82,8 @@ def sampled_folded_lines(session: Session) -> Iterator[str]:
     if session.samples is None:
         return
     chains = spawn_chains(session)
-    names = {t.id: t.name for t in session._tracks.values()}
+    procs = process_labels(session)
+    names = {t.id: procs.get(t.node_id, "") + t.name for t in session._tracks.values()}
     totals: dict[str, int] = {}
     for tid, stack, ns in sampled_stacks(session):
         line = ";".join(_frame(f) for f in (SAMPLED_ROOT, *chains.get(tid, ()), names.get(tid, str(tid)), *stack))

@@ -43,6 +43,7 @@ from .._core._callbacks import RecordScope
 from .._post._compact import compact_parts
 from .._post._lod import ITEM, always_kept, keep_rows, merge_rows, range_flame
 from .._post._stitch import stitched_tree
+from ._chrome import memory_threads_by_node
 from ._files import atomic_write_text, check_output_path
 from ._labels import frame_label
 
@@ -176,16 +177,26 @@ def _memory_doc(session: Session) -> dict[str, Any]:
     m = session.memory
     assert m is not None
     base = int(session.metadata.get("start_ns", 0))
-    points = m.timeline()
-    if len(points) > _MEMORY_POINTS:
-        step = -(-len(points) // _MEMORY_POINTS)
-        points = [max(points[i : i + step], key=lambda p: p[1]) for i in range(0, len(points), step)]
-    flat: list[int] = []
-    for t, live in points:
-        flat += (t - base, live)
+
+    def counter(threads: set[int] | None) -> list[int]:
+        points = m.timeline(threads)
+        if len(points) > _MEMORY_POINTS:
+            step = -(-len(points) // _MEMORY_POINTS)
+            points = [max(points[i : i + step], key=lambda p: p[1]) for i in range(0, len(points), step)]
+        flat: list[int] = []
+        for t, live in points:
+            flat += (t - base, live)
+        return flat
+
     # "records": the allocations whole, for aprof's readers (aprof report,
     # merge), which charge them to the events they rebuild (issue 21).
-    return {"interval": m.interval, "other_bytes": m.other_bytes, "counter": flat, "records": m.records_json()}
+    doc: dict[str, Any] = {"interval": m.interval, "other_bytes": m.other_bytes, "counter": counter(None), "records": m.records_json()}
+    by_node = memory_threads_by_node(session)
+    if len(by_node) > 1:
+        # A merged session (SPEC 15.4): each process's own counter, drawn
+        # under its group's header; "counter" stays the sum, for readers.
+        doc["counters"] = [[node, counter(by_node[node])] for node in sorted(by_node)]
+    return doc
 
 
 def _stitched(session: Session) -> list[Any]:

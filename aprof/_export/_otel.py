@@ -86,15 +86,18 @@ def _tracer(tracer_provider: object, trace: Any) -> Tracer:
     return tracer
 
 
-def _attributes(ev: FunctionEvent) -> dict[str, Any]:
+def _attributes(ev: FunctionEvent, pids: dict[str, Any]) -> dict[str, Any]:
     attrs: dict[str, Any] = {
         "aprof.scope": ev.scope.value,
         "aprof.track": ev.track,
         "aprof.thread_id": ev.thread_id,
         "thread.id": ev.os_thread_id,
+        # The process (SPEC 15.4): a merged session's spans come from several.
+        "aprof.node_id": ev.node_id,
     }
-    if ev.node_id:
-        attrs["aprof.node_id"] = ev.node_id
+    pid = pids.get(str(ev.node_id))
+    if type(pid) is int:
+        attrs["process.pid"] = pid
     if ev.args is not None:
         attrs["aprof.args"] = ev.args
     if ev.inputs is not None:
@@ -163,6 +166,7 @@ def export_opentelemetry(
         },
     )
     events = session.events()
+    pids: dict[str, Any] = meta.get("pids") or {}
     python_scope = RecordScope.PYTHON_FUNCTION
     # The span each event maps to: its own, or for a left-out frame, the
     # nearest kept ancestor's (the root when there is none). Filled parent
@@ -185,7 +189,7 @@ def export_opentelemetry(
                 e.name,
                 context=trace.set_span_in_context(span),
                 start_time=e.start_ns + offset,
-                attributes=_attributes(e),
+                attributes=_attributes(e, pids),
             )
             exc = e.exception
             if exc is not None:

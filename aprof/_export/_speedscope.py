@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from .. import _version
 from .._post._stitch import STITCHED_SUFFIX, Segment, stitched_timelines
 from ._files import atomic_write_text, check_output_path
-from ._labels import frame_label
+from ._labels import frame_label, process_labels
 
 if TYPE_CHECKING:
     from .._post._events import FunctionEvent
@@ -94,6 +94,7 @@ def speedscope_document(session: Session) -> dict[str, Any]:
         if ev.parent is None or ev.parent.thread_id != ev.thread_id:
             roots.setdefault(ev.thread_id, []).append(ev)
     profiles = []
+    procs = process_labels(session)  # several processes: each profile's name says its pid
     for track in session.tracks():
         evs = roots.get(track.id)
         if not evs:
@@ -104,7 +105,7 @@ def speedscope_document(session: Session) -> dict[str, Any]:
         profiles.append(
             {
                 "type": "evented",
-                "name": f"{track.name} ({track.id})",
+                "name": f"{procs.get(track.node_id, '')}{track.name} ({track.id})",
                 "unit": "nanoseconds",
                 "startValue": events[0]["at"],
                 "endValue": max(e["at"] for e in events),
@@ -119,7 +120,7 @@ def speedscope_document(session: Session) -> dict[str, Any]:
         profiles.append(
             {
                 "type": "evented",
-                "name": f"{track.name} ({track.id}){STITCHED_SUFFIX}",
+                "name": f"{procs.get(track.node_id, '')}{track.name} ({track.id}){STITCHED_SUFFIX}",
                 "unit": "nanoseconds",
                 "startValue": segs[0][0],
                 "endValue": segs[-1][1],
@@ -155,6 +156,7 @@ def _sampled_profiles(session: Session, frame_of: dict[str, int]) -> list[dict[s
         weights.append(samples.weight_ns[i])
         times.append(samples.time_ns[i])
     out = []
+    procs = process_labels(session)
     for track in session.tracks():
         got = per_track.get(track.id)
         if got is None:
@@ -163,7 +165,7 @@ def _sampled_profiles(session: Session, frame_of: dict[str, int]) -> list[dict[s
         out.append(
             {
                 "type": "sampled",
-                "name": f"{track.name} ({track.id}) [sampled]",
+                "name": f"{procs.get(track.node_id, '')}{track.name} ({track.id}) [sampled]",
                 "unit": "nanoseconds",
                 "startValue": times[0] - weights[0],
                 "endValue": times[-1],

@@ -66,6 +66,7 @@ import pickle
 import shutil
 import socket
 import struct
+import sys
 import tempfile
 import threading
 import time
@@ -272,6 +273,7 @@ def _join(dir: str) -> _WorkerProfile | None:
         from .._core._profiler import profile
 
         prof = profile(node_id=os.getpid(), **header["options"])
+        _step_aside()
         ctx = contextvars.copy_context()
         ctx.run(prof.start)
     except Exception as exc:  # noqa: BLE001 - the jobs run anyway (issue 20, "Bad input")
@@ -396,6 +398,14 @@ def _warn_once(message: str) -> None:
         warnings.warn(message, AprofWarning, stacklevel=3)
 
 
+def _step_aside() -> None:
+    """Under ``aprof run``, which profiles this process as a whole: the
+    job's profile records the job, the process's own steps aside."""
+    follow = sys.modules.get("aprof._integrations._follow")
+    if follow is not None:
+        follow.step_aside()
+
+
 def _start_in_child(job: _Job) -> tuple[Any, str] | None:
     from .._core._profiler import profile
 
@@ -407,6 +417,7 @@ def _start_in_child(job: _Job) -> tuple[Any, str] | None:
         os.close(os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     except FileNotFoundError:
         return None  # the parent stopped and removed the directory: nobody will read it
+    _step_aside()
     try:
         prof.start()
     except BaseException:

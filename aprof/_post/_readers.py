@@ -24,6 +24,7 @@ from typing import Any
 
 from .._core._callbacks import RecordScope
 from .._core._recorder import FLAG_ASYNC, FLAG_UNFINISHED, KIND_INSTANT, KIND_RANGE
+from .._export._labels import split_process_label
 from ._binary import MAGIC as SESSION_MAGIC
 from ._compact import FORMAT as COMPACT_FORMAT
 from ._compact import session_from_compact
@@ -398,7 +399,8 @@ def read_speedscope(doc: dict[str, Any]) -> Session:
         if not tid or tid in used:
             tid = max(used, default=0) + 1
         used.add(tid)
-        track = Track(tid, m.group(1) if m else name, "thread", 0, 0)
+        node, bare = split_process_label(m.group(1)) if m else (0, name)
+        track = Track(tid, bare, "thread", 0, node)  # a merged session's: its process back as its node id
         recs: list[list[Any]] = []
         if p["type"] == "evented":
             stack: list[tuple[int, int]] = []
@@ -496,9 +498,10 @@ def read_folded(text: str) -> Session:
         end = 0
         for name, kid in root["kids"].items():
             end = _lay_out(name, kid, end, recs)
+        pid, bare = split_process_label(track_name)  # a merged session's: "pid N · track"
         if root["self"]:
-            recs.append(_range(track_name, RecordScope.FUNCTION, 0, end + root["self"]))  # time on the track itself
-        track = Track(i, track_name, "thread", 0, 0)
+            recs.append(_range(bare, RecordScope.FUNCTION, 0, end + root["self"]))  # time on the track itself
+        track = Track(i, bare, "thread", 0, pid)
         per_track.append((track, [_frame_range(r[0], r[2], r[3], True, track) for r in recs]))
     return _ranges_session(per_track, {"aprof_version": None, "start_ns": 0, "dropped": 0, "source": "folded stacks"})
 
