@@ -110,6 +110,7 @@ class Tracer:
         max_events: int = 0,
         c_calls: bool = True,
         instance_ids: bool = False,
+        evaluator: bool = True,  # noqa: ARG002 - the C tracer's switch: the twin has no frame evaluator
     ) -> None:
         if max_events < 0:
             raise ValueError("Tracer: max_events must be >= 0")
@@ -153,6 +154,10 @@ class Tracer:
     @property
     def degraded(self) -> bool:
         return False  # the twin never uses a frame evaluator
+
+    @property
+    def evaluator(self) -> bool:
+        return False
 
     # -- the per-event path -------------------------------------------------
 
