@@ -310,6 +310,39 @@ def test_a_recursion_deeper_than_the_c_stack_is_traced_whole(impl: ModuleType) -
     assert run.evaluator == evaluator
 
 
+_SMALL_STACK_PROGRAM = """
+import threading, warnings, aprof
+def rec(n): return 0 if n == 0 else 1 + rec(n - 1)
+out = []
+def work():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with aprof.profile(python_tracer=True) as prof:
+            out.append(rec(900))
+    out.append(len([e for e in prof.events() if e.name.endswith(": rec")]))
+    out.append(any("C stack low" in str(w.message) for w in caught))
+threading.stack_size(256 * 1024)
+t = threading.Thread(target=work)
+t.start()
+t.join()
+print(out)
+"""
+
+
+def test_a_thread_with_a_small_stack_is_traced_whole(tmp_path: Path) -> None:
+    # SPEC 15.6 with a small thread stack (threading.stack_size(256 KiB)):
+    # plain Python runs this recursion without C stack; under the evaluator
+    # (3.11, 3.12) every traced call is a C call, so the tracer hands over at
+    # half such a stack (it used to wait for 2,000 levels, past its end:
+    # SIGSEGV on 3.11).
+    require_c_extension()
+    script = tmp_path / "small_stack.py"
+    script.write_text(_SMALL_STACK_PROGRAM)
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == str([900, 901, sys.version_info < (3, 13)])
+
+
 def _deepest(n: int = 0) -> int:
     try:
         return _deepest(n + 1)
