@@ -13,7 +13,9 @@
  *   4. The per-event path     - context check (cached per context), logical
  *                               thread, push
  *   5. Event sources          - 3.11: a C profile function on every thread;
- *                               3.12+: C callables for sys.monitoring
+ *                               3.11 and 3.12 without C calls: a PEP 523
+ *                               frame evaluator; 3.12+: C callables for
+ *                               sys.monitoring
  *   6. The Tracer type and module
  *   7. Replay's inner loop    - the loop of aprof/_post/_replay.py, in C
  *
@@ -34,8 +36,8 @@
 
 /* The layout of _PyInterpreterFrame is in CPython's internal headers, which
  * 3.11-3.13 install (Cython reads them the same way). Two things read it:
- * 3.11 without C calls evaluates frames through a PEP 523 hook, which is
- * handed one; and a method call's receiver (its first argument) is read
+ * 3.11 and 3.12 without C calls evaluate frames through a PEP 523 hook,
+ * which is handed one; and a method call's receiver (its first argument) is read
  * from the frame being entered (section 4). */
 #define Py_BUILD_CORE 1
 #include "internal/pycore_frame.h"
@@ -97,7 +99,8 @@ enum {
     EV_SWITCH = 7,   /* this OS thread now runs another logical thread */
     EV_TIME = 8,     /* absolute time (after a gap the delta cannot hold) */
     EV_EXC = 9,      /* the exception type of the UNWIND that follows (3.12+, and
-                        3.11 without C calls) */
+                        3.11 without C calls: every source but 3.11's
+                        profile function) */
     EV_RECV = 10,    /* the receiver of the method CALL that follows: payload =
                         object index of its class (or, with instance_ids, of a
                         (class, serial) description); see section 4 */

@@ -168,8 +168,9 @@ class TracerRun:
         recorder: The profile's recorder (context scope), or None (global).
         max_events: Keep at most this many raw events (0: unbounded).
         c_calls: Record C calls too (else Python frames only, which on 3.11
-            the C tracer records through a PEP 523 frame evaluator instead
-            of a profile function, and on 3.12+ without the CALL events).
+            and 3.12 the C tracer records through a PEP 523 frame evaluator
+            instead of a profile function or sys.monitoring callbacks, and
+            on 3.13 without the CALL events).
         instance_ids: Name method frames after their receiver instance
             (class and serial), not only its class.
     """

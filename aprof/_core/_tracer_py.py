@@ -324,8 +324,9 @@ class Tracer:
     def _profile(self, frame: Any, event: str, arg: Any) -> None:
         # sys.setprofile (3.11). A frame left by an exception reports
         # "return" with arg None here, so the twin cannot tell UNWIND apart.
-        # Without C calls the C tracer uses a frame evaluator instead; the
-        # twin keeps the profile function and drops the C events.
+        # Without C calls the C tracer uses a frame evaluator instead (3.11
+        # and 3.12); the twin keeps the profile function and drops the C
+        # events.
         if event == "call":
             self._on_code(EV_CALL, frame.f_code)
         elif event == "return":
