@@ -13,7 +13,9 @@
  *   4. The per-event path     - context check (cached per context), logical
  *                               thread, push
  *   5. Event sources          - 3.11: a C profile function on every thread;
- *                               3.12+: C callables for sys.monitoring
+ *                               3.11 and 3.12 without C calls: a PEP 523
+ *                               frame evaluator; 3.12+: C callables for
+ *                               sys.monitoring
  *   6. The Tracer type and module
  *   7. Replay's inner loop    - the loop of aprof/_post/_replay.py, in C
  *
@@ -34,8 +36,8 @@
 
 /* The layout of _PyInterpreterFrame is in CPython's internal headers, which
  * 3.11-3.13 install (Cython reads them the same way). Two things read it:
- * 3.11 without C calls evaluates frames through a PEP 523 hook, which is
- * handed one; and a method call's receiver (its first argument) is read
+ * 3.11 and 3.12 without C calls evaluate frames through a PEP 523 hook,
+ * which is handed one; and a method call's receiver (its first argument) is read
  * from the frame being entered (section 4). */
 #define Py_BUILD_CORE 1
 #include "internal/pycore_frame.h"
@@ -51,6 +53,14 @@
 #define APROF_MONITORING 1
 #else
 #define APROF_MONITORING 0
+#endif
+
+/* Without C calls, 3.11 and 3.12 record Python frames through a PEP 523
+ * frame evaluator (section 5); 3.13 keeps sys.monitoring callbacks. */
+#if PY_VERSION_HEX < 0x030D0000
+#define APROF_EVAL 1
+#else
+#define APROF_EVAL 0
 #endif
 
 /* ------------------------------------------------------------------------ */
@@ -89,7 +99,8 @@ enum {
     EV_SWITCH = 7,   /* this OS thread now runs another logical thread */
     EV_TIME = 8,     /* absolute time (after a gap the delta cannot hold) */
     EV_EXC = 9,      /* the exception type of the UNWIND that follows (3.12+, and
-                        3.11 without C calls) */
+                        3.11 without C calls: every source but 3.11's
+                        profile function) */
     EV_RECV = 10,    /* the receiver of the method CALL that follows: payload =
                         object index of its class (or, with instance_ids, of a
                         (class, serial) description); see section 4 */
@@ -234,14 +245,16 @@ typedef struct {
     struct InstSlot *inst;   /* instance_ids: instance pointer -> description */
     size_t inst_size, inst_used;
     PyObject *serials;       /* instance_ids: class -> next serial (dict) */
-#if PY_VERSION_HEX < 0x030C0000
-    /* 3.11 without C calls: the frame evaluator (see section 5) */
+    int use_eval;            /* records Python frames through the frame evaluator */
+#if APROF_EVAL
+    /* 3.11 and 3.12 without C calls: the frame evaluator (see section 5) */
     int eval_installed;
     struct LiveFrame *live;  /* frames live at start, outermost first */
     Py_ssize_t nlive;
     PyThreadState *live_tstate;
     int32_t live_lt;
-    int degraded;            /* the C stack ran low: switched to the profile function */
+    int degraded;            /* the C stack ran low: switched to the profile function (3.11)
+                                or to sys.monitoring callbacks (3.12) */
 #endif
 } Tracer;
 
@@ -567,17 +580,28 @@ typedef struct {
 #define APROF_CONTEXT_VARS 0
 #endif
 
+/* The variables of the context thread tstate runs. */
+static APROF_INLINE PyObject *
+context_vars_of(PyThreadState *tstate)
+{
+#if APROF_CONTEXT_VARS
+    PyObject *ctx = tstate->context;
+    return ctx != NULL ? ((ContextHead *)ctx)->ctx_vars : NULL;
+#else
+    (void)tstate;
+    return NULL;
+#endif
+}
+
 static APROF_INLINE PyObject *
 context_vars(void)
 {
 #if APROF_CONTEXT_VARS
 #if PY_VERSION_HEX >= 0x030D0000
-    PyThreadState *tstate = PyThreadState_GetUnchecked();
+    return context_vars_of(PyThreadState_GetUnchecked());
 #else
-    PyThreadState *tstate = _PyThreadState_UncheckedGet();
+    return context_vars_of(_PyThreadState_UncheckedGet());
 #endif
-    PyObject *ctx = tstate->context;
-    return ctx != NULL ? ((ContextHead *)ctx)->ctx_vars : NULL;
 #else
     return NULL;
 #endif
@@ -818,6 +842,22 @@ recording_slot(Tracer *t)
     return recording_slot_slow(t);
 }
 
+/* recording_slot() for a caller that has the thread state at hand (the
+ * frame evaluator): 3.12's thread-state lookup is a call. */
+static APROF_INLINE ThreadSlot *
+recording_slot_of(Tracer *t, PyThreadState *tstate)
+{
+    if (APROF_UNLIKELY(!t->active))
+        return NULL;
+    if (APROF_LIKELY(tl_gen == t->gen)) {
+        ThreadSlot *ts = &t->threads[tl_tidx];
+        PyObject *vars = context_vars_of(tstate);
+        if (APROF_LIKELY(vars != NULL && vars == ts->last_vars))
+            return ts->last_in ? ts : NULL;
+    }
+    return recording_slot_slow(t);
+}
+
 /* What on_code() and on_cfunc() return for an event of aprof's own code (a
  * C call made by it), which is never recorded: on 3.12+ its location can
  * be switched off. Otherwise they return 0; they never fail (see fail()). */
@@ -1017,32 +1057,42 @@ write_receiver(Tracer *t, int tidx, uint32_t v, PyObject *recv, uint64_t now)
     return 0;
 }
 
-/* A frame starts or resumes (EV_CALL), with its receiver if it is a
- * method's and the frame is known (f; NULL when the source gives none). */
+/* Record the EV_CALL of code in the thread slot ts (with the receiver if
+ * it is a method's and the frame f is known; NULL when the source gives
+ * none). Returns the code's table value (IGNORED_FLAG: not recorded), or
+ * -1 when the tracer failed. */
+static APROF_INLINE int64_t
+record_call(Tracer *t, ThreadSlot *ts, PyObject *code, struct _PyInterpreterFrame *f)
+{
+    uint64_t now = now_ticks();
+    int tidx = ts->tidx;
+    int64_t idx = code_index(t, code);
+    if (idx < 0) {
+        fail(t);
+        return -1;
+    }
+    if (idx & IGNORED_FLAG)
+        return idx;
+    if (APROF_UNLIKELY(idx & (METHOD_FLAG | CLS_FLAG)) && f != NULL) {
+        PyObject *recv = frame_receiver(f);
+        if (recv != NULL && write_receiver(t, tidx, (uint32_t)idx, recv, now) < 0) {
+            fail(t);
+            return -1;
+        }
+    }
+    write_event(t, tidx, EV_CALL, idx & IDX_MASK, now);
+    return idx;
+}
+
+/* A frame starts or resumes (EV_CALL). */
 static APROF_INLINE int
 on_call(Tracer *t, PyObject *code, struct _PyInterpreterFrame *f)
 {
     ThreadSlot *ts = recording_slot(t);
     if (ts == NULL)
         return 0;
-    uint64_t now = now_ticks();
-    int tidx = ts->tidx;
-    int64_t idx = code_index(t, code);
-    if (idx < 0) {
-        fail(t);
-        return 0;
-    }
-    if (idx & IGNORED_FLAG)
-        return OWN_CODE;
-    if (APROF_UNLIKELY(idx & (METHOD_FLAG | CLS_FLAG)) && f != NULL) {
-        PyObject *recv = frame_receiver(f);
-        if (recv != NULL && write_receiver(t, tidx, (uint32_t)idx, recv, now) < 0) {
-            fail(t);
-            return 0;
-        }
-    }
-    write_event(t, tidx, EV_CALL, idx & IDX_MASK, now);
-    return 0;
+    int64_t idx = record_call(t, ts, code, f);
+    return idx >= 0 && (idx & IGNORED_FLAG) ? OWN_CODE : 0;
 }
 
 static APROF_INLINE int
@@ -1259,19 +1309,34 @@ uninstall_311(Tracer *t)
 }
 #endif
 
-#if !APROF_MONITORING
+#if APROF_EVAL
 /*
- * 3.11 without C calls (c_calls=False): a PEP 523 frame evaluator. The
- * profile function above makes 3.11 run every instruction through its
- * tracing path, unspecialised, which alone slows call-heavy code ~3.6x
- * (measured with a profile function that does nothing). The interpreter
+ * 3.11 and 3.12 without C calls (c_calls=False): a PEP 523 frame
+ * evaluator. The profile function above makes 3.11 run every instruction
+ * through its tracing path, unspecialised, which alone slows call-heavy
+ * code ~3.6x (measured with a profile function that does nothing); on 3.12
+ * sys.monitoring's own dispatch of PY_START and PY_RETURN (finding the
+ * tools, the offset, the thread state) costs ~240 instructions a call
+ * before aprof's callback runs. The interpreter
  * calls a frame evaluator once per Python frame it evaluates: a call, and
  * each step of a generator or coroutine (its resume until its yield). The
  * evaluator records EV_CALL, runs the frame with the default evaluator and
  * records EV_RETURN or EV_UNWIND (after an EXC naming the exception); the
- * code runs specialised as usual. What it costs: 3.11 stops inlining
- * Python-to-Python calls (each one is a C call again), and it cannot see C
- * calls at all.
+ * code runs specialised as usual. What it costs: the interpreter stops
+ * inlining Python-to-Python calls (each one is a C call again: the
+ * specialised calls, generator sends and property getters deopt while an
+ * evaluator is set), and it cannot see C calls at all.
+ *
+ * 3.12 differs in three ways that matter here. Each call into
+ * _PyEval_EvalFrameDefault pushes an entry frame owned by the C stack
+ * (FRAME_OWNED_BY_CSTACK) into the frames' `previous` chain, which the
+ * walks below skip. It charges 2 units of the C recursion counter, which
+ * plain 3.12 never spends on a Python-to-Python call and which
+ * sys.setrecursionlimit does not raise (1,500 of them): the evaluator gives
+ * them back for the frame's duration, so a recursion fails at the depth it
+ * fails without aprof (the C stack itself is guarded as on 3.11, below).
+ * And closing a generator that never started does not run its frame (as
+ * 3.11 does, to throw GeneratorExit into it), so it records nothing.
  *
  * Calling a generator function evaluates its frame only up to
  * RETURN_GENERATOR, which copies the frame into the new generator: that is
@@ -1299,11 +1364,12 @@ static APROF_TLS int tl_busy = 0;
 
 /*
  * The C stack. Under a frame evaluator every Python call is a C call again,
- * as before 3.11, so a recursion that plain 3.11 runs in a raised recursion
- * limit (sys.setrecursionlimit(100_000)) can overflow the C stack (~400
- * bytes a level). Before that, the tracer switches to the profile function
- * for the rest of the profile (degrade()): calls are inlined again and the
- * recording goes on, slower. tl_stack_low is the lowest address this
+ * as before 3.11, so a recursion that plain 3.11 or 3.12 runs in a raised
+ * recursion limit (sys.setrecursionlimit(100_000)) can overflow the C stack
+ * (~400 bytes a level). Before that, the tracer hands over for the rest of
+ * the profile (degrade()): to the profile function on 3.11, to the
+ * sys.monitoring callbacks (the tool id the driver holds) on 3.12. Calls are
+ * inlined again and the recording goes on, slower. tl_stack_low is the lowest address this
  * thread's frames may reach: its stack's end plus a margin for whatever
  * runs deeper (Linux: the thread's stack as pthread reports it; elsewhere a
  * depth of 2,000 evaluator levels, twice the default recursion limit).
@@ -1323,8 +1389,9 @@ stack_low(void)
     size_t size;
     uintptr_t low = 1;
     if (pthread_getattr_np(pthread_self(), &attr) == 0) {
-        if (pthread_attr_getstack(&attr, &addr, &size) == 0 && size > 2 * STACK_MARGIN)
-            low = (uintptr_t)addr + STACK_MARGIN;
+        /* A small stack (threading.stack_size) keeps half of itself. */
+        if (pthread_attr_getstack(&attr, &addr, &size) == 0 && size > 0)
+            low = (uintptr_t)addr + (size > 2 * STACK_MARGIN ? STACK_MARGIN : size / 2);
         pthread_attr_destroy(&attr);
     }
     return low;
@@ -1362,6 +1429,20 @@ frame_generator(struct _PyInterpreterFrame *f)
     return (PyGenObject *)((char *)f - offsetof(PyGenObject, gi_iframe));
 }
 
+/* The frame calling (or resuming) the frame being entered: the thread's
+ * current frame, past 3.12's entry frames. (The entered frame's own
+ * `previous` is set only once _PyEval_EvalFrameDefault runs it.) */
+static struct _PyInterpreterFrame *
+calling_frame(PyThreadState *tstate)
+{
+    struct _PyInterpreterFrame *c = tstate->cframe->current_frame;
+#if PY_VERSION_HEX >= 0x030C0000
+    while (c != NULL && c->owner == FRAME_OWNED_BY_CSTACK)
+        c = c->previous;
+#endif
+    return c;
+}
+
 /* Find the live frames of the initial stack (codes, outermost first) on
  * this thread's frame chain, innermost first. A code not found keeps no
  * frame: its EV_CALL closes at stop. */
@@ -1378,7 +1459,7 @@ find_live(Tracer *t, PyObject *seq, int32_t lt)
         return -1;
     }
     PyThreadState *tstate = PyThreadState_Get();
-    struct _PyInterpreterFrame *f = tstate->cframe->current_frame;
+    struct _PyInterpreterFrame *f = calling_frame(tstate); /* (3.12's entry frames never match a code) */
     Py_ssize_t found = 0;
     struct LiveFrame *tmp = PyMem_Calloc((size_t)n, sizeof(struct LiveFrame));
     if (tmp == NULL) {
@@ -1420,8 +1501,9 @@ static void close_live_from(Tracer *t, Py_ssize_t keep);
 /* Close the live frames that frame f's entry shows are gone (see above):
  * each writes its EV_RETURN on the starting logical thread. */
 static APROF_NOINLINE void
-close_left_live(Tracer *t, struct _PyInterpreterFrame *f)
+close_left_live(Tracer *t, PyThreadState *tstate, struct _PyInterpreterFrame *f)
 {
+    struct _PyInterpreterFrame *caller = calling_frame(tstate);
     Py_ssize_t keep = t->nlive;
     for (Py_ssize_t j = 0; j < t->nlive; j++) {
         struct LiveFrame *lf = &t->live[j];
@@ -1429,7 +1511,7 @@ close_left_live(Tracer *t, struct _PyInterpreterFrame *f)
             keep = j; /* it left (and so did everything it called) */
             break;
         }
-        if (lf->frame == f->previous) {
+        if (lf->frame == caller) {
             keep = j + 1; /* it is f's caller: what it called has left */
             break;
         }
@@ -1459,21 +1541,37 @@ close_live_from(Tracer *t, Py_ssize_t keep)
 }
 
 static void uninstall_eval(Tracer *t);
+#if APROF_MONITORING
+static int monitor_frames(Tracer *t);
+#else
 static int install_311(Tracer *t);
+#endif
 
-/* The C stack runs low (see above): hand over to the profile function,
- * which records the rest of the profile without C calls. The frames now
- * running under the evaluator opened with their EV_CALL; the profile
- * function records their returns. If another profiler holds that hook the
- * tracer stops recording. */
+/* The C stack runs low (see above): hand over to the profile function
+ * (3.11) or to the sys.monitoring callbacks of Python frames (3.12), which
+ * record the rest of the profile without C calls. The frames now running
+ * under the evaluator opened with their EV_CALL; the new hook records their
+ * returns (both instrument the code already running). If another profiler
+ * holds the 3.11 hook, or the tool id was released, the tracer stops
+ * recording. */
 static APROF_NOINLINE void
 degrade(Tracer *t)
 {
     uninstall_eval(t);
     t->degraded = 1;
+#if APROF_MONITORING
+    if (monitor_frames(t) < 0)
+#else
     if (install_311(t) < 0)
+#endif
         fail(t);
 }
+
+#if PY_VERSION_HEX >= 0x030C0000
+/* What 3.12's _PyEval_EvalFrameDefault charges the C recursion counter on
+ * entry (its PY_EVAL_C_STACK_UNITS), given back around the call (see above). */
+#define EVAL_C_UNITS 2
+#endif
 
 /* Frame f, live at start, returns through the evaluator after all: it was
  * entered under an earlier tracer's evaluator (a schedule's next cycle
@@ -1492,6 +1590,109 @@ forget_live(Tracer *t, struct _PyInterpreterFrame *f)
     }
 }
 
+/* The raised exception, taken out of the thread state and put back as it
+ * was (3.12 keeps one object, 3.11 a (type, value, traceback) triple);
+ * type is NULL when none is set. */
+typedef struct {
+    PyObject *type, *value, *tb;
+} Raised;
+
+static APROF_INLINE Raised
+raised_take(void)
+{
+    Raised r = {NULL, NULL, NULL};
+#if PY_VERSION_HEX >= 0x030C0000
+    r.value = PyErr_GetRaisedException();
+    r.type = r.value != NULL ? (PyObject *)Py_TYPE(r.value) : NULL;
+#else
+    PyErr_Fetch(&r.type, &r.value, &r.tb);
+#endif
+    return r;
+}
+
+static APROF_INLINE void
+raised_restore(Raised r)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    PyErr_SetRaisedException(r.value);
+#else
+    PyErr_Restore(r.type, r.value, r.tb);
+#endif
+}
+
+/* The default evaluator, run as if the frame were entered without one: on
+ * 3.12 the C recursion units its entry charges are given back (see above). */
+static APROF_INLINE PyObject *
+eval_default(PyThreadState *tstate, struct _PyInterpreterFrame *f, int throwflag)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    tstate->c_recursion_remaining += EVAL_C_UNITS;
+    PyObject *r = _PyEval_EvalFrameDefault(tstate, f, throwflag);
+    tstate->c_recursion_remaining -= EVAL_C_UNITS;
+    return r;
+#else
+    return _PyEval_EvalFrameDefault(tstate, f, throwflag);
+#endif
+}
+
+/* Will the default evaluator refuse this frame with a RecursionError before
+ * running any of it? Then it is no call: the profile function and
+ * sys.monitoring see none either (the check comes before PY_START). */
+static APROF_INLINE int
+recursion_fails(PyThreadState *tstate)
+{
+    if (tstate->recursion_headroom) /* handling a RecursionError: frames run past the limit */
+        return 0;
+#if PY_VERSION_HEX >= 0x030C0000
+    return tstate->py_recursion_remaining <= 0 || tstate->c_recursion_remaining < 0;
+#else
+    return tstate->recursion_remaining <= 0;
+#endif
+}
+
+/* The evaluator's EV_CALL: the code's table value when recorded, else -1
+ * (the context is not recorded, or the tracer failed). */
+static APROF_INLINE int64_t
+eval_call(Tracer *t, PyThreadState *tstate, PyCodeObject *co, struct _PyInterpreterFrame *f)
+{
+    ThreadSlot *ts = recording_slot_of(t, tstate);
+    return ts != NULL ? record_call(t, ts, (PyObject *)co, f) : -1;
+}
+
+/* The evaluator's EV_RETURN or EV_UNWIND of code co (table value idx from
+ * its EV_CALL, or -1 to look it up). */
+static APROF_INLINE void
+eval_return(Tracer *t, PyThreadState *tstate, PyCodeObject *co, int64_t idx, PyObject *r)
+{
+    if (APROF_UNLIKELY(r == NULL)) {
+        Raised exc = raised_take();
+        if (exc.type != NULL)
+            on_unwind(t, (PyObject *)co, exc.type);
+        else
+            on_code(t, EV_UNWIND, (PyObject *)co);
+        raised_restore(exc);
+        return;
+    }
+    ThreadSlot *ts = recording_slot_of(t, tstate);
+    if (ts == NULL)
+        return;
+    uint64_t now = now_ticks();
+    int tidx = ts->tidx;
+    if (idx < 0 && (idx = code_index(t, (PyObject *)co)) < 0) {
+        fail(t);
+        return;
+    }
+    if (!(idx & IGNORED_FLAG))
+        write_event(t, tidx, EV_RETURN, idx & IDX_MASK, now);
+}
+
+/* Frames entered through this tracer's evaluator that this thread is
+ * running now: while there is one, the frames live at start that are left
+ * are all below it on the stack (or generators running there), so none can
+ * leave and the entry skips close_left_live(). */
+static APROF_TLS uint64_t tl_own_gen = 0;
+static APROF_TLS int tl_own_depth = 0;
+
 static PyObject *
 eval_frame(PyThreadState *tstate, struct _PyInterpreterFrame *f, int throwflag)
 {
@@ -1499,39 +1700,56 @@ eval_frame(PyThreadState *tstate, struct _PyInterpreterFrame *f, int throwflag)
     PyCodeObject *co = f->f_code;
     if (t == NULL || tl_busy || !t->active || !t->eval_installed
         || ((co->co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR)) && f->owner != FRAME_OWNED_BY_GENERATOR))
-        return _PyEval_EvalFrameDefault(tstate, f, throwflag);
+        return eval_default(tstate, f, throwflag);
     if (APROF_UNLIKELY(stack_is_low())) {
         tl_busy = 1;
         degrade(t);
         tl_busy = 0;
-        return _PyEval_EvalFrameDefault(tstate, f, throwflag);
+        return eval_default(tstate, f, throwflag);
     }
+    if (APROF_UNLIKELY(recursion_fails(tstate)))
+        return eval_default(tstate, f, throwflag); /* a RecursionError, no call (as the hooks see it) */
+    uint64_t gen = t->gen;
+    if (APROF_UNLIKELY(tl_own_gen != gen)) {
+        tl_own_gen = gen;
+        tl_own_depth = 0;
+    }
+    int64_t idx;
     tl_busy = 1;
-    if (APROF_UNLIKELY(t->nlive != 0) && tstate == t->live_tstate)
-        close_left_live(t, f);
-    on_call(t, (PyObject *)co, f);
+    if (APROF_UNLIKELY(throwflag)) {
+        /* throw() and close() enter with the exception to raise in the
+         * frame already set: recording (which may call into Python on a
+         * context's first sight) runs without it. */
+        Raised thrown = raised_take();
+        if (APROF_UNLIKELY(t->nlive != 0) && tl_own_depth == 0 && tstate == t->live_tstate)
+            close_left_live(t, tstate, f);
+        idx = eval_call(t, tstate, co, f);
+        raised_restore(thrown);
+    }
+    else {
+        if (APROF_UNLIKELY(t->nlive != 0) && tl_own_depth == 0 && tstate == t->live_tstate)
+            close_left_live(t, tstate, f);
+        idx = eval_call(t, tstate, co, f);
+    }
     tl_busy = 0;
     Py_INCREF(co); /* the frame's own reference goes when it is popped */
     tl_depth++;
-    PyObject *r = _PyEval_EvalFrameDefault(tstate, f, throwflag);
+    tl_own_depth++;
+    PyObject *r = eval_default(tstate, f, throwflag);
     tl_depth--;
-    t = running_tracer; /* the profile may have stopped in the frame */
-    if (t != NULL && !tl_busy && !t->installed_311) {
+    if (APROF_LIKELY(tl_own_gen == gen))
+        tl_own_depth--; /* (else another tracer started in the frame and counts its own) */
+    t = running_tracer; /* the profile may have stopped in the frame (t may be gone) */
+    if (t != NULL && !tl_busy && t->eval_installed) {
         tl_busy = 1;
-        if (APROF_UNLIKELY(t->nlive != 0) && tstate == t->live_tstate)
-            forget_live(t, f);
-        if (r != NULL) {
-            on_code(t, EV_RETURN, (PyObject *)co);
+        if (APROF_UNLIKELY(t->gen != gen)) {
+            /* entered under an earlier tracer's evaluator (a schedule's
+             * next cycle started in it): on this tracer's live list */
+            idx = -1;
+            if (t->nlive != 0 && tstate == t->live_tstate)
+                forget_live(t, f);
         }
-        else {
-            PyObject *et, *ev, *tb;
-            PyErr_Fetch(&et, &ev, &tb);
-            if (et != NULL)
-                on_unwind(t, (PyObject *)co, et);
-            else
-                on_code(t, EV_UNWIND, (PyObject *)co);
-            PyErr_Restore(et, ev, tb);
-        }
+        eval_return(t, tstate, co, idx, r);
         tl_busy = 0;
     }
     Py_DECREF(co);
@@ -1742,6 +1960,45 @@ Tracer_get_hook(Tracer *t, void *closure)
     h->name = def->name;
     return (PyObject *)h;
 }
+
+static PyObject *monitoring; /* sys.monitoring */
+
+#if APROF_EVAL
+/* degrade() on 3.12: the callbacks of Python frames (hook_defs[0..5]) go
+ * on for the tool id the driver claimed at start (PROFILER_ID), as they
+ * would be with the evaluator switched off (see aprof/_core/_tracer.py). */
+static int
+monitor_frames(Tracer *t)
+{
+    static const char *const events[] = {"PY_START", "PY_RESUME", "PY_THROW", "PY_RETURN", "PY_YIELD", "PY_UNWIND"};
+    PyObject *tool = PyObject_GetAttrString(monitoring, "PROFILER_ID");
+    PyObject *evs = tool != NULL ? PyObject_GetAttrString(monitoring, "events") : NULL;
+    PyObject *owner = evs != NULL ? PyObject_CallMethod(monitoring, "get_tool", "O", tool) : NULL;
+    int ok = owner != NULL;
+    if (owner == Py_None) {
+        PyErr_SetString(PyExc_RuntimeError, "aprof tracer: the profiler's sys.monitoring tool id was released");
+        ok = 0;
+    }
+    long mask = 0;
+    for (int i = 0; ok && i < 6; i++) {
+        PyObject *ev = PyObject_GetAttrString(evs, events[i]);
+        PyObject *hook = ev != NULL ? Tracer_get_hook(t, &hook_defs[i]) : NULL;
+        PyObject *r = hook != NULL ? PyObject_CallMethod(monitoring, "register_callback", "OOO", tool, ev, hook) : NULL;
+        ok = r != NULL;
+        if (ok)
+            mask |= PyLong_AsLong(ev);
+        Py_XDECREF(r);
+        Py_XDECREF(hook);
+        Py_XDECREF(ev);
+    }
+    PyObject *r = ok ? PyObject_CallMethod(monitoring, "set_events", "Ol", tool, mask) : NULL;
+    Py_XDECREF(r);
+    Py_XDECREF(owner);
+    Py_XDECREF(evs);
+    Py_XDECREF(tool);
+    return r != NULL ? 0 : -1;
+}
+#endif
 #endif
 
 /* ------------------------------------------------------------------------ */
@@ -1751,13 +2008,13 @@ Tracer_get_hook(Tracer *t, void *closure)
 static int
 Tracer_init(Tracer *t, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"rf_state", "recorder",   "lt_var",  "thread_lt", "ignore_prefix",
-                             "max_events", "c_calls", "instance_ids", NULL};
+    static char *kwlist[] = {"rf_state",   "recorder", "lt_var",       "thread_lt", "ignore_prefix",
+                             "max_events", "c_calls",  "instance_ids", "evaluator", NULL};
     PyObject *rf_var, *recorder, *lt_var, *thread_lt, *prefix;
     Py_ssize_t max_events = 0;
-    int c_calls = 1, instance_ids = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOU|npp", kwlist, &rf_var, &recorder, &lt_var, &thread_lt, &prefix,
-                                     &max_events, &c_calls, &instance_ids))
+    int c_calls = 1, instance_ids = 0, evaluator = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOU|nppp", kwlist, &rf_var, &recorder, &lt_var, &thread_lt,
+                                     &prefix, &max_events, &c_calls, &instance_ids, &evaluator))
         return -1;
     if (!PyContextVar_CheckExact(rf_var) || !PyContextVar_CheckExact(lt_var)) {
         PyErr_SetString(PyExc_TypeError, "Tracer: rf_state and lt_var must be ContextVars");
@@ -1775,6 +2032,7 @@ Tracer_init(Tracer *t, PyObject *args, PyObject *kwds)
     t->global = recorder == Py_None;
     t->max_events = max_events;
     t->c_calls = c_calls;
+    t->use_eval = APROF_EVAL && !c_calls && evaluator;
     t->instance_ids = instance_ids;
     if (t->objs == NULL && (t->objs = PyList_New(0)) == NULL)
         return -1;
@@ -1808,7 +2066,7 @@ Tracer_traverse(Tracer *t, visitproc visit, void *arg)
         Py_VISIT(t->inst[i].wr);
     for (int i = 0; i < t->nthreads; i++)
         Py_VISIT(t->threads[i].last_vars);
-#if !APROF_MONITORING
+#if APROF_EVAL
     for (Py_ssize_t i = 0; i < t->nlive; i++)
         Py_VISIT(t->live[i].gen);
 #endif
@@ -1830,7 +2088,7 @@ Tracer_clear(Tracer *t)
     inst_release(t);
     for (int i = 0; i < t->nthreads; i++)
         Py_CLEAR(t->threads[i].last_vars);
-#if !APROF_MONITORING
+#if APROF_EVAL
     for (Py_ssize_t i = 0; i < t->nlive; i++)
         Py_CLEAR(t->live[i].gen);
 #endif
@@ -1843,7 +2101,7 @@ Tracer_dealloc(Tracer *t)
     PyObject_GC_UnTrack(t);
     if (running_tracer == t)
         running_tracer = NULL;
-#if !APROF_MONITORING
+#if APROF_EVAL
     uninstall_eval(t);
 #endif
     Tracer_clear(t);
@@ -1908,14 +2166,22 @@ Tracer_start(Tracer *t, PyObject *initial)
             PyErr_SetString(PyExc_RuntimeError, "Tracer.start: could not record the initial stack");
         return NULL;
     }
-#if !APROF_MONITORING
-    if (t->c_calls ? install_311(t) < 0 : (find_live(t, seq, lt) < 0 || install_eval(t) < 0)) {
-        t->active = 0;
+    int hooked = 0;
+#if APROF_EVAL
+    if (t->use_eval && (find_live(t, seq, lt) < 0 || install_eval(t) < 0)) {
         release_live(t);
+        hooked = -1;
+    }
+#endif
+#if !APROF_MONITORING
+    if (!t->use_eval)
+        hooked = install_311(t);
+#endif
+    if (hooked < 0) {
+        t->active = 0;
         Py_DECREF(seq);
         return NULL;
     }
-#endif
     Py_DECREF(seq);
     running_tracer = t;
     Py_RETURN_NONE;
@@ -1930,6 +2196,8 @@ Tracer_stop(Tracer *t, PyObject *Py_UNUSED(ignored))
     t->active = 0;
 #if !APROF_MONITORING
     uninstall_311(t);
+#endif
+#if APROF_EVAL
     uninstall_eval(t);
 #endif
     if (running_tracer == t)
@@ -2030,7 +2298,7 @@ Tracer_get_active(Tracer *t, void *closure)
 static PyObject *
 Tracer_get_degraded(Tracer *t, void *closure)
 {
-#if !APROF_MONITORING
+#if APROF_EVAL
     return PyBool_FromLong(t->degraded);
 #else
     Py_RETURN_FALSE;
@@ -2285,12 +2553,18 @@ ctracer_noop_profile(PyObject *module, PyObject *on)
 #endif
 }
 
+static PyObject *
+Tracer_get_evaluator(Tracer *t, void *closure)
+{
+    return PyBool_FromLong(t->use_eval);
+}
+
 /* Is the interpreter's frame evaluator another tool's (PEP 523)? Then the
- * tracer without C calls cannot start on 3.11 (see install_eval). */
+ * tracer without C calls cannot start on 3.11 and 3.12 (see install_eval). */
 static PyObject *
 ctracer_foreign_frame_evaluator(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
-#if !APROF_MONITORING
+#if APROF_EVAL
     _PyFrameEvalFunction cur = foreign_evaluator(PyInterpreterState_Get());
     if (cur != NULL)
         return PyUnicode_FromFormat("the function at %p", (void *)cur);
@@ -2321,8 +2595,12 @@ static PyGetSetDef Tracer_getset[] = {
     {"count", (getter)Tracer_get_count, NULL, "Raw events in the buffer.", NULL},
     {"active", (getter)Tracer_get_active, NULL, "Whether the tracer is recording.", NULL},
     {"degraded", (getter)Tracer_get_degraded, NULL,
-     "Whether the C stack ran low under the frame evaluator (3.11 without C calls) and the profile function took "
-     "over.",
+     "Whether the C stack ran low under the frame evaluator (3.11 and 3.12 without C calls) and the profile "
+     "function (3.11) or the sys.monitoring callbacks (3.12) took over.",
+     NULL},
+    {"evaluator", (getter)Tracer_get_evaluator, NULL,
+     "Whether the tracer records Python frames through a PEP 523 frame evaluator (3.11 and 3.12 without C "
+     "calls).",
      NULL},
 #if APROF_MONITORING
 #define HOOK_GETTER(i, name) {name, (getter)Tracer_get_hook, NULL, "A sys.monitoring callback (see Hook).", &hook_defs[i]}
@@ -2382,7 +2660,7 @@ PyInit__ctracer(void)
     if (mon == NULL)
         return NULL;
     disable_sentinel = PyObject_GetAttrString(mon, "DISABLE");
-    Py_DECREF(mon);
+    monitoring = mon;
     if (disable_sentinel == NULL)
         return NULL;
 #endif

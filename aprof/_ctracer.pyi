@@ -29,7 +29,8 @@ EVENT_BYTES: Final[int]
 
 def foreign_frame_evaluator() -> str | None:
     """A description of another tool's PEP 523 frame evaluator, if one is
-    installed (3.11; always None on 3.12+, where the tracer uses none)."""
+    installed (3.11 and 3.12; always None on 3.13+, where the tracer uses
+    none)."""
 
 def replay(
     data: bytes,
@@ -62,15 +63,20 @@ class Tracer:
             (aprof's own frames), nor are the C calls it makes.
         max_events: Keep at most this many raw events (0: no limit); later
             events are counted in :attr:`dropped`.
-        c_calls: Record C calls too. Without them, on 3.11 the C tracer
-            records frames through a PEP 523 frame evaluator instead of the
-            profile function (the twin keeps the profile function and drops
-            the C events); on 3.12+ it changes nothing here (the driver
-            registers no CALL, C_RETURN or C_RAISE callbacks).
+        c_calls: Record C calls too. Without them, on 3.11 and 3.12 the C
+            tracer records frames through a PEP 523 frame evaluator instead
+            of the profile function (3.11) or the sys.monitoring callbacks
+            (3.12) (the twin keeps those and drops the C events: on 3.11 its
+            profile function ignores them, on 3.12+ the driver registers no
+            CALL, C_RETURN or C_RAISE callbacks); on 3.13 the C tracer does
+            as the twin.
         instance_ids: Describe a method call's receiver by instance
             (class, serial) instead of by class (RECV events). The twin
             reads receivers on 3.13+ only (earlier, reading a frame's
             locals from Python leaves a snapshot of them on the frame).
+        evaluator: False keeps the C tracer off the frame evaluator without
+            C calls (an internal switch for tests and the bench: it records
+            as the twin does); the twin has no evaluator and ignores it.
     """
 
     def __init__(
@@ -83,6 +89,7 @@ class Tracer:
         max_events: int = 0,
         c_calls: bool = True,
         instance_ids: bool = False,
+        evaluator: bool = True,
     ) -> None: ...
     @property
     def dropped(self) -> int: ...
@@ -92,8 +99,15 @@ class Tracer:
     def active(self) -> bool: ...
     @property
     def degraded(self) -> bool:
-        """3.11 without C calls: a recursion ran the C stack low under the
-        frame evaluator, and the profile function recorded the rest."""
+        """3.11 and 3.12 without C calls: a recursion ran the C stack low
+        under the frame evaluator, and the profile function (3.11) or the
+        sys.monitoring callbacks of the tool id the driver holds (3.12)
+        recorded the rest."""
+    @property
+    def evaluator(self) -> bool:
+        """Whether this tracer records Python frames through its PEP 523
+        frame evaluator (the C tracer on 3.11 and 3.12 without C calls; the
+        driver then registers no sys.monitoring callbacks)."""
     def start(self, initial: Sequence[CodeType]) -> None:
         """Start recording. ``initial``: code of the frames already on the
         stack, outermost first; they open at the start time.

@@ -16,11 +16,17 @@ cProfile, yappi (wall clock), viztracer (default; one ``VizTracer`` built
 once, before any timing, then only started, stopped and cleared: its
 fairest configuration), pyinstrument,
 ``aprof.profile(python_tracer=True, tasks=False)`` (Python frames only, the
-default) and the same with ``c_calls=True``, and the floor of a tracer that
-sees C calls: on 3.11 a C profile function that does nothing
-(``aprof._ctracer._noop_profile``), on 3.12+ a ``sys.monitoring`` tool whose
+default: through the C tracer's PEP 523 frame evaluator on 3.11 and 3.12),
+the same without the evaluator (its internal switch: the profile function on
+3.11, sys.monitoring callbacks on 3.12; what 3.12 used before the
+evaluator) and with ``c_calls=True``, and two floors: of a tracer that sees
+C calls (on 3.11 a C profile function that does nothing,
+``aprof._ctracer._noop_profile``; on 3.12+ a ``sys.monitoring`` tool whose
 PY_START, PY_RESUME, PY_RETURN, PY_YIELD, CALL, C_RETURN and C_RAISE
-callbacks do nothing. Then, for aprof alone:
+callbacks are Python functions that do nothing), and on 3.12+ of one that
+sees Python frames through sys.monitoring (PY_START, PY_RESUME, PY_RETURN
+and PY_YIELD callbacks that are C callables doing nothing: the hooks of an
+aprof tracer that never started). Then, for aprof alone:
 bytes per raw event (tracemalloc over the recording, and the packed size),
 and stop (replay + consolidation) plus Chrome export per million raw events.
 Finally the figures are checked against the issue's targets.
@@ -88,6 +94,48 @@ def _aprof_c_calls() -> Callable[[], Any]:
     return _aprof(c_calls=True)
 
 
+def _aprof_no_evaluator() -> Callable[[], Any]:
+    from aprof._core import _tracer
+
+    _tracer._evaluator = False  # read when the profile's tracer is made, at start
+    try:
+        return _aprof()
+    finally:
+        _tracer._evaluator = True
+
+
+def _idle_hooks() -> Any:
+    """An aprof C tracer that never starts: its sys.monitoring hooks return
+    None at once (C callables doing nothing)."""
+    from aprof._core import _tracer
+    from aprof._core._callbacks import RF_STATE
+    from aprof._ctracer import Tracer
+
+    return Tracer(RF_STATE, None, _tracer.TRACER_LT, _tracer._starting_thread_lt, _tracer.APROF_DIR)
+
+
+def _monitoring_floor(frames_only: bool) -> Callable[[], Any]:
+    mon = sys.monitoring  # type: ignore[attr-defined]
+    tool = 4  # a free tool id (aprof's tracer uses PROFILER_ID, 2)
+    mon.use_tool_id(tool, "bench floor")
+    ev = mon.events
+    bits = [ev.PY_START, ev.PY_RESUME, ev.PY_RETURN, ev.PY_YIELD]
+    if not frames_only:
+        bits += [ev.CALL, ev.C_RETURN, ev.C_RAISE]
+    idle = _idle_hooks() if frames_only else None
+    for bit, name in zip(bits, ["py_start", "py_resume", "py_return", "py_yield", "", "", ""], strict=False):
+        mon.register_callback(tool, bit, getattr(idle, name) if idle is not None else lambda *a: None)
+    mon.set_events(tool, sum(bits))
+
+    def stop() -> None:
+        mon.set_events(tool, 0)
+        for bit in bits:
+            mon.register_callback(tool, bit, None)
+        mon.free_tool_id(tool)
+
+    return stop
+
+
 def _floor() -> Callable[[], Any]:
     """The floor of any tracer that sees C calls (see the module docstring)."""
     if sys.version_info < (3, 12):
@@ -95,22 +143,14 @@ def _floor() -> Callable[[], Any]:
 
         _noop_profile(True)
         return lambda: _noop_profile(False)
-    mon = sys.monitoring
-    tool = 4  # a free tool id (aprof's tracer uses PROFILER_ID, 2)
-    mon.use_tool_id(tool, "bench floor")
-    ev = mon.events
-    wanted = ev.PY_START | ev.PY_RESUME | ev.PY_RETURN | ev.PY_YIELD | ev.CALL | ev.C_RETURN | ev.C_RAISE
-    for bit in (ev.PY_START, ev.PY_RESUME, ev.PY_RETURN, ev.PY_YIELD, ev.CALL, ev.C_RETURN, ev.C_RAISE):
-        mon.register_callback(tool, bit, lambda *a: None)
-    mon.set_events(tool, wanted)
+    return _monitoring_floor(frames_only=False)
 
-    def stop() -> None:
-        mon.set_events(tool, 0)
-        for bit in (ev.PY_START, ev.PY_RESUME, ev.PY_RETURN, ev.PY_YIELD, ev.CALL, ev.C_RETURN, ev.C_RAISE):
-            mon.register_callback(tool, bit, None)
-        mon.free_tool_id(tool)
 
-    return stop
+def _frames_floor() -> Callable[[], Any]:
+    """3.12+: the floor of a tracer of Python frames through sys.monitoring."""
+    if sys.version_info < (3, 12):
+        raise RuntimeError("3.12+ only (sys.monitoring)")
+    return _monitoring_floor(frames_only=True)
 
 
 def _cprofile() -> Callable[[], Any]:
@@ -167,8 +207,10 @@ PEERS: dict[str, Callable[[], Callable[[], Any]] | None] = {
     "viztracer": _viztracer,
     "pyinstrument": _pyinstrument,
     "aprof tracer": _aprof,
+    "aprof, no evaluator": _aprof_no_evaluator,
     "aprof, C calls": _aprof_c_calls,
     "floor (C calls)": _floor,
+    "floor (frames, monitoring)": _frames_floor,
 }
 
 
@@ -287,11 +329,15 @@ def main() -> None:
 
     r_aprof, r_viz = ratio(fib_cases, "aprof tracer"), ratio(fib_cases, "viztracer")
     r_c, r_floor = ratio(fib_cases, "aprof, C calls"), ratio(fib_cases, "floor (C calls)")
+    r_noeval, r_ffloor = ratio(fib_cases, "aprof, no evaluator"), ratio(fib_cases, "floor (frames, monitoring)")
     checks = [
         (f"fib({args.n}) under the aprof tracer (default) <= 3.0x plain", r_aprof <= 3.0, f"{r_aprof:.2f}x"),
         ("... and <= 0.65x viztracer's slowdown", r_aprof <= 0.65 * r_viz, f"{r_aprof / r_viz:.2f} of viztracer's {r_viz:.2f}x"),
         (f"fib({args.n}) with C calls (reported, no target)", True,
          f"{r_c:.2f}x plain, {r_c / r_viz:.2f} of viztracer's; the floor (do-nothing hooks) {r_floor:.2f}x"),
+        (f"fib({args.n}) without the frame evaluator (reported, no target)", True,
+         f"{r_noeval:.2f}x plain, {r_noeval / r_viz:.2f} of viztracer's; 3.12+: do-nothing frame callbacks "
+         f"{r_ffloor:.2f}x"),
         ("<= 16 bytes per raw event (packed)", mem["packed_bytes"] <= 16, f"{mem['packed_bytes']} B"),
         ("stop + replay + Chrome export of 1M events <= 2 s", post["stop_per_M"] + post["export_per_M"] <= 2.0,
          f"{post['stop_per_M'] + post['export_per_M']:.2f} s"),

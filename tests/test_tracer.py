@@ -278,10 +278,11 @@ def _recurse(n: int) -> int:
 
 
 def test_a_recursion_deeper_than_the_c_stack_is_traced_whole(impl: ModuleType) -> None:
-    # Plain 3.11 runs a recursion this deep in a raised recursion limit
-    # without C stack. Under the frame evaluator (3.11, no C calls) every
-    # call is a C call: the tracer hands over to the profile function before
-    # the C stack overflows, says so, and keeps every frame.
+    # Plain 3.11 and 3.12 run a recursion this deep in a raised recursion
+    # limit without C stack. Under the frame evaluator (3.11 and 3.12, no C
+    # calls) every call is a C call: the tracer hands over (to the profile
+    # function on 3.11, to sys.monitoring callbacks on 3.12) before the C
+    # stack overflows, says so, and keeps every frame.
     n = 30_000
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(n + 500)
@@ -296,8 +297,76 @@ def test_a_recursion_deeper_than_the_c_stack_is_traced_whole(impl: ModuleType) -
     assert len(evs) == n + 1
     assert not [e for e in evs if e.unfinished]
     assert all(inner.parent is outer for outer, inner in zip(evs, evs[1:], strict=False))
-    evaluator = impl is not _tracer_py and not _tracer._forced_c_calls and sys.version_info < (3, 12)
+    evaluator = impl is not _tracer_py and not _tracer._forced_c_calls and sys.version_info < (3, 13)
     assert any("ran the C stack low" in str(w.message) for w in caught) == evaluator
+    if sys.version_info >= (3, 12):  # the hand-over's callbacks went with the profile
+        mon: Any = sys.monitoring  # type: ignore[attr-defined]
+        assert mon.get_tool(mon.PROFILER_ID) is None
+    # The next profile starts afresh, on the evaluator again where it has one.
+    with aprof.profile(python_tracer=True) as prof:
+        middle()
+    assert [short(e) for e in py_events(prof, HERE) if short(e) in ("middle", "leaf")] == ["middle", "leaf", "leaf"]
+    run = _tracer.TracerRun(None, c_calls=bool(_tracer._forced_c_calls))
+    assert run.evaluator == evaluator
+
+
+_SMALL_STACK_PROGRAM = """
+import threading, warnings, aprof
+def rec(n): return 0 if n == 0 else 1 + rec(n - 1)
+out = []
+def work():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with aprof.profile(python_tracer=True) as prof:
+            out.append(rec(900))
+    out.append(len([e for e in prof.events() if e.name.endswith(": rec")]))
+    out.append(any("C stack low" in str(w.message) for w in caught))
+threading.stack_size(256 * 1024)
+t = threading.Thread(target=work)
+t.start()
+t.join()
+print(out)
+"""
+
+
+def test_a_thread_with_a_small_stack_is_traced_whole(tmp_path: Path) -> None:
+    # SPEC 15.6 with a small thread stack (threading.stack_size(256 KiB)):
+    # plain Python runs this recursion without C stack; under the evaluator
+    # (3.11, 3.12) every traced call is a C call, so the tracer hands over at
+    # half such a stack (it used to wait for 2,000 levels, past its end:
+    # SIGSEGV on 3.11).
+    require_c_extension()
+    script = tmp_path / "small_stack.py"
+    script.write_text(_SMALL_STACK_PROGRAM)
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == str([900, 901, sys.version_info < (3, 13)])
+
+
+def _deepest(n: int = 0) -> int:
+    try:
+        return _deepest(n + 1)
+    except RecursionError:
+        return n
+
+
+@pytest.mark.parametrize("which", ["c", "c, C calls"])
+def test_a_recursion_fails_at_the_depth_it_fails_without_the_profile(which: str) -> None:
+    # SPEC 15.6: the recursion limit a program meets is the same with the C
+    # tracer. (3.12's evaluator entry charges the C recursion counter, 1,500
+    # units that sys.setrecursionlimit does not raise; the tracer gives them
+    # back for the frame's duration. The twin's Python callbacks use a few
+    # levels of the limit themselves.)
+    plain = _deepest()
+    use = _use(which)
+    next(use)
+    try:
+        with aprof.profile(python_tracer=True) as prof:
+            traced = _deepest()
+    finally:
+        use.close()
+    assert traced == plain
+    assert len([e for e in py_events(prof, HERE) if short(e) == "_deepest"]) == plain + 1
 
 
 def test_c_calls_must_be_a_bool() -> None:
@@ -306,8 +375,9 @@ def test_c_calls_must_be_a_bool() -> None:
 
 
 def test_another_frame_evaluator_is_refused_with_its_name(monkeypatch: pytest.MonkeyPatch) -> None:
-    # RELIABILITY FA-08 for the hook of 3.11 without C calls: a PEP 523 frame
-    # evaluator that another tool installed (a debugger, torch.compile).
+    # RELIABILITY FA-08 for the hook of 3.11 and 3.12 without C calls: a PEP
+    # 523 frame evaluator that another tool installed (a debugger,
+    # torch.compile).
     c = require_c_extension()
     real = c.foreign_frame_evaluator
     assert real() is None  # the default one
@@ -315,12 +385,15 @@ def test_another_frame_evaluator_is_refused_with_its_name(monkeypatch: pytest.Mo
         assert real() is None  # aprof's own is not foreign
     monkeypatch.setattr(c, "foreign_frame_evaluator", lambda: "the function at 0x1234")
     prof = aprof.profile(python_tracer=True, c_calls=False)
-    if sys.version_info < (3, 12):
-        with pytest.raises(RuntimeError, match=r"frame evaluator \(PEP 523.*the function at 0x1234"):
+    if sys.version_info < (3, 13):
+        with pytest.raises(RuntimeError, match=r"frame evaluator \(PEP 523.*the function at 0x1234.*c_calls=True"):
             prof.start()
         assert not _tracer.running()
         assert real() is None  # nothing was installed
-    else:  # 3.12+ records frames through sys.monitoring, no evaluator
+        if sys.version_info >= (3, 12):  # nor the sys.monitoring id kept
+            mon: Any = sys.monitoring  # type: ignore[attr-defined]
+            assert mon.get_tool(mon.PROFILER_ID) is None
+    else:  # 3.13 records frames through sys.monitoring, no evaluator
         prof.start()
         leaf()
         prof.stop()
@@ -381,6 +454,57 @@ def test_frames_live_at_start_are_included_and_open_ones_closed_at_stop(impl: Mo
     # The test function itself was on the stack for the whole profile.
     (test_fn,) = [e for e in evs if short(e).startswith("test_frames_live_at_start")]
     assert test_fn.unfinished
+
+
+def _starts_via_c(prof: aprof.profile) -> None:
+    list(map(_live_at_start, [prof]))  # a C function calls the frame the profile starts in
+    middle()
+
+
+def test_frames_live_at_start_called_from_c_close_when_their_caller_moves_on(impl: ModuleType) -> None:
+    # LC-06 across a C call: on 3.12 the frames between map() and the frame
+    # it calls hold an entry frame of the C stack. The frame map() called
+    # returns unseen by the evaluator; its caller's next call closes it there.
+    prof = aprof.profile(python_tracer=True)
+    _starts_via_c(prof)
+    prof.stop()
+    evs = py_events(prof, HERE)
+
+    def kids(e: aprof.FunctionEvent) -> list[str]:
+        return [short(c) for c in e.children if HERE in c.name]
+
+    (started,) = [e for e in evs if short(e) == "_live_at_start"]
+    assert not started.unfinished
+    assert kids(started) == ["_starts_profile", "leaf"]
+    (outer,) = [e for e in evs if short(e) == "_starts_via_c"]
+    assert not outer.unfinished  # it returned before the stop
+    assert kids(outer) == ["_live_at_start", "middle"]
+    assert started.end_ns <= [c for c in outer.children if short(c) == "middle"][0].start_ns
+    assert started.parent is outer
+
+
+def _gen_thrown_into() -> Iterator[int]:
+    try:
+        yield 1
+    except KeyError:
+        leaf()
+        yield 2
+    finally:
+        leaf()
+
+
+def test_generators_thrown_into_and_closed_are_traced_per_step(impl: ModuleType) -> None:
+    # SPEC 8.1: throw() and close() resume the generator's frame (the
+    # evaluator is entered with the exception to raise already set); each
+    # is a step of its own, closed when the frame yields or unwinds.
+    with aprof.profile(python_tracer=True) as prof:
+        g = _gen_thrown_into()
+        assert next(g) == 1
+        assert g.throw(KeyError("k")) == 2
+        g.close()
+    steps = sorted((e for e in py_events(prof, HERE) if short(e) == "_gen_thrown_into"), key=lambda e: e.start_ns)
+    assert [[short(c) for c in e.children if HERE in c.name] for e in steps] == [[], ["leaf"], ["leaf"]]
+    assert not [e for e in steps if e.unfinished]
 
 
 def test_only_the_profiled_context_is_recorded(impl: ModuleType) -> None:
@@ -675,6 +799,47 @@ def test_coroutine_frames_land_on_their_task_track(impl: ModuleType, backend: Ba
         assert all(not e.unfinished for e in mine)
 
 
+class _Stop(Exception):
+    pass
+
+
+async def _cancelled_child(backend: Backend, started: list[int]) -> None:
+    try:
+        started.append(1)
+        await backend.sleep(60)
+    finally:
+        leaf()
+
+
+def test_a_cancelled_coroutine_is_traced_to_its_unwind(impl: ModuleType, backend: Backend) -> None:
+    # SPEC 8.1: cancelling a task resumes its coroutine with the cancellation
+    # (a throw() on asyncio); the step that unwinds is on the task's track,
+    # holds what its finally block calls, and is closed.
+    async def cancel_one() -> None:
+        started: list[int] = []
+        async with backend.group() as g:
+            g.start_soon(_cancelled_child, backend, started)
+            while not started:
+                await backend.checkpoint()
+            raise _Stop
+
+    async def main() -> aprof.profile:
+        async with aprof.profile(python_tracer=True) as prof:
+            with pytest.raises((_Stop, BaseExceptionGroup)) as info:  # a group wraps it on some backends
+                await cancel_one()
+            assert isinstance(info.value, _Stop) or info.value.subgroup(_Stop) is not None
+        return prof
+
+    prof = backend.run(main)
+    steps = sorted(
+        (e for e in py_events(prof, HERE) if short(e) == "_cancelled_child"), key=lambda e: e.start_ns
+    )
+    assert len(steps) >= 2  # started, suspended in the sleep, resumed to unwind
+    assert len({e.thread_id for e in steps}) == 1
+    assert [short(c) for c in steps[-1].children if HERE in c.name] == ["leaf"]
+    assert not [e for e in steps if e.unfinished]
+
+
 def test_async_generators_are_traced_per_step(impl: ModuleType, backend: Backend) -> None:
     async def main() -> tuple[aprof.profile, int]:
         async with aprof.profile(python_tracer=True) as prof:
@@ -738,7 +903,7 @@ def _steps_inside(prof: aprof.profile, depth: int) -> None:
 def test_a_frame_that_steps_the_schedule_closes_once_in_the_next_cycle(impl: ModuleType) -> None:
     # Each cycle starts two _steps_inside frames deep; both return in that
     # cycle, each closed once: the leaf after the inner one's return is the
-    # outer one's. (Without C calls on 3.11 the frames were entered under
+    # outer one's. (Without C calls on 3.11 and 3.12 the frames were entered under
     # the previous cycle's evaluator and return through it, and are also on
     # the new cycle's list of frames live at start.)
     cycles: list[list[tuple[str, str | None, bool]]] = []

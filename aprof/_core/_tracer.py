@@ -4,8 +4,9 @@ The recording half is ``aprof._ctracer`` (C) or, when it could not be built,
 its pure-Python twin ``aprof._core._tracer_py``; both follow the contract in
 ``aprof/_ctracer.pyi``. This module picks one, installs it (on 3.12+ through
 ``sys.monitoring``, on 3.11 the implementation installs its own profile
-function, or without C calls the C one a PEP 523 frame evaluator), and at
-stop hands the packed events to ``aprof._post._replay``.
+function; without C calls the C one installs a PEP 523 frame evaluator on
+3.11 and 3.12 instead), and at stop hands the packed events to
+``aprof._post._replay``.
 
 How the tracer knows which logical thread runs: a task publishes itself in
 :data:`TRACER_LT`, a context variable set in the task's own context when its
@@ -79,6 +80,10 @@ def running() -> bool:
 
 _forced: Any = None  # tests: force one implementation (module), None: choose
 _forced_c_calls: bool | None = None  # tests: force c_calls, None: as asked
+#: Internal switch (tests, bench): False makes the C tracer record Python
+#: frames through sys.monitoring (3.12) or the profile function (3.11)
+#: instead of its frame evaluator.
+_evaluator = True
 _warned = False
 
 
@@ -163,8 +168,9 @@ class TracerRun:
         recorder: The profile's recorder (context scope), or None (global).
         max_events: Keep at most this many raw events (0: unbounded).
         c_calls: Record C calls too (else Python frames only, which on 3.11
-            the C tracer records through a PEP 523 frame evaluator instead
-            of a profile function, and on 3.12+ without the CALL events).
+            and 3.12 the C tracer records through a PEP 523 frame evaluator
+            instead of a profile function or sys.monitoring callbacks, and
+            on 3.13 without the CALL events).
         instance_ids: Name method frames after their receiver instance
             (class and serial), not only its class.
     """
@@ -176,8 +182,19 @@ class TracerRun:
         self.impl = impl
         self.c_calls = c_calls if _forced_c_calls is None else _forced_c_calls
         self.tracer = impl.Tracer(
-            RF_STATE, recorder, TRACER_LT, _starting_thread_lt, APROF_DIR, max_events, self.c_calls, instance_ids
+            RF_STATE,
+            recorder,
+            TRACER_LT,
+            _starting_thread_lt,
+            APROF_DIR,
+            max_events,
+            self.c_calls,
+            instance_ids,
+            _evaluator,
         )
+        #: Python frames come from the C tracer's frame evaluator (3.11 and
+        #: 3.12 without C calls), not from hooks installed here.
+        self.evaluator: bool = bool(getattr(self.tracer, "evaluator", False))
         self._token: Token[tuple[LogicalThread, int] | None] | None = None
         self._tool: int | None = None
         self._forked = False
@@ -190,8 +207,8 @@ class TracerRun:
             RuntimeError: another tool holds the profiler's ``sys.monitoring``
                 id (3.12+), another ``sys.setprofile`` hook is installed in
                 this thread (3.11 with C calls), another tool's frame
-                evaluator is installed (3.11 without C calls), or another
-                Python tracer runs (FA-08).
+                evaluator is installed (3.11 and 3.12 without C calls), or
+                another Python tracer runs (FA-08).
         """
         if _running:
             raise RuntimeError(
@@ -206,15 +223,15 @@ class TracerRun:
                     f"aprof: python_tracer cannot start: sys.monitoring tool id {mon.PROFILER_ID} (PROFILER_ID) "
                     f"is in use by {owner!r}; stop that profiler first (cProfile and other profilers use this id)"
                 )
-        elif not self.c_calls and hasattr(self.impl, "foreign_frame_evaluator"):
+        if self.evaluator:
             other = self.impl.foreign_frame_evaluator()
             if other is not None:
                 raise RuntimeError(
                     "aprof: python_tracer cannot start: another tool has replaced the interpreter's frame "
                     f"evaluator (PEP 523; debuggers and torch.compile do) with {other}; stop it first, "
-                    "or trace with C calls, which does not use it"
+                    "or trace with C calls (c_calls=True), which does not use it"
                 )
-        else:
+        elif not _MONITORING:
             current = sys.getprofile()
             if current is not None:
                 raise RuntimeError(
@@ -229,16 +246,25 @@ class TracerRun:
         lt = current_logical_thread()
         in_task = lt.kind != "thread"
         token = TRACER_LT.set((lt, _get_ident())) if in_task else None
+        if tool is not None and self.evaluator:
+            # The evaluator records the frames; the id is held all the same
+            # (one profiler at a time, as with the callbacks) and is where the
+            # C tracer hands over when the C stack runs low (degraded).
+            _mon().use_tool_id(tool, _TOOL_NAME)
+            self._tool = tool
         try:
             self.tracer.start(_initial_stack(in_task))
         except BaseException:
             if token is not None:
                 TRACER_LT.reset(token)
+            if self._tool is not None:
+                self._tool = None
+                _mon().free_tool_id(tool)
             raise
         self._token = token
         _running.append(self)
         publishing.append(self)
-        if tool is not None:
+        if tool is not None and not self.evaluator:
             mon = _mon()
             mon.use_tool_id(tool, _TOOL_NAME)
             self._tool = tool
@@ -272,10 +298,11 @@ class TracerRun:
         self.tracer.stop()
         if getattr(self.tracer, "degraded", False) and not self._warned_degraded:
             self._warned_degraded = True
+            rest = "sys.monitoring callbacks" if _MONITORING else "the profile function, as with C calls"
             warnings.warn(
                 "aprof: a recursion ran the C stack low under the frame evaluator of python_tracer with "
-                "c_calls=False (on 3.11 every traced call uses C stack); the rest of the profile was traced "
-                "with the profile function, as with C calls, which is slower",
+                "c_calls=False (on 3.11 and 3.12 every traced call uses C stack); the rest of the profile "
+                f"was traced with {rest}, which is slower",
                 AprofWarning,
                 stacklevel=3,
             )

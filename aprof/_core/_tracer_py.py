@@ -110,6 +110,7 @@ class Tracer:
         max_events: int = 0,
         c_calls: bool = True,
         instance_ids: bool = False,
+        evaluator: bool = True,  # noqa: ARG002 - the C tracer's switch: the twin has no frame evaluator
     ) -> None:
         if max_events < 0:
             raise ValueError("Tracer: max_events must be >= 0")
@@ -153,6 +154,10 @@ class Tracer:
     @property
     def degraded(self) -> bool:
         return False  # the twin never uses a frame evaluator
+
+    @property
+    def evaluator(self) -> bool:
+        return False
 
     # -- the per-event path -------------------------------------------------
 
@@ -319,8 +324,9 @@ class Tracer:
     def _profile(self, frame: Any, event: str, arg: Any) -> None:
         # sys.setprofile (3.11). A frame left by an exception reports
         # "return" with arg None here, so the twin cannot tell UNWIND apart.
-        # Without C calls the C tracer uses a frame evaluator instead; the
-        # twin keeps the profile function and drops the C events.
+        # Without C calls the C tracer uses a frame evaluator instead (3.11
+        # and 3.12); the twin keeps the profile function and drops the C
+        # events.
         if event == "call":
             self._on_code(EV_CALL, frame.f_code)
         elif event == "return":
