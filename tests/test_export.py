@@ -224,15 +224,7 @@ def test_two_nodes_are_two_processes(tmp_path: Path) -> None:
         t.join()
     # Move the thread's track to node 4, through the (version 1) session file's own field list.
     doc = v1_document(prof)
-    fields = doc["fields"]
-    moved = {t["id"] for t in doc["tracks"] if t["name"] == "other-node"}
-    assert len(moved) == 1
-    for t in doc["tracks"]:
-        if t["id"] in moved:
-            t["node_id"] = 4
-    for row in doc["events"]:
-        if row[fields.index("thread_id")] in moved:
-            row[fields.index("node_id")] = 4
+    _move_to_node(doc, {t["id"] for t in doc["tracks"] if t["name"] == "other-node"}, 4)
     (tmp_path / "merged.aprof").write_bytes(gzip.compress(json.dumps(doc).encode()))
     merged = aprof.load(tmp_path / "merged.aprof")
     assert sorted({e.node_id for e in merged.events()}) == [3, 4]
@@ -868,15 +860,7 @@ def _two_process_session(tmp_path: Path) -> aprof.Session:
         t.start()
         t.join()
     doc = v1_document(prof)
-    fields = doc["fields"]
-    moved = {t["id"] for t in doc["tracks"]} - {e.thread_id for e in prof.events() if e.name == "main-range"}
-    assert len(moved) == 1
-    for t in doc["tracks"]:
-        if t["id"] in moved:
-            t["node_id"] = 4
-    for row in doc["events"]:
-        if row[fields.index("thread_id")] in moved:
-            row[fields.index("node_id")] = 4
+    _move_to_node(doc, {t["id"] for t in doc["tracks"]} - {e.thread_id for e in prof.events() if e.name == "main-range"}, 4)
     doc["metadata"]["pids"] = {"3": 1003, "4": 1004}
     (tmp_path / "merged.aprof").write_bytes(gzip.compress(json.dumps(doc).encode()))
     merged = aprof.load(tmp_path / "merged.aprof")
@@ -941,3 +925,17 @@ def test_every_export_of_a_merged_session_says_each_events_process(tmp_path: Pat
             time.sleep(0.002)
     one.export_folded(tmp_path / "one.folded")
     assert (tmp_path / "one.folded").read_text(encoding="utf-8").startswith("MainThread;alone ")
+
+
+def _move_to_node(doc: dict[str, Any], moved: set[int], node: int) -> None:
+    """Move the tracks ``moved`` (one) of a version 1 session document,
+    and their events, to process ``node``: a merged session made by hand,
+    through the file's own field list."""
+    assert len(moved) == 1
+    fields = doc["fields"]
+    for t in doc["tracks"]:
+        if t["id"] in moved:
+            t["node_id"] = node
+    for row in doc["events"]:
+        if row[fields.index("thread_id")] in moved:
+            row[fields.index("node_id")] = node

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import http.client
 import os
 import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -56,6 +58,26 @@ def _run(tmp_path: Path, *options: str, script: str = PARENT) -> tuple[subproces
         cwd=cwd, env=env, capture_output=True, text=True, timeout=100,
     )  # fmt: skip
     return proc, cwd
+
+
+def _serve(server: subprocess.Popen[str], port: int, n: int) -> None:
+    """Send ``n`` real HTTP requests (``/r0`` ...) to the server on
+    ``port``, one at a time, waiting (60 s at most) for it to listen."""
+    deadline = time.monotonic() + 60
+    served = 0
+    while served < n:
+        assert time.monotonic() < deadline, "the server did not answer"
+        assert server.poll() is None, server.communicate()
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        try:
+            conn.request("GET", f"/r{served}")
+            assert conn.getresponse().read() == b"ok"
+        except ConnectionError:
+            time.sleep(0.1)  # not listening yet
+            continue
+        finally:
+            conn.close()
+        served += 1
 
 
 def test_run_follows_python_children_into_one_session(tmp_path: Path) -> None:
@@ -174,10 +196,8 @@ def test_uvicorn_workers_are_followed_into_one_trace(tmp_path: Path) -> None:
     # Issue 20 item 4: `aprof run -m uvicorn app:app --workers 2`: one
     # output with every request that either worker served, exactly once,
     # each worker its own process; stopped by Ctrl-C as a user would.
-    import http.client
     import signal
     import socket
-    import time
 
     pytest.importorskip("uvicorn")
     cwd = tmp_path / "cwd"
@@ -197,21 +217,7 @@ def test_uvicorn_workers_are_followed_into_one_trace(tmp_path: Path) -> None:
     )  # fmt: skip
     n = 200
     try:
-        deadline = time.monotonic() + 60
-        served = 0
-        while served < n:
-            assert time.monotonic() < deadline, "the server did not answer"
-            assert server.poll() is None, server.communicate()
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-            try:
-                conn.request("GET", f"/r{served}")
-                assert conn.getresponse().read() == b"ok"
-            except ConnectionError:
-                time.sleep(0.1)  # not listening yet
-                continue
-            finally:
-                conn.close()
-            served += 1
+        _serve(server, port, n)
     finally:
         server.send_signal(signal.SIGINT)
         out, err = server.communicate(timeout=60)
@@ -465,10 +471,8 @@ def test_gunicorn_uvicorn_workers_are_followed_into_one_trace(tmp_path: Path, st
     # terminal's Ctrl-C does (SIGINT to the whole process group). The
     # workers put SIGTERM back to its default after the fork and uvicorn
     # ends them by re-raising the signal: their profiles are saved first.
-    import http.client
     import signal
     import socket
-    import time
 
     pytest.importorskip("uvicorn")
     pytest.importorskip("gunicorn")
@@ -490,21 +494,7 @@ def test_gunicorn_uvicorn_workers_are_followed_into_one_trace(tmp_path: Path, st
     )  # fmt: skip
     n = 200
     try:
-        deadline = time.monotonic() + 60
-        served = 0
-        while served < n:
-            assert time.monotonic() < deadline, "the server did not answer"
-            assert server.poll() is None, server.communicate()
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-            try:
-                conn.request("GET", f"/r{served}")
-                assert conn.getresponse().read() == b"ok"
-            except ConnectionError:
-                time.sleep(0.1)  # not listening yet
-                continue
-            finally:
-                conn.close()
-            served += 1
+        _serve(server, port, n)
     finally:
         if stop == "SIGTERM to the master":
             server.send_signal(signal.SIGTERM)
