@@ -451,6 +451,24 @@ def test_check_count_refuses_what_the_bytes_cannot_hold() -> None:
             check_count(bad, 8, 80, "events")
 
 
+def test_spawned_work_marked_async_exports_a_trace_whose_arrows_bind(tmp_path: Path) -> None:
+    # SPEC 12, 15.1: a file that marks a task's range async (no profile
+    # records one so; the mutation test below found it) still exports a
+    # Chrome trace Perfetto reads whole: the spawn arrow, which would end on
+    # no slice (an async one is not), is left out.
+    _, doc = _session(tmp_path)
+    scope, is_async = _field(doc, "scope"), _field(doc, "is_async")
+    tasks = [row for row in doc["events"] if row[scope] == "task"]
+    assert tasks
+    for row in tasks:
+        row[is_async] = True
+    session = aprof.load(_write(tmp_path / "m.aprof", doc))
+    session.export_chrome_trace(tmp_path / "m.json")
+    events = validate_trace(tmp_path / "m.json")["traceEvents"]
+    assert not [e for e in events if e.get("ph") in ("s", "f")]
+    assert [e for e in events if e.get("ph") == "b" and e.get("cat") == "task"]
+
+
 # -- Any mutation of a valid file: a clear error, or a session that works ---
 
 _scalar = (

@@ -390,8 +390,10 @@ def chrome_trace_chunks(session: Session, batch: int = 4096, capped: dict[str, i
             emit(f'{{"ph":"e",{nc},"id2":{{"local":"0x{async_id:x}"}},{where},"ts":{te:.3f}}}')
         else:
             emit(f'{{"ph":"X",{nc},{where},"ts":{ts:.3f},"dur":{(r[R_END] - start_ns) / 1000.0:.3f}{args_part}}}')
-        if fwd and r[R_SEQ] > 0:
-            # A flow arrow from the spawn/submit point to the start of the work.
+        if fwd and r[R_SEQ] > 0 and not kind & FLAG_ASYNC:
+            # A flow arrow from the spawn/submit point to the start of the
+            # work (an async slice, which only a hand-made file gives spawned
+            # work, has no slice for the arrow's end to bind to: none).
             cat = head[1]
             flow_id += 1
             link_ns = start_ns
