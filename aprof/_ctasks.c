@@ -360,6 +360,22 @@ typedef struct {
 static PyTypeObject StepCallType;
 static Py_ssize_t member_offset(PyObject *cls, const char *name);
 
+/* The offsets of TaskThread's slots `names` into `out` (all or none). */
+static int
+member_offsets(const char *const *names, int n, Py_ssize_t *out)
+{
+    Py_ssize_t tmp[32];
+    if (n > 32) {
+        PyErr_SetString(PyExc_SystemError, "member_offsets: too many slots");
+        return -1;
+    }
+    for (int i = 0; i < n; i++)
+        if ((tmp[i] = member_offset((PyObject *)task_thread_type, names[i])) < 0)
+            return -1;
+    memcpy(out, tmp, (size_t)n * sizeof *out);
+    return 0;
+}
+
 /* The step is over: if the task finished in it, close its record. */
 /* task.done(): for the C Task itself through its method descriptor, found
  * once (a subclass may override done(): asked by name). */
@@ -383,7 +399,7 @@ enum {
     F_ID, F_NAME, F_KIND, F_OS_TID, F_CORO, F_SPAWN_NS, F_SEQ, F_FWD, F_WAITS, F_SITE, F_MORE, F_RECORDS, F_IDX,
     F_TASK_REF, F_COUNT
 };
-static const char *finish_slots[F_COUNT] = {"id", "name", "kind", "os_thread_id", "coro_name", "spawn_ns", "seq",
+static const char *const finish_slots[F_COUNT] = {"id", "name", "kind", "os_thread_id", "coro_name", "spawn_ns", "seq",
                                             "fwd", "waits", "spawn_site", "_more", "_records", "_idx",
                                             "_task_ref"};
 static Py_ssize_t off_f[F_COUNT];
@@ -560,12 +576,8 @@ task_finish_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                         "or _task_finish_setup(None)");
         return NULL;
     }
-    for (int i = 0; i < F_COUNT; i++) {
-        Py_ssize_t off = member_offset((PyObject *)task_thread_type, finish_slots[i]);
-        if (off < 0)
-            return NULL;
-        off_f[i] = off;
-    }
+    if (member_offsets(finish_slots, F_COUNT, off_f) < 0)
+        return NULL;
     Py_XSETREF(c_task_get_name, PyObject_GetAttrString(c_task_type, "get_name"));
     Py_XSETREF(c_task_cancelled, PyObject_GetAttrString(c_task_type, "cancelled"));
     if (c_task_get_name == NULL || c_task_cancelled == NULL)
@@ -836,7 +848,7 @@ enum {
     C_TASK_REF, C_ID, C_KIND, C_NAME, C_OS_TID, C_CORO, C_FWD, C_SEQ, C_STEPS, C_WAITS, C_READY, C_SITE, C_MORE,
     C_STATE, C_RECORDS, C_IDX, C_SPAWN_NS, C_COUNT
 };
-static const char *create_slots[C_COUNT] = {"_task_ref", "id", "kind", "name", "os_thread_id", "coro_name", "fwd",
+static const char *const create_slots[C_COUNT] = {"_task_ref", "id", "kind", "name", "os_thread_id", "coro_name", "fwd",
                                             "seq", "steps", "waits", "ready_ns", "spawn_site", "_more", "_state",
                                             "_records", "_idx", "spawn_ns"};
 static Py_ssize_t off_c[C_COUNT];
@@ -846,7 +858,7 @@ static PyObject *cr_states_in, *cr_ids, *cr_seqs, *cr_state_type, *cr_user_site,
 static PyObject *str_asyncio, *str_qualname, *str_cr_running, *str_cr_suspended, *str_budget, *str_admit,
     *str_task_records, *str_run_coro, *str_get_coro;
 static PyObject *c_task_get_coro;
-#define CREATE_FALLBACK ((PyObject *)&_Py_NotImplementedStruct)
+#define CREATE_FALLBACK Py_NotImplemented
 
 /* A new C Task's TaskThread (new reference), Py_None (not recorded: the
  * task is marked seen), or CREATE_FALLBACK (borrowed: the Python twin
@@ -1026,12 +1038,8 @@ task_create_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                         "coro_qualname, budget_task) after _task_finish_setup, or _task_create_setup(None)");
         return NULL;
     }
-    for (int i = 0; i < C_COUNT; i++) {
-        Py_ssize_t off = member_offset((PyObject *)task_thread_type, create_slots[i]);
-        if (off < 0)
-            return NULL;
-        off_c[i] = off;
-    }
+    if (member_offsets(create_slots, C_COUNT, off_c) < 0)
+        return NULL;
     Py_XSETREF(c_task_get_coro, PyObject_GetAttr(c_task_type, str_get_coro));
     if (c_task_get_coro == NULL)
         return NULL;

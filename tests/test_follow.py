@@ -60,6 +60,25 @@ def _run(tmp_path: Path, *options: str, script: str = PARENT) -> tuple[subproces
     return proc, cwd
 
 
+def _server_dirs(tmp_path: Path) -> tuple[Path, Path, int, dict[str, str]]:
+    """For a real server under ``aprof run``: its working directory (with
+    ``APP``), a private TMPDIR (empty again after the run), a free port on
+    loopback, and an environment that follows nothing yet."""
+    import socket
+
+    cwd = tmp_path / "cwd"
+    tmp = tmp_path / "tmp"
+    cwd.mkdir()
+    tmp.mkdir()
+    (cwd / "app.py").write_text(APP)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("APROF_FOLLOW", "PYTHONPATH")}
+    env["TMPDIR"] = str(tmp)
+    return cwd, tmp, port, env
+
+
 def _serve(server: subprocess.Popen[str], port: int, n: int) -> None:
     """Send ``n`` real HTTP requests (``/r0`` ...) to the server on
     ``port``, one at a time, waiting (60 s at most) for it to listen."""
@@ -197,19 +216,9 @@ def test_uvicorn_workers_are_followed_into_one_trace(tmp_path: Path) -> None:
     # output with every request that either worker served, exactly once,
     # each worker its own process; stopped by Ctrl-C as a user would.
     import signal
-    import socket
 
     pytest.importorskip("uvicorn")
-    cwd = tmp_path / "cwd"
-    tmp = tmp_path / "tmp"
-    cwd.mkdir()
-    tmp.mkdir()
-    (cwd / "app.py").write_text(APP)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if k not in ("APROF_FOLLOW", "PYTHONPATH")}
-    env["TMPDIR"] = str(tmp)
+    cwd, tmp, port, env = _server_dirs(tmp_path)
     server = subprocess.Popen(
         [sys.executable, "-m", "aprof", "run", "--no-summary", "-o", "out.aprof", "-m", "uvicorn", "app:app",
          "--workers", "2", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
@@ -472,20 +481,10 @@ def test_gunicorn_uvicorn_workers_are_followed_into_one_trace(tmp_path: Path, st
     # workers put SIGTERM back to its default after the fork and uvicorn
     # ends them by re-raising the signal: their profiles are saved first.
     import signal
-    import socket
 
     pytest.importorskip("uvicorn")
     pytest.importorskip("gunicorn")
-    cwd = tmp_path / "cwd"
-    tmp = tmp_path / "tmp"
-    cwd.mkdir()
-    tmp.mkdir()
-    (cwd / "app.py").write_text(APP)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if k not in ("APROF_FOLLOW", "PYTHONPATH")}
-    env["TMPDIR"] = str(tmp)
+    cwd, tmp, port, env = _server_dirs(tmp_path)
     server = subprocess.Popen(
         [sys.executable, "-m", "aprof", "run", "--no-summary", "-o", "out.aprof", "-m", "gunicorn", "app:app",
          "-w", "2", "-k", "uvicorn.workers.UvicornWorker", "-b", f"127.0.0.1:{port}", "--log-level", "warning",
