@@ -107,6 +107,13 @@ enum {
 };
 
 #define MAX_THREADS 4096
+/* keep_latest (a ring): the buffer is this many segments, the one being
+ * written and the sealed ones; when the one being written is full and all
+ * are in use, the oldest is let go (see ring_rotate). */
+#define RING_SEGS 8
+/* Events a segment has room for past its limit: a rotation's header (TIME,
+ * SWITCH, a RECV or EXC carried over) and push's TIME and event. */
+#define RING_SLACK 8
 /* Object-table values: the index, and flags decided at first sight. */
 #define IGNORED_FLAG ((uint32_t)1 << 31) /* aprof's own code: not recorded */
 #define METHOD_FLAG ((uint32_t)1 << 30)  /* a method: its first argument is `self` */
@@ -227,6 +234,19 @@ typedef struct {
     uint64_t last_ns, start_ns; /* in event clock units (see now_ticks) */
     uint64_t calib[4];          /* ticks and ns at start, ticks and ns at stop */
     Py_ssize_t dropped;
+    /* keep_latest: a ring of RING_SEGS segments of seg_cap events each. buf
+     * is the one being written; segs[0..nsegs) the sealed ones, oldest
+     * first, seg_len their lengths and seg_head how many of their first
+     * events a rotation wrote (not the program's: not counted when let go). */
+    int ring;
+    int nsegs;
+    int let_go;                 /* a segment was let go: replay needs the prologue */
+    int head;                   /* the header events of buf */
+    Py_ssize_t seg_cap;
+    Py_ssize_t held;            /* events in the sealed segments */
+    RawEvent *segs[RING_SEGS];
+    Py_ssize_t seg_len[RING_SEGS];
+    int seg_head[RING_SEGS];
     /* object table */
     PyObject *objs;          /* list */
     Slot *table;
@@ -749,12 +769,98 @@ set_limit(Tracer *t)
     t->limit = limit;
 }
 
+/* The events of a segment the program's calls wrote: all but clock events
+ * and the rotation's header. */
+static Py_ssize_t
+ring_events(const RawEvent *seg, Py_ssize_t len, int head)
+{
+    Py_ssize_t n = 0;
+    for (Py_ssize_t i = head; i < len; i++)
+        n += (seg[i].word & 15) != EV_TIME;
+    return n;
+}
+
+/* keep_latest: the segment being written is full. Seal it and start the
+ * next, in the memory of the oldest (let go, its events counted in
+ * dropped) once all RING_SEGS are in use: whole segments go, oldest first,
+ * so the ring holds between 7/8 and all of max_events, and a rotation
+ * costs a count of the segment let go, no copy.
+ *
+ * A segment must read on its own once those before it are gone, so the
+ * next one starts with a header: a TIME (the clock), the SWITCH of the
+ * thread writing now (every other thread writes its own again before its
+ * next event), and the RECV or EXC that ended the sealed one (it belongs
+ * to the event being written). Calls whose start was let go leave returns
+ * that replay skips. tidx: the thread writing. 0 when nothing can be
+ * recorded (no memory): the event is dropped. */
+static APROF_NOINLINE int
+ring_rotate(Tracer *t, int tidx)
+{
+    size_t bytes = (size_t)(t->seg_cap + RING_SLACK) * sizeof(RawEvent);
+    if (t->buf == NULL) {
+        if ((t->buf = PyMem_Malloc(bytes)) == NULL) {
+            t->dropped++;
+            return 0;
+        }
+        t->cap = t->seg_cap + RING_SLACK;
+        t->limit = t->seg_cap;
+        return 1;
+    }
+    RawEvent *fresh;
+    if (t->nsegs == RING_SEGS - 1) {
+        fresh = t->segs[0];
+        t->dropped += ring_events(fresh, t->seg_len[0], t->seg_head[0]);
+        t->held -= t->seg_len[0];
+        t->let_go = 1;
+        t->nsegs--;
+        memmove(t->segs, t->segs + 1, (size_t)t->nsegs * sizeof(t->segs[0]));
+        memmove(t->seg_len, t->seg_len + 1, (size_t)t->nsegs * sizeof(t->seg_len[0]));
+        memmove(t->seg_head, t->seg_head + 1, (size_t)t->nsegs * sizeof(t->seg_head[0]));
+    }
+    else if ((fresh = PyMem_Malloc(bytes)) == NULL) {
+        t->dropped++;
+        return 0;
+    }
+    RawEvent *old = t->buf;
+    Py_ssize_t old_len = t->len;
+    t->segs[t->nsegs] = old;
+    t->seg_len[t->nsegs] = old_len;
+    t->seg_head[t->nsegs] = t->head;
+    t->nsegs++;
+    t->held += old_len;
+    Py_ssize_t n = 0;
+    fresh[n].word = EV_TIME;
+    fresh[n++].payload = t->last_ns;
+    for (int i = 0; i < t->nthreads; i++) {
+        if (i != tidx)
+            t->threads[i].cur_lt = -1;
+    }
+    if (tidx >= 0 && tidx < t->nthreads && t->threads[tidx].cur_lt >= 0) {
+        fresh[n].word = (uint64_t)EV_SWITCH | ((uint64_t)tidx << 4);
+        fresh[n++].payload = (uint64_t)t->threads[tidx].cur_lt;
+    }
+    if (old_len > 0) {
+        int tag = (int)(old[old_len - 1].word & 15);
+        if (tag == EV_RECV || tag == EV_EXC) {
+            fresh[n].word = old[old_len - 1].word & 0xFFFFFFFFu;
+            fresh[n++].payload = old[old_len - 1].payload;
+        }
+    }
+    t->buf = fresh;
+    t->len = n;
+    t->head = (int)n;
+    t->limit = t->seg_cap;
+    return 1;
+}
+
 /* Is there room for one more event (and the TIME before it)? Bounded
  * buffers stop recording when full: the events kept are the first
- * max_events, the rest are counted in dropped. */
+ * max_events, the rest are counted in dropped; a ring rotates. */
 static APROF_NOINLINE int
-make_room(Tracer *t)
+make_room(Tracer *t, int tidx)
 {
+    if (t->ring)
+        return ring_rotate(t, tidx);
     if ((t->max_events && t->len >= t->max_events) || (t->len + 2 > t->cap && grow(t) < 0)) {
         t->dropped++;
         return 0;
@@ -767,7 +873,7 @@ make_room(Tracer *t)
 static APROF_INLINE void
 push(Tracer *t, int tag, int tidx, uint64_t payload, uint64_t now)
 {
-    if (t->len >= t->limit && !make_room(t))
+    if (t->len >= t->limit && !make_room(t, tidx))
         return;
     uint64_t delta = now > t->last_ns ? now - t->last_ns : 0;
     if (delta >> 32) {
@@ -2009,12 +2115,12 @@ static int
 Tracer_init(Tracer *t, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"rf_state",   "recorder", "lt_var",       "thread_lt", "ignore_prefix",
-                             "max_events", "c_calls",  "instance_ids", "evaluator", NULL};
+                             "max_events", "c_calls",  "instance_ids", "evaluator", "keep_latest", NULL};
     PyObject *rf_var, *recorder, *lt_var, *thread_lt, *prefix;
     Py_ssize_t max_events = 0;
-    int c_calls = 1, instance_ids = 0, evaluator = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOU|nppp", kwlist, &rf_var, &recorder, &lt_var, &thread_lt,
-                                     &prefix, &max_events, &c_calls, &instance_ids, &evaluator))
+    int c_calls = 1, instance_ids = 0, evaluator = 1, keep_latest = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOU|npppp", kwlist, &rf_var, &recorder, &lt_var, &thread_lt,
+                                     &prefix, &max_events, &c_calls, &instance_ids, &evaluator, &keep_latest))
         return -1;
     if (!PyContextVar_CheckExact(rf_var) || !PyContextVar_CheckExact(lt_var)) {
         PyErr_SetString(PyExc_TypeError, "Tracer: rf_state and lt_var must be ContextVars");
@@ -2030,7 +2136,20 @@ Tracer_init(Tracer *t, PyObject *args, PyObject *kwds)
     Py_XSETREF(t->thread_lt, Py_NewRef(thread_lt));
     Py_XSETREF(t->ignore_prefix, Py_NewRef(prefix));
     t->global = recorder == Py_None;
+    if (keep_latest && max_events == 0) {
+        PyErr_SetString(PyExc_ValueError, "Tracer: keep_latest needs max_events > 0");
+        return -1;
+    }
+    if (t->active || t->start_ns) {
+        PyErr_SetString(PyExc_RuntimeError, "Tracer: cannot be initialised again once started");
+        return -1;
+    }
     t->max_events = max_events;
+    t->ring = keep_latest;
+    /* A segment an eighth of the budget, less the one event a push may
+     * write past its limit (a TIME before its event), so the eight hold at
+     * most max_events; at least 4 (a header is at most three events). */
+    t->seg_cap = keep_latest ? Py_MAX(max_events / RING_SEGS - 1, 4) : 0;
     t->c_calls = c_calls;
     t->use_eval = APROF_EVAL && !c_calls && evaluator;
     t->instance_ids = instance_ids;
@@ -2107,6 +2226,8 @@ Tracer_dealloc(Tracer *t)
     Tracer_clear(t);
     release_threads(t);
     PyMem_Free(t->buf);
+    for (int i = 0; i < t->nsegs; i++)
+        PyMem_Free(t->segs[i]);
     PyMem_Free(t->table);
     PyMem_Free(t->recv_first);
     Py_TYPE(t)->tp_free((PyObject *)t);
@@ -2243,8 +2364,44 @@ ticks_to_ns(Tracer *t)
     return c[1];
 }
 
+/* keep_latest: the sealed segments and the one being written, in order, as
+ * one buffer (t->buf, t->len). -1 without memory (nothing is lost). */
+static int
+ring_join(Tracer *t)
+{
+    if (t->nsegs == 0)
+        return 0;
+    Py_ssize_t n = t->held + t->len;
+    RawEvent *all = PyMem_Malloc((size_t)Py_MAX(n, 1) * sizeof(RawEvent));
+    if (all == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_ssize_t k = 0;
+    for (int i = 0; i < t->nsegs; i++) {
+        memcpy(all + k, t->segs[i], (size_t)t->seg_len[i] * sizeof(RawEvent));
+        k += t->seg_len[i];
+        PyMem_Free(t->segs[i]);
+        t->segs[i] = NULL;
+    }
+    if (t->len)
+        memcpy(all + k, t->buf, (size_t)t->len * sizeof(RawEvent));
+    PyMem_Free(t->buf);
+    t->buf = all;
+    t->len = t->cap = n;
+    t->nsegs = 0;
+    t->held = 0;
+    return 0;
+}
+
 /* The recorded data, handed over once: (packed events, objects, start_ns).
- * The tracer keeps nothing afterwards. */
+ * The tracer keeps nothing afterwards.
+ *
+ * When a ring let segments go, the first RECV of a code (its default
+ * receiver, see section 4) may have gone with them: the data then starts
+ * with a prologue of (RECV, CALL) pairs, one per code that has a default,
+ * written before any SWITCH, so replay takes the defaults and records no
+ * call. */
 static PyObject *
 Tracer_take(Tracer *t, PyObject *Py_UNUSED(ignored))
 {
@@ -2252,10 +2409,30 @@ Tracer_take(Tracer *t, PyObject *Py_UNUSED(ignored))
         PyErr_SetString(PyExc_RuntimeError, "Tracer.take: stop the tracer first");
         return NULL;
     }
+    if (ring_join(t) < 0)
+        return NULL;
+    Py_ssize_t pro = 0;
+    if (t->let_go) {
+        for (Py_ssize_t c = 0; c < t->recv_cap; c++)
+            pro += t->recv_first[c] != 0;
+    }
     uint64_t start = ticks_to_ns(t);
-    PyObject *data = PyBytes_FromStringAndSize((const char *)t->buf, t->len * (Py_ssize_t)sizeof(RawEvent));
+    PyObject *data = PyBytes_FromStringAndSize(NULL, (t->len + 2 * pro) * (Py_ssize_t)sizeof(RawEvent));
     if (data == NULL)
         return NULL;
+    RawEvent *out = (RawEvent *)PyBytes_AS_STRING(data);
+    if (pro) {
+        for (Py_ssize_t c = 0; c < t->recv_cap; c++) {
+            if (t->recv_first[c] == 0)
+                continue;
+            out->word = EV_RECV;
+            (out++)->payload = t->recv_first[c] - 1;
+            out->word = EV_CALL;
+            (out++)->payload = (uint64_t)c;
+        }
+    }
+    if (t->len)
+        memcpy(out, t->buf, (size_t)t->len * sizeof(RawEvent));
     PyObject *objs = t->objs ? t->objs : PyList_New(0);
     if (objs == NULL) {
         Py_DECREF(data);
@@ -2265,6 +2442,7 @@ Tracer_take(Tracer *t, PyObject *Py_UNUSED(ignored))
     PyMem_Free(t->buf);
     t->buf = NULL;
     t->cap = t->len = t->limit = 0;
+    t->head = t->let_go = 0;
     PyMem_Free(t->table);
     t->table = NULL;
     t->table_size = t->table_used = 0;
@@ -2286,7 +2464,7 @@ Tracer_get_dropped(Tracer *t, void *closure)
 static PyObject *
 Tracer_get_count(Tracer *t, void *closure)
 {
-    return PyLong_FromSsize_t(t->len);
+    return PyLong_FromSsize_t(t->held + t->len);
 }
 
 static PyObject *

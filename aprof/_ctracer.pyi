@@ -77,6 +77,19 @@ class Tracer:
         evaluator: False keeps the C tracer off the frame evaluator without
             C calls (an internal switch for tests and the bench: it records
             as the twin does); the twin has no evaluator and ignores it.
+        keep_latest: A ring (needs ``max_events``): the buffer is eight
+            segments of an eighth of ``max_events`` (at least four
+            events each; the ring holds at most ``max_events`` from 40 on); when the one being written is full and all are in use,
+            the oldest is let go, its events (other than TIME and the
+            header below) counted in :attr:`dropped`. Each segment starts
+            with a header so that it reads without those before it: a TIME,
+            the writing thread's SWITCH (the other threads write theirs
+            again before their next event), and the RECV or EXC that ended
+            the segment before (it belongs to the next event). When a
+            segment was let go, :meth:`take`'s data starts with a prologue
+            of ``(RECV, CALL)`` pairs before any SWITCH, one per code with a
+            default receiver, in code order: replay takes the defaults from
+            them and records no call.
     """
 
     def __init__(
@@ -90,6 +103,7 @@ class Tracer:
         c_calls: bool = True,
         instance_ids: bool = False,
         evaluator: bool = True,
+        keep_latest: bool = False,
     ) -> None: ...
     @property
     def dropped(self) -> int: ...

@@ -160,6 +160,27 @@ def test_run_keep_latest_keeps_the_last_ranges_and_says_what_it_dropped(tmp_path
     assert f"Data dropped: {dropped:,} ranges" in proc.stdout + proc.stderr
 
 
+def test_run_keep_latest_bounds_the_python_tracer_too(tmp_path: Path) -> None:
+    # Issue 19 item 1: --python-tracer with --keep latest keeps the latest
+    # calls (the tracer's ring) and says how many tracer events went.
+    (tmp_path / "calls.py").write_text(
+        "def early():\n    pass\ndef late():\n    pass\n"
+        "for _ in range(3000):\n    early()\nfor _ in range(20):\n    late()\n"
+    )
+    out = tmp_path / "t.json"
+    proc = run_aprof(
+        "run", "--python-tracer", "--max-events", "1000", "--keep", "latest", "-o", str(out), "calls.py", cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    doc = validate_trace(out)
+    names = [e["name"] for e in doc["traceEvents"] if e.get("ph") == "X"]
+    assert sum(n.endswith(": late") for n in names) == 20
+    assert 0 < sum(n.endswith(": early") for n in names) < 3000
+    dropped = doc["otherData"]["dropped_by_kind"]["tracer_events"]
+    assert dropped > 0
+    assert f"{dropped:,} tracer events" in proc.stdout + proc.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -172,7 +193,6 @@ def test_run_keep_latest_keeps_the_last_ranges_and_says_what_it_dropped(tmp_path
         (["convert", "nothere.json", "out.html"], "no such file 'nothere.json'"),
         (["convert", "garbage.json", "out.html"], "'garbage.json' is not a session"),
         (["run", "--keep", "latest", "s.py"], "--keep latest needs a budget: add --max-events N or --max-bytes B"),
-        (["run", "--keep", "latest", "--max-events", "5", "--python-tracer", "s.py"], "--keep latest cannot bound --python-tracer"),
         (["run", "--max-bytes", "1000", "s.py"], "--max-bytes must be at least 65536"),
         (["run", "--no-c-calls", "s.py"], "--no-c-calls changes what the Python tracer records: add --python-tracer"),
         (["run", "--c-calls", "s.py"], "--c-calls changes what the Python tracer records: add --python-tracer"),

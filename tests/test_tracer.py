@@ -559,11 +559,12 @@ def test_bounded_buffer_counts_what_it_drops(impl: ModuleType, tmp_path: Path) -
     assert len(py_events(again, "fib")) == 15
 
 
-def _bare_tracer(impl: ModuleType, max_events: int = 0) -> Any:
+def _bare_tracer(impl: ModuleType, max_events: int = 0, keep_latest: bool = False) -> Any:
     """A recording half on its own, recording every context (no profile)."""
     from aprof._core._callbacks import RF_STATE
 
-    return impl.Tracer(RF_STATE, None, _tracer.TRACER_LT, _tracer._starting_thread_lt, _tracer.APROF_DIR, max_events)
+    lt, ignore = _tracer.TRACER_LT, _tracer.APROF_DIR
+    return impl.Tracer(RF_STATE, None, lt, _tracer._starting_thread_lt, ignore, max_events, keep_latest=keep_latest)
 
 
 def test_a_bounded_buffer_keeps_exactly_the_first_max_events(impl: ModuleType) -> None:
@@ -1228,3 +1229,163 @@ def test_coroutine_methods_keep_their_receiver_across_steps(impl: ModuleType) ->
     assert len(steps) == 2
     if _names_receivers(impl):
         assert set(steps) == {"test_coroutine_methods_keep_their_receiver_across_steps.<locals>.Handler.handle [Special]"}
+
+
+# -- a ring: keep="latest" (issue 19) ---------------------------------------
+
+
+def early() -> int:
+    return 1
+
+
+def late() -> int:
+    return 2
+
+
+def test_a_ring_keeps_the_latest_calls_whole_and_counts_what_it_lets_go(impl: ModuleType) -> None:
+    # Issue 19 item 1: with keep="latest" the tracer's buffer is a ring; the
+    # oldest events go, the latest calls are kept whole, and what went is
+    # counted. One thread: after the first segment goes, its events read only
+    # through the header every segment starts with.
+    with aprof.profile(python_tracer=True, max_events=400, keep="latest") as prof:
+        for _ in range(1000):
+            early()
+        for _ in range(50):
+            late()
+    kept = py_events(prof, HERE)
+    lates = [e for e in kept if short(e) == "late"]
+    earlies = [e for e in kept if short(e) == "early"]
+    assert len(lates) == 50
+    assert 0 < len(earlies) < 1000
+    assert not any(e.unfinished for e in lates + earlies)
+    assert max(e.end_ns for e in earlies) <= min(e.start_ns for e in lates)
+    dropped = prof.session.dropped_by_kind["tracer_events"]
+    assert dropped >= 2 * (1000 - len(earlies))  # a call and a return for each early() gone
+    assert "tracer events" in str(prof.summary())
+
+
+def test_a_rings_buffer_holds_at_most_its_budget_and_counts_exactly(impl: ModuleType) -> None:
+    # At the buffer: every event the program wrote is either kept or counted
+    # in dropped, and the ring never holds more than max_events.
+    from aprof._core._tracer_py import EV_CALL, EV_SWITCH
+
+    t = _bare_tracer(impl, max_events=64, keep_latest=True)
+    t.start([leaf.__code__] * 300)  # a SWITCH, then 300 CALLs
+    t.stop()
+    assert 0 < t.count <= 64
+    data, _, _ = t.take()
+    words = memoryview(data).cast("Q")[::2]
+    calls = sum(1 for w in words if w & 15 == EV_CALL)
+    assert calls < 300
+    # The first SWITCH went with the oldest segment; the headers' SWITCHes
+    # are the ring's own and never counted.
+    assert calls + t.dropped == 301
+    assert words[1] & 15 == EV_SWITCH  # a segment reads on its own: TIME, SWITCH, ...
+
+
+def _ping_pong(rounds: int) -> None:
+    """The main thread and a worker call alternately, each ``rounds`` times."""
+    turn = [threading.Event(), threading.Event()]
+
+    def worker() -> None:
+        for _ in range(rounds):
+            turn[1].wait()
+            turn[1].clear()
+            late()
+            turn[0].set()
+
+    th = threading.Thread(target=worker, name="worker-ring")
+    th.start()
+    for _ in range(rounds):
+        early()
+        turn[1].set()
+        turn[0].wait()
+        turn[0].clear()
+    th.join()
+
+
+def test_a_ring_keeps_every_threads_calls_on_its_track(impl: ModuleType) -> None:
+    # Each OS thread writes its SWITCH once; after a rotation every thread
+    # writes it again, so its calls still land on its track once the segment
+    # holding the first SWITCH is gone.
+    with aprof.profile(python_tracer=True, max_events=2_000, keep="latest", scope="global") as prof:
+        _ping_pong(800)
+    assert prof.session.dropped_by_kind["tracer_events"] > 0
+    kept = py_events(prof, HERE)
+    lates = [e for e in kept if short(e) == "late"]
+    earlies = [e for e in kept if short(e) == "early"]
+    assert {e.track for e in lates} == {"worker-ring"}
+    main_tracks = {e.track for e in earlies}
+    assert len(main_tracks) == 1
+    assert "worker-ring" not in main_tracks
+    # Both threads' latest calls are kept, over the same stretch of time.
+    assert len(lates) > 10
+    assert len(earlies) > 10
+    assert max(e.end_ns for e in earlies) > min(e.start_ns for e in lates)
+
+
+def test_a_ring_keeps_the_receivers_its_lost_segments_named(impl: ModuleType) -> None:
+    # A method code's first receiver is its default, written once; a ring
+    # that lets that segment go keeps the defaults in a prologue, so the
+    # latest calls keep their receiver's name.
+    with aprof.profile(python_tracer=True, max_events=400, keep="latest") as prof:
+        layer = Linear()
+        for i in range(500):
+            layer(i)
+    assert prof.session.dropped_by_kind["tracer_events"] > 0
+    calls = {short(e) for e in py_events(prof, HERE) if "Layer." in e.name}
+    if _names_receivers(impl):
+        assert calls == {"Layer.__call__ [Linear]", "Layer.forward [Linear]"}
+    else:
+        assert calls == {"Layer.__call__", "Layer.forward"}
+
+
+async def _ring_worker(backend: Backend, n: int) -> None:
+    for _ in range(n):
+        early()
+        await backend.checkpoint()
+    late()
+
+
+def test_a_ring_keeps_tasks_calls_on_their_tracks(impl: ModuleType, backend: Backend) -> None:
+    # Issue 19 on every backend: tasks interleave in one thread (a SWITCH at
+    # every step); the ring keeps the latest steps on the right task tracks.
+    async def main() -> aprof.profile:
+        async with aprof.profile(python_tracer=True, max_events=2_000, keep="latest") as prof:
+            async with backend.group() as g:
+                for _ in range(4):
+                    g.start_soon(_ring_worker, backend, 300)
+        return prof
+
+    prof = backend.run(main)
+    assert prof.session.dropped_by_kind["tracer_events"] > 0
+    tasks = [e for e in prof.events() if e.scope is aprof.RecordScope.TASK and "_ring_worker" in (e.extra or {}).get("coro", "")]
+    tracks = {e.thread_id for e in tasks}
+    assert len(tracks) == 4
+    kept = py_events(prof, HERE)
+    lates = [e for e in kept if short(e) == "late"]
+    assert {e.thread_id for e in lates} == tracks  # each task's last call, on its own track
+    assert {e.thread_id for e in kept if short(e) in ("early", "_ring_worker")} <= tracks
+
+
+def test_max_bytes_bounds_the_tracers_buffer_too(impl: ModuleType) -> None:
+    # Issue 19 item 1: max_bytes bounds tracer events as well (16 bytes
+    # each, a buffer of their own): 64 KiB holds 4,096 of them.
+    with aprof.profile(python_tracer=True, max_bytes=65_536) as prof:
+        fib(16)  # 3,193 calls: 6,386 events
+    dropped = prof.session.dropped_by_kind["tracer_events"]
+    # Give or take the frames on the stack at start, which open first.
+    assert 6_386 - 4_096 <= dropped <= 6_386 - 4_096 + 100
+    assert 0 < len(py_events(prof, "fib")) < 3_193
+
+
+def test_starting_and_stopping_the_profile_leave_no_frame_in_the_trace(impl: ModuleType) -> None:
+    # SPEC 8.1, 15.6: the tracer records the program's calls only. aprof's
+    # own frames are not traced, and neither are the library frames its
+    # start and stop would call (a WeakSet's discard at stop once showed as
+    # the program's last call); frames live at start stay open (unfinished).
+    with aprof.profile(python_tracer=True) as prof:
+        leaf()
+    closed = [e.name for e in py_events(prof) if not e.unfinished]
+    assert [n for n in closed if HERE not in n] == []
+    assert [short(e) for e in py_events(prof, HERE) if not e.unfinished] == ["leaf"]

@@ -431,8 +431,6 @@ def _run(args: argparse.Namespace) -> int:
         raise _UsageError(f"run: cannot find script {args.target!r}")
     if args.keep == "latest" and args.max_events is None and args.max_bytes is None:
         raise _UsageError("run: --keep latest needs a budget: add --max-events N or --max-bytes B")
-    if args.keep == "latest" and args.python_tracer:
-        raise _UsageError("run: --keep latest cannot bound --python-tracer (the tracer keeps its first events): use --keep first")
     if args.max_bytes is not None and args.max_bytes < 65536:
         raise _UsageError(f"run: --max-bytes must be at least 65536 (64 KiB), got {args.max_bytes}")
     if args.memory_interval is not None and not args.memory:

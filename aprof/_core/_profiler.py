@@ -36,7 +36,7 @@ from ._ring import check_budget
 from ._sampler import SamplerRun, check_interval
 from ._schedule import ProfilerAction, check_schedule
 from ._threads import current_logical_thread
-from ._tracer import TracerRun
+from ._tracer import TracerRun, tracer_events
 
 if TYPE_CHECKING:
     from os import PathLike
@@ -74,21 +74,21 @@ class profile:
         max_events: Hold at most this many events while recording:
             ranges, instants, tasks and loop blocks (a task's steps are part
             of its task), and, with ``python_tracer``, this many raw tracer
-            events (16 bytes each, always the first ones); with
+            events (16 bytes each, a buffer of their own); with
             ``sample_interval``, this many samples too (24 bytes each,
             counted in ``session.samples.dropped``). What is not kept is
             counted, by kind, in ``session.dropped_by_kind``. ``None``: no
             limit.
         max_bytes: Hold at most this many bytes of recorded ranges,
             instants, tasks (with their steps) and loop blocks (the records'
-            own memory: a range is 48 bytes; at least 64 KiB). ``None``: no
-            limit.
+            own memory: a range is 48 bytes; at least 64 KiB), and at most
+            ``max_bytes / 16`` raw tracer events. ``None``: no limit.
         keep: Past ``max_events`` or ``max_bytes``: ``"first"`` (the
             default) keeps what was recorded first and drops the rest;
             ``"latest"`` is a ring: the oldest whole events are let go, an
             eighth of the budget at a time, so the profile can stay on (see
-            "In production" in the guide). Not with ``python_tracer``, whose
-            buffer keeps the first events.
+            "In production" in the guide). The tracer's buffer is then a
+            ring as well (eight segments, the oldest let go whole).
         sample_interval: Take a stack sample of every thread running the
             profiled work every this many seconds (SPEC 8.4), each charged
             to the task or thread that was running (``session.samples``).
@@ -178,11 +178,6 @@ class profile:
         self.tasks = _check_bool("tasks", tasks)
         self.python_tracer = _check_bool("python_tracer", python_tracer)
         check_budget(max_events, max_bytes, keep)
-        if keep == "latest" and python_tracer:
-            raise ValueError(
-                "profile: keep='latest' cannot bound python_tracer: the tracer's buffer keeps the first "
-                "max_events events (use keep='first', or sample_interval for an always-on CPU view)"
-            )
         self.max_events = max_events
         self.max_bytes = max_bytes
         self.keep: Literal["first", "latest"] = keep
@@ -314,7 +309,11 @@ class profile:
             # hook, RELIABILITY FA-08) leaves nothing to undo; started last,
             # so aprof's own set-up is not traced.
             tracer = TracerRun(
-                recorder if self.scope == "context" else None, self.max_events or 0, self.c_calls, self.instance_ids
+                recorder if self.scope == "context" else None,
+                tracer_events(self.max_events, self.max_bytes),
+                self.c_calls,
+                self.instance_ids,
+                keep_latest=self.keep == "latest",
             )
             tracer.check()
         if self.scope == "global":
@@ -338,7 +337,7 @@ class profile:
         self._state = state
         self._recorder = recorder
         _running.add(recorder)
-        _live.add(self)
+        _live_add(self)
         if self.tasks:
             self._task_hooks = _install_task_hooks(recorder, global_scope=self.scope == "global")
         if self.loop_block_threshold is not None:
@@ -437,7 +436,7 @@ class profile:
         self._task_hooks = []
         self._global_handle = None
         self._slot = self._prev_recorder = self._prev_slot = None
-        _live.discard(self)
+        _live.pop(id(self), None)
 
     def _finish_stops(self) -> None:
         """Do what is left of the queued stops, oldest first (see :meth:`_finish`)."""
@@ -533,7 +532,7 @@ class profile:
                 stop.detach()
             except Exception:  # noqa: BLE001 - never fail a fork for a copy that records nothing
                 pass
-        _live.discard(self)
+        _live.pop(id(self), None)
 
     # -- results ------------------------------------------------------------
 
@@ -674,9 +673,23 @@ class _Stopping:
 
 # Running profiles' recorders, so a forked child can switch them off.
 _running: weakref.WeakSet[Recorder] = weakref.WeakSet()
-# Running profiles, so interpreter exit can detach them while the modules
-# their hooks need still exist.
-_live: weakref.WeakSet[profile] = weakref.WeakSet()
+# Running profiles by id, so interpreter exit can detach them while the
+# modules their hooks need still exist. Weak references in a dict, not a
+# WeakSet: a stop removes its profile with a C call, which the Python tracer
+# (still recording then) does not see, where WeakSet.discard would show in
+# the trace as the program's last call.
+_live: dict[int, weakref.ref[profile]] = {}
+
+
+def live_profiles() -> list[profile]:
+    """The profiles running now (started, not stopped)."""
+    return [prof for prof in (ref() for ref in list(_live.values())) if prof is not None]
+
+
+def _live_add(prof: profile) -> None:
+    key = id(prof)
+    # The callback runs when the profile is freed, before its id can be reused.
+    _live[key] = weakref.ref(prof, lambda _, key=key: _live.pop(key, None))  # type: ignore[misc]
 
 
 _DROPPED_WARNING: Final = "aprof: a running profile was garbage-collected without stop(); it was stopped"
@@ -694,7 +707,7 @@ def _stop_at_exit() -> None:
     teardown would find ``sys.meta_path`` and module globals gone and print
     "Exception ignored" tracebacks (issue 15 item 20).
     """
-    for prof in list(_live):
+    for prof in live_profiles():
         prof._abandon(_EXIT_WARNING)
 
 

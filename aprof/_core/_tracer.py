@@ -33,7 +33,7 @@ from ._threads import LogicalThread, _thread_lt, current_logical_thread
 if TYPE_CHECKING:
     from ._recorder import ProfilerState, Recorder
 
-__all__ = ["APROF_DIR", "TRACER_LT", "TracerRun", "implementation", "publish_task"]
+__all__ = ["APROF_DIR", "TRACER_LT", "TracerRun", "implementation", "publish_task", "tracer_events"]
 
 #: (task's LogicalThread, OS thread ident) in a task's own context, or None.
 TRACER_LT: ContextVar[tuple[LogicalThread, int] | None] = ContextVar("aprof.tracer_lt", default=None)
@@ -70,6 +70,21 @@ def _mon() -> Any:
 
 
 _running: list[TracerRun] = []  # at most one
+
+#: Bytes a raw tracer event takes (two 64-bit words).
+EVENT_BYTES: Final = 16
+
+
+def tracer_events(max_events: int | None, max_bytes: int | None) -> int:
+    """How many raw events a profile's budget lets its tracer hold (0: no
+    limit): ``max_events``, and no more than ``max_bytes`` of them (the
+    tracer's buffer is its own, apart from the ranges' bytes)."""
+    limits = []
+    if max_events is not None:
+        limits.append(max_events)
+    if max_bytes is not None:
+        limits.append(max(1, max_bytes // EVENT_BYTES))
+    return min(limits, default=0)
 
 
 def running() -> bool:
@@ -167,6 +182,9 @@ class TracerRun:
     Args:
         recorder: The profile's recorder (context scope), or None (global).
         max_events: Keep at most this many raw events (0: unbounded).
+        keep_latest: Past ``max_events``, let the oldest events go (a ring
+            of eight segments, the oldest whole segment first) instead of
+            dropping the new ones.
         c_calls: Record C calls too (else Python frames only, which on 3.11
             and 3.12 the C tracer records through a PEP 523 frame evaluator
             instead of a profile function or sys.monitoring callbacks, and
@@ -176,7 +194,12 @@ class TracerRun:
     """
 
     def __init__(
-        self, recorder: Recorder | None, max_events: int = 0, c_calls: bool = False, instance_ids: bool = False
+        self,
+        recorder: Recorder | None,
+        max_events: int = 0,
+        c_calls: bool = False,
+        instance_ids: bool = False,
+        keep_latest: bool = False,
     ) -> None:
         impl = implementation()
         self.impl = impl
@@ -191,6 +214,7 @@ class TracerRun:
             self.c_calls,
             instance_ids,
             _evaluator,
+            keep_latest,
         )
         #: Python frames come from the C tracer's frame evaluator (3.11 and
         #: 3.12 without C calls), not from hooks installed here.

@@ -44,6 +44,10 @@ _RECEIVERS: Final = sys.version_info >= (3, 13)
 #: sys.monitoring.DISABLE (3.12+; the monitoring callbacks run only there).
 _DISABLE: Final = getattr(getattr(sys, "monitoring", None), "DISABLE", None)
 _MAX_THREADS: Final = 4096
+#: keep_latest: the ring's segments (the one written and the sealed ones),
+#: as in C; a segment holds at least this many events.
+_RING_SEGS: Final = 8
+_MIN_SEGMENT: Final = 4
 _MONITORING: Final = sys.version_info >= (3, 12)
 
 _running: list[Tracer] = []  # at most one tracer at a time, as in C
@@ -111,9 +115,12 @@ class Tracer:
         c_calls: bool = True,
         instance_ids: bool = False,
         evaluator: bool = True,  # noqa: ARG002 - the C tracer's switch: the twin has no frame evaluator
+        keep_latest: bool = False,
     ) -> None:
         if max_events < 0:
             raise ValueError("Tracer: max_events must be >= 0")
+        if keep_latest and not max_events:
+            raise ValueError("Tracer: keep_latest needs max_events > 0")
         self._c_calls = bool(c_calls)
         self._instance_ids = bool(instance_ids)
         self._recv_first: dict[int, int] = {}
@@ -127,6 +134,14 @@ class Tracer:
         self._prefix = ignore_prefix
         self._max = max_events
         self._buf = array("Q")
+        # keep_latest (see ring_rotate in C): the sealed segments, oldest
+        # first, with the words their rotation header took; a segment's size
+        # in words.
+        self._ring = bool(keep_latest)
+        self._sealed: list[tuple[array[int], int]] = []
+        self._head = 0
+        self._let_go = False
+        self._seg_words = 2 * max(max_events // _RING_SEGS - 1, _MIN_SEGMENT) if keep_latest else 0
         self._objs: list[Any] = []
         self._index: dict[object, int] = {}
         self._threads: dict[int, _Thread] = {}
@@ -145,7 +160,7 @@ class Tracer:
 
     @property
     def count(self) -> int:
-        return len(self._buf) // 2
+        return (sum(len(b) for b, _ in self._sealed) + len(self._buf)) // 2
 
     @property
     def active(self) -> bool:
@@ -226,7 +241,10 @@ class Tracer:
 
     def _push(self, tag: int, tidx: int, payload: int, now: int) -> None:
         buf = self._buf
-        if self._max and len(buf) >= 2 * self._max:
+        if self._ring:
+            if len(buf) >= self._seg_words:
+                buf = self._rotate(tidx)
+        elif self._max and len(buf) >= 2 * self._max:
             self._dropped += 1
             return
         delta = now - self._last_ns if now > self._last_ns else 0
@@ -237,6 +255,26 @@ class Tracer:
         self._last_ns = now
         buf.append(tag | (tidx << 4) | (delta << 32))
         buf.append(payload)
+
+    def _rotate(self, tidx: int) -> array[int]:
+        # As ring_rotate in aprof/_ctracer.c: seal the segment, let the
+        # oldest go past _RING_SEGS, start the next with its header.
+        old = self._buf
+        self._sealed.append((old, self._head))
+        if len(self._sealed) >= _RING_SEGS:
+            gone, head = self._sealed.pop(0)
+            self._let_go = True
+            self._dropped += sum(1 for w in gone[2 * head :: 2] if w & 15 != EV_TIME)
+        buf = self._buf = array("Q", (EV_TIME, self._last_ns))
+        for ts in self._threads.values():
+            if ts.tidx != tidx:
+                ts.cur_lt = -1
+            elif ts.cur_lt >= 0:
+                buf.extend((EV_SWITCH | tidx << 4, ts.cur_lt))
+        if old and old[-2] & 15 in (EV_RECV, EV_EXC):
+            buf.extend((old[-2] & 0xFFFFFFFF, old[-1]))
+        self._head = len(buf) // 2
+        return buf
 
     def _record(self, tag: int, idx: int, now: int) -> None:
         if idx & _IGNORED:
@@ -428,8 +466,18 @@ class Tracer:
     def take(self) -> tuple[bytes, list[Any], int]:
         if self._active:
             raise RuntimeError("Tracer.take: stop the tracer first")
-        data, objs = self._buf.tobytes(), self._objs
+        words = array("Q")
+        if self._let_go:  # the codes' default receivers (see Tracer_take in C)
+            for code, r in sorted(self._recv_first.items()):
+                words.extend((EV_RECV, r, EV_CALL, code))
+        for seg, _ in self._sealed:
+            words.extend(seg)
+        words.extend(self._buf)
+        data, objs = words.tobytes(), self._objs
         self._buf = array("Q")
+        self._sealed = []
+        self._head = 0
+        self._let_go = False
         self._objs = []
         self._index = {}
         self._threads = {}

@@ -560,7 +560,7 @@ def _current_state() -> tuple[ProfilerState, Any] | None:
 
     rec = RF_STATE.get().recorder
     state = rec.state if rec is not None else None
-    for prof in list(_profiler._live):
+    for prof in _profiler.live_profiles():
         st = prof._state
         if st is None or not st.running:
             continue
