@@ -68,14 +68,15 @@ TARGET_P99 = 1.10
 RING = {"max_bytes": 50_000_000, "keep": "latest"}
 
 
-def always_on_options(ring: bool) -> tuple[dict[str, Any], str]:
+def always_on_options(ring: bool, ring_mb: float = 50.0) -> tuple[dict[str, Any], str]:
     """The profile's options, and a note saying whether the ring is in them."""
     opts: dict[str, Any] = {"tasks": True}
     if not ring:
         return opts, "no memory budget (run with --ring for max_bytes=50 MB, keep='latest')"
     accepted = inspect.signature(aprof.profile).parameters
     if all(k in accepted for k in RING):
-        return {**opts, **RING}, "ring: max_bytes=50_000_000, keep='latest'"
+        ring_opts = {**RING, "max_bytes": int(ring_mb * 1_000_000)}
+        return {**opts, **ring_opts}, f"ring: max_bytes={ring_opts['max_bytes']:_}, keep='latest'"
     return opts, "--ring asked, but this aprof's profile() has no max_bytes/keep: measured without a budget"
 
 
@@ -193,6 +194,7 @@ def server_bench(rounds: int, requests: int, concurrency: int, opts: dict[str, A
                 name: {"rps": [], "p50": [], "p99": []} for name in (PLAIN, ALWAYS_ON)
             }
             events: list[int] = []
+            dropped: list[int] = []
             for r in range(rounds):
                 order = [PLAIN, ALWAYS_ON] if r % 2 == 0 else [ALWAYS_ON, PLAIN]
                 for name in order:
@@ -200,7 +202,9 @@ def server_bench(rounds: int, requests: int, concurrency: int, opts: dict[str, A
                         ctl("start", options={**opts, "loop_block_threshold": None})
                     wall, lat = asyncio.run(load(port, requests, concurrency))
                     if name == ALWAYS_ON:
-                        events.append(ctl("stop", output=str(Path(tmp) / "round.aprof"))["events"])
+                        reply = ctl("stop", output=str(Path(tmp) / "round.aprof"))
+                        events.append(reply["events"])
+                        dropped.append(reply.get("dropped", 0))
                     results[name]["rps"].append(requests / wall)
                     results[name]["p50"].append(pct(lat, 0.50) * 1e3)
                     results[name]["p99"].append(pct(lat, 0.99) * 1e3)
@@ -214,7 +218,7 @@ def server_bench(rounds: int, requests: int, concurrency: int, opts: dict[str, A
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-    return {"results": results, "events_per_profiled_round": events}
+    return {"results": results, "events_per_profiled_round": events, "dropped_per_profiled_round": dropped}
 
 
 def format_server(res: dict[str, Any], requests: int) -> list[str]:
@@ -238,6 +242,12 @@ def format_server(res: dict[str, Any], requests: int) -> list[str]:
     ev = res["events_per_profiled_round"]
     if ev:
         lines.append(f"events recorded per profiled round of {requests:,} requests: median {statistics.median(ev):,.0f}")
+    dr = res.get("dropped_per_profiled_round")
+    if dr:
+        lines.append(
+            f"events the ring let go per profiled round: median {statistics.median(dr):,.0f} "
+            "(0: the ring never rotated, and its rotations are not in the figures)"
+        )
     res["ratios"] = ratios
     return lines
 
@@ -335,6 +345,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--ring", action="store_true", help="max_bytes=50_000_000, keep='latest' (where this aprof has them)")
+    ap.add_argument(
+        "--ring-mb",
+        type=float,
+        default=50.0,
+        help="with --ring: the ring's size in MB; a server round fills 50 MB only after ~500k requests, so a "
+        "smaller ring (e.g. 1) makes the rounds rotate it, several times each",
+    )
     ap.add_argument("--tasks", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=15, help="fan-out rounds (each case once per round)")
     ap.add_argument("--server-rounds", type=int, default=10, help="server rounds (plain and profiled once each)")
@@ -353,7 +370,7 @@ def main() -> None:
         return
     if args.quick:
         args.tasks, args.rounds, args.server_rounds, args.requests = 300, 3, 2, 500
-    opts, note = always_on_options(args.ring)
+    opts, note = always_on_options(args.ring, args.ring_mb)
     print(header())
     print(f"always-on: {opts} ({note})")
     extra: dict[str, Any] = {"options": opts, "note": note}
