@@ -124,6 +124,8 @@ typedef struct Sampler {
     PyObject *waits;       /* tuple of (file suffix, qualname) a loop waits in */
     uint64_t interval;     /* ns */
     Py_ssize_t max_samples;/* 0: unbounded */
+    int ring;              /* keep_latest: past max_samples, a sample takes the oldest's slot */
+    Py_ssize_t head;       /* the ring's oldest sample, once it is full */
     int global;
     int active;            /* between start and stop */
     int forked;            /* a forked child's copy: records nothing */
@@ -435,9 +437,15 @@ frame_code(struct _PyInterpreterFrame *f)
 static void
 s_append(Sampler *s, uint64_t now, uint64_t dt, uint32_t stack, uint32_t lt, int slot, int flags)
 {
+    uint64_t *w;
     if (s->max_samples && s->len >= s->max_samples) {
         s->dropped++;
-        return;
+        if (!s->ring)
+            return;
+        /* keep_latest: this sample takes the oldest's slot (the dropped one) */
+        w = &s->buf[3 * s->head];
+        s->head = s->head + 1 == s->len ? 0 : s->head + 1;
+        goto write;
     }
     if (s->len == s->cap) {
         Py_ssize_t cap = s->cap ? s->cap * 2 : 4096;
@@ -451,7 +459,8 @@ s_append(Sampler *s, uint64_t now, uint64_t dt, uint32_t stack, uint32_t lt, int
         s->buf = nb;
         s->cap = cap;
     }
-    uint64_t *w = &s->buf[3 * s->len++];
+    w = &s->buf[3 * s->len++];
+write:
     w[0] = now;
     w[1] = (uint64_t)stack | ((dt > 0xFFFFFFFFu ? 0xFFFFFFFFu : dt) << 32);
     w[2] = (uint64_t)lt | ((uint64_t)slot << 32) | ((uint64_t)flags << 48);
@@ -884,12 +893,14 @@ engine_remove(Sampler *s)
 static int
 Sampler_init(Sampler *s, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"rf_state", "recorder", "lt_var", "ignore_prefix", "interval", "waits", "max_samples", NULL};
+    static char *kwlist[] = {"rf_state", "recorder",    "lt_var",      "ignore_prefix", "interval",
+                             "waits",    "max_samples", "keep_latest", NULL};
     PyObject *rf_var, *recorder, *lt_var, *prefix, *waits;
     double interval;
     Py_ssize_t max_samples = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOUdO!|n", kwlist, &rf_var, &recorder, &lt_var, &prefix, &interval,
-                                     &PyTuple_Type, &waits, &max_samples))
+    int keep_latest = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOUdO!|np", kwlist, &rf_var, &recorder, &lt_var, &prefix, &interval,
+                                     &PyTuple_Type, &waits, &max_samples, &keep_latest))
         return -1;
     if (!PyContextVar_CheckExact(rf_var) || !PyContextVar_CheckExact(lt_var)) {
         PyErr_SetString(PyExc_TypeError, "Sampler: rf_state and lt_var must be ContextVars");
@@ -901,6 +912,10 @@ Sampler_init(Sampler *s, PyObject *args, PyObject *kwds)
     }
     if (max_samples < 0) {
         PyErr_SetString(PyExc_ValueError, "Sampler: max_samples must be >= 0");
+        return -1;
+    }
+    if (keep_latest && max_samples == 0) {
+        PyErr_SetString(PyExc_ValueError, "Sampler: keep_latest needs max_samples > 0");
         return -1;
     }
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(waits); i++) {
@@ -923,6 +938,7 @@ Sampler_init(Sampler *s, PyObject *args, PyObject *kwds)
     s->global = recorder == Py_None;
     s->interval = (uint64_t)(interval * 1e9);
     s->max_samples = max_samples;
+    s->ring = keep_latest;
     if (s->objs == NULL && (s->objs = PyList_New(0)) == NULL)
         return -1;
     if (s->nnodes == 0) { /* node 0: the empty stack */
@@ -1035,7 +1051,14 @@ Sampler_take(Sampler *s, PyObject *Py_UNUSED(ignored))
         PyErr_SetString(PyExc_RuntimeError, "Sampler.take: stop the sampler first");
         return NULL;
     }
-    PyObject *data = PyBytes_FromStringAndSize((const char *)s->buf, s->len * 3 * (Py_ssize_t)sizeof(uint64_t));
+    /* a ring's samples, oldest first */
+    Py_ssize_t sample = 3 * (Py_ssize_t)sizeof(uint64_t);
+    PyObject *data = PyBytes_FromStringAndSize(NULL, s->len * sample);
+    if (data != NULL && s->len) {
+        char *out = PyBytes_AS_STRING(data);
+        memcpy(out, (const char *)(s->buf + 3 * s->head), (size_t)((s->len - s->head) * sample));
+        memcpy(out + (s->len - s->head) * sample, (const char *)s->buf, (size_t)(s->head * sample));
+    }
     PyObject *nodes = PyBytes_FromStringAndSize((const char *)s->nodes, s->nnodes * 2 * (Py_ssize_t)sizeof(uint32_t));
     PyObject *idents = PyList_New(s->nthreads);
     if (data == NULL || nodes == NULL || idents == NULL)
@@ -1053,7 +1076,7 @@ Sampler_take(Sampler *s, PyObject *Py_UNUSED(ignored))
     }
     PyMem_Free(s->buf);
     s->buf = NULL;
-    s->len = s->cap = 0;
+    s->len = s->cap = s->head = 0;
     s->nnodes = 1;
     s_release(s);
     return Py_BuildValue("(NNNN)", data, nodes, objs, idents);

@@ -555,6 +555,26 @@ def test_max_events_bounds_the_samples(impl: ModuleType) -> None:
     assert prof.session.metadata["samples"]["dropped"] == s.dropped
 
 
+def test_keep_latest_keeps_the_latest_samples(impl: ModuleType) -> None:
+    # Issue 19 item 1: with keep="latest" the samples are a ring too: the
+    # newest N are kept, oldest first, and those let go are counted.
+    with aprof.profile(sample_interval=INTERVAL, max_events=20, keep="latest") as prof:
+        burn_sampled(burn_big, 0.1)
+        mark = time.perf_counter_ns()
+        burn_sampled(burn_small, 0.3)
+    s = prof.session.samples
+    assert s is not None
+    assert len(s) == 20
+    assert s.dropped > 0
+    assert prof.session.metadata["samples"]["dropped"] == s.dropped
+    assert s.time_ns == sorted(s.time_ns)
+    # The burn_small stretch alone outlasts 20 samples: only it is kept.
+    assert min(s.time_ns) >= mark
+    stacks = [" ".join(s.stack(i)) for i in range(len(s))]
+    assert any("burn_small" in st for st in stacks)
+    assert not any("burn_big" in st for st in stacks)
+
+
 def test_a_chrome_trace_still_validates_with_samples(tmp_path: Path) -> None:
     # SPEC 9.1: sampling changes nothing in the Chrome trace's ranges.
     session = _sampled_session()

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from . import _native
 from ._callbacks import RF_STATE
+from ._ring import buffer_limit
 from ._threads import LogicalThread, current_logical_thread
 from ._tracer import TRACER_LT
 
@@ -67,14 +68,8 @@ def check_memory_interval(value: object) -> int:
 
 def max_records(max_events: int | None, max_bytes: int | None) -> int:
     """How many allocation records a profile's budget lets it hold (0: no
-    limit): ``max_events`` of them, and no more than ``max_bytes`` of
-    records (the buffer is their own, apart from the ranges' bytes)."""
-    limits = []
-    if max_events is not None:
-        limits.append(max_events)
-    if max_bytes is not None:
-        limits.append(max(1, max_bytes // RECORD_BYTES))
-    return min(limits, default=0)
+    limit; see ``_ring.buffer_limit``)."""
+    return buffer_limit(max_events, max_bytes, RECORD_BYTES)
 
 
 def unavailable_reason() -> str | None:

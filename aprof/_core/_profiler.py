@@ -32,11 +32,11 @@ from ._memory import DEFAULT_INTERVAL, MemoryRun, check_memory_interval, max_rec
 from ._memory import unavailable_reason as memory_unavailable
 from ._record_function import RecordFunction, get_default_node_id
 from ._recorder import ProfilerState, Recorder
-from ._ring import check_budget
-from ._sampler import SamplerRun, check_interval
+from ._ring import buffer_limit, check_budget
+from ._sampler import SAMPLE_BYTES, SamplerRun, check_interval
 from ._schedule import ProfilerAction, check_schedule
 from ._threads import current_logical_thread
-from ._tracer import TracerRun, tracer_events
+from ._tracer import EVENT_BYTES, TracerRun
 
 if TYPE_CHECKING:
     from os import PathLike
@@ -82,13 +82,15 @@ class profile:
         max_bytes: Hold at most this many bytes of recorded ranges,
             instants, tasks (with their steps) and loop blocks (the records'
             own memory: a range is 48 bytes; at least 64 KiB), and at most
-            ``max_bytes / 16`` raw tracer events. ``None``: no limit.
+            ``max_bytes / 16`` raw tracer events and ``max_bytes / 24``
+            samples. ``None``: no limit.
         keep: Past ``max_events`` or ``max_bytes``: ``"first"`` (the
             default) keeps what was recorded first and drops the rest;
             ``"latest"`` is a ring: the oldest whole events are let go, an
             eighth of the budget at a time, so the profile can stay on (see
             "In production" in the guide). The tracer's buffer is then a
-            ring as well (eight segments, the oldest let go whole).
+            ring as well (eight segments, the oldest let go whole), and so
+            are the samples (the newest takes the oldest's place).
         sample_interval: Take a stack sample of every thread running the
             profiled work every this many seconds (SPEC 8.4), each charged
             to the task or thread that was running (``session.samples``).
@@ -310,7 +312,7 @@ class profile:
             # so aprof's own set-up is not traced.
             tracer = TracerRun(
                 recorder if self.scope == "context" else None,
-                tracer_events(self.max_events, self.max_bytes),
+                buffer_limit(self.max_events, self.max_bytes, EVENT_BYTES),
                 self.c_calls,
                 self.instance_ids,
                 keep_latest=self.keep == "latest",
@@ -351,7 +353,12 @@ class profile:
                 raise
             self._tracer = tracer
         if self.sample_interval is not None:
-            sampler = SamplerRun(recorder if self.scope == "context" else None, self.sample_interval, self.max_events or 0)
+            sampler = SamplerRun(
+                recorder if self.scope == "context" else None,
+                self.sample_interval,
+                buffer_limit(self.max_events, self.max_bytes, SAMPLE_BYTES),
+                keep_latest=self.keep == "latest",
+            )
             try:
                 sampler.start()
             except BaseException:

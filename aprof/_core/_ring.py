@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     from ._recorder import ProfilerState
     from ._threads import LogicalThread
 
-__all__ = ["KEEP", "KIND_NAMES", "Budget", "Ring", "check_budget"]
+__all__ = ["KEEP", "KIND_NAMES", "Budget", "Ring", "buffer_limit", "check_budget"]
 
 KEEP: Final = ("first", "latest")
 #: The budget's kinds, in the order of ``Budget.take``'s ``kind`` and of
@@ -139,6 +139,19 @@ def check_budget(max_events: object, max_bytes: object, keep: object) -> None:
         raise ValueError("profile: keep='latest' needs a budget: max_events or max_bytes")
     if type(max_bytes) is int and max_bytes < 1 << 16:
         raise ValueError(f"profile: option 'max_bytes' must be at least 65536 (64 KiB), got {max_bytes!r}")
+
+
+def buffer_limit(max_events: int | None, max_bytes: int | None, record_bytes: int) -> int:
+    """How many records of ``record_bytes`` each a buffer of its own may
+    hold under a profile's budget (the tracer's events, the sampler's
+    samples, the allocation records; 0: no limit): ``max_events`` of them,
+    and no more than ``max_bytes`` of them (apart from the ranges' bytes)."""
+    limits = []
+    if max_events is not None:
+        limits.append(max_events)
+    if max_bytes is not None:
+        limits.append(max(1, max_bytes // record_bytes))
+    return min(limits, default=0)
 
 
 def _seal(lists: dict[LogicalThread, list[Any]]) -> int:

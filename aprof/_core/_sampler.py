@@ -34,11 +34,14 @@ if TYPE_CHECKING:
     from .._post._session import Session
     from ._recorder import Recorder
 
-__all__ = ["WAITS", "SamplerRun", "check_interval"]
+__all__ = ["SAMPLE_BYTES", "WAITS", "SamplerRun", "check_interval"]
 
 #: Where a loop (or a thread pool) waits for work: (file name suffix,
 #: qualified name) of the innermost frame. A sample of a thread outside any
 #: task that waits here is idle, charged to nobody (SPEC 8.4).
+#: Bytes a sample takes in the sampler's buffer (three 64-bit words).
+SAMPLE_BYTES: Final = 24
+
 WAITS: Final = (
     # asyncio's selector loops, in the selector
     ("selectors.py", "EpollSelector.select"),
@@ -103,13 +106,19 @@ class SamplerRun:
         recorder: The profile's recorder (context scope), or None (global).
         interval: Seconds between samples.
         max_samples: Keep at most this many samples (0: unbounded).
+        keep_latest: Past ``max_samples``, each sample takes the oldest's
+            place (a ring) instead of being dropped.
     """
 
-    def __init__(self, recorder: Recorder | None, interval: float, max_samples: int = 0) -> None:
+    def __init__(
+        self, recorder: Recorder | None, interval: float, max_samples: int = 0, keep_latest: bool = False
+    ) -> None:
         impl = implementation()
         self.impl = impl
         self.interval = interval
-        self.sampler = impl.Sampler(RF_STATE, recorder, TRACER_LT, APROF_DIR, interval, WAITS, max_samples)
+        self.sampler = impl.Sampler(
+            RF_STATE, recorder, TRACER_LT, APROF_DIR, interval, WAITS, max_samples, keep_latest=keep_latest
+        )
         self._token: Token[tuple[LogicalThread, int] | None] | None = None
         self._forked = False
         self._taken: tuple[bytes, bytes, list[Any], list[int]] | None = None

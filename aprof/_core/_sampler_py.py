@@ -53,11 +53,14 @@ class Sampler:
         interval: float,
         waits: Sequence[tuple[str, str]],
         max_samples: int = 0,
+        keep_latest: bool = False,
     ) -> None:
         if not 1e-5 <= interval <= 60:
             raise ValueError("Sampler: interval must be between 10 microseconds and 60 seconds")
         if max_samples < 0:
             raise ValueError("Sampler: max_samples must be >= 0")
+        if keep_latest and not max_samples:
+            raise ValueError("Sampler: keep_latest needs max_samples > 0")
         self._rf = rf_state
         self._recorder = recorder
         self._global = recorder is None
@@ -65,6 +68,8 @@ class Sampler:
         self._interval = interval
         self._waits = tuple(waits)
         self._max = max_samples
+        self._ring = bool(keep_latest)
+        self._head = 0  # keep_latest: the oldest sample's slot, once full
         self._buf = array("Q")
         self._nodes = array("I", [0, 0])  # node 0: the empty stack
         self._node_of: dict[tuple[int, int], int] = {}
@@ -146,8 +151,10 @@ class Sampler:
     def take(self) -> tuple[bytes, bytes, list[Any], list[int]]:
         if self._active:
             raise RuntimeError("Sampler.take: stop the sampler first")
-        out = (self._buf.tobytes(), self._nodes.tobytes(), self._objs, list(self._idents))
+        h = 3 * self._head  # a ring's samples, oldest first
+        out = ((self._buf[h:] + self._buf[:h]).tobytes(), self._nodes.tobytes(), self._objs, list(self._idents))
         self._buf = array("Q")
+        self._head = 0
         self._nodes = array("I", [0, 0])
         self._node_of = {}
         self._objs = []
@@ -237,8 +244,13 @@ class Sampler:
         self._append(now, dt, node, lt_word, slot, 0)
 
     def _append(self, now: int, dt: int, node: int, lt: int, slot: int, flags: int) -> None:
-        if self._max and len(self._buf) >= 3 * self._max:
+        buf = self._buf
+        if self._max and len(buf) >= 3 * self._max:
             self._dropped += 1
+            if self._ring:  # the oldest sample's slot takes this one
+                h = 3 * self._head
+                buf[h : h + 3] = array("Q", (now, node | (min(dt, 0xFFFFFFFF) << 32), lt | (slot << 32) | (flags << 48)))
+                self._head = (self._head + 1) % self._max
             return
         self._buf.append(now)
         self._buf.append(node | (min(dt, 0xFFFFFFFF) << 32))

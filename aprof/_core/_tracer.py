@@ -33,7 +33,7 @@ from ._threads import LogicalThread, _thread_lt, current_logical_thread
 if TYPE_CHECKING:
     from ._recorder import ProfilerState, Recorder
 
-__all__ = ["APROF_DIR", "TRACER_LT", "TracerRun", "implementation", "publish_task", "tracer_events"]
+__all__ = ["APROF_DIR", "EVENT_BYTES", "TRACER_LT", "TracerRun", "implementation", "publish_task"]
 
 #: (task's LogicalThread, OS thread ident) in a task's own context, or None.
 TRACER_LT: ContextVar[tuple[LogicalThread, int] | None] = ContextVar("aprof.tracer_lt", default=None)
@@ -73,18 +73,6 @@ _running: list[TracerRun] = []  # at most one
 
 #: Bytes a raw tracer event takes (two 64-bit words).
 EVENT_BYTES: Final = 16
-
-
-def tracer_events(max_events: int | None, max_bytes: int | None) -> int:
-    """How many raw events a profile's budget lets its tracer hold (0: no
-    limit): ``max_events``, and no more than ``max_bytes`` of them (the
-    tracer's buffer is its own, apart from the ranges' bytes)."""
-    limits = []
-    if max_events is not None:
-        limits.append(max_events)
-    if max_bytes is not None:
-        limits.append(max(1, max_bytes // EVENT_BYTES))
-    return min(limits, default=0)
 
 
 def running() -> bool:
