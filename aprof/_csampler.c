@@ -1042,25 +1042,22 @@ Sampler_stop(Sampler *s, PyObject *Py_UNUSED(ignored))
     Py_RETURN_NONE;
 }
 
-/* (samples: bytes of 3 words each, nodes: bytes of 2 uint32 each, objs,
- * thread idents: list of int by slot). Handed over once, after stop. */
+/* (samples oldest first, stack trie nodes, objects, thread idents by
+ * slot): copies, and with `own` the object table itself (take hands it
+ * over; peek copies it). */
 static PyObject *
-Sampler_take(Sampler *s, PyObject *Py_UNUSED(ignored))
+sampler_data(Sampler *s, int own)
 {
-    if (s->active) {
-        PyErr_SetString(PyExc_RuntimeError, "Sampler.take: stop the sampler first");
-        return NULL;
-    }
-    /* a ring's samples, oldest first */
     Py_ssize_t sample = 3 * (Py_ssize_t)sizeof(uint64_t);
     PyObject *data = PyBytes_FromStringAndSize(NULL, s->len * sample);
-    if (data != NULL && s->len) {
+    if (data != NULL && s->len) { /* a ring's oldest sample is at head */
         char *out = PyBytes_AS_STRING(data);
         memcpy(out, (const char *)(s->buf + 3 * s->head), (size_t)((s->len - s->head) * sample));
         memcpy(out + (s->len - s->head) * sample, (const char *)s->buf, (size_t)(s->head * sample));
     }
     PyObject *nodes = PyBytes_FromStringAndSize((const char *)s->nodes, s->nnodes * 2 * (Py_ssize_t)sizeof(uint32_t));
     PyObject *idents = PyList_New(s->nthreads);
+    PyObject *objs = NULL;
     if (data == NULL || nodes == NULL || idents == NULL)
         goto error;
     for (int i = 0; i < s->nthreads; i++) {
@@ -1069,22 +1066,50 @@ Sampler_take(Sampler *s, PyObject *Py_UNUSED(ignored))
             goto error;
         PyList_SET_ITEM(idents, i, id);
     }
-    PyObject *objs = s->objs;
-    if ((s->objs = PyList_New(0)) == NULL) {
+    if (own) {
+        if ((objs = PyList_New(0)) == NULL)
+            goto error;
+        PyObject *held = s->objs;
         s->objs = objs;
-        goto error;
+        objs = held;
     }
-    PyMem_Free(s->buf);
-    s->buf = NULL;
-    s->len = s->cap = s->head = 0;
-    s->nnodes = 1;
-    s_release(s);
+    else if ((objs = PyList_GetSlice(s->objs, 0, PyList_GET_SIZE(s->objs))) == NULL)
+        goto error;
     return Py_BuildValue("(NNNN)", data, nodes, objs, idents);
 error:
     Py_XDECREF(data);
     Py_XDECREF(nodes);
     Py_XDECREF(idents);
     return NULL;
+}
+
+/* The samples so far, handed over once, after stop; the sampler keeps
+ * none (see sampler_data). */
+static PyObject *
+Sampler_take(Sampler *s, PyObject *Py_UNUSED(ignored))
+{
+    if (s->active) {
+        PyErr_SetString(PyExc_RuntimeError, "Sampler.take: stop the sampler first");
+        return NULL;
+    }
+    PyObject *out = sampler_data(s, 1);
+    if (out == NULL)
+        return NULL;
+    PyMem_Free(s->buf);
+    s->buf = NULL;
+    s->len = s->cap = s->head = 0;
+    s->nnodes = 1;
+    s_release(s);
+    return out;
+}
+
+/* A copy of the samples so far, the sampler running on (a flight
+ * recorder's dump). The samples are written with the GIL held, so the copy
+ * is of whole samples. */
+static PyObject *
+Sampler_peek(Sampler *s, PyObject *Py_UNUSED(ignored))
+{
+    return sampler_data(s, 0);
 }
 
 static PyObject *
@@ -1121,6 +1146,7 @@ static PyMethodDef Sampler_methods[] = {
     {"start", (PyCFunction)Sampler_start, METH_NOARGS, "Start sampling (the engine thread starts with the first sampler)."},
     {"stop", (PyCFunction)Sampler_stop, METH_NOARGS, "Stop sampling (the engine thread stops with the last)."},
     {"take", (PyCFunction)Sampler_take, METH_NOARGS, "Hand over (samples, nodes, objs, thread idents)."},
+    {"peek", (PyCFunction)Sampler_peek, METH_NOARGS, "A copy of (samples, nodes, objs, thread idents), running on."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -526,6 +526,9 @@ class Sampler:
             waits: a thread outside any task with one on top is idle.
         max_samples: Keep at most this many samples (0: no limit); later
             ones are counted in :attr:`dropped`.
+        keep_latest: Past ``max_samples`` each sample takes the oldest's
+            slot (a ring; the one it replaces is counted in :attr:`dropped`);
+            :meth:`take` and :meth:`peek` give them oldest first.
 
     Raw format (:meth:`take`): each sample is three unsigned 64-bit words:
     the time (``perf_counter_ns``); the stack node (bits 0-31) and the time
@@ -546,6 +549,7 @@ class Sampler:
         interval: float,
         waits: tuple[tuple[str, str], ...],
         max_samples: int = 0,
+        keep_latest: bool = False,
     ) -> None: ...
     @property
     def count(self) -> int: ...
@@ -563,6 +567,9 @@ class Sampler:
         """Stop sampling (idempotent); the last sampler stops the engine thread."""
     def take(self) -> tuple[bytes, bytes, list[Any], list[int]]:
         """Hand over ``(samples, nodes, objects, thread idents by slot)`` once, after stop."""
+    def peek(self) -> tuple[bytes, bytes, list[Any], list[int]]:
+        """A copy of what :meth:`take` would give, the sampler running on
+        (a flight recorder's dump)."""
 
 def _sampler_after_fork() -> None:
     """In a forked child: reset the engine; the child's samplers sample nothing."""

@@ -385,3 +385,77 @@ def test_untrack_acyclic_takes_off_plain_data_only() -> None:
     assert gc.is_tracked(cycle)
     names["later"] = [holder]  # a dict re-tracks itself when given a tracked value
     assert gc.is_tracked(names)
+
+
+def _burn(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def early_burn() -> None:
+    _burn(0.15)
+
+
+def late_burn() -> None:
+    _burn(0.15)
+
+
+def _stacks(session: aprof.Session) -> list[str]:
+    samples = session.samples
+    assert samples is not None
+    return [" ".join(samples.stack(i)) for i in range(len(samples))]
+
+
+def test_a_sampling_recorders_dump_holds_the_windows_samples_and_sampling_goes_on() -> None:
+    # Issue 19 item 2 with SPEC 8.4: a flight recorder can sample too; a dump
+    # holds the samples of its window (whole, oldest first), and the sampler
+    # runs on after it.
+    with aprof.flight_recorder(window=0.3, sample_interval=0.001, signal=None) as rec:
+        early_burn()
+        time.sleep(0.4)
+        late_burn()
+        first = rec.snapshot()
+        late_burn()
+        second = rec.snapshot(window=10.0)
+    stacks = _stacks(first)
+    assert any("late_burn" in s for s in stacks)
+    assert not any("early_burn" in s for s in stacks)
+    samples = first.samples
+    assert samples is not None
+    assert samples.time_ns == sorted(samples.time_ns)
+    assert first.metadata["samples"]["count"] == len(samples)
+    later = _stacks(second)
+    assert any("early_burn" in s for s in later)
+    assert sum("late_burn" in s for s in later) > sum("late_burn" in s for s in stacks)
+    final = rec.session.samples
+    assert final is not None
+    assert len(final) >= len(later)  # the profile's own samples, at stop
+
+
+def test_on_every_backend_a_dumps_samples_are_charged_to_their_task(backend: Backend, tmp_path: Path) -> None:
+    # Issue 19: what a slow request did, from its dump: the samples of a
+    # task's CPU-bound stretch are on that task's track.
+    async def hot_handler() -> None:
+        with aprof.record_function("hot"):
+            _burn(0.2)
+        await backend.sleep(0)
+
+    async def main() -> Path:
+        async with aprof.flight_recorder(window=5.0, sample_interval=0.001, signal=None) as rec:
+            async with backend.group() as g:
+                g.start_soon(hot_handler)
+            return rec.dump(tmp_path / "d.aprof")
+
+    s = aprof.load(backend.run(main))
+    samples = s.samples
+    assert samples is not None
+    hot_task = {e.thread_id for e in s.events() if e.name == "hot"}
+    assert len(hot_task) == 1
+    charged = {samples.thread_id[i] for i in range(len(samples)) if "hot_handler" in " ".join(samples.stack(i))}
+    assert charged == hot_task
+
+
+def test_a_sampling_recorder_checks_its_interval() -> None:
+    with pytest.raises(ValueError, match="sample_interval"):
+        aprof.flight_recorder(sample_interval=0)

@@ -575,6 +575,25 @@ def test_keep_latest_keeps_the_latest_samples(impl: ModuleType) -> None:
     assert not any("burn_big" in st for st in stacks)
 
 
+def test_a_peek_copies_the_samples_so_far_and_sampling_goes_on(impl: ModuleType) -> None:
+    # Issue 19: a flight recorder's dump reads the samples without stopping
+    # the sampler (Sampler.peek): whole samples, the ones kept at stop.
+    with aprof.profile(sample_interval=INTERVAL) as prof:
+        burn_sampled(burn_big, 0.05, ticks=10)
+        run = prof._sampler
+        assert run is not None
+        data, nodes, objs, idents = run.sampler.peek()
+        burn_sampled(burn_small, 0.05, ticks=10)
+    s = prof.session.samples
+    assert s is not None
+    assert len(data) % 24 == 0
+    n = len(data) // 24
+    assert 0 < n < len(s)
+    assert s.time_ns[:n] == list(memoryview(data).cast("Q")[::3])
+    assert len(nodes) % 8 == 0
+    assert idents
+
+
 def test_a_chrome_trace_still_validates_with_samples(tmp_path: Path) -> None:
     # SPEC 9.1: sampling changes nothing in the Chrome trace's ranges.
     session = _sampled_session()

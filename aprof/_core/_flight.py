@@ -84,6 +84,12 @@ class flight_recorder:
         scope: ``"global"`` (the default: every thread and task in the
             process) or ``"context"`` (this context and what it spawns).
         tasks: Record tasks (their ranges, steps and spawn links).
+        sample_interval: Also take a stack sample of every running thread
+            every this many seconds (SPEC 8.4), each charged to the task or
+            thread that ran: a dump then says where the slow request spent
+            its time, not only that it was slow. The samples are a ring of
+            their own (24 bytes each, at most ``max_bytes / 24``); a dump
+            holds those of its window. ``None`` (the default): no sampling.
         loop_block_threshold: Record what held the event loop longer than
             this many seconds (SPEC 7.5; the blocks are found when the
             recorder stops, so dumps do not hold them).
@@ -117,6 +123,7 @@ class flight_recorder:
         max_bytes: int = 50_000_000,
         scope: Literal["context", "global"] = "global",
         tasks: bool = True,
+        sample_interval: float | None = None,
         loop_block_threshold: float | None = None,
         signal: int | None = _signal.SIGUSR2 if hasattr(_signal, "SIGUSR2") else None,
         dump_dir: str | PathLike[str] | None = None,
@@ -154,7 +161,12 @@ class flight_recorder:
         self.max_dumps_per_minute = max_dumps_per_minute
         # The options are checked here, by profile().
         self.profile = profile(
-            scope=scope, tasks=tasks, loop_block_threshold=loop_block_threshold, max_bytes=max_bytes, keep="latest"
+            scope=scope,
+            tasks=tasks,
+            sample_interval=sample_interval,
+            loop_block_threshold=loop_block_threshold,
+            max_bytes=max_bytes,
+            keep="latest",
         )
         #: Files written by dumps, oldest first (the last 100).
         self.dumps: deque[Path] = deque(maxlen=100)
@@ -411,4 +423,8 @@ class flight_recorder:
                 "trigger": trigger or {"reason": "dump"},
             },
         }
-        return Session(table if keep is None else table.take(keep), tracks, metadata)
+        session = Session(table if keep is None else table.take(keep), tracks, metadata)
+        sampler = prof._sampler
+        if sampler is not None:
+            sampler.attach_window(session, state.node_id, since)
+        return session

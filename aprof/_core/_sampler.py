@@ -169,6 +169,19 @@ class SamplerRun:
         attach_samples(session, taken, self.interval, int(self.sampler.dropped), int(self.sampler.idle), node_id)
 
 
+    def attach_window(self, session: Session, node_id: int, since_ns: int) -> None:
+        """Give ``session`` a copy of the samples taken since ``since_ns``,
+        sampling on (a flight recorder's dump)."""
+        from .._post._samples import attach_samples  # post-processing reads, never writes back
+
+        if self._forked or not self.sampler.active:
+            return
+        taken = self.sampler.peek()
+        attach_samples(
+            session, taken, self.interval, int(self.sampler.dropped), int(self.sampler.idle), node_id, since_ns=since_ns
+        )
+
+
 def _stop_all() -> None:
     """Stop every sampler: at interpreter exit (before the interpreter tears
     down what a sampling thread reads) and in a forked child."""

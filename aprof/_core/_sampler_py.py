@@ -148,11 +148,19 @@ class Sampler:
             t.join()
         self._thread = None
 
+    def _data(self, objs: list[Any]) -> tuple[bytes, bytes, list[Any], list[int]]:
+        h = 3 * self._head  # a ring's samples, oldest first
+        return (self._buf[h:] + self._buf[:h]).tobytes(), self._nodes.tobytes(), objs, list(self._idents)
+
+    def peek(self) -> tuple[bytes, bytes, list[Any], list[int]]:
+        # The sampling thread appends a sample's three words between two
+        # bytecodes of its own: copied at once (one C call each), whole.
+        return self._data(list(self._objs))
+
     def take(self) -> tuple[bytes, bytes, list[Any], list[int]]:
         if self._active:
             raise RuntimeError("Sampler.take: stop the sampler first")
-        h = 3 * self._head  # a ring's samples, oldest first
-        out = ((self._buf[h:] + self._buf[:h]).tobytes(), self._nodes.tobytes(), self._objs, list(self._idents))
+        out = self._data(self._objs)
         self._buf = array("Q")
         self._head = 0
         self._nodes = array("I", [0, 0])
@@ -245,16 +253,17 @@ class Sampler:
 
     def _append(self, now: int, dt: int, node: int, lt: int, slot: int, flags: int) -> None:
         buf = self._buf
+        # One C call writes the sample's three words: a peek from another
+        # thread sees whole samples.
+        sample = array("Q", (now, node | (min(dt, 0xFFFFFFFF) << 32), lt | (slot << 32) | (flags << 48)))
         if self._max and len(buf) >= 3 * self._max:
             self._dropped += 1
             if self._ring:  # the oldest sample's slot takes this one
                 h = 3 * self._head
-                buf[h : h + 3] = array("Q", (now, node | (min(dt, 0xFFFFFFFF) << 32), lt | (slot << 32) | (flags << 48)))
+                buf[h : h + 3] = sample
                 self._head = (self._head + 1) % self._max
             return
-        self._buf.append(now)
-        self._buf.append(node | (min(dt, 0xFFFFFFFF) << 32))
-        self._buf.append(lt | (slot << 32) | (flags << 48))
+        buf.extend(sample)
 
 
 def _coroutine_of(lt: object) -> Any:

@@ -199,9 +199,16 @@ def _thread_track(session: Session, ident: int, node_id: int, made: dict[int, Tr
 
 
 def attach_samples(
-    session: Session, taken: tuple[bytes, bytes, list[Any], list[int]], interval: float, dropped: int, idle: int, node_id: int
+    session: Session,
+    taken: tuple[bytes, bytes, list[Any], list[int]],
+    interval: float,
+    dropped: int,
+    idle: int,
+    node_id: int,
+    since_ns: int = 0,
 ) -> None:
-    """Store a sampler's raw samples in ``session.samples`` (see the module's docstring)."""
+    """Store a sampler's raw samples in ``session.samples`` (see the
+    module's docstring): those taken at ``since_ns`` or later."""
     data, nodes_raw, objs, idents = taken
     words = memoryview(data).cast("Q")
     nodes = memoryview(nodes_raw).cast("I")
@@ -223,6 +230,8 @@ def attach_samples(
     time_ns, weight_ns, thread_id, node_col, idle_col = [], [], [], [], []
     for j in range(0, len(words), 3):
         t, w1, w2 = words[j], words[j + 1], words[j + 2]
+        if t < since_ns:
+            continue
         lt_word = w2 & 0xFFFFFFFF
         tid = track_of.get(lt_word)
         if tid is None:
@@ -240,6 +249,8 @@ def attach_samples(
         node_col.append(w1 & 0xFFFFFFFF)
         thread_id.append(tid)
         idle_col.append((w2 >> 48) & SAMPLE_IDLE)
+    if since_ns:  # a window's idle samples, not the whole run's
+        idle = sum(1 for v in idle_col if v)
     session.samples = Samples(
         frames, parents, frame_ids, time_ns, weight_ns, thread_id, node_col, idle_col, int(interval * 1e9), dropped
     )
