@@ -35,7 +35,18 @@
 
 /* Set by _tasks_setup(). */
 static PyTypeObject *task_thread_type; /* aprof._integrations._tasks.TaskThread (exact type) */
-static Py_ssize_t off_steps = -1, off_state = -1; /* its `steps` and `_state` slots */
+/* The TaskThread slots the C paths read and write: the steps (every step),
+ * a task's record at its end, its fields at its creation. Their offsets,
+ * found by name in _tasks_setup (all or none). */
+enum {
+    TT_ID, TT_NAME, TT_KIND, TT_OS_TID, TT_CORO, TT_SPAWN_NS, TT_SEQ, TT_FWD, TT_WAITS, TT_SITE, TT_MORE, TT_RECORDS,
+    TT_IDX, TT_TASK_REF, TT_STEPS, TT_READY, TT_STATE, TT_COUNT
+};
+static const char *const tt_slots[TT_COUNT] = {"id",         "name",     "kind",      "os_thread_id", "coro_name",
+                                               "spawn_ns",   "seq",      "fwd",       "waits",        "spawn_site",
+                                               "_more",      "_records", "_idx",      "_task_ref",    "steps",
+                                               "ready_ns",   "_state"};
+static Py_ssize_t off_tt[TT_COUNT];
 static PyObject *str_task_attr;        /* "_aprof_logical_thread" */
 static PyObject *c_task_type;          /* asyncio.Task (the C one) */
 static PyObject *py_task_type;         /* asyncio.tasks._PyTask, or None */
@@ -336,8 +347,8 @@ recorded(PyObject *task, int *has_lt)
         return NULL;
     *has_lt = 1;
     if (Py_IS_TYPE(lt, task_thread_type)) {
-        PyObject *state = slot_at(lt, off_state);
-        if (state != NULL && state != Py_None && slot_at(lt, off_steps) != NULL)
+        PyObject *state = slot_at(lt, off_tt[TT_STATE]);
+        if (state != NULL && state != Py_None && slot_at(lt, off_tt[TT_STEPS]) != NULL)
             return lt;
     }
     Py_DECREF(lt);
@@ -360,9 +371,9 @@ typedef struct {
 static PyTypeObject StepCallType;
 static Py_ssize_t member_offset(PyObject *cls, const char *name);
 
-/* The offsets of TaskThread's slots `names` into `out` (all or none). */
+/* The offsets of class `cls`'s slots `names` into `out` (all or none). */
 static int
-member_offsets(const char *const *names, int n, Py_ssize_t *out)
+member_offsets(PyObject *cls, const char *const *names, int n, Py_ssize_t *out)
 {
     Py_ssize_t tmp[32];
     if (n > 32) {
@@ -370,7 +381,7 @@ member_offsets(const char *const *names, int n, Py_ssize_t *out)
         return -1;
     }
     for (int i = 0; i < n; i++)
-        if ((tmp[i] = member_offset((PyObject *)task_thread_type, names[i])) < 0)
+        if ((tmp[i] = member_offset(cls, names[i])) < 0)
             return -1;
     memcpy(out, tmp, (size_t)n * sizeof *out);
     return 0;
@@ -394,15 +405,6 @@ task_done(PyObject *task)
 /* twins), for the common case: a C Task recorded by one profile             */
 /* ------------------------------------------------------------------------ */
 
-/* TaskThread's slots the record is made of (offsets, -1: not set up). */
-enum {
-    F_ID, F_NAME, F_KIND, F_OS_TID, F_CORO, F_SPAWN_NS, F_SEQ, F_FWD, F_WAITS, F_SITE, F_MORE, F_RECORDS, F_IDX,
-    F_TASK_REF, F_COUNT
-};
-static const char *const finish_slots[F_COUNT] = {"id", "name", "kind", "os_thread_id", "coro_name", "spawn_ns", "seq",
-                                            "fwd", "waits", "spawn_site", "_more", "_records", "_idx",
-                                            "_task_ref"};
-static Py_ssize_t off_f[F_COUNT];
 static int finish_ready = 0;
 static PyObject *steps_array_type, *steps_typecode, *no_records, *discard_steps;
 static PyObject *c_task_get_name, *c_task_cancelled;
@@ -440,18 +442,18 @@ static int
 finish_in_c(PyObject *tt, PyObject *task)
 {
     uint64_t end = now_ns();
-    PyObject *state = slot_at(tt, off_state);
+    PyObject *state = slot_at(tt, off_tt[TT_STATE]);
     if (state == NULL || state == Py_None)
         return 1; /* no profile records it any more */
-    for (int i = 0; i < F_COUNT; i++)
-        if (slot_at(tt, off_f[i]) == NULL)
+    for (int i = TT_ID; i <= TT_TASK_REF; i++) /* the record's slots, all set */
+        if (slot_at(tt, off_tt[i]) == NULL)
             return 0;
-    PyObject *steps = slot_at(tt, off_steps);
-    PyObject *records = slot_at(tt, off_f[F_RECORDS]);
-    if (steps == NULL || !Py_IS_TYPE(steps, &StepLogType) || slot_at(tt, off_f[F_MORE]) != Py_None ||
-        !PyList_CheckExact(records) || !PyLong_CheckExact(slot_at(tt, off_f[F_IDX])))
+    PyObject *steps = slot_at(tt, off_tt[TT_STEPS]);
+    PyObject *records = slot_at(tt, off_tt[TT_RECORDS]);
+    if (steps == NULL || !Py_IS_TYPE(steps, &StepLogType) || slot_at(tt, off_tt[TT_MORE]) != Py_None ||
+        !PyList_CheckExact(records) || !PyLong_CheckExact(slot_at(tt, off_tt[TT_IDX])))
         return 0;
-    PyObject *waits = slot_at(tt, off_f[F_WAITS]);
+    PyObject *waits = slot_at(tt, off_tt[TT_WAITS]);
     PyObject *name = finish_name(task), *outcome = NULL, *exc_name = NULL, *runs = NULL, *exact = NULL, *rec = NULL;
     PyObject *cancelled = PyObject_Vectorcall(c_task_cancelled, &task, 1, NULL);
     if (cancelled == NULL)
@@ -497,16 +499,16 @@ finish_in_c(PyObject *tt, PyObject *task)
     PyObject *end_o = PyLong_FromUnsignedLongLong(end);
     if (end_o == NULL)
         goto error;
-    rec = PyTuple_Pack(14, slot_at(tt, off_f[F_ID]), name, slot_at(tt, off_f[F_KIND]), slot_at(tt, off_f[F_OS_TID]),
-                       slot_at(tt, off_f[F_CORO]), slot_at(tt, off_f[F_SPAWN_NS]), slot_at(tt, off_f[F_SEQ]),
-                       slot_at(tt, off_f[F_FWD]), end_o, outcome, exc_name, exact, runs != NULL ? runs : Py_None,
-                       slot_at(tt, off_f[F_SITE]));
+    rec = PyTuple_Pack(14, slot_at(tt, off_tt[TT_ID]), name, slot_at(tt, off_tt[TT_KIND]), slot_at(tt, off_tt[TT_OS_TID]),
+                       slot_at(tt, off_tt[TT_CORO]), slot_at(tt, off_tt[TT_SPAWN_NS]), slot_at(tt, off_tt[TT_SEQ]),
+                       slot_at(tt, off_tt[TT_FWD]), end_o, outcome, exc_name, exact, runs != NULL ? runs : Py_None,
+                       slot_at(tt, off_tt[TT_SITE]));
     Py_DECREF(end_o);
     if (rec == NULL)
         goto error;
     /* Nothing fails from here. _put: after stop nobody reads the list, and
      * a bounded profile empties the list of a generation it lets go. */
-    Py_ssize_t idx = PyLong_AsSsize_t(slot_at(tt, off_f[F_IDX]));
+    Py_ssize_t idx = PyLong_AsSsize_t(slot_at(tt, off_tt[TT_IDX]));
     if (idx >= 0 && idx < PyList_GET_SIZE(records) && PyList_GET_ITEM(records, idx) == tt) {
         PyObject *old = PyList_GET_ITEM(records, idx);
         PyList_SET_ITEM(records, idx, Py_NewRef(rec));
@@ -514,12 +516,12 @@ finish_in_c(PyObject *tt, PyObject *task)
     }
     if (idx == -1 && PyErr_Occurred())
         PyErr_Clear(); /* an idx out of Py_ssize_t's range: nothing put */
-    set_slot(tt, off_f[F_NAME], name);
-    set_slot(tt, off_state, Py_None);
-    set_slot(tt, off_f[F_RECORDS], no_records);
-    set_slot(tt, off_steps, discard_steps);
-    set_slot(tt, off_f[F_WAITS], Py_None);
-    set_slot(tt, off_f[F_TASK_REF], Py_None); /* named for good */
+    set_slot(tt, off_tt[TT_NAME], name);
+    set_slot(tt, off_tt[TT_STATE], Py_None);
+    set_slot(tt, off_tt[TT_RECORDS], no_records);
+    set_slot(tt, off_tt[TT_STEPS], discard_steps);
+    set_slot(tt, off_tt[TT_WAITS], Py_None);
+    set_slot(tt, off_tt[TT_TASK_REF], Py_None); /* named for good */
     Py_DECREF(name);
     Py_DECREF(cancelled);
     Py_DECREF(outcome);
@@ -576,8 +578,6 @@ task_finish_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                         "or _task_finish_setup(None)");
         return NULL;
     }
-    if (member_offsets(finish_slots, F_COUNT, off_f) < 0)
-        return NULL;
     Py_XSETREF(c_task_get_name, PyObject_GetAttrString(c_task_type, "get_name"));
     Py_XSETREF(c_task_cancelled, PyObject_GetAttrString(c_task_type, "cancelled"));
     if (c_task_get_name == NULL || c_task_cancelled == NULL)
@@ -609,7 +609,7 @@ static PyObject *
 StepCall_vectorcall(StepCall *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     PyObject *tt = self->tt;
-    PyObject *steps = slot_at(tt, off_steps);
+    PyObject *steps = slot_at(tt, off_tt[TT_STEPS]);
     if (steps == NULL)
         return PyObject_Vectorcall(self->cb, args, nargsf, kwnames);
     Py_INCREF(steps);
@@ -844,14 +844,6 @@ hook_call_own(CallSoonHook *self, PyObject *const *args, size_t nargsf, PyObject
 /* task's step, recorded by one profile                                      */
 /* ------------------------------------------------------------------------ */
 
-enum {
-    C_TASK_REF, C_ID, C_KIND, C_NAME, C_OS_TID, C_CORO, C_FWD, C_SEQ, C_STEPS, C_WAITS, C_READY, C_SITE, C_MORE,
-    C_STATE, C_RECORDS, C_IDX, C_SPAWN_NS, C_COUNT
-};
-static const char *const create_slots[C_COUNT] = {"_task_ref", "id", "kind", "name", "os_thread_id", "coro_name", "fwd",
-                                            "seq", "steps", "waits", "ready_ns", "spawn_site", "_more", "_state",
-                                            "_records", "_idx", "spawn_ns"};
-static Py_ssize_t off_c[C_COUNT];
 static int create_ready = 0;
 static PyObject *cr_states_in, *cr_ids, *cr_seqs, *cr_state_type, *cr_user_site, *cr_site_cache, *cr_is_library,
     *cr_coro_qualname, *cr_budget_task;
@@ -960,24 +952,24 @@ create_in_c(PyObject *task, PyObject *ctx)
         Py_CLEAR(tt);
         goto error;
     }
-    PyObject *sp_os = slot_at(spawner, off_c[C_OS_TID]);
+    PyObject *sp_os = slot_at(spawner, off_tt[TT_OS_TID]);
     PyObject *os_tid = sp_os != NULL && PyObject_RichCompareBool(sp_os, ident, Py_EQ) == 1 ? sp_os : ident;
     PyErr_Clear();
     PyObject *zero = PyLong_FromLong(0);
-    set_slot(tt, off_c[C_ID], id);
-    set_slot(tt, off_c[C_KIND], str_asyncio);
-    set_slot(tt, off_c[C_NAME], name);
-    set_slot(tt, off_c[C_OS_TID], os_tid);
-    set_slot(tt, off_c[C_TASK_REF], ref);
-    set_slot(tt, off_c[C_CORO], coro_name);
-    set_slot(tt, off_c[C_FWD], slot_at(spawner, off_c[C_ID]) != NULL ? slot_at(spawner, off_c[C_ID]) : Py_None);
-    set_slot(tt, off_c[C_SEQ], seq);
-    set_slot(tt, off_c[C_STEPS], steps);
-    set_slot(tt, off_c[C_WAITS], Py_None);
-    set_slot(tt, off_c[C_READY], zero != NULL ? zero : Py_None);
-    set_slot(tt, off_c[C_SITE], site);
-    set_slot(tt, off_c[C_MORE], Py_None);
-    set_slot(tt, off_c[C_SPAWN_NS], spawn_ns);
+    set_slot(tt, off_tt[TT_ID], id);
+    set_slot(tt, off_tt[TT_KIND], str_asyncio);
+    set_slot(tt, off_tt[TT_NAME], name);
+    set_slot(tt, off_tt[TT_OS_TID], os_tid);
+    set_slot(tt, off_tt[TT_TASK_REF], ref);
+    set_slot(tt, off_tt[TT_CORO], coro_name);
+    set_slot(tt, off_tt[TT_FWD], slot_at(spawner, off_tt[TT_ID]) != NULL ? slot_at(spawner, off_tt[TT_ID]) : Py_None);
+    set_slot(tt, off_tt[TT_SEQ], seq);
+    set_slot(tt, off_tt[TT_STEPS], steps);
+    set_slot(tt, off_tt[TT_WAITS], Py_None);
+    set_slot(tt, off_tt[TT_READY], zero != NULL ? zero : Py_None);
+    set_slot(tt, off_tt[TT_SITE], site);
+    set_slot(tt, off_tt[TT_MORE], Py_None);
+    set_slot(tt, off_tt[TT_SPAWN_NS], spawn_ns);
     if (admitted) {
         /* another thread may append at the same moment: find our slot from
          * the end (nothing is ever removed, so it stays put) */
@@ -985,15 +977,15 @@ create_in_c(PyObject *task, PyObject *ctx)
         while (i > 0 && PyList_GET_ITEM(records, i) != tt)
             i--;
         PyObject *idx = PyLong_FromSsize_t(i);
-        set_slot(tt, off_c[C_STATE], states);
-        set_slot(tt, off_c[C_RECORDS], records);
-        set_slot(tt, off_c[C_IDX], idx != NULL ? idx : zero);
+        set_slot(tt, off_tt[TT_STATE], states);
+        set_slot(tt, off_tt[TT_RECORDS], records);
+        set_slot(tt, off_tt[TT_IDX], idx != NULL ? idx : zero);
         Py_XDECREF(idx);
     }
     else {
-        set_slot(tt, off_c[C_STATE], Py_None);
-        set_slot(tt, off_c[C_RECORDS], no_records);
-        set_slot(tt, off_c[C_IDX], zero != NULL ? zero : Py_None);
+        set_slot(tt, off_tt[TT_STATE], Py_None);
+        set_slot(tt, off_tt[TT_RECORDS], no_records);
+        set_slot(tt, off_tt[TT_IDX], zero != NULL ? zero : Py_None);
     }
     Py_XDECREF(zero);
     Py_DECREF(id);
@@ -1038,8 +1030,6 @@ task_create_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                         "coro_qualname, budget_task) after _task_finish_setup, or _task_create_setup(None)");
         return NULL;
     }
-    if (member_offsets(create_slots, C_COUNT, off_c) < 0)
-        return NULL;
     Py_XSETREF(c_task_get_coro, PyObject_GetAttr(c_task_type, str_get_coro));
     if (c_task_get_coro == NULL)
         return NULL;
@@ -1411,7 +1401,7 @@ eager_swap_in(PyObject *task, PyObject *prev)
     aprof_stepping_lt = tt != NULL ? Py_NewRef(tt) : NULL;
     aprof_stepping_ctx = NULL;
     if (tt != NULL) {
-        PyObject *steps = slot_at(tt, off_steps);
+        PyObject *steps = slot_at(tt, off_tt[TT_STEPS]);
         if (steps != NULL && steps_push(steps, now_ns()) < 0)
             report_unraisable("eager step start");
     }
@@ -1427,7 +1417,7 @@ eager_swap_back(void)
     aprof_stepping_ctx = f.saved_ctx;
     Py_XDECREF(mine);
     if (f.tt != NULL) {
-        PyObject *steps = slot_at(f.tt, off_steps);
+        PyObject *steps = slot_at(f.tt, off_tt[TT_STEPS]);
         if (steps != NULL && steps_push(steps, end) < 0)
             report_unraisable("eager step end");
         PyObject *done = task_done(f.task);
@@ -1655,11 +1645,8 @@ tasks_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     unsigned long long wait_ns = PyLong_AsUnsignedLongLong(args[12]);
     if (wait_ns == (unsigned long long)-1 && PyErr_Occurred())
         return NULL;
-    Py_ssize_t steps = member_offset(args[0], "steps"), state = member_offset(args[0], "_state");
-    if (steps < 0 || state < 0)
+    if (member_offsets(args[0], tt_slots, TT_COUNT, off_tt) < 0)
         return NULL;
-    off_steps = steps;
-    off_state = state;
     Py_XSETREF(task_thread_type, (PyTypeObject *)Py_NewRef(args[0]));
     Py_XSETREF(str_task_attr, Py_NewRef(args[1]));
     Py_XSETREF(c_task_type, Py_NewRef(args[2]));
