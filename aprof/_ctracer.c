@@ -2130,12 +2130,6 @@ Tracer_init(Tracer *t, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_ValueError, "Tracer: max_events must be >= 0");
         return -1;
     }
-    Py_XSETREF(t->rf_var, Py_NewRef(rf_var));
-    Py_XSETREF(t->recorder, Py_NewRef(recorder));
-    Py_XSETREF(t->lt_var, Py_NewRef(lt_var));
-    Py_XSETREF(t->thread_lt, Py_NewRef(thread_lt));
-    Py_XSETREF(t->ignore_prefix, Py_NewRef(prefix));
-    t->global = recorder == Py_None;
     if (keep_latest && max_events == 0) {
         PyErr_SetString(PyExc_ValueError, "Tracer: keep_latest needs max_events > 0");
         return -1;
@@ -2144,6 +2138,12 @@ Tracer_init(Tracer *t, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_RuntimeError, "Tracer: cannot be initialised again once started");
         return -1;
     }
+    Py_XSETREF(t->rf_var, Py_NewRef(rf_var));
+    Py_XSETREF(t->recorder, Py_NewRef(recorder));
+    Py_XSETREF(t->lt_var, Py_NewRef(lt_var));
+    Py_XSETREF(t->thread_lt, Py_NewRef(thread_lt));
+    Py_XSETREF(t->ignore_prefix, Py_NewRef(prefix));
+    t->global = recorder == Py_None;
     t->max_events = max_events;
     t->ring = keep_latest;
     /* A segment an eighth of the budget, less the one event a push may

@@ -1283,6 +1283,11 @@ def test_a_rings_buffer_holds_at_most_its_budget_and_counts_exactly(impl: Module
     assert words[1] & 15 == EV_SWITCH  # a segment reads on its own: TIME, SWITCH, ...
 
 
+def test_a_ring_needs_a_budget(impl: ModuleType) -> None:
+    with pytest.raises(ValueError, match="keep_latest needs max_events > 0"):
+        _bare_tracer(impl, 0, keep_latest=True)
+
+
 def _ping_pong(rounds: int) -> None:
     """The main thread and a worker call alternately, each ``rounds`` times."""
     turn = [threading.Event(), threading.Event()]
