@@ -695,6 +695,66 @@ memory_start(PyObject *Py_UNUSED(module), PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* The records, oldest first (a ring that went round starts at the next
+ * slot to be overwritten), as bytes; NULL on error. */
+static PyObject *
+records_bytes(void)
+{
+    size_t kept = M.latest && M.n > M.max ? M.max : M.n;
+    size_t head = M.latest && M.n > M.max ? M.n % M.max : 0;
+    PyObject *recs = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(kept * sizeof(MemRec)));
+    if (recs != NULL && kept) {
+        char *out = PyBytes_AS_STRING(recs);
+        memcpy(out, M.recs + head, (kept - head) * sizeof(MemRec));
+        memcpy(out + (kept - head) * sizeof(MemRec), M.recs, head * sizeof(MemRec));
+    }
+    return recs;
+}
+
+/* The OS threads seen outside any task, as a list of idents; NULL on error. */
+static PyObject *
+idents_list(void)
+{
+    PyObject *idents = PyList_New((Py_ssize_t)M.nidents);
+    if (idents == NULL)
+        return NULL;
+    for (size_t i = 0; i < M.nidents; i++) {
+        PyObject *x = PyLong_FromUnsignedLong(M.idents[i]);
+        if (x == NULL) {
+            Py_DECREF(idents);
+            return NULL;
+        }
+        PyList_SET_ITEM(idents, (Py_ssize_t)i, x);
+    }
+    return idents;
+}
+
+/* _memory_peek() -> what _memory_stop() would return, recording on (a
+ * flight recorder's dump): copies, made with the hooks' own allocations
+ * passing unrecorded (busy), so the records copied are those of before the
+ * call. Frees are still watched meanwhile. */
+static PyObject *
+memory_peek(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
+{
+    if (!M.recording) {
+        PyErr_SetString(PyExc_RuntimeError, "_memory_peek: no memory profile is running");
+        return NULL;
+    }
+    int was_busy = M.busy;
+    M.busy = 1;
+    PyObject *recs = records_bytes();
+    PyObject *idents = recs != NULL ? idents_list() : NULL;
+    PyObject *lts = idents == NULL ? NULL : M.lts != NULL ? PyDict_Copy(M.lts) : PyDict_New();
+    M.busy = was_busy;
+    if (lts == NULL) {
+        Py_XDECREF(recs);
+        Py_XDECREF(idents);
+        return NULL;
+    }
+    return Py_BuildValue("(NNNKKK)", recs, idents, lts, (unsigned long long)M.other_bytes,
+                         (unsigned long long)M.other_count, (unsigned long long)M.dropped);
+}
+
 /* _memory_stop() -> (records bytes, thread idents, {id: LogicalThread},
  * other_bytes, other_count, dropped). Restores the allocators when aprof's
  * hooks are still on top; otherwise they stay underneath, passing through. */
@@ -719,27 +779,8 @@ memory_stop(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
     M.keys = NULL;
     M.vals = NULL;
     M.mask = M.used = 0;
-    /* Oldest first: a ring that went round starts at the next slot to be
-     * overwritten. */
-    size_t kept = M.latest && M.n > M.max ? M.max : M.n;
-    size_t head = M.latest && M.n > M.max ? M.n % M.max : 0;
-    PyObject *recs = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(kept * sizeof(MemRec)));
-    if (recs != NULL && kept) {
-        char *out = PyBytes_AS_STRING(recs);
-        memcpy(out, M.recs + head, (kept - head) * sizeof(MemRec));
-        memcpy(out + (kept - head) * sizeof(MemRec), M.recs, head * sizeof(MemRec));
-    }
-    PyObject *idents = PyList_New((Py_ssize_t)M.nidents);
-    if (idents != NULL) {
-        for (size_t i = 0; i < M.nidents; i++) {
-            PyObject *x = PyLong_FromUnsignedLong(M.idents[i]);
-            if (x == NULL) {
-                Py_CLEAR(idents);
-                break;
-            }
-            PyList_SET_ITEM(idents, (Py_ssize_t)i, x);
-        }
-    }
+    PyObject *recs = records_bytes();
+    PyObject *idents = idents_list();
     PyObject *lts = M.lts;
     M.lts = NULL;
     m_clear_records();
@@ -965,6 +1006,7 @@ done:
 static PyMethodDef memory_methods[] = {
     {"_memory_start", memory_start, METH_VARARGS, "Start tracking allocations (profile_memory)."},
     {"_memory_stop", memory_stop, METH_NOARGS, "Stop tracking allocations; return the records."},
+    {"_memory_peek", memory_peek, METH_NOARGS, "A copy of what _memory_stop returns, tracking on."},
     {"charge_allocations", (PyCFunction)(void (*)(void))charge_allocations, METH_FASTCALL,
      "charge_allocations(track, kind, start, end, track_ids, skip, alloc_tid, alloc_time) -> bytes (int32 rows)."},
     {"_memory_hooked", memory_hooked, METH_NOARGS, "(installed, on top): the state of aprof's allocator hooks."},

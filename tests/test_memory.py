@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
@@ -866,3 +867,58 @@ def test_merge_of_files_keeps_memory_of_threads_without_events(tmp_path: Path) -
     again = aprof.merge([aprof.load(tmp_path / "m.aprof")])
     assert again.memory is not None
     assert again.memory.nodes == m.nodes
+
+
+def test_a_flight_recorders_dump_charges_its_windows_allocations(backend: Backend, tmp_path: Path) -> None:
+    # Issue 19 with issue 21: a flight recorder can track memory; a dump
+    # holds the allocations of its window, charged to their ranges and
+    # tasks, and tracking goes on.
+    keep: list[bytes] = []
+
+    async def worker(i: int) -> None:
+        with aprof.record_function(f"alloc{i}"):
+            for _ in range(COUNT):
+                keep.append(bytes(CHUNK))
+                await backend.checkpoint()
+
+    async def main() -> tuple[Path, aprof.Session]:
+        async with aprof.flight_recorder(profile_memory=True, memory_interval=0, signal=None) as rec:
+            async with backend.group() as g:
+                for i in range(3):
+                    g.start_soon(worker, i)
+            path = rec.dump(tmp_path / "d.aprof")
+            keep.append(bytes(CHUNK))  # after the dump: in the recorder's own session only
+        return path, rec.session
+
+    path, whole = backend.run(main)
+    s = aprof.load(path)
+    m = s.memory
+    assert m is not None
+    assert m.exact
+    for i in range(3):
+        (ev,) = [e for e in s.events() if e.name == f"alloc{i}"]
+        assert ev.memory is not None
+        assert CHUNK * COUNT <= ev.memory.allocated <= CHUNK * COUNT * 1.05  # and each await's short-lived objects
+        assert CHUNK * COUNT <= ev.memory.net <= CHUNK * COUNT + SLACK
+    assert whole.memory is not None
+    assert len(whole.memory.time) > len(m.time)  # tracked on after the dump
+
+
+def test_a_dumps_window_leaves_out_older_allocations() -> None:
+    keep: list[bytes] = []
+    with aprof.flight_recorder(window=0.2, profile_memory=True, memory_interval=0, signal=None) as rec:
+        with aprof.record_function("old"):
+            keep.append(bytes(CHUNK))
+        time.sleep(0.3)
+        with aprof.record_function("new"):
+            keep.append(bytes(CHUNK))
+        snap = rec.snapshot()
+    m = snap.memory
+    assert m is not None
+    since = snap.metadata["flight_recorder"]["since_ns"]
+    assert len(m.time) > 0
+    assert min(m.time) >= since
+    (new,) = [e for e in snap.events() if e.name == "new"]
+    assert new.memory is not None
+    assert CHUNK <= new.memory.net <= CHUNK + SLACK
+    assert not [e for e in snap.events() if e.name == "old"]

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 from . import _native
 from ._callbacks import AprofWarning
+from ._memory import DEFAULT_INTERVAL
 from ._profiler import profile
 from ._recorder import FLAG_UNFINISHED
 
@@ -90,6 +91,13 @@ class flight_recorder:
             its time, not only that it was slow. The samples are a ring of
             their own (24 bytes each, at most ``max_bytes / 24``); a dump
             holds those of its window. ``None`` (the default): no sampling.
+        profile_memory: Also track allocations (issue 21), each charged to
+            the task and the innermost range that made it; a dump holds the
+            allocations of its window, so a request that allocated too much
+            shows it. The records are a ring of their own (48 bytes each,
+            at most ``max_bytes / 48``). Needs the C extension.
+        memory_interval: With ``profile_memory``, sample an allocation
+            every this many bytes on average (as ``profile()``).
         loop_block_threshold: Record what held the event loop longer than
             this many seconds (SPEC 7.5; the blocks are found when the
             recorder stops, so dumps do not hold them).
@@ -124,6 +132,8 @@ class flight_recorder:
         scope: Literal["context", "global"] = "global",
         tasks: bool = True,
         sample_interval: float | None = None,
+        profile_memory: bool = False,
+        memory_interval: int = DEFAULT_INTERVAL,
         loop_block_threshold: float | None = None,
         signal: int | None = _signal.SIGUSR2 if hasattr(_signal, "SIGUSR2") else None,
         dump_dir: str | PathLike[str] | None = None,
@@ -164,6 +174,8 @@ class flight_recorder:
             scope=scope,
             tasks=tasks,
             sample_interval=sample_interval,
+            profile_memory=profile_memory,
+            memory_interval=memory_interval,
             loop_block_threshold=loop_block_threshold,
             max_bytes=max_bytes,
             keep="latest",
@@ -427,4 +439,7 @@ class flight_recorder:
         sampler = prof._sampler
         if sampler is not None:
             sampler.attach_window(session, state.node_id, since)
+        memory = prof._memory
+        if memory is not None:
+            memory.attach_window(session, since)
         return session

@@ -151,6 +151,18 @@ class MemoryRun:
             self._taken = None  # after: a stop interrupted here (Ctrl-C) attaches again
 
 
+    def attach_window(self, session: Session, since_ns: int) -> None:
+        """Give ``session`` the allocations made since ``since_ns``, tracking
+        on (a flight recorder's dump)."""
+        from .._post._memory import attach_memory  # post-processing reads, never writes back
+
+        if not self._started:
+            return
+        ext = _native.extension
+        assert ext is not None
+        attach_memory(session, ext._memory_peek(), self.interval, since_ns=since_ns)
+
+
 def _after_fork_in_child() -> None:
     """A forked child's copy of a memory profile records nothing for its parent."""
     for run in list(_running):

@@ -20,6 +20,7 @@ alive, which is what a leak is.
 
 from __future__ import annotations
 
+import bisect
 import threading
 from array import array
 from collections.abc import Container, Iterable, Iterator
@@ -331,9 +332,14 @@ def _stats(idx: Any, m: Memory) -> MemoryStats:
     return MemoryStats(allocated, freed_b, count, peak)
 
 
-def attach_memory(session: Session, taken: tuple[Any, ...], interval: int) -> None:
-    """Give ``session`` the records the hooks took at stop."""
+def attach_memory(session: Session, taken: tuple[Any, ...], interval: int, since_ns: int = 0) -> None:
+    """Give ``session`` the records the hooks took at stop (those made at
+    ``since_ns`` or later: a flight recorder's window)."""
     raw, idents, lts, other_bytes, other_count, dropped = taken
+    if since_ns and raw:
+        # Oldest first, so the window is a tail: found by bisection.
+        times = memoryview(raw).cast("Q")[0::_REC_WORDS]
+        raw = raw[bisect.bisect_left(times, since_ns) * _REC_WORDS * 8 :]
     m = Memory(interval)
     m.other_bytes, m.other_count, m.dropped = int(other_bytes), int(other_count), int(dropped)
     # The records as two arrays of words; the columns are strided slices of
