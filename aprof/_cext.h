@@ -145,5 +145,10 @@ int aprof_blocks_init(PyObject *module);
 /* _cmemory.c: add the allocator hooks' functions to the module. Returns -1
  * with an exception set on failure. */
 int aprof_memory_init(PyObject *module);
+/* Let the calling thread's allocations pass the memory hooks unrecorded
+ * (1), or as before (the value aprof_memory_quiet(1) returned): aprof's own
+ * work done on the program's behalf, such as a sample's buffers. With the
+ * GIL held. */
+int aprof_memory_quiet(int quiet);
 
 #endif

@@ -729,6 +729,14 @@ idents_list(void)
     return idents;
 }
 
+int
+aprof_memory_quiet(int quiet)
+{
+    int was = M.busy;
+    M.busy = quiet;
+    return was;
+}
+
 /* _memory_peek() -> what _memory_stop() would return, recording on (a
  * flight recorder's dump): copies, made with the hooks' own allocations
  * passing unrecorded (busy), so the records copied are those of before the

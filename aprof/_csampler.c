@@ -645,7 +645,11 @@ static void
 sample_all(void)
 {
     uint64_t now = now_ns();
+    /* a sample's buffers are aprof's: never charged to a memory profile
+     * (the main thread samples inside the program's task and range) */
+    int quiet = aprof_memory_quiet(1);
     sample_all_at(now);
+    aprof_memory_quiet(quiet);
     engine.sample_ns += now_ns() - now;
 }
 

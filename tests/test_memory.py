@@ -922,3 +922,48 @@ def test_a_dumps_window_leaves_out_older_allocations() -> None:
     assert new.memory is not None
     assert CHUNK <= new.memory.net <= CHUNK + SLACK
     assert not [e for e in snap.events() if e.name == "old"]
+
+
+def test_a_dump_records_nothing_of_its_own_work(tmp_path: Path) -> None:
+    # SPEC 15.6: a dump's own work (copying the ring, writing the file) is
+    # not the program's: neither its allocations, nor its samples, nor its
+    # ranges land in the ring, whichever thread dumps.
+    main_ident = threading.get_ident()
+    with aprof.flight_recorder(profile_memory=True, memory_interval=0, sample_interval=0.001, signal=None,
+                               dump_dir=tmp_path, dump_format="json.gz") as rec:  # fmt: skip
+        with aprof.record_function("work"):
+            _ = [bytes(1024) for _ in range(10)]
+        rec.dump(tmp_path / "by-the-program.json.gz")
+        assert rec.trigger("test")
+        deadline = time.monotonic() + 20
+        while not rec.dumps or len(rec.dumps) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        snap = rec.snapshot(window=60.0)
+    m = snap.memory
+    assert m is not None
+    tracks = {t.id: t for t in snap.tracks()}
+    threads = {tracks[tid].os_thread_id if tid in tracks else None for tid in m.by_thread()}
+    assert threads <= {main_ident}
+    # The dumps allocated megabytes; the program a few kilobytes.
+    assert sum(st.allocated for st in m.by_thread().values()) < 1_000_000
+    samples = snap.samples
+    assert samples is not None
+    assert {tracks[t].os_thread_id for t in set(samples.thread_id) if t in tracks} <= {main_ident}
+
+
+def test_aprofs_own_threads_allocate_nothing_the_program_is_charged_for(backend: Backend) -> None:
+    # SPEC 15.6: a global memory profile with the loop-block watchdog (one
+    # of aprof's own threads, beating every few milliseconds) charges only
+    # the program's threads and tasks.
+    async def main() -> aprof.profile:
+        async with aprof.profile(scope="global", profile_memory=True, memory_interval=0, loop_block_threshold=0.005) as prof:
+            for _ in range(20):
+                await backend.sleep(0.005)
+        return prof
+
+    prof = backend.run(main)
+    m = prof.session.memory
+    assert m is not None
+    charged = {m.threads[tid] for tid in m.by_thread()}
+    assert {name for name, kind in charged if kind == "thread"} == {threading.main_thread().name}

@@ -17,6 +17,8 @@ To keep the hot path to one lookup, each ``RFState`` precomputes its ``mode``.
 
 from __future__ import annotations
 
+import _thread
+import contextvars
 import enum
 import itertools
 import os
@@ -342,6 +344,20 @@ class RFState:
 
 EMPTY_RF_STATE: Final = RFState((), True, None)
 RF_STATE: ContextVar[RFState] = ContextVar("aprof.rf_state", default=EMPTY_RF_STATE)
+
+
+def start_unrecorded_thread(fn: Callable[..., object], *args: object) -> int:
+    """Start one of aprof's own threads (a flight recorder's dumps, the
+    loop-block watchdog, the remote control, a pool worker's answer): a bare
+    ``_thread``, which ``threading.enumerate()`` does not list (SPEC 15.6),
+    run in a context of its own with recording off from its first
+    instruction, so a global profile never counts its allocations, samples
+    or ranges as the program's. Returns its ident."""
+    quiet = contextvars.Context()
+    quiet.run(RF_STATE.set, EMPTY_RF_STATE.replace(enabled=False))
+    # Context.run is the thread's first call: nothing runs outside `quiet`.
+    run: Any = quiet.run
+    return _thread.start_new_thread(run, (fn, *args))
 
 # Global registrations, replaced (never mutated) under _global_lock. Only
 # enabled entries are here, so the hot path tests `if global_entries`.

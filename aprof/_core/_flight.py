@@ -28,7 +28,6 @@ the window and had ended at the dump, with the tracks they need.
 
 from __future__ import annotations
 
-import _thread
 import gc
 import os
 import signal as _signal
@@ -36,6 +35,8 @@ import threading
 import time
 import warnings
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from os import PathLike
 from pathlib import Path
 from time import perf_counter_ns
@@ -43,7 +44,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from . import _native
-from ._callbacks import AprofWarning
+from ._callbacks import RF_STATE, AprofWarning, start_unrecorded_thread
 from ._memory import DEFAULT_INTERVAL
 from ._profiler import profile
 from ._recorder import FLAG_UNFINISHED
@@ -65,6 +66,18 @@ _POLL: Final = 0.1
 
 _lock = threading.Lock()
 _active: flight_recorder | None = None
+
+
+@contextmanager
+def _unrecorded() -> Iterator[None]:
+    """Recording off in this context for the body: a dump's own work
+    (copying the ring, writing the file: megabytes allocated, seconds of
+    stacks) is not the program's."""
+    token = RF_STATE.set(RF_STATE.get().replace(enabled=False))
+    try:
+        yield
+    finally:
+        RF_STATE.reset(token)
 
 
 def active() -> flight_recorder | None:
@@ -212,14 +225,17 @@ class flight_recorder:
             RuntimeError: a flight recorder is already running in this process.
         """
         global _active
+        done = threading.Event()
         with _lock:
             if _active is not None:
                 raise RuntimeError("aprof: a flight recorder is already running in this process")
             self.profile.start()
             _active = self
             self._running = True
-        done = self._done = threading.Event()
-        _thread.start_new_thread(self._dump_main, (done,))
+        self._done = done
+        # The dump thread records nothing of its own work (a global profile
+        # would see its allocations, samples and calls as the program's).
+        start_unrecorded_thread(self._dump_main, done)
         if self.signal is not None and threading.current_thread() is threading.main_thread():
             self._old_handler = _signal.signal(self.signal, self._on_signal)
         return self
@@ -272,7 +288,7 @@ class flight_recorder:
         Raises:
             RuntimeError: the recorder is not running.
         """
-        with self._dump_lock:
+        with _unrecorded(), self._dump_lock:
             return self._snapshot(self.window if window is None else window, None)
 
     def dump(self, path: str | PathLike[str], window: float | None = None) -> Path:
@@ -287,7 +303,7 @@ class flight_recorder:
         from .._export._files import write_by_suffix
 
         out = Path(path)
-        with self._dump_lock:
+        with _unrecorded(), self._dump_lock:
             session = self._snapshot(self.window if window is None else window, None)
             write_by_suffix(session, out)
         self.dumps.append(out)

@@ -41,6 +41,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
+from .._core._callbacks import start_unrecorded_thread
+
 __all__ = ["PROTOCOL_VERSION", "control_dirs", "disable_remote_control", "enable_remote_control", "handle", "socket_path"]
 
 #: The protocol's version: in every request and reply, under :data:`VERSION_KEY`.
@@ -388,8 +390,9 @@ class _Server:
         self._ident: int | None = None
 
     def start(self) -> None:
-        # A bare thread: not in threading.enumerate() (SPEC 15.6).
-        _thread.start_new_thread(self._main, ())
+        # A bare thread: not in threading.enumerate() (SPEC 15.6), its own
+        # work never recorded (a profile it starts is global).
+        start_unrecorded_thread(self._main)
 
     def _main(self) -> None:
         self._ident = _thread.get_ident()

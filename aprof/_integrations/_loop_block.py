@@ -49,6 +49,7 @@ from time import perf_counter_ns
 from typing import Any, Final
 
 from .._core import _flight
+from .._core._callbacks import start_unrecorded_thread
 from .._core._recorder import KIND_RANGE, ProfilerState
 from .._core._threads import LogicalThread
 
@@ -121,7 +122,7 @@ class _Watch:
     def start(self) -> None:
         self.last_beat = perf_counter_ns()
         _live_watches.add(self)
-        _thread.start_new_thread(self._main, ())
+        start_unrecorded_thread(self._main)  # a bare thread, recording nothing of its own
 
     def _main(self) -> None:
         self._ident = _thread.get_ident()

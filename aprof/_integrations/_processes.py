@@ -56,7 +56,6 @@ never fails because of aprof.
 
 from __future__ import annotations
 
-import _thread
 import contextlib
 import contextvars
 import functools
@@ -76,7 +75,7 @@ from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Final
 
-from .._core._callbacks import RF_STATE, AprofWarning
+from .._core._callbacks import RF_STATE, AprofWarning, start_unrecorded_thread
 from .._core._recorder import ProfilerState
 
 __all__ = ["ProcessCall", "collect", "discard", "process_call"]
@@ -285,8 +284,9 @@ def _join(dir: str) -> _WorkerProfile | None:
 
     w = _WorkerProfile(dir, prof, ctx, sock, header["node_id"])
     # A bare thread, as the flight recorder's: invisible to the program's
-    # threading.enumerate() (SPEC 15.6). It waits for the parent's request.
-    _thread.start_new_thread(_serve, (w,))
+    # threading.enumerate() (SPEC 15.6), recording nothing of its own. It
+    # waits for the parent's request.
+    start_unrecorded_thread(_serve, w)
     if not _exit_hooked:
         _exit_hooked.append(True)
         import atexit
