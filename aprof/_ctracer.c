@@ -2328,24 +2328,21 @@ Tracer_stop(Tracer *t, PyObject *Py_UNUSED(ignored))
     Py_RETURN_NONE;
 }
 
-/* Rewrite the buffer's times from TSC ticks to perf_counter_ns, in place:
- * each event's absolute tick count is mapped linearly through the (ticks,
- * ns) pairs read at start and stop, and its delta recomputed from the mapped
- * times (so rounding never accumulates). Returns the start in ns. */
+/* map_ticks: events buf[0..len) (the first delta counting from start
+ * ticks), their times rewritten in place through the calibration pairs c
+ * (ticks and ns at start, ticks and ns at the end of the stretch); returns
+ * the start in ns. */
 static uint64_t
-ticks_to_ns(Tracer *t)
+map_ticks(RawEvent *buf, Py_ssize_t len, uint64_t start, uint64_t *c)
 {
-    uint64_t *c = t->calib;
-    if (!use_tsc)
-        return t->start_ns;
     if (c[2] <= c[0]) { /* no usable stop reading: assume 1 tick = 1 ns */
         c[2] = c[0] + 1;
         c[3] = c[1] + 1;
     }
     double scale = (double)(c[3] - c[1]) / (double)(c[2] - c[0]);
-    uint64_t ticks = t->start_ns, prev = c[1];
-    for (Py_ssize_t i = 0; i < t->len; i++) {
-        RawEvent *e = &t->buf[i];
+    uint64_t ticks = start, prev = c[1];
+    for (Py_ssize_t i = 0; i < len; i++) {
+        RawEvent *e = &buf[i];
         if ((e->word & 15) == EV_TIME) {
             ticks = e->payload;
             int64_t off = (int64_t)(ticks - c[0]);
@@ -2362,6 +2359,18 @@ ticks_to_ns(Tracer *t)
         e->word = (e->word & 0xFFFFFFFFu) | (d << 32);
     }
     return c[1];
+}
+
+/* Rewrite the buffer's times from TSC ticks to perf_counter_ns, in place:
+ * each event's absolute tick count is mapped linearly through the (ticks,
+ * ns) pairs read at start and stop, and its delta recomputed from the mapped
+ * times (so rounding never accumulates). Returns the start in ns. */
+static uint64_t
+ticks_to_ns(Tracer *t)
+{
+    if (!use_tsc)
+        return t->start_ns;
+    return map_ticks(t->buf, t->len, t->start_ns, t->calib);
 }
 
 /* keep_latest: the sealed segments and the one being written, in order, as
@@ -2394,6 +2403,76 @@ ring_join(Tracer *t)
     return 0;
 }
 
+/* The events buf[0..len) as bytes, after the prologue of the codes'
+ * default receivers when a ring let segments go (see Tracer_take). */
+static PyObject *
+packed(Tracer *t, const RawEvent *buf, Py_ssize_t len)
+{
+    Py_ssize_t pro = 0;
+    if (t->let_go) {
+        for (Py_ssize_t c = 0; c < t->recv_cap; c++)
+            pro += t->recv_first[c] != 0;
+    }
+    PyObject *data = PyBytes_FromStringAndSize(NULL, (len + 2 * pro) * (Py_ssize_t)sizeof(RawEvent));
+    if (data == NULL)
+        return NULL;
+    RawEvent *out = (RawEvent *)PyBytes_AS_STRING(data);
+    if (pro) {
+        for (Py_ssize_t c = 0; c < t->recv_cap; c++) {
+            if (t->recv_first[c] == 0)
+                continue;
+            out->word = EV_RECV;
+            (out++)->payload = t->recv_first[c] - 1;
+            out->word = EV_CALL;
+            (out++)->payload = (uint64_t)c;
+        }
+    }
+    if (len)
+        memcpy(out, buf, (size_t)len * sizeof(RawEvent));
+    return data;
+}
+
+/* A copy of what take() would give, recording on (a flight recorder's
+ * dump): the segments and the one being written joined into a copy, its
+ * times mapped through a (ticks, ns) pair read now, the object table
+ * copied. The tracer writes with the GIL held, so the copy is of whole
+ * events; calls still open end past the copy, as at a stop. */
+static PyObject *
+Tracer_peek(Tracer *t, PyObject *Py_UNUSED(ignored))
+{
+    if (!t->active) {
+        PyErr_SetString(PyExc_RuntimeError, "Tracer.peek: the tracer is not running");
+        return NULL;
+    }
+    Py_ssize_t n = t->held + t->len;
+    RawEvent *copy = PyMem_Malloc((size_t)Py_MAX(n, 1) * sizeof(RawEvent));
+    if (copy == NULL)
+        return PyErr_NoMemory();
+    Py_ssize_t k = 0;
+    for (int i = 0; i < t->nsegs; i++) {
+        memcpy(copy + k, t->segs[i], (size_t)t->seg_len[i] * sizeof(RawEvent));
+        k += t->seg_len[i];
+    }
+    if (t->len)
+        memcpy(copy + k, t->buf, (size_t)t->len * sizeof(RawEvent));
+    uint64_t start = t->start_ns;
+    if (use_tsc) {
+        uint64_t c[4] = {t->calib[0], t->calib[1], 0, 0};
+        read_pair(&c[2], &c[3]);
+        start = map_ticks(copy, n, t->start_ns, c);
+    }
+    PyObject *data = packed(t, copy, n);
+    PyMem_Free(copy);
+    if (data == NULL)
+        return NULL;
+    PyObject *objs = PyList_GetSlice(t->objs, 0, PY_SSIZE_T_MAX);
+    if (objs == NULL) {
+        Py_DECREF(data);
+        return NULL;
+    }
+    return Py_BuildValue("(NNK)", data, objs, (unsigned long long)start);
+}
+
 /* The recorded data, handed over once: (packed events, objects, start_ns).
  * The tracer keeps nothing afterwards.
  *
@@ -2411,28 +2490,10 @@ Tracer_take(Tracer *t, PyObject *Py_UNUSED(ignored))
     }
     if (ring_join(t) < 0)
         return NULL;
-    Py_ssize_t pro = 0;
-    if (t->let_go) {
-        for (Py_ssize_t c = 0; c < t->recv_cap; c++)
-            pro += t->recv_first[c] != 0;
-    }
     uint64_t start = ticks_to_ns(t);
-    PyObject *data = PyBytes_FromStringAndSize(NULL, (t->len + 2 * pro) * (Py_ssize_t)sizeof(RawEvent));
+    PyObject *data = packed(t, t->buf, t->len);
     if (data == NULL)
         return NULL;
-    RawEvent *out = (RawEvent *)PyBytes_AS_STRING(data);
-    if (pro) {
-        for (Py_ssize_t c = 0; c < t->recv_cap; c++) {
-            if (t->recv_first[c] == 0)
-                continue;
-            out->word = EV_RECV;
-            (out++)->payload = t->recv_first[c] - 1;
-            out->word = EV_CALL;
-            (out++)->payload = (uint64_t)c;
-        }
-    }
-    if (t->len)
-        memcpy(out, t->buf, (size_t)t->len * sizeof(RawEvent));
     PyObject *objs = t->objs ? t->objs : PyList_New(0);
     if (objs == NULL) {
         Py_DECREF(data);
@@ -2762,6 +2823,7 @@ static PyMethodDef Tracer_methods[] = {
     {"start", (PyCFunction)Tracer_start, METH_O, "Start recording; initial: code objects on the stack, outermost first."},
     {"stop", (PyCFunction)Tracer_stop, METH_NOARGS, "Stop recording."},
     {"take", (PyCFunction)Tracer_take, METH_NOARGS, "Hand over (packed events, objects, start_ns)."},
+    {"peek", (PyCFunction)Tracer_peek, METH_NOARGS, "A copy of (packed events, objects, start_ns), recording on."},
 #if !APROF_MONITORING
     {"_thread_hook", (PyCFunction)(void (*)(void))Tracer_thread_hook, METH_FASTCALL, NULL},
 #endif

@@ -111,6 +111,10 @@ class Tracer:
     def count(self) -> int: ...
     @property
     def active(self) -> bool: ...
+    def peek(self) -> tuple[bytes, list[Any], int]:
+        """A copy of what :meth:`take` would give, recording on (a flight
+        recorder's dump; RuntimeError if not running). Calls still open have
+        no return in it, as at a stop."""
     @property
     def degraded(self) -> bool:
         """3.11 and 3.12 without C calls: a recursion ran the C stack low

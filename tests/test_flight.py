@@ -459,3 +459,57 @@ def test_on_every_backend_a_dumps_samples_are_charged_to_their_task(backend: Bac
 def test_a_sampling_recorder_checks_its_interval() -> None:
     with pytest.raises(ValueError, match="sample_interval"):
         aprof.flight_recorder(sample_interval=0)
+
+
+def traced_early() -> int:
+    return 1
+
+
+def traced_late() -> int:
+    return 2
+
+
+def _calls(session: aprof.Session, name: str) -> list[aprof.FunctionEvent]:
+    return [e for e in session.events() if e.scope == aprof.RecordScope.PYTHON_FUNCTION and e.name.endswith(f": {name}")]
+
+
+def test_a_tracing_recorders_dump_holds_the_windows_calls_and_tracing_goes_on() -> None:
+    # Issue 19 with SPEC 8.1: a flight recorder can trace Python calls; a
+    # dump holds the ended calls of its window, the tracer runs on.
+    with aprof.flight_recorder(window=0.2, python_tracer=True, signal=None) as rec:
+        traced_early()
+        time.sleep(0.3)
+        for _ in range(3):
+            traced_late()
+        first = rec.snapshot()
+        traced_late()
+        second = rec.snapshot(window=10.0)
+    assert len(_calls(first, "traced_late")) == 3
+    assert not _calls(first, "traced_early")
+    assert not [e for e in first.events() if e.unfinished]
+    assert len(_calls(second, "traced_late")) == 4
+    assert len(_calls(second, "traced_early")) == 1
+    assert len(_calls(rec.session, "traced_late")) == 4  # the recorder's own session, at stop
+
+
+def test_on_every_backend_a_dumps_calls_are_on_their_tasks_tracks(backend: Backend, tmp_path: Path) -> None:
+    async def child(i: int) -> None:
+        with aprof.record_function(f"work{i}"):
+            traced_late()
+            await backend.sleep(0.001)
+
+    async def main() -> Path:
+        async with aprof.flight_recorder(window=5.0, python_tracer=True, signal=None) as rec:
+            async with backend.group() as g:
+                for i in range(3):
+                    g.start_soon(child, i)
+            return rec.dump(tmp_path / "d.aprof")
+
+    s = aprof.load(backend.run(main))
+    calls = _calls(s, "traced_late")
+    assert len(calls) == 3
+    work = {e.thread_id for e in s.events() if e.name.startswith("work")}
+    assert {e.thread_id for e in calls} == work
+    assert len(work) == 3
+    # Nested as a stop nests them: in the task's coroutine step.
+    assert {e.parent.name.rsplit(".", 1)[-1] for e in calls if e.parent is not None} == {"child"}

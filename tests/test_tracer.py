@@ -1394,3 +1394,27 @@ def test_starting_and_stopping_the_profile_leave_no_frame_in_the_trace(impl: Mod
     closed = [e.name for e in py_events(prof) if not e.unfinished]
     assert [n for n in closed if HERE not in n] == []
     assert [short(e) for e in py_events(prof, HERE) if not e.unfinished] == ["leaf"]
+
+
+def test_a_peek_copies_the_calls_so_far_and_tracing_goes_on(impl: ModuleType) -> None:
+    # Issue 19: a flight recorder's dump reads the tracer without stopping
+    # it (Tracer.peek): whole events, the codes they name, times on the
+    # profile's clock; the tracer records on and keeps everything for stop.
+    from aprof._core._tracer_py import EV_CALL
+
+    with aprof.profile(python_tracer=True) as prof:
+        leaf()
+        run = prof._tracer
+        assert run is not None
+        data, objs, start_ns = run.tracer.peek()
+        middle()
+    assert len(data) % 16 == 0
+    words = memoryview(data).cast("Q")
+    called = [objs[words[i + 1]] for i in range(0, len(words), 2) if words[i] & 15 == EV_CALL]
+    assert leaf.__code__ in called
+    assert middle.__code__ not in called
+    started = prof.session.metadata["start_ns"]
+    assert started <= start_ns < started + 1_000_000_000  # perf_counter_ns, not TSC ticks
+    names = [short(e) for e in py_events(prof, HERE) if not e.unfinished]
+    assert names.count("leaf") == 3
+    assert names.count("middle") == 1

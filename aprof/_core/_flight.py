@@ -104,6 +104,11 @@ class flight_recorder:
             its time, not only that it was slow. The samples are a ring of
             their own (24 bytes each, at most ``max_bytes / 24``); a dump
             holds those of its window. ``None`` (the default): no sampling.
+        python_tracer: Also record every Python call (SPEC 8.1; several
+            times slower, for a stretch being chased, not for a server's
+            whole life): the tracer's buffer is a ring of its own (16 bytes
+            an event, at most ``max_bytes / 16``), and a dump holds the
+            calls of its window that had ended, on their tasks' tracks.
         profile_memory: Also track allocations (issue 21), each charged to
             the task and the innermost range that made it; a dump holds the
             allocations of its window, so a request that allocated too much
@@ -145,6 +150,7 @@ class flight_recorder:
         scope: Literal["context", "global"] = "global",
         tasks: bool = True,
         sample_interval: float | None = None,
+        python_tracer: bool = False,
         profile_memory: bool = False,
         memory_interval: int = DEFAULT_INTERVAL,
         loop_block_threshold: float | None = None,
@@ -187,6 +193,7 @@ class flight_recorder:
             scope=scope,
             tasks=tasks,
             sample_interval=sample_interval,
+            python_tracer=python_tracer,
             profile_memory=profile_memory,
             memory_interval=memory_interval,
             loop_block_threshold=loop_block_threshold,
@@ -431,6 +438,13 @@ class flight_recorder:
             ring.pins -= 1
             if gc_was_enabled:
                 gc.enable()
+        tracer = prof._tracer
+        if tracer is not None:  # its calls so far, as more chunks of their threads' lists
+            by_id = {lt.id: lt for lt in lists}
+            for lt, calls in tracer.peek_lists().items():
+                key = by_id.get(lt.id, lt)
+                have = lists.get(key)
+                lists[key] = calls if have is None else (*(have if type(have) is tuple else (have,)), calls)
         # Consolidated with the cyclic GC on: the dump runs beside the
         # program, whose collections must not wait for it.
         table, tracks = consolidate(lists, now, state.node_id, records, state.with_stack)

@@ -340,6 +340,19 @@ class TracerRun:
             state.dropped += self.tracer.dropped
         return taken
 
+    def peek_lists(self) -> dict[LogicalThread, list[Any]]:
+        """The calls recorded so far, replayed into new lists (one per
+        logical thread), recording on: a flight recorder's dump. Calls still
+        open are open in them, as at a stop."""
+        from .._post._replay import replay  # post-processing reads, never writes back
+
+        if self._forked or not self.tracer.active:
+            return {}
+        data, objs, start_ns = self.tracer.peek()
+        out = _Lists()
+        replay(data, objs, start_ns, out, getattr(self.impl, "replay", None))  # type: ignore[arg-type]
+        return out.lists
+
     def replay_taken(self, taken: tuple[bytes, list[Any], int], state: ProfilerState) -> None:
         """Replay events from :meth:`take` into ``state``'s lists (a stop
         interrupted here replays them again from the same data)."""
@@ -349,6 +362,17 @@ class TracerRun:
             return  # a forked child's copy: the events are the parent's (LC-01)
         data, objs, start_ns = taken
         replay(data, objs, start_ns, state, getattr(self.impl, "replay", None))
+
+
+class _Lists:
+    """Where :meth:`TracerRun.peek_lists` replays: a list per logical
+    thread, as ``ProfilerState.list_for`` gives."""
+
+    def __init__(self) -> None:
+        self.lists: dict[LogicalThread, list[Any]] = {}
+
+    def list_for(self, lt: LogicalThread) -> list[Any]:
+        return self.lists.setdefault(lt, [])
 
 
 def _after_fork_in_child() -> None:

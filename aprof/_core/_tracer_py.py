@@ -463,9 +463,7 @@ class Tracer:
             _running.remove(self)
         self._pos = self._neg = None
 
-    def take(self) -> tuple[bytes, list[Any], int]:
-        if self._active:
-            raise RuntimeError("Tracer.take: stop the tracer first")
+    def _packed(self) -> bytes:
         words = array("Q")
         if self._let_go:  # the codes' default receivers (see Tracer_take in C)
             for code, r in sorted(self._recv_first.items()):
@@ -473,7 +471,20 @@ class Tracer:
         for seg, _ in self._sealed:
             words.extend(seg)
         words.extend(self._buf)
-        data, objs = words.tobytes(), self._objs
+        return words.tobytes()
+
+    def peek(self) -> tuple[bytes, list[Any], int]:
+        if not self._active:
+            raise RuntimeError("Tracer.peek: the tracer is not running")
+        # An event's two words are appended apart: a copy taken between
+        # them (another thread's peek) ends with half an event, cut off.
+        data = self._packed()
+        return data[: len(data) - len(data) % EVENT_BYTES], list(self._objs), self._start_ns
+
+    def take(self) -> tuple[bytes, list[Any], int]:
+        if self._active:
+            raise RuntimeError("Tracer.take: stop the tracer first")
+        data, objs = self._packed(), self._objs
         self._buf = array("Q")
         self._sealed = []
         self._head = 0
