@@ -1764,7 +1764,8 @@ eval_return(Tracer *t, PyThreadState *tstate, PyCodeObject *co, int64_t idx, PyO
 
 /* The return half of an evaluated frame, out of line: the tracer stopped
  * or changed in the frame, the frame raised, or the context is not the
- * cached one (gen: the tracer's at entry; idx: the EV_CALL's value, -1 none). */
+ * cached one (gen: the tracer's at entry; idx: the EV_CALL's table value,
+ * or below 0 to look the code up, as eval_return() takes it). */
 static APROF_NOINLINE PyObject *
 eval_leave_slow(PyThreadState *tstate, struct _PyInterpreterFrame *f, PyCodeObject *co, uint64_t gen, int64_t idx,
                 PyObject *r)
@@ -1891,6 +1892,8 @@ eval_frame(PyThreadState *tstate, struct _PyInterpreterFrame *f, int throwflag)
     PyObject *vars = context_vars_of(tstate);
     if (APROF_UNLIKELY(vars == NULL || vars != ts->last_vars))
         return eval_frame_slow(tstate, f, throwflag);
+    /* idx: the EV_CALL's code index (flags dropped), -1 when none was
+     * written, -2 for aprof's own code (eval_return() looks both up). */
     int64_t idx = -1;
     if (ts->last_in) {
         uint64_t now = now_ticks();
@@ -1898,8 +1901,10 @@ eval_frame(PyThreadState *tstate, struct _PyInterpreterFrame *f, int throwflag)
         if (APROF_UNLIKELY(idx < 0))
             return eval_frame_slow(tstate, f, throwflag); /* first sight: added there */
         if (APROF_UNLIKELY(idx & (METHOD_FLAG | CLS_FLAG | IGNORED_FLAG))) {
-            if (!(idx & IGNORED_FLAG))
-                idx = eval_call_method(t, tidx, idx, f, now);
+            if (idx & IGNORED_FLAG)
+                idx = -2;
+            else if ((idx = eval_call_method(t, tidx, idx, f, now)) >= 0)
+                idx &= IDX_MASK;
         }
         else {
             write_event(t, tidx, EV_CALL, idx, now);
@@ -1914,17 +1919,16 @@ eval_frame(PyThreadState *tstate, struct _PyInterpreterFrame *f, int throwflag)
      * (not an exception), not aprof's own code, and the cached context:
      * the EV_RETURN when it is recorded (and the EV_CALL was written),
      * nothing when it is not. */
-    if (APROF_LIKELY(running_tracer == t && t->eval_gen == gen && r != NULL
-                     && (idx == -1 || !(idx & IGNORED_FLAG)))) {
+    if (APROF_LIKELY(running_tracer == t && t->eval_gen == gen && r != NULL && idx >= -1)) {
         ts = &t->threads[tidx];
         vars = context_vars_of(tstate);
         if (APROF_LIKELY(vars != NULL && vars == ts->last_vars)) {
-            if (APROF_LIKELY(ts->last_in && idx >= 0)) {
-                write_event(t, tidx, EV_RETURN, idx & IDX_MASK, now_ticks());
+            if (!ts->last_in) {
                 Py_DECREF(co);
                 return r;
             }
-            if (!ts->last_in) {
+            if (APROF_LIKELY(idx >= 0)) {
+                write_event(t, tidx, EV_RETURN, idx, now_ticks());
                 Py_DECREF(co);
                 return r;
             }
