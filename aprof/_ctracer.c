@@ -274,6 +274,19 @@ static PyObject *str_locals_tail;
 static PyObject *str_co_filename;
 static Tracer *running_tracer = NULL; /* at most one at a time */
 
+#if APROF_EVAL
+/* running_tracer's eval_gen, or EVAL_OFF without one: the evaluator's fast
+ * path reads this one word for "which tracer, recording through the
+ * evaluator". eval_sync() follows every change of either. */
+static uint64_t running_eval_gen = EVAL_OFF;
+
+static void
+eval_sync(void)
+{
+    running_eval_gen = running_tracer != NULL ? running_tracer->eval_gen : EVAL_OFF;
+}
+#endif
+
 static int
 table_grow(Tracer *t)
 {
@@ -796,6 +809,7 @@ fail(Tracer *t)
     t->active = 0;
 #if APROF_EVAL
     t->eval_gen = EVAL_OFF;
+    eval_sync();
 #endif
     if (PyErr_Occurred())
         PyErr_WriteUnraisable((PyObject *)t);
@@ -1876,11 +1890,9 @@ eval_call_method(Tracer *t, int tidx, int64_t idx, struct _PyInterpreterFrame *f
 static PyObject *
 eval_frame(PyThreadState *tstate, struct _PyInterpreterFrame *f, int throwflag)
 {
-    Tracer *t = running_tracer;
     EvalThread *ev = &tl_ev;
-    if (APROF_UNLIKELY(t == NULL))
-        return eval_default(tstate, f, throwflag);
-    uint64_t gen = t->eval_gen;
+    uint64_t gen = running_eval_gen;
+    Tracer *t = running_tracer; /* not NULL when the thread is armed for gen (never EVAL_OFF) */
     PyCodeObject *co = f->f_code;
     if (APROF_UNLIKELY(ev->ready != gen || throwflag || (t->nlive != 0 && ev->own_depth == 0)
                        || ((co->co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR))
@@ -1919,7 +1931,7 @@ eval_frame(PyThreadState *tstate, struct _PyInterpreterFrame *f, int throwflag)
      * (not an exception), not aprof's own code, and the cached context:
      * the EV_RETURN when it is recorded (and the EV_CALL was written),
      * nothing when it is not. */
-    if (APROF_LIKELY(running_tracer == t && t->eval_gen == gen && r != NULL && idx >= -1)) {
+    if (APROF_LIKELY(running_eval_gen == gen && r != NULL && idx >= -1)) {
         ts = &t->threads[tidx];
         vars = context_vars_of(tstate);
         if (APROF_LIKELY(vars != NULL && vars == ts->last_vars)) {
@@ -1961,6 +1973,7 @@ install_eval(Tracer *t)
     _PyInterpreterState_SetEvalFrameFunc(interp, eval_frame);
     t->eval_installed = 1;
     t->eval_gen = t->gen;
+    eval_sync();
     return 0;
 }
 
@@ -1971,6 +1984,7 @@ uninstall_eval(Tracer *t)
         return;
     t->eval_installed = 0;
     t->eval_gen = EVAL_OFF;
+    eval_sync();
     PyInterpreterState *interp = PyInterpreterState_Get();
     if (_PyInterpreterState_GetEvalFrameFunc(interp) == eval_frame)
         _PyInterpreterState_SetEvalFrameFunc(interp, _PyEval_EvalFrameDefault);
@@ -2289,6 +2303,7 @@ Tracer_dealloc(Tracer *t)
         running_tracer = NULL;
 #if APROF_EVAL
     uninstall_eval(t);
+    eval_sync();
 #endif
     Tracer_clear(t);
     release_threads(t);
@@ -2370,6 +2385,9 @@ Tracer_start(Tracer *t, PyObject *initial)
     }
     Py_DECREF(seq);
     running_tracer = t;
+#if APROF_EVAL
+    eval_sync();
+#endif
     Py_RETURN_NONE;
 }
 
@@ -2388,6 +2406,9 @@ Tracer_stop(Tracer *t, PyObject *Py_UNUSED(ignored))
 #endif
     if (running_tracer == t)
         running_tracer = NULL;
+#if APROF_EVAL
+    eval_sync();
+#endif
     Py_CLEAR(t->pos);
     Py_CLEAR(t->neg);
     Py_RETURN_NONE;
