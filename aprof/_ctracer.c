@@ -2760,6 +2760,40 @@ ctracer_noop_profile(PyObject *module, PyObject *on)
 #endif
 }
 
+#if APROF_EVAL
+/* The floor of the frame evaluator: one that runs every frame with the
+ * default evaluator (as aprof's does, the C recursion units given back on
+ * 3.12) and records nothing. */
+static PyObject *
+noop_eval_frame(PyThreadState *tstate, struct _PyInterpreterFrame *f, int throwflag)
+{
+    return eval_default(tstate, f, throwflag);
+}
+#endif
+
+/* _noop_evaluator(on): for the bench, 3.11 and 3.12 (see above). */
+static PyObject *
+ctracer_noop_evaluator(PyObject *module, PyObject *on)
+{
+#if APROF_EVAL
+    int r = PyObject_IsTrue(on);
+    if (r < 0)
+        return NULL;
+    PyInterpreterState *interp = PyInterpreterState_Get();
+    _PyFrameEvalFunction cur = _PyInterpreterState_GetEvalFrameFunc(interp);
+    if (r && cur != _PyEval_EvalFrameDefault && cur != noop_eval_frame) {
+        PyErr_SetString(PyExc_RuntimeError, "_noop_evaluator: another frame evaluator is installed");
+        return NULL;
+    }
+    if (r || cur == noop_eval_frame)
+        _PyInterpreterState_SetEvalFrameFunc(interp, r ? noop_eval_frame : _PyEval_EvalFrameDefault);
+    Py_RETURN_NONE;
+#else
+    PyErr_SetString(PyExc_RuntimeError, "_noop_evaluator: 3.11 and 3.12 only (aprof uses no frame evaluator on 3.13+)");
+    return NULL;
+#endif
+}
+
 static PyObject *
 Tracer_get_evaluator(Tracer *t, void *closure)
 {
@@ -2784,6 +2818,8 @@ static PyMethodDef module_methods[] = {
      "A description of another tool's PEP 523 frame evaluator, or None."},
     {"replay", (PyCFunction)ctracer_replay, METH_VARARGS, "Replay's inner loop (see aprof/_post/_replay.py)."},
     {"_noop_profile", ctracer_noop_profile, METH_O, "3.11: a do-nothing C profile function (the bench's floor)."},
+    {"_noop_evaluator", ctracer_noop_evaluator, METH_O,
+     "3.11 and 3.12: a do-nothing PEP 523 frame evaluator (the bench's floor)."},
     {NULL, NULL, 0, NULL},
 };
 
