@@ -1078,8 +1078,20 @@ def _switches_recording_off() -> int:
     return leaf()
 
 
+def _runs_an_empty_context() -> int:
+    # Returns right after: no Python call of its own is there to notice that
+    # its context is back (a context-scoped profile does not record leaf).
+    return contextvars.Context().run(leaf)
+
+
 def _context_changes() -> int:
-    return _sets_a_variable() + _runs_a_copied_context() + _switches_recording_off() + _sets_a_variable()
+    return (
+        _sets_a_variable()
+        + _runs_a_copied_context()
+        + _switches_recording_off()
+        + _runs_an_empty_context()
+        + _sets_a_variable()
+    )
 
 
 @pytest.mark.parametrize("scope", ["context", "global"])
@@ -1089,8 +1101,9 @@ def test_frames_whose_context_changes_before_they_return_close_where_they_return
     # SPEC 8.1: the context is asked at every call and return (the C
     # evaluator answers from a per-thread cache while the context's variables
     # stay the same); a frame that set a variable, or ran another context
-    # below it, or switched recording off and on, is closed at its own
-    # return, with every call under it in place, on the calling thread's track.
+    # below it (one that carries the profile, or an empty one), or switched
+    # recording off and on, is closed at its own return, with every call
+    # under it in place, on the calling thread's track.
     with aprof.profile(python_tracer=True, scope=scope) as prof:  # type: ignore[arg-type]
         _context_changes()
         _context_changes()
@@ -1108,6 +1121,8 @@ def test_frames_whose_context_changes_before_they_return_close_where_they_return
         ("leaf", 2),
         ("_switches_recording_off", 1),
         ("leaf", 2),
+        ("_runs_an_empty_context", 1),
+        *([("leaf", 2)] if scope == "global" else []),
         ("_sets_a_variable", 1),
         ("leaf", 2),
     ]
