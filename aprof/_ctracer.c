@@ -275,8 +275,14 @@ typedef struct {
     int32_t live_lt;
     int degraded;            /* the C stack ran low: switched to the profile function (3.11)
                                 or to sys.monitoring callbacks (3.12) */
+    uint64_t eval_gen;       /* gen while the evaluator records (installed and active), else
+                                EVAL_OFF: what the evaluator's fast path checks (section 5) */
 #endif
 } Tracer;
+
+#if APROF_EVAL
+#define EVAL_OFF UINT64_MAX
+#endif
 
 static uint64_t next_gen = 1;
 /* Which thread slot this OS thread has in the running tracer. */
@@ -287,6 +293,19 @@ static PyObject *str_enabled;
 static PyObject *str_locals_tail;
 static PyObject *str_co_filename;
 static Tracer *running_tracer = NULL; /* at most one at a time */
+
+#if APROF_EVAL
+/* running_tracer's eval_gen, or EVAL_OFF without one: the evaluator's fast
+ * path reads this one word for "which tracer, recording through the
+ * evaluator". eval_sync() follows every change of either. */
+static uint64_t running_eval_gen = EVAL_OFF;
+
+static void
+eval_sync(void)
+{
+    running_eval_gen = running_tracer != NULL ? running_tracer->eval_gen : EVAL_OFF;
+}
+#endif
 
 static int
 table_grow(Tracer *t)
@@ -894,6 +913,10 @@ fail(Tracer *t)
     /* A tracer that cannot record is switched off, never raised into the
      * user's code: the profile keeps what it has. */
     t->active = 0;
+#if APROF_EVAL
+    t->eval_gen = EVAL_OFF;
+    eval_sync();
+#endif
     if (PyErr_Occurred())
         PyErr_WriteUnraisable((PyObject *)t);
 }
@@ -1464,9 +1487,36 @@ struct LiveFrame {
     uint32_t idx;     /* object-table index of its code */
 };
 
-/* Frames evaluated while the tracer records for itself (a new thread's
- * logical thread is asked from Python) are not traced. */
-static APROF_TLS int tl_busy = 0;
+/*
+ * What the evaluator keeps per OS thread, in one thread-local block (one
+ * address computation for all of it):
+ *
+ * - busy: the tracer records for itself (a new thread's logical thread is
+ *   asked from Python, a receiver is described, an error is reported):
+ *   frames evaluated meanwhile are not traced.
+ * - stack_low and depth: the C stack's guard (below).
+ * - own_gen and own_depth: the frames entered through this tracer's
+ *   evaluator that this thread is running now. While there is one, the
+ *   frames live at start that are left are all below it on the stack (or
+ *   generators running there), so none can leave and the entry skips
+ *   close_left_live().
+ * - ready and tidx: the fast path (eval_frame()) is armed. ready is the
+ *   running tracer's eval_gen when this thread has its slot (tidx) in it,
+ *   is not busy, knows its stack's bound and counts own_depth for it; 0
+ *   otherwise. One compare then stands for all of those checks; anything
+ *   else takes eval_frame_slow(), which arms it again.
+ */
+typedef struct {
+    uint64_t ready;
+    uint64_t own_gen;
+    uintptr_t stack_low;
+    int tidx;
+    int busy;
+    int depth;
+    int own_depth;
+} EvalThread;
+
+static APROF_TLS EvalThread tl_ev;
 
 /*
  * The C stack. Under a frame evaluator every Python call is a C call again,
@@ -1475,15 +1525,15 @@ static APROF_TLS int tl_busy = 0;
  * (~400 bytes a level). Before that, the tracer hands over for the rest of
  * the profile (degrade()): to the profile function on 3.11, to the
  * sys.monitoring callbacks (the tool id the driver holds) on 3.12. Calls are
- * inlined again and the recording goes on, slower. tl_stack_low is the lowest address this
+ * inlined again and the recording goes on, slower. stack_low is the lowest address this
  * thread's frames may reach: its stack's end plus a margin for whatever
- * runs deeper (Linux: the thread's stack as pthread reports it; elsewhere a
- * depth of 2,000 evaluator levels, twice the default recursion limit).
+ * runs deeper (Linux: the thread's stack as pthread reports it, asked once
+ * per thread; elsewhere, or if pthread cannot tell (stack_low 1), a depth
+ * of 2,000 evaluator levels, twice the default recursion limit, counted in
+ * depth by the slow path only: such a thread never arms the fast path).
  */
 #define STACK_MARGIN (256 * 1024)
 #define FALLBACK_DEPTH 2000
-static APROF_TLS uintptr_t tl_stack_low = 0;
-static APROF_TLS int tl_depth = 0;
 
 #if defined(__linux__)
 #include <pthread.h>
@@ -1504,16 +1554,56 @@ stack_low(void)
 }
 #endif
 
+/* Where this thread's C stack is now. The stack pointer itself where it
+ * can be read: __builtin_frame_address(0) makes the function keep a frame
+ * pointer, which costs the evaluator's fast path a register. */
+static APROF_INLINE uintptr_t
+stack_here(void)
+{
+#if defined(__GNUC__) && defined(__x86_64__)
+    uintptr_t sp;
+    __asm__("movq %%rsp, %0" : "=r"(sp));
+    return sp;
+#elif defined(__GNUC__) && defined(__aarch64__)
+    uintptr_t sp;
+    __asm__("mov %0, sp" : "=r"(sp));
+    return sp;
+#else
+    return (uintptr_t)__builtin_frame_address(0);
+#endif
+}
+
 static APROF_INLINE int
 stack_is_low(void)
 {
+    EvalThread *ev = &tl_ev;
 #if defined(__linux__)
-    if (APROF_UNLIKELY(tl_stack_low == 0))
-        tl_stack_low = stack_low();
-    if (tl_stack_low > 1)
-        return (uintptr_t)__builtin_frame_address(0) < tl_stack_low;
+    if (APROF_UNLIKELY(ev->stack_low == 0))
+        ev->stack_low = stack_low();
+    if (ev->stack_low > 1)
+        return stack_here() < ev->stack_low;
 #endif
-    return tl_depth > FALLBACK_DEPTH;
+    return ev->depth > FALLBACK_DEPTH;
+}
+
+/* Recording for itself (see EvalThread): frames are not traced, and the
+ * fast path is disarmed. */
+static APROF_INLINE void
+eval_busy(EvalThread *ev)
+{
+    ev->busy = 1;
+    ev->ready = 0;
+}
+
+/* The end of eval_busy(): the fast path is armed again when it applies. */
+static APROF_INLINE void
+eval_unbusy(EvalThread *ev, Tracer *t)
+{
+    ev->busy = 0;
+    if (tl_gen == t->gen && ev->own_gen == t->eval_gen && ev->stack_low > 1) {
+        ev->tidx = tl_tidx;
+        ev->ready = t->eval_gen;
+    }
 }
 
 static void
@@ -1747,12 +1837,12 @@ eval_default(PyThreadState *tstate, struct _PyInterpreterFrame *f, int throwflag
 static APROF_INLINE int
 recursion_fails(PyThreadState *tstate)
 {
-    if (tstate->recursion_headroom) /* handling a RecursionError: frames run past the limit */
-        return 0;
+    /* (tstate->recursion_headroom: handling a RecursionError, frames run past the limit) */
 #if PY_VERSION_HEX >= 0x030C0000
-    return tstate->py_recursion_remaining <= 0 || tstate->c_recursion_remaining < 0;
+    return APROF_UNLIKELY(tstate->py_recursion_remaining <= 0 || tstate->c_recursion_remaining < 0)
+           && !tstate->recursion_headroom;
 #else
-    return tstate->recursion_remaining <= 0;
+    return APROF_UNLIKELY(tstate->recursion_remaining <= 0) && !tstate->recursion_headroom;
 #endif
 }
 
@@ -1792,62 +1882,18 @@ eval_return(Tracer *t, PyThreadState *tstate, PyCodeObject *co, int64_t idx, PyO
         write_event(t, tidx, EV_RETURN, idx & IDX_MASK, now);
 }
 
-/* Frames entered through this tracer's evaluator that this thread is
- * running now: while there is one, the frames live at start that are left
- * are all below it on the stack (or generators running there), so none can
- * leave and the entry skips close_left_live(). */
-static APROF_TLS uint64_t tl_own_gen = 0;
-static APROF_TLS int tl_own_depth = 0;
-
-static PyObject *
-eval_frame(PyThreadState *tstate, struct _PyInterpreterFrame *f, int throwflag)
+/* The return half of an evaluated frame, out of line: the tracer stopped
+ * or changed in the frame, the frame raised, or the context is not the
+ * cached one (gen: the tracer's at entry; idx: the EV_CALL's table value,
+ * or below 0 to look the code up, as eval_return() takes it). */
+static APROF_NOINLINE PyObject *
+eval_leave_slow(PyThreadState *tstate, struct _PyInterpreterFrame *f, PyCodeObject *co, uint64_t gen, int64_t idx,
+                PyObject *r)
 {
-    Tracer *t = running_tracer;
-    PyCodeObject *co = f->f_code;
-    if (t == NULL || tl_busy || !t->active || !t->eval_installed
-        || ((co->co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR)) && f->owner != FRAME_OWNED_BY_GENERATOR))
-        return eval_default(tstate, f, throwflag);
-    if (APROF_UNLIKELY(stack_is_low())) {
-        tl_busy = 1;
-        degrade(t);
-        tl_busy = 0;
-        return eval_default(tstate, f, throwflag);
-    }
-    if (APROF_UNLIKELY(recursion_fails(tstate)))
-        return eval_default(tstate, f, throwflag); /* a RecursionError, no call (as the hooks see it) */
-    uint64_t gen = t->gen;
-    if (APROF_UNLIKELY(tl_own_gen != gen)) {
-        tl_own_gen = gen;
-        tl_own_depth = 0;
-    }
-    int64_t idx;
-    tl_busy = 1;
-    if (APROF_UNLIKELY(throwflag)) {
-        /* throw() and close() enter with the exception to raise in the
-         * frame already set: recording (which may call into Python on a
-         * context's first sight) runs without it. */
-        Raised thrown = raised_take();
-        if (APROF_UNLIKELY(t->nlive != 0) && tl_own_depth == 0 && tstate == t->live_tstate)
-            close_left_live(t, tstate, f);
-        idx = eval_call(t, tstate, co, f);
-        raised_restore(thrown);
-    }
-    else {
-        if (APROF_UNLIKELY(t->nlive != 0) && tl_own_depth == 0 && tstate == t->live_tstate)
-            close_left_live(t, tstate, f);
-        idx = eval_call(t, tstate, co, f);
-    }
-    tl_busy = 0;
-    Py_INCREF(co); /* the frame's own reference goes when it is popped */
-    tl_depth++;
-    tl_own_depth++;
-    PyObject *r = eval_default(tstate, f, throwflag);
-    tl_depth--;
-    if (APROF_LIKELY(tl_own_gen == gen))
-        tl_own_depth--; /* (else another tracer started in the frame and counts its own) */
-    t = running_tracer; /* the profile may have stopped in the frame (t may be gone) */
-    if (t != NULL && !tl_busy && t->eval_installed) {
-        tl_busy = 1;
+    EvalThread *ev = &tl_ev;
+    Tracer *t = running_tracer; /* the profile may have stopped in the frame (t may be gone) */
+    if (t != NULL && !ev->busy && t->eval_installed) {
+        eval_busy(ev);
         if (APROF_UNLIKELY(t->gen != gen)) {
             /* entered under an earlier tracer's evaluator (a schedule's
              * next cycle started in it): on this tracer's live list */
@@ -1856,10 +1902,157 @@ eval_frame(PyThreadState *tstate, struct _PyInterpreterFrame *f, int throwflag)
                 forget_live(t, f);
         }
         eval_return(t, tstate, co, idx, r);
-        tl_busy = 0;
+        eval_unbusy(ev, t);
     }
     Py_DECREF(co);
     return r;
+}
+
+/* The evaluator's general path: every frame the fast path (eval_frame())
+ * does not take. It arms the fast path for the next frame when it applies. */
+static APROF_NOINLINE PyObject *
+eval_frame_slow(PyThreadState *tstate, struct _PyInterpreterFrame *f, int throwflag)
+{
+    EvalThread *ev = &tl_ev;
+    Tracer *t = running_tracer;
+    PyCodeObject *co = f->f_code;
+    if (t == NULL || ev->busy || !t->active || !t->eval_installed
+        || ((co->co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR)) && f->owner != FRAME_OWNED_BY_GENERATOR))
+        return eval_default(tstate, f, throwflag);
+    if (APROF_UNLIKELY(stack_is_low())) {
+        eval_busy(ev);
+        degrade(t);
+        eval_unbusy(ev, t);
+        return eval_default(tstate, f, throwflag);
+    }
+    if (APROF_UNLIKELY(recursion_fails(tstate)))
+        return eval_default(tstate, f, throwflag); /* a RecursionError, no call (as the hooks see it) */
+    uint64_t gen = t->gen;
+    if (APROF_UNLIKELY(ev->own_gen != gen)) {
+        ev->own_gen = gen;
+        ev->own_depth = 0;
+    }
+    int64_t idx;
+    eval_busy(ev);
+    if (APROF_UNLIKELY(throwflag)) {
+        /* throw() and close() enter with the exception to raise in the
+         * frame already set: recording (which may call into Python on a
+         * context's first sight) runs without it. */
+        Raised thrown = raised_take();
+        if (APROF_UNLIKELY(t->nlive != 0) && ev->own_depth == 0 && tstate == t->live_tstate)
+            close_left_live(t, tstate, f);
+        idx = eval_call(t, tstate, co, f);
+        raised_restore(thrown);
+    }
+    else {
+        if (APROF_UNLIKELY(t->nlive != 0) && ev->own_depth == 0 && tstate == t->live_tstate)
+            close_left_live(t, tstate, f);
+        idx = eval_call(t, tstate, co, f);
+    }
+    eval_unbusy(ev, t);
+    Py_INCREF(co); /* the frame's own reference goes when it is popped */
+    ev->depth++;
+    ev->own_depth++;
+    PyObject *r = eval_default(tstate, f, throwflag);
+    ev->depth--;
+    if (APROF_LIKELY(ev->own_gen == gen))
+        ev->own_depth--; /* (else another tracer started in the frame and counts its own) */
+    return eval_leave_slow(tstate, f, co, gen, idx, r);
+}
+
+/* The fast path's EV_CALL of a method (table value idx): its receiver may
+ * be described for the first time, which allocates (a finalizer may run),
+ * so it is written while busy. Returns idx, or -1 when the tracer failed. */
+static APROF_NOINLINE int64_t
+eval_call_method(Tracer *t, int tidx, int64_t idx, struct _PyInterpreterFrame *f, uint64_t now)
+{
+    EvalThread *ev = &tl_ev;
+    PyObject *recv = frame_receiver(f);
+    eval_busy(ev);
+    if (recv != NULL && write_receiver(t, tidx, (uint32_t)idx, recv, now) < 0) {
+        fail(t);
+        idx = -1;
+    }
+    else {
+        write_event(t, tidx, EV_CALL, idx & IDX_MASK, now);
+    }
+    eval_unbusy(ev, t);
+    return idx;
+}
+
+/*
+ * The frame evaluator. Its fast path is the common frame: the thread is
+ * armed (see EvalThread: it has its slot, is not busy, knows its stack's
+ * bound), the frame is no throw() and no generator's creation, the C stack
+ * and the recursion limit have room, the context is the thread's cached
+ * one (recorded or not), and the code was seen before. It then costs a few
+ * loads and compares besides the two events. At the return the context is
+ * compared with the cached one again (a ContextVar.set in the frame, or a
+ * context switch that leaves a frame of another context, changes it), and
+ * the tracer with its eval_gen (stopped, failed, degraded or replaced in
+ * the frame: the slow return half decides). Anything else takes
+ * eval_frame_slow(), which behaves the same, with every check.
+ */
+static PyObject *
+eval_frame(PyThreadState *tstate, struct _PyInterpreterFrame *f, int throwflag)
+{
+    EvalThread *ev = &tl_ev;
+    uint64_t gen = running_eval_gen;
+    Tracer *t = running_tracer; /* not NULL when the thread is armed for gen (never EVAL_OFF) */
+    PyCodeObject *co = f->f_code;
+    if (APROF_UNLIKELY(ev->ready != gen || throwflag || (t->nlive != 0 && ev->own_depth == 0)
+                       || ((co->co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR))
+                           && f->owner != FRAME_OWNED_BY_GENERATOR)
+                       || stack_here() < ev->stack_low || recursion_fails(tstate)))
+        return eval_frame_slow(tstate, f, throwflag);
+    int tidx = ev->tidx;
+    ThreadSlot *ts = &t->threads[tidx];
+    PyObject *vars = context_vars_of(tstate);
+    if (APROF_UNLIKELY(vars == NULL || vars != ts->last_vars))
+        return eval_frame_slow(tstate, f, throwflag);
+    /* idx: the EV_CALL's code index (flags dropped), -1 when none was
+     * written, -2 for aprof's own code (eval_return() looks both up). */
+    int64_t idx = -1;
+    if (ts->last_in) {
+        uint64_t now = now_ticks();
+        idx = table_get(t, co);
+        if (APROF_UNLIKELY(idx < 0))
+            return eval_frame_slow(tstate, f, throwflag); /* first sight: added there */
+        if (APROF_UNLIKELY(idx & (METHOD_FLAG | CLS_FLAG | IGNORED_FLAG))) {
+            if (idx & IGNORED_FLAG)
+                idx = -2;
+            else if ((idx = eval_call_method(t, tidx, idx, f, now)) >= 0)
+                idx &= IDX_MASK;
+        }
+        else {
+            write_event(t, tidx, EV_CALL, idx, now);
+        }
+    }
+    Py_INCREF(co); /* the frame's own reference goes when it is popped */
+    ev->own_depth++;
+    PyObject *r = eval_default(tstate, f, throwflag);
+    if (APROF_LIKELY(ev->own_gen == gen))
+        ev->own_depth--; /* (else another tracer started in the frame and counts its own) */
+    /* The same tracer, still recording through the evaluator, a return
+     * (not an exception), not aprof's own code, and the cached context:
+     * the EV_RETURN when it is recorded (and the EV_CALL was written),
+     * nothing when it is not. */
+    if (APROF_LIKELY(running_eval_gen == gen && r != NULL && idx >= -1)) {
+        ts = &t->threads[tidx];
+        vars = context_vars_of(tstate);
+        if (APROF_LIKELY(vars != NULL && vars == ts->last_vars)) {
+            if (!ts->last_in) {
+                Py_DECREF(co);
+                return r;
+            }
+            if (APROF_LIKELY(idx >= 0)) {
+                write_event(t, tidx, EV_RETURN, idx, now_ticks());
+                Py_DECREF(co);
+                return r;
+            }
+        }
+    }
+    return eval_leave_slow(tstate, f, co, gen, idx, r);
 }
 
 /* Another tool's frame evaluator, if one is installed, else NULL. */
@@ -1885,6 +2078,8 @@ install_eval(Tracer *t)
     }
     _PyInterpreterState_SetEvalFrameFunc(interp, eval_frame);
     t->eval_installed = 1;
+    t->eval_gen = t->gen;
+    eval_sync();
     return 0;
 }
 
@@ -1894,6 +2089,8 @@ uninstall_eval(Tracer *t)
     if (!t->eval_installed)
         return;
     t->eval_installed = 0;
+    t->eval_gen = EVAL_OFF;
+    eval_sync();
     PyInterpreterState *interp = PyInterpreterState_Get();
     if (_PyInterpreterState_GetEvalFrameFunc(interp) == eval_frame)
         _PyInterpreterState_SetEvalFrameFunc(interp, _PyEval_EvalFrameDefault);
@@ -2156,6 +2353,9 @@ Tracer_init(Tracer *t, PyObject *args, PyObject *kwds)
     if (t->objs == NULL && (t->objs = PyList_New(0)) == NULL)
         return -1;
     t->gen = next_gen++;
+#if APROF_EVAL
+    t->eval_gen = EVAL_OFF;
+#endif
     return 0;
 }
 
@@ -2222,6 +2422,7 @@ Tracer_dealloc(Tracer *t)
         running_tracer = NULL;
 #if APROF_EVAL
     uninstall_eval(t);
+    eval_sync();
 #endif
     Tracer_clear(t);
     release_threads(t);
@@ -2305,6 +2506,9 @@ Tracer_start(Tracer *t, PyObject *initial)
     }
     Py_DECREF(seq);
     running_tracer = t;
+#if APROF_EVAL
+    eval_sync();
+#endif
     Py_RETURN_NONE;
 }
 
@@ -2323,6 +2527,9 @@ Tracer_stop(Tracer *t, PyObject *Py_UNUSED(ignored))
 #endif
     if (running_tracer == t)
         running_tracer = NULL;
+#if APROF_EVAL
+    eval_sync();
+#endif
     Py_CLEAR(t->pos);
     Py_CLEAR(t->neg);
     Py_RETURN_NONE;
@@ -2792,6 +2999,40 @@ ctracer_noop_profile(PyObject *module, PyObject *on)
 #endif
 }
 
+#if APROF_EVAL
+/* The floor of the frame evaluator: one that runs every frame with the
+ * default evaluator (as aprof's does, the C recursion units given back on
+ * 3.12) and records nothing. */
+static PyObject *
+noop_eval_frame(PyThreadState *tstate, struct _PyInterpreterFrame *f, int throwflag)
+{
+    return eval_default(tstate, f, throwflag);
+}
+#endif
+
+/* _noop_evaluator(on): for the bench, 3.11 and 3.12 (see above). */
+static PyObject *
+ctracer_noop_evaluator(PyObject *module, PyObject *on)
+{
+#if APROF_EVAL
+    int r = PyObject_IsTrue(on);
+    if (r < 0)
+        return NULL;
+    PyInterpreterState *interp = PyInterpreterState_Get();
+    _PyFrameEvalFunction cur = _PyInterpreterState_GetEvalFrameFunc(interp);
+    if (r && cur != _PyEval_EvalFrameDefault && cur != noop_eval_frame) {
+        PyErr_SetString(PyExc_RuntimeError, "_noop_evaluator: another frame evaluator is installed");
+        return NULL;
+    }
+    if (r || cur == noop_eval_frame)
+        _PyInterpreterState_SetEvalFrameFunc(interp, r ? noop_eval_frame : _PyEval_EvalFrameDefault);
+    Py_RETURN_NONE;
+#else
+    PyErr_SetString(PyExc_RuntimeError, "_noop_evaluator: 3.11 and 3.12 only (aprof uses no frame evaluator on 3.13+)");
+    return NULL;
+#endif
+}
+
 static PyObject *
 Tracer_get_evaluator(Tracer *t, void *closure)
 {
@@ -2816,6 +3057,8 @@ static PyMethodDef module_methods[] = {
      "A description of another tool's PEP 523 frame evaluator, or None."},
     {"replay", (PyCFunction)ctracer_replay, METH_VARARGS, "Replay's inner loop (see aprof/_post/_replay.py)."},
     {"_noop_profile", ctracer_noop_profile, METH_O, "3.11: a do-nothing C profile function (the bench's floor)."},
+    {"_noop_evaluator", ctracer_noop_evaluator, METH_O,
+     "3.11 and 3.12: a do-nothing PEP 523 frame evaluator (the bench's floor)."},
     {NULL, NULL, 0, NULL},
 };
 

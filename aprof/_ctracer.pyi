@@ -587,6 +587,12 @@ def _noop_profile(on: bool, /) -> None:
     """3.11, for the bench's floor: install (or remove) a C profile function
     that does nothing on this thread. On 3.12+ it raises RuntimeError."""
 
+def _noop_evaluator(on: bool, /) -> None:
+    """3.11 and 3.12, for the bench's floor: install (or remove) a PEP 523
+    frame evaluator that runs every frame with the default one and records
+    nothing (RuntimeError if another evaluator is installed; on 3.13+
+    always)."""
+
 # -- profile_memory's allocator hooks (aprof/_cmemory.c, issue 21) -------------
 
 #: Bytes of one sampled-allocation record: (time, size, weight, lt, freed), uint64 each.

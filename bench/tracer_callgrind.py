@@ -18,7 +18,11 @@ warming ``fib`` outside the count. Modes:
 - ``c-calls``: ``c_calls=True``;
 - ``frames-floor`` (3.12+): ``sys.monitoring`` PY_START, PY_RESUME,
   PY_RETURN and PY_YIELD callbacks that are C callables doing nothing (the
-  hooks of an aprof tracer that never started).
+  hooks of an aprof tracer that never started);
+- ``evaluator-floor`` (3.11 and 3.12): a PEP 523 frame evaluator that runs
+  every frame with the default one and records nothing
+  (``aprof._ctracer._noop_evaluator``): what the interpreter's generic call
+  path costs ``default`` before aprof does anything.
 
 ``--report`` runs each mode once (one valgrind at a time, under ``nice``,
 ``PYTHONHASHSEED=0``) and prints the instructions per fib call on top of
@@ -36,7 +40,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-MODES = ("plain", "default", "no-evaluator", "c-calls", "frames-floor")
+MODES = ("plain", "default", "no-evaluator", "c-calls", "frames-floor", "evaluator-floor")
 
 
 def fib(n: int) -> int:
@@ -57,6 +61,10 @@ def run(mode: str, n: int) -> None:
         from tracer import _frames_floor  # bench/tracer.py
 
         _frames_floor()
+    elif mode == "evaluator-floor":
+        from aprof._ctracer import _noop_evaluator
+
+        _noop_evaluator(True)
     elif mode != "plain":
         import aprof
         from aprof._core import _tracer
@@ -97,6 +105,8 @@ def main() -> None:
     modes = [m for m in MODES if args.only is None or m in args.only.split(",") or m == "plain"]
     if sys.version_info < (3, 12) and "frames-floor" in modes:
         modes.remove("frames-floor")
+    if sys.version_info >= (3, 13) and "evaluator-floor" in modes:
+        modes.remove("evaluator-floor")
     counts = {}
     for mode in modes:
         counts[mode] = count(mode, n)

@@ -7,6 +7,7 @@ fixture), and the parity test checks they record the same call trees.
 
 from __future__ import annotations
 
+import contextvars
 import subprocess
 import sys
 import threading
@@ -1058,6 +1059,78 @@ def test_recording_switched_off_records_no_calls(impl: ModuleType, scope: str) -
     assert names.count("leaf") == 2
     assert "middle" not in names
     assert "fib" not in names
+
+
+_COUNT: contextvars.ContextVar[int] = contextvars.ContextVar("_COUNT", default=0)
+
+
+def _sets_a_variable() -> int:
+    _COUNT.set(_COUNT.get() + 1)  # this frame returns in other context variables than it was called in
+    return leaf()
+
+
+def _runs_a_copied_context() -> int:
+    return contextvars.copy_context().run(middle) + leaf()  # back in its own context to return
+
+
+def _switches_recording_off() -> int:
+    with aprof.DisableRecordFunctionGuard():
+        middle()
+    return leaf()
+
+
+def _runs_an_empty_context() -> int:
+    # Returns right after: no Python call of its own is there to notice that
+    # its context is back (a context-scoped profile does not record leaf).
+    return contextvars.Context().run(leaf)
+
+
+def _context_changes() -> int:
+    return (
+        _sets_a_variable()
+        + _runs_a_copied_context()
+        + _switches_recording_off()
+        + _runs_an_empty_context()
+        + _sets_a_variable()
+    )
+
+
+@pytest.mark.parametrize("scope", ["context", "global"])
+def test_frames_whose_context_changes_before_they_return_close_where_they_return(
+    impl: ModuleType, scope: str
+) -> None:
+    # SPEC 8.1: the context is asked at every call and return (the C
+    # evaluator answers from a per-thread cache while the context's variables
+    # stay the same); a frame that set a variable, or ran another context
+    # below it (one that carries the profile, or an empty one), or switched
+    # recording off and on, is closed at its own return, with every call
+    # under it in place, on the calling thread's track.
+    with aprof.profile(python_tracer=True, scope=scope) as prof:  # type: ignore[arg-type]
+        _context_changes()
+        _context_changes()
+    (test, base), *tree = _python_tree(prof)  # the test's own frame, live at start, holds the rest
+    assert test.startswith("test_frames_whose_context")
+    tree = [(name, d - base - 1) for name, d in tree]
+    once = [
+        ("_context_changes", 0),
+        ("_sets_a_variable", 1),
+        ("leaf", 2),
+        ("_runs_a_copied_context", 1),
+        ("middle", 2),
+        ("leaf", 3),
+        ("leaf", 3),
+        ("leaf", 2),
+        ("_switches_recording_off", 1),
+        ("leaf", 2),
+        ("_runs_an_empty_context", 1),
+        *([("leaf", 2)] if scope == "global" else []),
+        ("_sets_a_variable", 1),
+        ("leaf", 2),
+    ]
+    assert tree == once + once
+    evs = [e for e in py_events(prof, HERE) if short(e) != test]  # (the test's frame is open at stop)
+    assert not [e for e in evs if e.unfinished]
+    assert {e.track for e in evs} == {threading.current_thread().name}
 
 
 def test_a_thread_with_recording_off_is_not_traced_by_a_global_profile(impl: ModuleType) -> None:
