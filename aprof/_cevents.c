@@ -63,6 +63,22 @@ enum {
 };
 enum { KIND_INSTANT = 1, FLAG_UNFINISHED = 2, FLAG_ASYNC = 4, ASYNC_SAME_THREAD = -1 };
 
+/* PyLong_AsLongLong, without its slow path: for an int of more than one
+ * digit (every nanosecond time), CPython 3.11-3.13 go through
+ * _PyLong_AsByteArray, some 180 instructions; the overflow variant reads
+ * the digits directly. Same results, same OverflowError. */
+static inline long long
+ll_of(PyObject *v)
+{
+    int overflow = 0;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow) {
+        PyErr_SetString(PyExc_OverflowError, "int too big to convert");
+        return -1;
+    }
+    return x;
+}
+
 /* Set once by _events_setup(). */
 static PyObject *scope_tuple;    /* _table.SCOPES: the scope column's RecordScopes */
 static PyObject *scopes;         /* {scope value: RecordScope} */
@@ -541,7 +557,7 @@ fail:
 static inline int
 get_i64(PyObject *rec, Py_ssize_t slot, long long *out)
 {
-    *out = PyLong_AsLongLong(PyList_GET_ITEM(rec, slot));
+    *out = ll_of(PyList_GET_ITEM(rec, slot));
     return *out == -1 && PyErr_Occurred() ? -1 : 0;
 }
 
@@ -752,7 +768,7 @@ steps_overlap(PyObject *flat, int64_t start, int64_t end, long long *out)
     Py_ssize_t n = PyList_GET_SIZE(flat), lo = 0, hi = n;
     while (lo < hi) { /* bisect_right(flat, start) */
         Py_ssize_t mid = (lo + hi) / 2;
-        long long v = PyLong_AsLongLong(PyList_GET_ITEM(flat, mid));
+        long long v = ll_of(PyList_GET_ITEM(flat, mid));
         if (v == -1 && PyErr_Occurred())
             return -1;
         if (start < v)
@@ -762,7 +778,7 @@ steps_overlap(PyObject *flat, int64_t start, int64_t end, long long *out)
     }
     long long total = 0;
     for (Py_ssize_t i = lo - lo % 2; i + 1 < n; i += 2) {
-        long long s0 = PyLong_AsLongLong(PyList_GET_ITEM(flat, i)), s1 = PyLong_AsLongLong(PyList_GET_ITEM(flat, i + 1));
+        long long s0 = ll_of(PyList_GET_ITEM(flat, i)), s1 = ll_of(PyList_GET_ITEM(flat, i + 1));
         if ((s0 == -1 || s1 == -1) && PyErr_Occurred())
             return -1;
         if (s0 >= end)
@@ -964,6 +980,18 @@ typedef struct {
 static const char *const task_arg_keys[] = {"args", "exception", "unfinished", "inputs", "sequence_nr",
                                             "forward_thread_id", "end_thread_id", "stack", "running_ns",
                                             "waiting_ns", NULL};
+#define N_TASK_ARG_KEYS 10
+/* The same keys, and the extra's keys the writer reads, as interned str
+ * (PyDict_GetItemString made a str per lookup: a dozen per task). Set by
+ * aprof_events_init. */
+static PyObject *task_arg_strs[N_TASK_ARG_KEYS], *str_spawn_ns, *str_steps;
+
+/* extra[key] (borrowed) or NULL; NULL with an error set if the lookup failed. */
+static inline PyObject *
+extra_get(PyObject *extra, PyObject *key)
+{
+    return PyDict_GetItemWithError(extra, key);
+}
 
 /* One TASK row, as the Python loop of _chrome.chrome_trace_chunks writes
  * it: its "X" line with args, the spawn slice and flow arrow from the
@@ -997,9 +1025,11 @@ chrome_task_row(Buf *b, TaskCtx *c, Cols *t, Py_ssize_t i, long long base, PyObj
     long long pid = 0, tid = 0, fwd = t->fwd[i], seq = t->seq[i], start = t->start[i], end = t->end[i];
     if (!exact_ll(PyList_GET_ITEM(c->pid_of, tr), &pid) || !exact_ll(PyList_GET_ITEM(c->tid_of, tr), &tid))
         return 0;
-    for (int k = 0; task_arg_keys[k] != NULL; k++)
-        if (PyDict_GetItemString(extra, task_arg_keys[k]) != NULL)
+    for (int k = 0; k < N_TASK_ARG_KEYS; k++)
+        if (extra_get(extra, task_arg_strs[k]) != NULL)
             return 0;
+        else if (PyErr_Occurred())
+            return -1;
     long long running = 0;
     if (steps_overlap(steps, start, end, &running) < 0)
         return -1;
@@ -1032,9 +1062,11 @@ chrome_task_row(Buf *b, TaskCtx *c, Cols *t, Py_ssize_t i, long long base, PyObj
     /* the spawn slice and the flow arrow */
     if (fwd && seq > 0) {
         long long link_ns = start;
-        PyObject *at = PyDict_GetItemString(extra, "spawn_ns");
-        if (at == NULL)
-            at = PyDict_GetItemString(extra, "submit_ns");
+        PyObject *at = extra_get(extra, str_spawn_ns);
+        if (at == NULL && !PyErr_Occurred())
+            at = extra_get(extra, str_submit_ns);
+        if (at == NULL && PyErr_Occurred())
+            goto fail;
         if (at != NULL && !exact_ll(at, &link_ns))
             goto not_here;
         PyObject *fkey = PyLong_FromLongLong(fwd), *tkey = PyLong_FromLongLong(tid);
@@ -1074,7 +1106,9 @@ chrome_task_row(Buf *b, TaskCtx *c, Cols *t, Py_ssize_t i, long long base, PyObj
             goto fail;
     }
     /* the steps, on the task's running row */
-    PyObject *ts = PyDict_GetItemString(extra, "steps");
+    PyObject *ts = extra_get(extra, str_steps);
+    if (ts == NULL && PyErr_Occurred())
+        goto fail;
     if (ts != NULL && ts != Py_None) {
         if (!PyList_CheckExact(ts) && !PyTuple_CheckExact(ts))
             goto not_here;
@@ -1129,7 +1163,7 @@ chrome_impl(PyObject *const *args, Py_ssize_t nargs, TaskCtx *ctx)
     PyObject *steps_of = args[9]; /* per track: None, or a task's flat (start, end) step list */
     PyObject *tab = args[0], *wheres = args[3], *jnames = args[4], *cats = args[5], *dumps = args[6];
     Py_ssize_t i = PyLong_AsSsize_t(args[1]);
-    long long base = PyLong_AsLongLong(args[2]);
+    long long base = ll_of(args[2]);
     Py_ssize_t limit = PyLong_AsSsize_t(args[7]);
     if (PyErr_Occurred())
         return NULL;
@@ -1141,6 +1175,10 @@ chrome_impl(PyObject *const *args, Py_ssize_t nargs, TaskCtx *ctx)
     PyObject *names = PyObject_GetAttrString(tab, "names"), *result = NULL, **jcache = NULL;
     Buf b = {NULL, 0, 0};
     if (n_rare < 0 || names == NULL || !PyList_Check(names))
+        goto done;
+    /* Room for `limit` rows at a typical line's length (some 230 bytes), so
+     * a batch is not copied by doubling reallocs on its way to its size. */
+    if (limit > 0 && buf_grow(&b, (size_t)(limit < 32768 ? limit : 32768) * 256) < 0)
         goto done;
     const int32_t *rare = rv.buf;
     /* the first rare index >= i */
@@ -1222,7 +1260,11 @@ chrome_impl(PyObject *const *args, Py_ssize_t nargs, TaskCtx *ctx)
         buf_put(&b, "}", 1);
         written++;
     }
-    PyObject *text = PyUnicode_DecodeASCII(b.p ? b.p : "", (Py_ssize_t)b.len, "strict");
+    /* The buffer is ASCII by construction (ascii_of, buf_json, literals and
+     * digits): copied into a new str as it is, with no decoder's pass. */
+    PyObject *text = PyUnicode_New((Py_ssize_t)b.len, 127);
+    if (text != NULL && b.len)
+        memcpy(PyUnicode_DATA(text), b.p, b.len);
     if (text != NULL)
         result = ctx == NULL ? Py_BuildValue("(Nn)", text, i) : Py_BuildValue("(NnL)", text, i, ctx->flow_id);
 done:
@@ -1257,9 +1299,9 @@ chrome_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     TaskCtx ctx = {args[10], args[11], args[12], args[13], args[14], 0, 0, 0};
-    ctx.run_base = PyLong_AsLongLong(args[15]);
-    ctx.task_scope = PyLong_AsLongLong(args[16]);
-    ctx.flow_id = PyLong_AsLongLong(args[17]);
+    ctx.run_base = ll_of(args[15]);
+    ctx.task_scope = ll_of(args[16]);
+    ctx.flow_id = ll_of(args[17]);
     if (PyErr_Occurred())
         return NULL;
     return chrome_impl(args, nargs, &ctx);
@@ -1453,7 +1495,7 @@ check_table(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "check_table(tab, profile_start, max_thread_id)");
         return NULL;
     }
-    long long profile_start = PyLong_AsLongLong(args[1]), max_tid = PyLong_AsLongLong(args[2]);
+    long long profile_start = ll_of(args[1]), max_tid = ll_of(args[2]);
     if ((profile_start == -1 || max_tid == -1) && PyErr_Occurred())
         return NULL;
     Cols t;
@@ -1885,7 +1927,7 @@ scope_index(PyObject *member)
 static inline int
 as_i64(PyObject *o, int64_t *out)
 {
-    long long v = PyLong_AsLongLong(o);
+    long long v = ll_of(o);
     if (v == -1 && PyErr_Occurred())
         return -1;
     *out = v;
@@ -1955,6 +1997,11 @@ typedef struct {
     PyObject_HEAD
     char *buf[N_COLUMNS];
     Py_ssize_t n, cap; /* rows staged, rows of room */
+    /* The name cache of the tracks staged (one per consolidate call cost a
+     * calloc and its clearing per track), valid for the table whose
+     * _name_ids is nc_ids (held: the names it caches stay alive). */
+    NameCache *nc;
+    PyObject *nc_ids;
 } ColumnStage;
 
 static PyTypeObject ColumnStageType;
@@ -1964,6 +2011,8 @@ ColumnStage_dealloc(ColumnStage *st)
 {
     for (int c = 0; c < N_COLUMNS; c++)
         PyMem_Free(st->buf[c]);
+    PyMem_Free(st->nc);
+    Py_XDECREF(st->nc_ids);
     Py_TYPE(st)->tp_free((PyObject *)st);
 }
 
@@ -2080,7 +2129,18 @@ consolidate(PyObject *raw, long long tid, PyObject *lead, long track, long long 
     int64_t *ends = NULL;
     StartKey *keys = NULL;
     void *out[N_COLUMNS] = {NULL};
-    NameCache *nc = PyMem_Calloc(1, sizeof(NameCache));
+    NameCache *nc = NULL, *own_nc = NULL;
+    if (stage != NULL && ids != NULL) { /* the stage's, kept across its tracks (of one table) */
+        if (stage->nc == NULL)
+            stage->nc = PyMem_Calloc(1, sizeof(NameCache));
+        else if (stage->nc_ids != ids)
+            memset(stage->nc, 0, sizeof(NameCache));
+        if (stage->nc != NULL && stage->nc_ids != ids)
+            Py_XSETREF(stage->nc_ids, Py_NewRef(ids));
+        nc = stage->nc;
+    }
+    else
+        nc = own_nc = PyMem_Calloc(1, sizeof(NameCache));
     if (names == NULL || ids == NULL || rare_d == NULL || nc == NULL) {
         if (nc == NULL && !PyErr_Occurred())
             PyErr_NoMemory();
@@ -2371,7 +2431,7 @@ done:
     PyMem_Free(keys);
     PyMem_Free(stack);
     PyMem_Free(ends);
-    PyMem_Free(nc);
+    PyMem_Free(own_nc);
     Py_XDECREF(names);
     Py_XDECREF(ids);
     Py_XDECREF(rare_d);
@@ -2397,7 +2457,7 @@ consolidate_raw(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                                          "tab: EventTable, linked: list)");
         return NULL;
     }
-    long long tid = PyLong_AsLongLong(args[1]), stop_ns = PyLong_AsLongLong(args[4]);
+    long long tid = ll_of(args[1]), stop_ns = ll_of(args[4]);
     long track = PyLong_AsLong(args[3]);
     if ((tid == -1 || stop_ns == -1 || track == -1) && PyErr_Occurred())
         return NULL;
@@ -2421,7 +2481,7 @@ nest(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "nest(records: list, track: int, stop_ns: int, tab: EventTable, linked: list)");
         return NULL;
     }
-    long long stop_ns = PyLong_AsLongLong(args[2]);
+    long long stop_ns = ll_of(args[2]);
     long track = PyLong_AsLong(args[1]);
     if (((stop_ns == -1 || track == -1) && PyErr_Occurred()) || check_records(args[0]) < 0)
         return NULL;
@@ -2515,7 +2575,7 @@ lod_keep(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "lod_keep(tab, always: bytes (256), budget: int)");
         return NULL;
     }
-    long long budget = PyLong_AsLongLong(args[2]);
+    long long budget = ll_of(args[2]);
     if (budget == -1 && PyErr_Occurred())
         return NULL;
     const unsigned char *always = (const unsigned char *)PyBytes_AS_STRING(args[1]);
@@ -2666,7 +2726,7 @@ lod_merge(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "lod_merge(tab, keep: bytes, base: int, resolution: int, remap)");
         return NULL;
     }
-    long long base = PyLong_AsLongLong(args[2]), resolution = PyLong_AsLongLong(args[3]);
+    long long base = ll_of(args[2]), resolution = ll_of(args[3]);
     if ((base == -1 || resolution == -1) && PyErr_Occurred())
         return NULL;
     if (resolution < 1) {
@@ -3076,7 +3136,7 @@ path_totals(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             PyErr_Format(PyExc_TypeError, "path_totals: segment %zd is not a (start, end, frames) tuple", k);
             goto done;
         }
-        long long s0 = PyLong_AsLongLong(PyTuple_GET_ITEM(seg, 0)), s1 = PyLong_AsLongLong(PyTuple_GET_ITEM(seg, 1));
+        long long s0 = ll_of(PyTuple_GET_ITEM(seg, 0)), s1 = ll_of(PyTuple_GET_ITEM(seg, 1));
         if ((s0 == -1 || s1 == -1) && PyErr_Occurred())
             goto done;
         int64_t d;
@@ -3310,7 +3370,7 @@ stitch_segments(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                                          "relabelled: bytes (256), max_frames: int[, per_path: dict])");
         return NULL;
     }
-    long long a = PyLong_AsLongLong(args[2]), b = PyLong_AsLongLong(args[3]);
+    long long a = ll_of(args[2]), b = ll_of(args[3]);
     Py_ssize_t max_frames = PyLong_AsSsize_t(args[6]);
     if (((a == -1 || b == -1) || max_frames == -1) && PyErr_Occurred())
         return NULL;
@@ -3663,7 +3723,7 @@ compact_events(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                         "compact_events(tab, base: int, remap: array('i'), flags: bytes (256), detail_rows: array('i'))");
         return NULL;
     }
-    long long base = PyLong_AsLongLong(args[1]);
+    long long base = ll_of(args[1]);
     if (base == -1 && PyErr_Occurred())
         return NULL;
     const unsigned char *flags = (const unsigned char *)PyBytes_AS_STRING(args[3]);
@@ -3788,6 +3848,148 @@ trim_heap(PyObject *module, PyObject *unused)
  * the scope column's RecordScopes in order, scopes {value: RecordScope};
  * layout is (R_NAME, ..., R_EXTRA, KIND_INSTANT, FLAG_UNFINISHED,
  * FLAG_ASYNC, ASYNC_SAME_THREAD) as Python defines them. */
+/* task_events(records, i, stop_ns, tracks, recs, Track, task_scope, kind_range) -> next_i
+ *
+ * _events._task_events for the finished tasks' records (14-field tuples),
+ * from records[i] on while they are: each one's Track (track.steps set)
+ * in tracks[tid] and its consolidated TASK record in recs[tid], the same
+ * objects, in the same order, taken off the cyclic GC's lists alike.
+ * next_i is the first record not done (a running task's TaskThread, or
+ * anything else, for the Python loop); a task per request makes tens of
+ * thousands of them, and the loop in Python was a third of a snapshot. */
+static int
+task_set_slot(PyObject *track, PyObject *descr, PyObject *value)
+{
+    descrsetfunc set = Py_TYPE(descr)->tp_descr_set;
+    return set == NULL ? (PyErr_SetString(PyExc_TypeError, "task_events: Track has no such slot"), -1)
+                       : set(descr, track, value);
+}
+
+static PyObject *
+task_events(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 8 || !PyList_CheckExact(args[0]) || !PyDict_CheckExact(args[3]) || !PyDict_CheckExact(args[4]) ||
+        !PyType_Check(args[5])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "task_events(records: list, i: int, stop_ns: int, tracks: dict, recs: dict, Track: type, "
+                        "task_scope, kind_range: int)");
+        return NULL;
+    }
+    PyObject *records = args[0], *stop = args[2], *tracks = args[3], *recs = args[4], *task_scope = args[6],
+             *kind_range = args[7];
+    PyTypeObject *track_type = (PyTypeObject *)args[5];
+    Py_ssize_t i = PyLong_AsSsize_t(args[1]);
+    if (i == -1 && PyErr_Occurred())
+        return NULL;
+    static const char *const slot_names[] = {"id", "name", "kind", "os_thread_id", "node_id", "steps"};
+    PyObject *slots[6];
+    for (int k = 0; k < 6; k++) { /* the slots' member descriptors (borrowed: the class holds them) */
+        slots[k] = PyDict_GetItemString(track_type->tp_dict, slot_names[k]);
+        if (slots[k] == NULL || Py_TYPE(slots[k]) != &PyMemberDescr_Type) {
+            PyErr_Format(PyExc_TypeError, "task_events: %s has no slot %s", track_type->tp_name, slot_names[k]);
+            return NULL;
+        }
+    }
+    PyObject *zero_node = PyLong_FromLong(0);
+    if (zero_node == NULL)
+        return NULL;
+    for (i = i < 0 ? 0 : i; i < PyList_GET_SIZE(records); i++) {
+        PyObject *t = PyList_GET_ITEM(records, i);
+        if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != 14)
+            break;
+        Py_INCREF(t); /* the list may change under a callback (a str subclass's __eq__ ...) */
+        PyObject *const *f = &PyTuple_GET_ITEM(t, 0);
+        PyObject *tid = f[0], *name = f[1], *kind = f[2], *os_tid = f[3], *coro = f[4], *spawn_ns = f[5],
+                 *seq = f[6], *fwd = f[7], *end_ns = f[8], *outcome = f[9], *exc = f[10], *steps = f[11],
+                 *waits = f[12], *site = f[13];
+        PyObject *flat = PySequence_List(steps), *extra = NULL, *rec = NULL, *track = NULL, *waits_copy = NULL;
+        int ok = 0;
+        if (flat == NULL)
+            goto next;
+        if (PyList_GET_SIZE(flat) % 2 && PyList_Append(flat, end_ns) < 0) /* finished mid-step */
+            goto next;
+        extra = PyDict_New();
+        if (extra == NULL || PyDict_SetItemString(extra, "coro", coro) < 0 ||
+            PyDict_SetItem(extra, str_spawn_ns, spawn_ns) < 0 || PyDict_SetItem(extra, str_steps, flat) < 0 ||
+            PyDict_SetItemString(extra, "outcome", outcome) < 0)
+            goto next;
+        if (site != Py_None) {
+            PyObject *s = PySequence_List(site);
+            int rc = s == NULL ? -1 : PyDict_SetItemString(extra, "spawn_site", s);
+            Py_XDECREF(s);
+            if (rc < 0)
+                goto next;
+        }
+        int has_waits = PyObject_IsTrue(waits);
+        if (has_waits < 0)
+            goto next;
+        if (has_waits) { /* [run[:] for run in waits if run[0] < stop_ns] */
+            PyObject *it = PyObject_GetIter(waits), *run;
+            waits_copy = PyList_New(0);
+            if (it == NULL || waits_copy == NULL) {
+                Py_XDECREF(it);
+                goto next;
+            }
+            while ((run = PyIter_Next(it)) != NULL) {
+                PyObject *r0 = PySequence_GetItem(run, 0);
+                int lt = r0 == NULL ? -1 : PyObject_RichCompareBool(r0, stop, Py_LT);
+                Py_XDECREF(r0);
+                PyObject *copy = lt > 0 ? PySequence_GetSlice(run, 0, PY_SSIZE_T_MAX) : NULL;
+                int rc = lt < 0 || (lt > 0 && (copy == NULL || PyList_Append(waits_copy, copy) < 0)) ? -1 : 0;
+                Py_XDECREF(copy);
+                Py_DECREF(run);
+                if (rc < 0)
+                    break;
+            }
+            Py_DECREF(it);
+            if (PyErr_Occurred() || PyDict_SetItemString(extra, "waits", waits_copy) < 0)
+                goto next;
+        }
+        /* [name, TASK, spawn_ns, end_ns, None, exc, None, seq, fwd, None, None, KIND_RANGE, extra] */
+        rec = PyList_New(R_SIZE);
+        if (rec == NULL)
+            goto next;
+        PyObject *fields[R_SIZE] = {name, task_scope, spawn_ns, end_ns, Py_None, exc, Py_None,
+                                    seq,  fwd,        Py_None,  Py_None, kind_range, extra};
+        for (int k = 0; k < R_SIZE; k++)
+            PyList_SET_ITEM(rec, k, Py_NewRef(fields[k]));
+        track = track_type->tp_alloc(track_type, 0);
+        if (track == NULL || task_set_slot(track, slots[5], Py_None) < 0 || task_set_slot(track, slots[0], tid) < 0 ||
+            task_set_slot(track, slots[1], name) < 0 || task_set_slot(track, slots[2], kind) < 0 ||
+            task_set_slot(track, slots[3], os_tid) < 0 || task_set_slot(track, slots[4], zero_node) < 0 ||
+            task_set_slot(track, slots[5], flat) < 0)
+            goto next;
+        /* untrack(*extra.get("waits", ()), flat, *extra.values(), extra, track, rec): leaves first */
+        if (waits_copy != NULL)
+            for (Py_ssize_t k = 0; k < PyList_GET_SIZE(waits_copy); k++)
+                untrack_if_acyclic(PyList_GET_ITEM(waits_copy, k));
+        untrack_if_acyclic(flat);
+        {
+            Py_ssize_t pos = 0;
+            PyObject *k, *v;
+            while (PyDict_Next(extra, &pos, &k, &v))
+                untrack_if_acyclic(v);
+        }
+        untrack_if_acyclic(extra);
+        untrack_if_acyclic(track);
+        untrack_if_acyclic(rec);
+        ok = PyDict_SetItem(tracks, tid, track) == 0 && PyDict_SetItem(recs, tid, rec) == 0;
+    next:
+        Py_XDECREF(flat);
+        Py_XDECREF(extra);
+        Py_XDECREF(waits_copy);
+        Py_XDECREF(rec);
+        Py_XDECREF(track);
+        Py_DECREF(t);
+        if (!ok) {
+            Py_DECREF(zero_node);
+            return NULL;
+        }
+    }
+    Py_DECREF(zero_node);
+    return PyLong_FromSsize_t(i);
+}
+
 static PyObject *
 events_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -3881,6 +4083,8 @@ static PyMethodDef event_functions[] = {
      "Who awaits whom: each track's ranges, top-level ranges, roots, and each spawner's links, as rows."},
     {"path_totals", (PyCFunction)(void (*)(void))path_totals, METH_FASTCALL,
      "Who awaits whom: add a timeline's segment durations to per_path by call path; their sum."},
+    {"task_events", (PyCFunction)(void (*)(void))task_events, METH_FASTCALL,
+     "_events._task_events for the finished tasks' records from index i on; the first index not done."},
     {"trim_heap", trim_heap, METH_NOARGS, "Give the C heap's free memory back to the system (glibc); whether it could."},
     {NULL, NULL, 0, NULL},
 };
@@ -3894,6 +4098,12 @@ aprof_events_init(PyObject *module)
     minus_one = PyLong_FromLong(-1);
     zero = PyLong_FromLong(0);
     if (str_submit_ns == NULL || str_sort == NULL || str_key == NULL || minus_one == NULL || zero == NULL)
+        return -1;
+    for (int k = 0; k < N_TASK_ARG_KEYS; k++)
+        if ((task_arg_strs[k] = PyUnicode_InternFromString(task_arg_keys[k])) == NULL)
+            return -1;
+    if ((str_spawn_ns = PyUnicode_InternFromString("spawn_ns")) == NULL ||
+        (str_steps = PyUnicode_InternFromString("steps")) == NULL)
         return -1;
     if (PyType_Ready(&EventViewType) < 0 || PyType_Ready(&ViewCacheType) < 0 || PyType_Ready(&ColumnStageType) < 0)
         return -1;

@@ -581,6 +581,14 @@ def _memory_stop() -> tuple[bytes, list[int], dict[int, Any], int, int, int]:
     Returns (records, OS thread idents, {id: LogicalThread}, other bytes,
     other count, dropped)."""
 
+def task_events(
+    records: list[Any], i: int, stop_ns: int, tracks: dict[int, Any], recs: dict[int, list[Any]], track_type: type,
+    task_scope: Any, kind_range: int, /,
+) -> int:
+    """_events._task_events for the finished tasks' records (14-field
+    tuples) from ``records[i]`` on, into ``tracks`` and ``recs``; the index
+    of the first record not done (a running task's, for the Python loop)."""
+
 def untrack_acyclic(*objs: object) -> None:
     """Take each object off the cyclic GC's lists when nothing it refers to
     is on them (leaves first); for finished plain data only."""

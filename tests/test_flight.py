@@ -385,3 +385,80 @@ def test_untrack_acyclic_takes_off_plain_data_only() -> None:
     assert gc.is_tracked(cycle)
     names["later"] = [holder]  # a dict re-tracks itself when given a tracked value
     assert gc.is_tracked(names)
+
+
+def test_the_task_table_built_in_c_matches_the_python_twin(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A snapshot turns every kept task record into its track and its TASK
+    # record; the finished ones (a request's task: most of a server's ring)
+    # go through the extension's task_events, the running ones through the
+    # Python loop, in one order. Both must give the same objects: the same
+    # fields, extra keys in the same order (they are the Chrome args' order),
+    # the same steps list shared by the track and the extra, and the same
+    # containers off the cyclic GC's lists.
+    import gc
+    from array import array
+
+    from aprof._core import _native
+    from aprof._post import _events
+
+    from .conftest import require_c_extension
+
+    ext = require_c_extension()
+    assert ext.task_events is not None
+
+    class Running:  # the fields _task_events reads from a running task's TaskThread
+        def __init__(self, tid: int) -> None:
+            self.id, self.kind, self.os_thread_id, self.coro_name = tid, "asyncio", 7, "serve"
+            self.spawn_ns, self.seq, self.fwd = 100, tid, 1
+            self.steps = [100, 150, 900, 1200]
+            self.waits = None
+            self.spawn_site = ("app.py", 3, "main")
+
+        def current_name(self) -> str:
+            return f"Task-{self.id}"
+
+        def waiting_on(self) -> None:
+            return None
+
+        def stopped(self) -> None:
+            pass
+
+    def finished(tid: int, steps: Any, waits: Any, site: Any, exc: str | None = None) -> tuple[Any, ...]:
+        return (tid, f"Task-{tid}", "asyncio", 7, "handle", 10 * tid, tid, 1, 10 * tid + 500, "returned", exc, steps, waits, site)
+
+    def records() -> list[Any]:
+        return [
+            finished(2, array("q", [20, 30, 40, 50]), None, ("app.py", 9, "main")),
+            finished(3, [30, 40, 60], [[35, 38, "sleep"], [2000, 2100, "late"]], None, "ValueError"),  # mid-step; a wait past stop
+            Running(4),
+            finished(5, [], [], ("app.py", 10, "main")),  # no steps, an empty waits list (no key)
+            Running(6),
+            Running(8),
+            finished(9, (90, 95), [[91, 92, "q"]], ["a.py", 1, "f"]),
+        ]
+
+    def build(mode: str) -> tuple[dict[int, Any], dict[int, Any]]:
+        with monkeypatch.context() as m:
+            if mode == "python loop":  # the extension's untracking, without its task_events
+                m.setattr(_events, "_c_task_runs", lambda ext, recs, *_: iter(range(len(recs))))
+            elif mode == "pure":
+                m.setattr(_native, "extension", None)
+            return _events._task_events(records(), 1000)
+
+    got, want, pure = build("c"), build("python loop"), build("pure")
+    assert list(got[0]) == list(want[0]) == list(pure[0]) == [2, 3, 4, 5, 6, 8, 9]
+    assert got[1] == pure[1]
+    assert [t.to_dict() for t in got[0].values()] == [t.to_dict() for t in pure[0].values()]
+    assert list(got[1]) == list(want[1])
+    for tid in want[0]:
+        gt, wt = got[0][tid], want[0][tid]
+        assert (type(gt), gt.to_dict(), gt.steps) == (type(wt), wt.to_dict(), wt.steps)
+        g, w = got[1][tid], want[1][tid]
+        assert g == w
+        assert list(g[-1]) == list(w[-1])  # the extra's key order
+        assert g[-1]["steps"] is gt.steps  # one list, shared
+        assert g[1] is aprof.RecordScope.TASK
+        for a, b in ((g, w), (g[-1], w[-1]), (gt, wt), (gt.steps, wt.steps), *zip(g[-1].values(), w[-1].values(), strict=True)):
+            assert gc.is_tracked(a) == gc.is_tracked(b), (tid, a)
+    assert got[1][3][-1]["waits"] == [[35, 38, "sleep"]]
+    assert got[0][3].steps == [30, 40, 60, 530]  # finished mid-step: closed at its end
