@@ -1307,6 +1307,124 @@ chrome_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return chrome_impl(args, nargs, &ctx);
 }
 
+/* chrome_tracks(tracks, pids, coros, run_base, dumps) -> str | None
+ *
+ * The metadata lines of every track (_chrome.chrome_trace_chunks' track
+ * loop), joined by ",\n": its thread_name (track_label's label: the task's
+ * coroutine, its kind) and thread_sort_index (2 * its place), and for a
+ * task with steps the same for its running row (tid run_base + its id,
+ * sort index 2 * its place + 1). None, having written nothing, when a
+ * track's fields are not plain (its id, node or pid not an int, its name,
+ * kind or coroutine not a str): the Python loop then writes them all. A
+ * task per request makes tens of thousands of tracks: their f-strings were
+ * a tenth of the export. */
+static PyObject *
+chrome_tracks(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 || !PyList_Check(args[0]) || !PyDict_Check(args[1]) || !PyDict_Check(args[2]) ||
+        !PyCallable_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "chrome_tracks(tracks: list, pids: dict, coros: dict, run_base: int, dumps)");
+        return NULL;
+    }
+    PyObject *tracks = args[0], *pids = args[1], *coros = args[2], *dumps = args[4];
+    long long run_base = ll_of(args[3]);
+    if (run_base == -1 && PyErr_Occurred())
+        return NULL;
+    static PyObject *s_id, *s_node_id, *s_name, *s_kind, *s_steps, *s_thread;
+    if (s_thread == NULL && ((s_id = PyUnicode_InternFromString("id")) == NULL ||
+                             (s_node_id = PyUnicode_InternFromString("node_id")) == NULL ||
+                             (s_name = PyUnicode_InternFromString("name")) == NULL ||
+                             (s_kind = PyUnicode_InternFromString("kind")) == NULL ||
+                             (s_steps = PyUnicode_InternFromString("steps")) == NULL ||
+                             (s_thread = PyUnicode_InternFromString("thread")) == NULL))
+        return NULL;
+    static const char thread_name[] = "{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%lld,\"tid\":%lld,\"args\":{\"name\":",
+                      sort_index[] = "}},\n{\"ph\":\"M\",\"name\":\"thread_sort_index\",\"pid\":%lld,\"tid\":%lld,"
+                                     "\"args\":{\"sort_index\":%lld}}";
+    Buf b = {NULL, 0, 0};
+    PyObject *result = NULL;
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(tracks); k++) {
+        PyObject *t = PyList_GET_ITEM(tracks, k);
+        Py_INCREF(t);
+        PyObject *tid_o = PyObject_GetAttr(t, s_id), *node = PyObject_GetAttr(t, s_node_id),
+                 *name = PyObject_GetAttr(t, s_name), *kind = PyObject_GetAttr(t, s_kind),
+                 *steps = PyObject_GetAttr(t, s_steps), *label = NULL;
+        int rc = -1; /* -1: an error; 1: not plain, for the Python loop */
+        if (tid_o == NULL || node == NULL || name == NULL || kind == NULL || steps == NULL)
+            goto next;
+        PyObject *pid_o = PyDict_GetItemWithError(pids, node); /* pids.get(node, node) */
+        if (pid_o == NULL && PyErr_Occurred())
+            goto next;
+        pid_o = pid_o == NULL ? node : pid_o;
+        PyObject *coro = PyDict_GetItemWithError(coros, tid_o); /* coros.get(tid) */
+        if (coro == NULL && PyErr_Occurred())
+            goto next;
+        long long tid = 0, pid = 0;
+        int has_steps = steps == Py_None ? 0 : PyObject_IsTrue(steps);
+        if (has_steps < 0)
+            goto next;
+        if (!exact_ll(tid_o, &tid) || !exact_ll(pid_o, &pid) || !PyUnicode_CheckExact(name) ||
+            !PyUnicode_CheckExact(kind) || (coro != NULL && !PyUnicode_CheckExact(coro))) {
+            rc = 1;
+            goto next;
+        }
+        /* track_label(track, coro) */
+        label = Py_NewRef(name);
+        if (coro != NULL && PyUnicode_GET_LENGTH(coro) > 0) {
+            int in = PyUnicode_Contains(name, coro);
+            if (in < 0)
+                goto next;
+            if (!in)
+                Py_SETREF(label, PyUnicode_FromFormat("%U (task %U)", name, coro));
+        }
+        if (label != NULL && PyUnicode_Compare(kind, s_thread) != 0)
+            Py_SETREF(label, PyUnicode_FromFormat("%U [%U]", label, kind));
+        if (label == NULL || (b.len && buf_fmt(&b, ",\n") < 0) || buf_fmt(&b, thread_name, pid, tid) < 0)
+            goto next;
+        size_t j0 = b.len; /* the label's JSON (_dumps) */
+        if (buf_json(&b, dumps, label, 0) < 0)
+            goto next;
+        size_t jn = b.len - j0;
+        if (jn < 2) {
+            PyErr_SetString(PyExc_ValueError, "aprof: chrome_tracks: a label's JSON is not a string");
+            goto next;
+        }
+        if (buf_fmt(&b, sort_index, pid, tid, 2 * (long long)k) < 0)
+            goto next;
+        if (has_steps) { /* the running row: _dumps(label + " running"), the label's JSON with " running" in it */
+            long long rid = run_base + tid;
+            if (buf_fmt(&b, ",\n") < 0 || buf_fmt(&b, thread_name, pid, rid) < 0 || buf_grow(&b, jn + 16) < 0)
+                goto next;
+            memcpy(b.p + b.len, b.p + j0, jn - 1); /* earlier in the buffer: no overlap */
+            b.len += jn - 1;
+            buf_put(&b, " running\"", 9);
+            if (buf_fmt(&b, sort_index, pid, rid, 2 * (long long)k + 1) < 0)
+                goto next;
+        }
+        rc = 0;
+    next:
+        Py_XDECREF(tid_o);
+        Py_XDECREF(node);
+        Py_XDECREF(name);
+        Py_XDECREF(kind);
+        Py_XDECREF(steps);
+        Py_XDECREF(label);
+        Py_DECREF(t);
+        if (rc < 0)
+            goto done;
+        if (rc > 0) {
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+    }
+    result = PyUnicode_New((Py_ssize_t)b.len, 127);
+    if (result != NULL && b.len)
+        memcpy(PyUnicode_DATA(result), b.p, b.len);
+done:
+    PyMem_Free(b.p);
+    return result;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Session columns: the binary format's writer and reader                    */
 /* ------------------------------------------------------------------------ */
@@ -4083,6 +4201,8 @@ static PyMethodDef event_functions[] = {
      "Who awaits whom: each track's ranges, top-level ranges, roots, and each spawner's links, as rows."},
     {"path_totals", (PyCFunction)(void (*)(void))path_totals, METH_FASTCALL,
      "Who awaits whom: add a timeline's segment durations to per_path by call path; their sum."},
+    {"chrome_tracks", (PyCFunction)(void (*)(void))chrome_tracks, METH_FASTCALL,
+     "The Chrome trace's metadata lines of every track (names, sort order, running rows), joined."},
     {"task_events", (PyCFunction)(void (*)(void))task_events, METH_FASTCALL,
      "_events._task_events for the finished tasks' records from index i on; the first index not done."},
     {"trim_heap", trim_heap, METH_NOARGS, "Give the C heap's free memory back to the system (glibc); whether it could."},

@@ -581,6 +581,10 @@ def _memory_stop() -> tuple[bytes, list[int], dict[int, Any], int, int, int]:
     Returns (records, OS thread idents, {id: LogicalThread}, other bytes,
     other count, dropped)."""
 
+def chrome_tracks(tracks: list[Any], pids: dict[int, Any], coros: dict[int, str], run_base: int, dumps: Any, /) -> str | None:
+    """The Chrome trace's metadata lines of every track, joined by ",\\n";
+    None (nothing written) when a track's fields are not plain."""
+
 def task_events(
     records: list[Any], i: int, stop_ns: int, tracks: dict[int, Any], recs: dict[int, list[Any]], track_type: type,
     task_scope: Any, kind_range: int, /,

@@ -248,8 +248,13 @@ def chrome_trace_chunks(session: Session, batch: int = 4096, capped: dict[str, i
         emit(f'{{"ph":"M","name":"process_name","pid":{pid},"tid":0,"args":{{"name":{_dumps(label)}}}}}')
     coros = _task_coroutines(tab)
     # A track's lines are one string (joined as the batch joins them): a
-    # task per request makes tens of thousands of tracks.
-    for order, track in enumerate(tracks):
+    # task per request makes tens of thousands of tracks. With the
+    # extension, all of them are one string, written in C (chrome_tracks),
+    # unless a track's fields are not plain (None: the loop below).
+    text = None if _native.extension is None else _native.extension.chrome_tracks(tracks, pids, coros, run_base, _dumps)
+    if text:
+        emit(text)
+    for order, track in enumerate(tracks if text is None else ()):
         tid = track.id
         pid = pids.get(track.node_id, track.node_id)
         label = track_label(track, coros.get(tid))
