@@ -2209,16 +2209,24 @@ static PyTypeObject ColumnStageType = {
  * appended to the table's columns. lead holds consolidated records that go
  * first (a task's TASK record). Not for raw stacks that need naming
  * (with_stack): those go through records_of and name_stacks. */
+/* The table's attributes consolidate reads, fetched once for many tracks
+ * (consolidate_tracks): its length (without the staged rows), names,
+ * _name_ids and rare. */
+typedef struct {
+    Py_ssize_t len;
+    PyObject *names, *ids, *rare;
+} TabRefs;
+
 static PyObject *
 consolidate(PyObject *raw, long long tid, PyObject *lead, long track, long long stop_ns, PyObject *tab,
-            PyObject *linked, ColumnStage *stage)
+            PyObject *linked, ColumnStage *stage, const TabRefs *pre)
 {
     /* raw is one list, or a tuple of lists: a bounded profile's chunks of
      * one logical thread, oldest first (aprof/_core/_ring.py), each end
      * tuple naming its start's index in its own chunk. */
     PyObject **chunks = PyTuple_Check(raw) ? PySequence_Fast_ITEMS(raw) : &raw;
     Py_ssize_t n_chunks = PyTuple_Check(raw) ? PyTuple_GET_SIZE(raw) : 1;
-    Py_ssize_t n_raw = 0, n_lead = PyList_GET_SIZE(lead), base = PyObject_Length(tab);
+    Py_ssize_t n_raw = 0, n_lead = PyList_GET_SIZE(lead), base = pre != NULL ? pre->len : PyObject_Length(tab);
     if (base < 0)
         return NULL;
     if (stage != NULL)
@@ -2239,8 +2247,9 @@ consolidate(PyObject *raw, long long tid, PyObject *lead, long track, long long 
         PyErr_Format(PyExc_ValueError, "aprof: more than %d events in one session", INT32_MAX);
         return NULL;
     }
-    PyObject *names = PyObject_GetAttrString(tab, "names"), *ids = PyObject_GetAttrString(tab, "_name_ids"),
-             *rare_d = PyObject_GetAttrString(tab, "rare"), *result = NULL;
+    PyObject *names = pre != NULL ? Py_NewRef(pre->names) : PyObject_GetAttrString(tab, "names"),
+             *ids = pre != NULL ? Py_NewRef(pre->ids) : PyObject_GetAttrString(tab, "_name_ids"),
+             *rare_d = pre != NULL ? Py_NewRef(pre->rare) : PyObject_GetAttrString(tab, "rare"), *result = NULL;
     Rows r;
     int rows_ok = 0;
     int32_t *at = NULL, *order = NULL, *stack = NULL;
@@ -2580,7 +2589,120 @@ consolidate_raw(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if ((tid == -1 || stop_ns == -1 || track == -1) && PyErr_Occurred())
         return NULL;
     ColumnStage *stage = nargs == 8 && args[7] != Py_None ? (ColumnStage *)args[7] : NULL;
-    return consolidate(args[0], tid, args[2], track, stop_ns, args[5], args[6], stage);
+    return consolidate(args[0], tid, args[2], track, stop_ns, args[5], args[6], stage, NULL);
+}
+
+/* consolidate_tracks(order, row_tracks, raws, leads, node_id, stop_ns, tab, linked, stage, tracks, spans)
+ *
+ * _events.consolidate's loop over the tracks on the one-pass path, in one
+ * call (a task per request makes tens of thousands of tracks): for each k
+ * in order, row_tracks[k] gets node_id, goes into tracks (by its id) and
+ * the table's tracks, and its raw list raws[k] (or none) with its TASK
+ * record leads[k] (or none) is consolidated into the stage (consolidate_raw);
+ * spans[id] = (its first staged row, the row after its last). raws[k] and
+ * leads[k] are let go (None) once written. The stage is not flushed. */
+static PyObject *
+consolidate_tracks(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (scope_tuple == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "aprof: _events_setup() was not called");
+        return NULL;
+    }
+    if (nargs != 11 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[1]) || !PyList_CheckExact(args[2]) ||
+        !PyList_CheckExact(args[3]) || !PyList_Check(args[7]) || !Py_IS_TYPE(args[8], &ColumnStageType) ||
+        !PyDict_CheckExact(args[9]) || !PyDict_CheckExact(args[10]) ||
+        PyList_GET_SIZE(args[2]) != PyList_GET_SIZE(args[1]) || PyList_GET_SIZE(args[3]) != PyList_GET_SIZE(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "consolidate_tracks(order: list, row_tracks: list, raws: list, leads: list, "
+                                         "node_id: int, stop_ns: int, tab: EventTable, linked: list, "
+                                         "stage: ColumnStage, tracks: dict, spans: dict)");
+        return NULL;
+    }
+    PyObject *order = args[0], *row_tracks = args[1], *raws = args[2], *leads = args[3], *node_id = args[4],
+             *tab = args[6], *linked = args[7], *tracks = args[9], *spans = args[10];
+    ColumnStage *stage = (ColumnStage *)args[8];
+    long long stop_ns = ll_of(args[5]);
+    if (stop_ns == -1 && PyErr_Occurred())
+        return NULL;
+    static PyObject *s_id, *s_node_id;
+    if (s_node_id == NULL &&
+        ((s_id = PyUnicode_InternFromString("id")) == NULL || (s_node_id = PyUnicode_InternFromString("node_id")) == NULL))
+        return NULL;
+    TabRefs pre = {PyObject_Length(tab), PyObject_GetAttrString(tab, "names"), PyObject_GetAttrString(tab, "_name_ids"),
+                   PyObject_GetAttrString(tab, "rare")};
+    PyObject *tab_tracks = PyObject_GetAttrString(tab, "tracks"), *track_ids = PyObject_GetAttrString(tab, "_track_ids");
+    PyObject *empty = PyList_New(0), *one = PyList_New(1), *result = NULL;
+    if (pre.len < 0 || pre.names == NULL || pre.ids == NULL || pre.rare == NULL || tab_tracks == NULL ||
+        track_ids == NULL || empty == NULL || one == NULL)
+        goto done;
+    if (!PyList_Check(pre.names) || !PyDict_Check(pre.ids) || !PyDict_Check(pre.rare) || !PyList_Check(tab_tracks) ||
+        !PyDict_Check(track_ids)) {
+        PyErr_SetString(PyExc_TypeError, "consolidate_tracks: tab is not an EventTable");
+        goto done;
+    }
+    PyList_SET_ITEM(one, 0, Py_NewRef(Py_None));
+    for (Py_ssize_t q = 0; q < PyList_GET_SIZE(order); q++) {
+        Py_ssize_t k = PyLong_AsSsize_t(PyList_GET_ITEM(order, q));
+        if (k == -1 && PyErr_Occurred())
+            goto done;
+        if (k < 0 || k >= PyList_GET_SIZE(row_tracks)) {
+            PyErr_SetString(PyExc_IndexError, "consolidate_tracks: an index in order is out of range");
+            goto done;
+        }
+        PyObject *track = Py_NewRef(PyList_GET_ITEM(row_tracks, k)), *raw = Py_NewRef(PyList_GET_ITEM(raws, k)),
+                 *lead = Py_NewRef(PyList_GET_ITEM(leads, k)), *tid = NULL, *key = NULL, *ti = NULL, *span = NULL;
+        int ok = 0;
+        /* each track's records are let go once written */
+        if (PyList_SetItem(raws, k, Py_NewRef(Py_None)) < 0 || PyList_SetItem(leads, k, Py_NewRef(Py_None)) < 0)
+            goto next;
+        tid = PyObject_GetAttr(track, s_id);
+        if (tid == NULL || PyDict_SetItem(tracks, tid, track) < 0 || PyObject_SetAttr(track, s_node_id, node_id) < 0)
+            goto next;
+        long long tid_v = ll_of(tid);
+        if (tid_v == -1 && PyErr_Occurred())
+            goto next;
+        /* add_track's bookkeeping: track_ids[id(track)] = its index; tab.tracks.append(track) */
+        Py_ssize_t t_index = PyList_GET_SIZE(tab_tracks);
+        key = PyLong_FromVoidPtr(track);
+        ti = PyLong_FromSsize_t(t_index);
+        if (key == NULL || ti == NULL || PyDict_SetItem(track_ids, key, ti) < 0 || PyList_Append(tab_tracks, track) < 0)
+            goto next;
+        Py_ssize_t first = stage->n;
+        if (lead != Py_None && PyList_SetItem(one, 0, Py_NewRef(lead)) < 0)
+            goto next;
+        PyObject *r = consolidate(raw == Py_None ? empty : raw, tid_v, lead == Py_None ? empty : one, (long)t_index,
+                                  stop_ns, tab, linked, stage, &pre);
+        if (lead != Py_None && PyList_SetItem(one, 0, Py_NewRef(Py_None)) < 0) {
+            Py_XDECREF(r);
+            goto next;
+        }
+        if (r == NULL)
+            goto next;
+        Py_DECREF(r);
+        span = Py_BuildValue("(nn)", first, stage->n);
+        if (span == NULL || PyDict_SetItem(spans, tid, span) < 0)
+            goto next;
+        ok = 1;
+    next:
+        Py_DECREF(track);
+        Py_DECREF(raw);
+        Py_DECREF(lead);
+        Py_XDECREF(tid);
+        Py_XDECREF(key);
+        Py_XDECREF(ti);
+        Py_XDECREF(span);
+        if (!ok)
+            goto done;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(pre.names);
+    Py_XDECREF(pre.ids);
+    Py_XDECREF(pre.rare);
+    Py_XDECREF(tab_tracks);
+    Py_XDECREF(track_ids);
+    Py_XDECREF(empty);
+    Py_XDECREF(one);
+    return result;
 }
 
 /* nest(records, track, stop_ns, tab, linked): see _events._nest. Appends
@@ -2606,7 +2728,7 @@ nest(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     PyObject *none = PyList_New(0);
     if (none == NULL)
         return NULL;
-    PyObject *result = consolidate(none, 0, args[0], track, stop_ns, args[3], args[4], NULL);
+    PyObject *result = consolidate(none, 0, args[0], track, stop_ns, args[3], args[4], NULL, NULL);
     Py_DECREF(none);
     return result;
 }
@@ -4201,6 +4323,8 @@ static PyMethodDef event_functions[] = {
      "Who awaits whom: each track's ranges, top-level ranges, roots, and each spawner's links, as rows."},
     {"path_totals", (PyCFunction)(void (*)(void))path_totals, METH_FASTCALL,
      "Who awaits whom: add a timeline's segment durations to per_path by call path; their sum."},
+    {"consolidate_tracks", (PyCFunction)(void (*)(void))consolidate_tracks, METH_FASTCALL,
+     "_events.consolidate's loop over the tracks on the one-pass path, in one call."},
     {"chrome_tracks", (PyCFunction)(void (*)(void))chrome_tracks, METH_FASTCALL,
      "The Chrome trace's metadata lines of every track (names, sort order, running rows), joined."},
     {"task_events", (PyCFunction)(void (*)(void))task_events, METH_FASTCALL,

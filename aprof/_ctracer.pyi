@@ -581,6 +581,13 @@ def _memory_stop() -> tuple[bytes, list[int], dict[int, Any], int, int, int]:
     Returns (records, OS thread idents, {id: LogicalThread}, other bytes,
     other count, dropped)."""
 
+def consolidate_tracks(
+    order: list[int], row_tracks: list[Any], raws: list[Any], leads: list[Any], node_id: int, stop_ns: int, tab: Any,
+    linked: list[int], stage: ColumnStage, tracks: dict[int, Any], spans: dict[int, tuple[int, int]], /,
+) -> None:
+    """_events.consolidate's loop over the tracks on the one-pass path, in
+    one call: each track in ``order`` consolidated into ``stage``."""
+
 def chrome_tracks(tracks: list[Any], pids: dict[int, Any], coros: dict[int, str], run_base: int, dumps: Any, /) -> str | None:
     """The Chrome trace's metadata lines of every track, joined by ",\\n";
     None (nothing written) when a track's fields are not plain."""

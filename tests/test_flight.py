@@ -462,3 +462,53 @@ def test_the_task_table_built_in_c_matches_the_python_twin(monkeypatch: pytest.M
             assert gc.is_tracked(a) == gc.is_tracked(b), (tid, a)
     assert got[1][3][-1]["waits"] == [[35, 38, "sleep"]]
     assert got[0][3].steps == [30, 40, 60, 530]  # finished mid-step: closed at its end
+
+
+def test_the_tracks_consolidated_in_one_c_call_match_the_per_track_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A snapshot consolidates every track (a task per request: tens of
+    # thousands) in one call of the extension's consolidate_tracks; the
+    # session must be the one the per-track loop builds: the same events,
+    # tracks, links across tracks and rare fields.
+    import asyncio
+    import threading
+
+    from aprof._core import _native
+
+    from .conftest import require_c_extension
+
+    ext = require_c_extension()
+
+    async def request(i: int) -> None:
+        with aprof.record_function("handle", args=f"r{i}" if i % 3 == 0 else None):
+            await asyncio.sleep(0)
+            with aprof.record_function("step"):
+                pass
+            if i % 4 == 0:
+                await asyncio.gather(request(i + 1001) if i < 1000 else asyncio.sleep(0))
+
+    def worker() -> None:
+        with aprof.record_function("in a thread"):
+            pass
+
+    async def main() -> tuple[aprof.Session, aprof.Session]:
+        async with aprof.flight_recorder(window=60.0, max_bytes=2_000_000, signal=None) as rec:
+            with aprof.record_function("outer"):
+                await asyncio.gather(*(request(i) for i in range(200)))
+            t = threading.Thread(target=worker)
+            t.start()
+            t.join()
+            one_call = rec.snapshot()
+            with monkeypatch.context() as m:
+                m.delattr(_native.extension, "consolidate_tracks")
+                per_track = rec.snapshot()
+            return one_call, per_track
+
+    got, want = asyncio.run(main())
+    assert ext.consolidate_tracks is not None
+    assert len(got.events()) == len(want.events()) > 600
+    assert [e.to_dict() for e in got.events()] == [e.to_dict() for e in want.events()]
+    assert [e.parent.start_ns if e.parent else None for e in got.events()] == [
+        e.parent.start_ns if e.parent else None for e in want.events()
+    ]
+    assert [t.to_dict() for t in got.tracks()] == [t.to_dict() for t in want.tracks()]
+    assert sum(1 for e in got.events() if e.scope == aprof.RecordScope.TASK and e.parent is not None) >= 200

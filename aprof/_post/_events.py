@@ -468,7 +468,14 @@ def consolidate(
     # inline (its method call and lookups cost a tenth of a second at 50k
     # tracks); staged rows are counted by the stage alone until the flush.
     tab_tracks, track_ids = tab.tracks, tab._track_ids
-    if one_pass is not None:
+    if one_pass is not None and ext is not None and getattr(ext, "consolidate_tracks", None) is not None:
+        # The loop below, in one C call (a task per request makes tens of
+        # thousands of tracks).
+        assert stage is not None
+        assert len(tab) == 0  # rows go to the stage until the flush
+        ext.consolidate_tracks(order, row_tracks, raws, leads, node_id, stop_ns, tab, linked, stage, tracks, spans)
+        stage.flush(tab)
+    elif one_pass is not None:
         assert stage is not None
         assert len(tab) == 0  # rows go to the stage until the flush
         n_stage = stage.__len__
