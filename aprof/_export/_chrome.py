@@ -324,7 +324,9 @@ def chrome_trace_chunks(session: Session, batch: int = 4096, capped: dict[str, i
     n = len(tab)
     while i < n:
         if pending >= batch:
-            yield joined + ",\n".join(lines)
+            if joined:  # yielded apart: "joined + batch" copied every batch once more
+                yield joined
+            yield ",\n".join(lines)
             joined = ",\n"
             lines.clear()
             pending = 0
@@ -423,7 +425,9 @@ def chrome_trace_chunks(session: Session, batch: int = 4096, capped: dict[str, i
     _sampled_rows(session, track_pids, base, 2 * run_base, emit)
     _memory_counters(session, pids, base, emit)
     if lines:
-        yield joined + ",\n".join(lines)
+        if joined:
+            yield joined
+        yield ",\n".join(lines)
     yield "\n]}\n"
 
 
