@@ -1307,6 +1307,102 @@ chrome_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return chrome_impl(args, nargs, &ctx);
 }
 
+/* task_coroutines(tab, task_scope) -> dict | None
+ *
+ * _chrome._task_coroutines over the table's columns: each task track's
+ * coroutine (str(extra["coro"]) of its TASK row, one not nested on its own
+ * track), by track id. None when a TASK row's extra is not a dict (a
+ * damaged file's): the Python loop then reads them all. */
+static PyObject *
+task_coroutines(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "task_coroutines(tab, task_scope: int)");
+        return NULL;
+    }
+    long task_scope = PyLong_AsLong(args[1]);
+    if (task_scope == -1 && PyErr_Occurred())
+        return NULL;
+    Cols t;
+    if (cols_get(args[0], &t) < 0)
+        return NULL;
+    static PyObject *s_id, *s_coro;
+    PyObject *rare = PyObject_GetAttrString(args[0], "rare"), *tracks = PyObject_GetAttrString(args[0], "tracks");
+    PyObject *out = PyDict_New(), *result = NULL;
+    if (rare == NULL || tracks == NULL || out == NULL)
+        goto done;
+    if (!PyDict_Check(rare) || !PyList_Check(tracks)) {
+        PyErr_SetString(PyExc_TypeError, "task_coroutines: tab is not an EventTable");
+        goto done;
+    }
+    if (s_coro == NULL &&
+        ((s_id = PyUnicode_InternFromString("id")) == NULL || (s_coro = PyUnicode_InternFromString("coro")) == NULL))
+        goto done;
+    for (Py_ssize_t i = 0; i < t.n; i++) {
+        if (t.scope[i] != task_scope)
+            continue;
+        PyObject *key = PyLong_FromSsize_t(i);
+        if (key == NULL)
+            goto done;
+        PyObject *x = PyDict_GetItemWithError(rare, key); /* borrowed */
+        Py_DECREF(key);
+        if (x == NULL) {
+            if (PyErr_Occurred())
+                goto done;
+            continue;
+        }
+        if (!PyList_Check(x) || PyList_GET_SIZE(x) != 5)
+            goto python;
+        PyObject *extra = PyList_GET_ITEM(x, 4);
+        int truth = PyObject_IsTrue(extra);
+        if (truth < 0)
+            goto done;
+        if (!truth)
+            continue;
+        if (!PyDict_Check(extra))
+            goto python;
+        int32_t tr = t.track[i], p = t.parent[i];
+        if (tr < 0 || tr >= PyList_GET_SIZE(tracks) || p >= t.n ||
+            (p >= 0 && (t.track[p] < 0 || t.track[p] >= PyList_GET_SIZE(tracks))))
+            goto python;
+        PyObject *tid = PyObject_GetAttr(PyList_GET_ITEM(tracks, tr), s_id);
+        if (tid == NULL)
+            goto done;
+        if (p >= 0) {
+            PyObject *ptid = PyObject_GetAttr(PyList_GET_ITEM(tracks, t.track[p]), s_id);
+            int same = ptid == NULL ? -1 : PyObject_RichCompareBool(ptid, tid, Py_EQ);
+            Py_XDECREF(ptid);
+            if (same != 0) {
+                Py_DECREF(tid);
+                if (same < 0)
+                    goto done;
+                continue;
+            }
+        }
+        PyObject *coro = PyDict_GetItemWithError(extra, s_coro); /* extra.get("coro") */
+        int ok = coro != NULL || !PyErr_Occurred();
+        int has = ok && coro != NULL ? PyObject_IsTrue(coro) : 0;
+        if (has > 0) {
+            PyObject *str = PyObject_Str(coro);
+            ok = str != NULL && PyDict_SetItem(out, tid, str) == 0;
+            Py_XDECREF(str);
+        }
+        Py_DECREF(tid);
+        if (!ok || has < 0)
+            goto done;
+    }
+    result = Py_NewRef(out);
+    goto done;
+python:
+    result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(rare);
+    Py_XDECREF(tracks);
+    Py_XDECREF(out);
+    cols_release(&t);
+    return result;
+}
+
 /* chrome_tracks(tracks, pids, coros, run_base, dumps) -> str | None
  *
  * The metadata lines of every track (_chrome.chrome_trace_chunks' track
@@ -4325,6 +4421,8 @@ static PyMethodDef event_functions[] = {
      "Who awaits whom: add a timeline's segment durations to per_path by call path; their sum."},
     {"consolidate_tracks", (PyCFunction)(void (*)(void))consolidate_tracks, METH_FASTCALL,
      "_events.consolidate's loop over the tracks on the one-pass path, in one call."},
+    {"task_coroutines", (PyCFunction)(void (*)(void))task_coroutines, METH_FASTCALL,
+     "_chrome._task_coroutines over the table's columns: each task track's coroutine; None: left to Python."},
     {"chrome_tracks", (PyCFunction)(void (*)(void))chrome_tracks, METH_FASTCALL,
      "The Chrome trace's metadata lines of every track (names, sort order, running rows), joined."},
     {"task_events", (PyCFunction)(void (*)(void))task_events, METH_FASTCALL,

@@ -588,6 +588,10 @@ def consolidate_tracks(
     """_events.consolidate's loop over the tracks on the one-pass path, in
     one call: each track in ``order`` consolidated into ``stage``."""
 
+def task_coroutines(tab: Any, task_scope: int, /) -> dict[int, str] | None:
+    """Each task track's coroutine, by track id (_chrome._task_coroutines);
+    None when a TASK row's extra is not a dict (left to Python)."""
+
 def chrome_tracks(tracks: list[Any], pids: dict[int, Any], coros: dict[int, str], run_base: int, dumps: Any, /) -> str | None:
     """The Chrome trace's metadata lines of every track, joined by ",\\n";
     None (nothing written) when a track's fields are not plain."""

@@ -164,6 +164,26 @@ def test_task_coroutines_from_the_columns_match_the_event_walk(backend: Backend)
     expected = task_coroutines(map(tab.view, tab.rows_of_scope(TASK)))
     assert expected
     assert _task_coroutines(tab) == expected
+    assert twin(_task_coroutines, tab) == expected
+
+
+def test_task_coroutines_are_read_in_c_unless_an_extra_is_not_a_dict() -> None:
+    # The column scan runs in C (task_coroutines: a loop per task in Python
+    # before); a damaged session's TASK row whose extra is not a dict is
+    # left to the Python loop, which reads it as before.
+    ext = require_c_extension()
+    session = _task_session(Backend("asyncio"))
+    tab = session._table
+    task = SCOPES.index(TASK)
+    got = ext.task_coroutines(tab, task)
+    assert got
+    assert got == twin(_task_coroutines, tab)
+    assert all(type(k) is int and type(v) is str for k, v in got.items())
+    row = next(i for i in tab.rows_of_scope(TASK) if tab.rare.get(i))
+    tab.rare[row][X_EXTRA] = [("coro", "odd")]
+    assert ext.task_coroutines(tab, task) is None
+    with pytest.raises(AttributeError):  # the Python loop's own error, as before
+        _task_coroutines(tab)
 
 
 def test_the_tracks_lines_are_written_in_c_as_the_python_loop_writes_them(backend: Backend) -> None:

@@ -178,6 +178,10 @@ def _task_coroutines(tab: Any) -> dict[int, str]:
     """``_labels.task_coroutines`` over the table's columns: each task
     track's coroutine, from its TASK range (one not nested on its own
     track), with no event view per task."""
+    ext = _native.extension
+    got = None if ext is None else ext.task_coroutines(tab, SCOPES.index(RecordScope.TASK))
+    if got is not None:  # the loop below in C (None: a TASK row's extra is not a dict)
+        return got  # type: ignore[no-any-return]
     out: dict[int, str] = {}
     parent, track, rare, tracks = tab.parent, tab.track, tab.rare, tab.tracks
     for i in tab.rows_of_scope(RecordScope.TASK):
