@@ -828,9 +828,8 @@ buf_fmt(Buf *b, const char *fmt, ...)
     va_list ap;
     va_start(ap, fmt);
     for (const char *f = fmt; *f;) {
-        const char *lit = f;
-        while (*f && *f != '%')
-            f++;
+        const char *lit = f, *pct = strchr(f, '%'); /* libc's scan, not a loop per character */
+        f = pct != NULL ? pct : f + strlen(f);
         size_t n = (size_t)(f - lit);
         if (buf_grow(b, n + 24) < 0) {
             va_end(ap);
@@ -984,7 +983,8 @@ static const char *const task_arg_keys[] = {"args", "exception", "unfinished", "
 /* The same keys, and the extra's keys the writer reads, as interned str
  * (PyDict_GetItemString made a str per lookup: a dozen per task). Set by
  * aprof_events_init. */
-static PyObject *task_arg_strs[N_TASK_ARG_KEYS], *str_spawn_ns, *str_steps;
+static PyObject *task_arg_strs[N_TASK_ARG_KEYS], *str_spawn_ns, *str_steps, *str_coro, *str_outcome, *str_spawn_site,
+    *str_waits;
 
 /* extra[key] (borrowed) or NULL; NULL with an error set if the lookup failed. */
 static inline PyObject *
@@ -1307,6 +1307,28 @@ chrome_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return chrome_impl(args, nargs, &ctx);
 }
 
+/* The body of s's JSON string (what dumps(s) writes inside its quotes),
+ * appended: s itself when it is printable ASCII with no quote or
+ * backslash, else dumps(s) without its quotes. JSON's escapes go code point
+ * by code point, so the JSON of a concatenation is its parts' bodies in
+ * one pair of quotes. */
+static int
+buf_json_body(Buf *b, PyObject *dumps, PyObject *s)
+{
+    size_t j0 = b->len;
+    if (buf_json(b, dumps, s, 1) < 0)
+        return -1;
+    size_t n = b->len - j0;
+    if (n < 2 || b->p[j0] != '"' || b->p[b->len - 1] != '"') {
+        b->len = j0;
+        PyErr_SetString(PyExc_ValueError, "aprof: chrome_tracks: a label's JSON is not a string");
+        return -1;
+    }
+    memmove(b->p + j0, b->p + j0 + 1, n - 2);
+    b->len = j0 + n - 2;
+    return 0;
+}
+
 /* task_coroutines(tab, task_scope) -> dict | None
  *
  * _chrome._task_coroutines over the table's columns: each task track's
@@ -1444,7 +1466,7 @@ chrome_tracks(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         Py_INCREF(t);
         PyObject *tid_o = PyObject_GetAttr(t, s_id), *node = PyObject_GetAttr(t, s_node_id),
                  *name = PyObject_GetAttr(t, s_name), *kind = PyObject_GetAttr(t, s_kind),
-                 *steps = PyObject_GetAttr(t, s_steps), *label = NULL;
+                 *steps = PyObject_GetAttr(t, s_steps);
         int rc = -1; /* -1: an error; 1: not plain, for the Python loop */
         if (tid_o == NULL || node == NULL || name == NULL || kind == NULL || steps == NULL)
             goto next;
@@ -1464,27 +1486,26 @@ chrome_tracks(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             rc = 1;
             goto next;
         }
-        /* track_label(track, coro) */
-        label = Py_NewRef(name);
+        /* track_label(track, coro): "name (task coro) [kind]", its coroutine
+         * unless the name has it, its kind unless a thread */
+        int with_coro = 0, with_kind = PyUnicode_Compare(kind, s_thread) != 0;
+        if (with_kind && PyErr_Occurred())
+            goto next;
         if (coro != NULL && PyUnicode_GET_LENGTH(coro) > 0) {
             int in = PyUnicode_Contains(name, coro);
             if (in < 0)
                 goto next;
-            if (!in)
-                Py_SETREF(label, PyUnicode_FromFormat("%U (task %U)", name, coro));
+            with_coro = !in;
         }
-        if (label != NULL && PyUnicode_Compare(kind, s_thread) != 0)
-            Py_SETREF(label, PyUnicode_FromFormat("%U [%U]", label, kind));
-        if (label == NULL || (b.len && buf_fmt(&b, ",\n") < 0) || buf_fmt(&b, thread_name, pid, tid) < 0)
+        if ((b.len && buf_fmt(&b, ",\n") < 0) || buf_fmt(&b, thread_name, pid, tid) < 0)
             goto next;
-        size_t j0 = b.len; /* the label's JSON (_dumps) */
-        if (buf_json(&b, dumps, label, 0) < 0)
+        size_t j0 = b.len; /* the label's JSON (_dumps), in pieces */
+        if (buf_fmt(&b, "\"") < 0 || buf_json_body(&b, dumps, name) < 0 ||
+            (with_coro && (buf_fmt(&b, " (task ") < 0 || buf_json_body(&b, dumps, coro) < 0 || buf_fmt(&b, ")") < 0)) ||
+            (with_kind && (buf_fmt(&b, " [") < 0 || buf_json_body(&b, dumps, kind) < 0 || buf_fmt(&b, "]") < 0)) ||
+            buf_fmt(&b, "\"") < 0)
             goto next;
         size_t jn = b.len - j0;
-        if (jn < 2) {
-            PyErr_SetString(PyExc_ValueError, "aprof: chrome_tracks: a label's JSON is not a string");
-            goto next;
-        }
         if (buf_fmt(&b, sort_index, pid, tid, 2 * (long long)k) < 0)
             goto next;
         if (has_steps) { /* the running row: _dumps(label + " running"), the label's JSON with " running" in it */
@@ -1504,7 +1525,6 @@ chrome_tracks(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         Py_XDECREF(name);
         Py_XDECREF(kind);
         Py_XDECREF(steps);
-        Py_XDECREF(label);
         Py_DECREF(t);
         if (rc < 0)
             goto done;
@@ -2774,7 +2794,12 @@ consolidate_tracks(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         if (r == NULL)
             goto next;
         Py_DECREF(r);
-        span = Py_BuildValue("(nn)", first, stage->n);
+        {
+            PyObject *lo = PyLong_FromSsize_t(first), *hi = PyLong_FromSsize_t(stage->n);
+            span = lo == NULL || hi == NULL ? NULL : PyTuple_Pack(2, lo, hi);
+            Py_XDECREF(lo);
+            Py_XDECREF(hi);
+        }
         if (span == NULL || PyDict_SetItem(spans, tid, span) < 0)
             goto next;
         ok = 1;
@@ -4245,13 +4270,13 @@ task_events(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         if (PyList_GET_SIZE(flat) % 2 && PyList_Append(flat, end_ns) < 0) /* finished mid-step */
             goto next;
         extra = PyDict_New();
-        if (extra == NULL || PyDict_SetItemString(extra, "coro", coro) < 0 ||
+        if (extra == NULL || PyDict_SetItem(extra, str_coro, coro) < 0 ||
             PyDict_SetItem(extra, str_spawn_ns, spawn_ns) < 0 || PyDict_SetItem(extra, str_steps, flat) < 0 ||
-            PyDict_SetItemString(extra, "outcome", outcome) < 0)
+            PyDict_SetItem(extra, str_outcome, outcome) < 0)
             goto next;
         if (site != Py_None) {
             PyObject *s = PySequence_List(site);
-            int rc = s == NULL ? -1 : PyDict_SetItemString(extra, "spawn_site", s);
+            int rc = s == NULL ? -1 : PyDict_SetItem(extra, str_spawn_site, s);
             Py_XDECREF(s);
             if (rc < 0)
                 goto next;
@@ -4278,7 +4303,7 @@ task_events(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                     break;
             }
             Py_DECREF(it);
-            if (PyErr_Occurred() || PyDict_SetItemString(extra, "waits", waits_copy) < 0)
+            if (PyErr_Occurred() || PyDict_SetItem(extra, str_waits, waits_copy) < 0)
                 goto next;
         }
         /* [name, TASK, spawn_ns, end_ns, None, exc, None, seq, fwd, None, None, KIND_RANGE, extra] */
@@ -4445,7 +4470,11 @@ aprof_events_init(PyObject *module)
         if ((task_arg_strs[k] = PyUnicode_InternFromString(task_arg_keys[k])) == NULL)
             return -1;
     if ((str_spawn_ns = PyUnicode_InternFromString("spawn_ns")) == NULL ||
-        (str_steps = PyUnicode_InternFromString("steps")) == NULL)
+        (str_steps = PyUnicode_InternFromString("steps")) == NULL ||
+        (str_coro = PyUnicode_InternFromString("coro")) == NULL ||
+        (str_outcome = PyUnicode_InternFromString("outcome")) == NULL ||
+        (str_spawn_site = PyUnicode_InternFromString("spawn_site")) == NULL ||
+        (str_waits = PyUnicode_InternFromString("waits")) == NULL)
         return -1;
     if (PyType_Ready(&EventViewType) < 0 || PyType_Ready(&ViewCacheType) < 0 || PyType_Ready(&ColumnStageType) < 0)
         return -1;
