@@ -2895,6 +2895,91 @@ raw_first_start(PyObject *module, PyObject *raw)
     return PyLong_FromLongLong(best);
 }
 
+/* track_rows(lists, task_tracks, task_recs, make_track, firsts, row_tracks, raws, leads)
+ *
+ * _events.consolidate's first loop over the raw lists, on the one-pass
+ * path, in one call: for each logical thread with records, its track (its
+ * task's, popped from task_tracks with its TASK record from task_recs, or
+ * make_track(lt) for a thread) and its first start (raw_first_start, or
+ * the TASK record's start if earlier) appended to the four lists, unless
+ * it has no start at all. */
+static PyObject *
+track_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 8 || !PyDict_Check(args[0]) || !PyDict_CheckExact(args[1]) || !PyDict_CheckExact(args[2]) ||
+        !PyCallable_Check(args[3]) || !PyList_CheckExact(args[4]) || !PyList_CheckExact(args[5]) ||
+        !PyList_CheckExact(args[6]) || !PyList_CheckExact(args[7])) {
+        PyErr_SetString(PyExc_TypeError, "track_rows(lists: dict, task_tracks: dict, task_recs: dict, make_track, "
+                                         "firsts: list, row_tracks: list, raws: list, leads: list)");
+        return NULL;
+    }
+    PyObject *task_tracks = args[1], *task_recs = args[2], *make_track = args[3];
+    static PyObject *s_id;
+    if (s_id == NULL && (s_id = PyUnicode_InternFromString("id")) == NULL)
+        return NULL;
+    PyObject *items = PyDict_Items(args[0]); /* a snapshot of the dict */
+    if (items == NULL)
+        return NULL;
+    PyObject *result = NULL;
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(items); k++) {
+        PyObject *pair = PyList_GET_ITEM(items, k), *lt = PyTuple_GET_ITEM(pair, 0), *raw = PyTuple_GET_ITEM(pair, 1);
+        int has = PyObject_IsTrue(raw);
+        if (has < 0)
+            goto done;
+        if (!has)
+            continue;
+        PyObject *tid = PyObject_GetAttr(lt, s_id), *track = NULL, *rec = NULL, *first = NULL;
+        int ok = 0;
+        if (tid == NULL)
+            goto next;
+        track = PyDict_GetItemWithError(task_tracks, tid);
+        if (track != NULL) { /* task_tracks.pop(tid), task_recs.pop(tid) */
+            Py_INCREF(track);
+            rec = PyDict_GetItemWithError(task_recs, tid);
+            if (rec == NULL) {
+                if (!PyErr_Occurred())
+                    PyErr_SetObject(PyExc_KeyError, tid);
+                goto next;
+            }
+            Py_INCREF(rec);
+            if (PyDict_DelItem(task_tracks, tid) < 0 || PyDict_DelItem(task_recs, tid) < 0)
+                goto next;
+        }
+        else if (PyErr_Occurred() || (track = PyObject_CallOneArg(make_track, lt)) == NULL)
+            goto next;
+        first = raw_first_start(module, raw);
+        if (first == NULL)
+            goto next;
+        if (rec != NULL) { /* the TASK record's start, if earlier */
+            if (!PyList_Check(rec) || PyList_GET_SIZE(rec) <= R_START) {
+                PyErr_SetString(PyExc_TypeError, "track_rows: a TASK record is not a consolidated record");
+                goto next;
+            }
+            PyObject *rs = PyList_GET_ITEM(rec, R_START);
+            int earlier = first == Py_None ? 1 : PyObject_RichCompareBool(rs, first, Py_LT);
+            if (earlier < 0)
+                goto next;
+            if (earlier)
+                Py_SETREF(first, Py_NewRef(rs));
+        }
+        if (first != Py_None && (PyList_Append(args[4], first) < 0 || PyList_Append(args[5], track) < 0 ||
+                                 PyList_Append(args[6], raw) < 0 || PyList_Append(args[7], rec ? rec : Py_None) < 0))
+            goto next;
+        ok = 1;
+    next:
+        Py_XDECREF(tid);
+        Py_XDECREF(track);
+        Py_XDECREF(rec);
+        Py_XDECREF(first);
+        if (!ok)
+            goto done;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    Py_DECREF(items);
+    return result;
+}
+
 /* ------------------------------------------------------------------------ */
 /* lod_keep, lod_merge, lod_flame: level of detail (aprof/_post/_lod.py)      */
 /* ------------------------------------------------------------------------ */
@@ -4444,6 +4529,8 @@ static PyMethodDef event_functions[] = {
      "Who awaits whom: each track's ranges, top-level ranges, roots, and each spawner's links, as rows."},
     {"path_totals", (PyCFunction)(void (*)(void))path_totals, METH_FASTCALL,
      "Who awaits whom: add a timeline's segment durations to per_path by call path; their sum."},
+    {"track_rows", (PyCFunction)(void (*)(void))track_rows, METH_FASTCALL,
+     "_events.consolidate's first loop over the raw lists (one-pass path): each track and its first start."},
     {"consolidate_tracks", (PyCFunction)(void (*)(void))consolidate_tracks, METH_FASTCALL,
      "_events.consolidate's loop over the tracks on the one-pass path, in one call."},
     {"task_coroutines", (PyCFunction)(void (*)(void))task_coroutines, METH_FASTCALL,

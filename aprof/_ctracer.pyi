@@ -581,6 +581,13 @@ def _memory_stop() -> tuple[bytes, list[int], dict[int, Any], int, int, int]:
     Returns (records, OS thread idents, {id: LogicalThread}, other bytes,
     other count, dropped)."""
 
+def track_rows(
+    lists: Any, task_tracks: dict[int, Any], task_recs: dict[int, list[Any]], make_track: Any, firsts: list[int],
+    row_tracks: list[Any], raws: list[Any], leads: list[Any], /,
+) -> None:
+    """_events.consolidate's first loop over the raw lists (one-pass
+    path): each logical thread's track and first start, appended."""
+
 def consolidate_tracks(
     order: list[int], row_tracks: list[Any], raws: list[Any], leads: list[Any], node_id: int, stop_ns: int, tab: Any,
     linked: list[int], stage: ColumnStage, tracks: dict[int, Any], spans: dict[int, tuple[int, int]], /,

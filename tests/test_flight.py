@@ -467,9 +467,10 @@ def test_the_task_table_built_in_c_matches_the_python_twin(monkeypatch: pytest.M
 
 
 def test_the_tracks_consolidated_in_one_c_call_match_the_per_track_loop(monkeypatch: pytest.MonkeyPatch) -> None:
-    # A snapshot consolidates every track (a task per request: tens of
-    # thousands) in one call of the extension's consolidate_tracks; the
-    # session must be the one the per-track loop builds: the same events,
+    # A snapshot finds every track's first start (track_rows) and
+    # consolidates every track (consolidate_tracks) in one call each of the
+    # extension (a task per request: tens of thousands of tracks); the
+    # session must be the one the per-track loops build: the same events,
     # tracks, links across tracks and rare fields.
     import asyncio
     import threading
@@ -504,7 +505,11 @@ def test_the_tracks_consolidated_in_one_c_call_match_the_per_track_loop(monkeypa
             one_call = rec.snapshot()
             with monkeypatch.context() as m:
                 m.delattr(_native.extension, "consolidate_tracks")
+                m.delattr(_native.extension, "track_rows")
                 per_track = rec.snapshot()
+            with monkeypatch.context() as m:
+                m.delattr(_native.extension, "consolidate_tracks")
+                assert [e.to_dict() for e in rec.snapshot().events()] == [e.to_dict() for e in per_track.events()]
             return one_call, per_track
 
     got, want = asyncio.run(main())

@@ -408,6 +408,14 @@ def consolidate(
     row_tracks: list[Track] = []
     raws: list[Any] = []
     leads: list[Any] = []
+    if one_pass is not None and ext is not None and getattr(ext, "track_rows", None) is not None:
+        # The loop below, in one C call (a task per request: tens of
+        # thousands of tracks); make_track for a thread's track.
+        def make_track(lt: LogicalThread) -> Track:
+            return Track(lt.id, lt.current_name(), lt.kind, lt.os_thread_id, node_id)
+
+        ext.track_rows(lists, task_tracks, task_recs, make_track, firsts, row_tracks, raws, leads)
+        lists = {}
     for lt, raw in lists.items():
         if not raw:
             continue
