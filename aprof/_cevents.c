@@ -63,6 +63,22 @@ enum {
 };
 enum { KIND_INSTANT = 1, FLAG_UNFINISHED = 2, FLAG_ASYNC = 4, ASYNC_SAME_THREAD = -1 };
 
+/* PyLong_AsLongLong, without its slow path: for an int of more than one
+ * digit (every nanosecond time), CPython 3.11-3.13 go through
+ * _PyLong_AsByteArray, some 180 instructions; the overflow variant reads
+ * the digits directly. Same results, same OverflowError. */
+static inline long long
+ll_of(PyObject *v)
+{
+    int overflow = 0;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow) {
+        PyErr_SetString(PyExc_OverflowError, "int too big to convert");
+        return -1;
+    }
+    return x;
+}
+
 /* Set once by _events_setup(). */
 static PyObject *scope_tuple;    /* _table.SCOPES: the scope column's RecordScopes */
 static PyObject *scopes;         /* {scope value: RecordScope} */
@@ -541,7 +557,7 @@ fail:
 static inline int
 get_i64(PyObject *rec, Py_ssize_t slot, long long *out)
 {
-    *out = PyLong_AsLongLong(PyList_GET_ITEM(rec, slot));
+    *out = ll_of(PyList_GET_ITEM(rec, slot));
     return *out == -1 && PyErr_Occurred() ? -1 : 0;
 }
 
@@ -752,7 +768,7 @@ steps_overlap(PyObject *flat, int64_t start, int64_t end, long long *out)
     Py_ssize_t n = PyList_GET_SIZE(flat), lo = 0, hi = n;
     while (lo < hi) { /* bisect_right(flat, start) */
         Py_ssize_t mid = (lo + hi) / 2;
-        long long v = PyLong_AsLongLong(PyList_GET_ITEM(flat, mid));
+        long long v = ll_of(PyList_GET_ITEM(flat, mid));
         if (v == -1 && PyErr_Occurred())
             return -1;
         if (start < v)
@@ -762,7 +778,7 @@ steps_overlap(PyObject *flat, int64_t start, int64_t end, long long *out)
     }
     long long total = 0;
     for (Py_ssize_t i = lo - lo % 2; i + 1 < n; i += 2) {
-        long long s0 = PyLong_AsLongLong(PyList_GET_ITEM(flat, i)), s1 = PyLong_AsLongLong(PyList_GET_ITEM(flat, i + 1));
+        long long s0 = ll_of(PyList_GET_ITEM(flat, i)), s1 = ll_of(PyList_GET_ITEM(flat, i + 1));
         if ((s0 == -1 || s1 == -1) && PyErr_Occurred())
             return -1;
         if (s0 >= end)
@@ -812,9 +828,8 @@ buf_fmt(Buf *b, const char *fmt, ...)
     va_list ap;
     va_start(ap, fmt);
     for (const char *f = fmt; *f;) {
-        const char *lit = f;
-        while (*f && *f != '%')
-            f++;
+        const char *lit = f, *pct = strchr(f, '%'); /* libc's scan, not a loop per character */
+        f = pct != NULL ? pct : f + strlen(f);
         size_t n = (size_t)(f - lit);
         if (buf_grow(b, n + 24) < 0) {
             va_end(ap);
@@ -964,6 +979,19 @@ typedef struct {
 static const char *const task_arg_keys[] = {"args", "exception", "unfinished", "inputs", "sequence_nr",
                                             "forward_thread_id", "end_thread_id", "stack", "running_ns",
                                             "waiting_ns", NULL};
+#define N_TASK_ARG_KEYS 10
+/* The same keys, and the extra's keys the writer reads, as interned str
+ * (PyDict_GetItemString made a str per lookup: a dozen per task). Set by
+ * aprof_events_init. */
+static PyObject *task_arg_strs[N_TASK_ARG_KEYS], *str_spawn_ns, *str_steps, *str_coro, *str_outcome, *str_spawn_site,
+    *str_waits;
+
+/* extra[key] (borrowed) or NULL; NULL with an error set if the lookup failed. */
+static inline PyObject *
+extra_get(PyObject *extra, PyObject *key)
+{
+    return PyDict_GetItemWithError(extra, key);
+}
 
 /* One TASK row, as the Python loop of _chrome.chrome_trace_chunks writes
  * it: its "X" line with args, the spawn slice and flow arrow from the
@@ -997,9 +1025,11 @@ chrome_task_row(Buf *b, TaskCtx *c, Cols *t, Py_ssize_t i, long long base, PyObj
     long long pid = 0, tid = 0, fwd = t->fwd[i], seq = t->seq[i], start = t->start[i], end = t->end[i];
     if (!exact_ll(PyList_GET_ITEM(c->pid_of, tr), &pid) || !exact_ll(PyList_GET_ITEM(c->tid_of, tr), &tid))
         return 0;
-    for (int k = 0; task_arg_keys[k] != NULL; k++)
-        if (PyDict_GetItemString(extra, task_arg_keys[k]) != NULL)
+    for (int k = 0; k < N_TASK_ARG_KEYS; k++)
+        if (extra_get(extra, task_arg_strs[k]) != NULL)
             return 0;
+        else if (PyErr_Occurred())
+            return -1;
     long long running = 0;
     if (steps_overlap(steps, start, end, &running) < 0)
         return -1;
@@ -1032,9 +1062,11 @@ chrome_task_row(Buf *b, TaskCtx *c, Cols *t, Py_ssize_t i, long long base, PyObj
     /* the spawn slice and the flow arrow */
     if (fwd && seq > 0) {
         long long link_ns = start;
-        PyObject *at = PyDict_GetItemString(extra, "spawn_ns");
-        if (at == NULL)
-            at = PyDict_GetItemString(extra, "submit_ns");
+        PyObject *at = extra_get(extra, str_spawn_ns);
+        if (at == NULL && !PyErr_Occurred())
+            at = extra_get(extra, str_submit_ns);
+        if (at == NULL && PyErr_Occurred())
+            goto fail;
         if (at != NULL && !exact_ll(at, &link_ns))
             goto not_here;
         PyObject *fkey = PyLong_FromLongLong(fwd), *tkey = PyLong_FromLongLong(tid);
@@ -1074,7 +1106,9 @@ chrome_task_row(Buf *b, TaskCtx *c, Cols *t, Py_ssize_t i, long long base, PyObj
             goto fail;
     }
     /* the steps, on the task's running row */
-    PyObject *ts = PyDict_GetItemString(extra, "steps");
+    PyObject *ts = extra_get(extra, str_steps);
+    if (ts == NULL && PyErr_Occurred())
+        goto fail;
     if (ts != NULL && ts != Py_None) {
         if (!PyList_CheckExact(ts) && !PyTuple_CheckExact(ts))
             goto not_here;
@@ -1129,7 +1163,7 @@ chrome_impl(PyObject *const *args, Py_ssize_t nargs, TaskCtx *ctx)
     PyObject *steps_of = args[9]; /* per track: None, or a task's flat (start, end) step list */
     PyObject *tab = args[0], *wheres = args[3], *jnames = args[4], *cats = args[5], *dumps = args[6];
     Py_ssize_t i = PyLong_AsSsize_t(args[1]);
-    long long base = PyLong_AsLongLong(args[2]);
+    long long base = ll_of(args[2]);
     Py_ssize_t limit = PyLong_AsSsize_t(args[7]);
     if (PyErr_Occurred())
         return NULL;
@@ -1141,6 +1175,10 @@ chrome_impl(PyObject *const *args, Py_ssize_t nargs, TaskCtx *ctx)
     PyObject *names = PyObject_GetAttrString(tab, "names"), *result = NULL, **jcache = NULL;
     Buf b = {NULL, 0, 0};
     if (n_rare < 0 || names == NULL || !PyList_Check(names))
+        goto done;
+    /* Room for `limit` rows at a typical line's length (some 230 bytes), so
+     * a batch is not copied by doubling reallocs on its way to its size. */
+    if (limit > 0 && buf_grow(&b, (size_t)(limit < 32768 ? limit : 32768) * 256) < 0)
         goto done;
     const int32_t *rare = rv.buf;
     /* the first rare index >= i */
@@ -1222,7 +1260,11 @@ chrome_impl(PyObject *const *args, Py_ssize_t nargs, TaskCtx *ctx)
         buf_put(&b, "}", 1);
         written++;
     }
-    PyObject *text = PyUnicode_DecodeASCII(b.p ? b.p : "", (Py_ssize_t)b.len, "strict");
+    /* The buffer is ASCII by construction (ascii_of, buf_json, literals and
+     * digits): copied into a new str as it is, with no decoder's pass. */
+    PyObject *text = PyUnicode_New((Py_ssize_t)b.len, 127);
+    if (text != NULL && b.len)
+        memcpy(PyUnicode_DATA(text), b.p, b.len);
     if (text != NULL)
         result = ctx == NULL ? Py_BuildValue("(Nn)", text, i) : Py_BuildValue("(NnL)", text, i, ctx->flow_id);
 done:
@@ -1257,12 +1299,246 @@ chrome_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     TaskCtx ctx = {args[10], args[11], args[12], args[13], args[14], 0, 0, 0};
-    ctx.run_base = PyLong_AsLongLong(args[15]);
-    ctx.task_scope = PyLong_AsLongLong(args[16]);
-    ctx.flow_id = PyLong_AsLongLong(args[17]);
+    ctx.run_base = ll_of(args[15]);
+    ctx.task_scope = ll_of(args[16]);
+    ctx.flow_id = ll_of(args[17]);
     if (PyErr_Occurred())
         return NULL;
     return chrome_impl(args, nargs, &ctx);
+}
+
+/* The body of s's JSON string (what dumps(s) writes inside its quotes),
+ * appended: s itself when it is printable ASCII with no quote or
+ * backslash, else dumps(s) without its quotes. JSON's escapes go code point
+ * by code point, so the JSON of a concatenation is its parts' bodies in
+ * one pair of quotes. */
+static int
+buf_json_body(Buf *b, PyObject *dumps, PyObject *s)
+{
+    size_t j0 = b->len;
+    if (buf_json(b, dumps, s, 1) < 0)
+        return -1;
+    size_t n = b->len - j0;
+    if (n < 2 || b->p[j0] != '"' || b->p[b->len - 1] != '"') {
+        b->len = j0;
+        PyErr_SetString(PyExc_ValueError, "aprof: chrome_tracks: a label's JSON is not a string");
+        return -1;
+    }
+    memmove(b->p + j0, b->p + j0 + 1, n - 2);
+    b->len = j0 + n - 2;
+    return 0;
+}
+
+/* task_coroutines(tab, task_scope) -> dict | None
+ *
+ * _chrome._task_coroutines over the table's columns: each task track's
+ * coroutine (str(extra["coro"]) of its TASK row, one not nested on its own
+ * track), by track id. None when a TASK row's extra is not a dict (a
+ * damaged file's): the Python loop then reads them all. */
+static PyObject *
+task_coroutines(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "task_coroutines(tab, task_scope: int)");
+        return NULL;
+    }
+    long task_scope = PyLong_AsLong(args[1]);
+    if (task_scope == -1 && PyErr_Occurred())
+        return NULL;
+    Cols t;
+    if (cols_get(args[0], &t) < 0)
+        return NULL;
+    static PyObject *s_id, *s_coro;
+    PyObject *rare = PyObject_GetAttrString(args[0], "rare"), *tracks = PyObject_GetAttrString(args[0], "tracks");
+    PyObject *out = PyDict_New(), *result = NULL;
+    if (rare == NULL || tracks == NULL || out == NULL)
+        goto done;
+    if (!PyDict_Check(rare) || !PyList_Check(tracks)) {
+        PyErr_SetString(PyExc_TypeError, "task_coroutines: tab is not an EventTable");
+        goto done;
+    }
+    if (s_coro == NULL &&
+        ((s_id = PyUnicode_InternFromString("id")) == NULL || (s_coro = PyUnicode_InternFromString("coro")) == NULL))
+        goto done;
+    for (Py_ssize_t i = 0; i < t.n; i++) {
+        if (t.scope[i] != task_scope)
+            continue;
+        PyObject *key = PyLong_FromSsize_t(i);
+        if (key == NULL)
+            goto done;
+        PyObject *x = PyDict_GetItemWithError(rare, key); /* borrowed */
+        Py_DECREF(key);
+        if (x == NULL) {
+            if (PyErr_Occurred())
+                goto done;
+            continue;
+        }
+        if (!PyList_Check(x) || PyList_GET_SIZE(x) != 5)
+            goto python;
+        PyObject *extra = PyList_GET_ITEM(x, 4);
+        int truth = PyObject_IsTrue(extra);
+        if (truth < 0)
+            goto done;
+        if (!truth)
+            continue;
+        if (!PyDict_Check(extra))
+            goto python;
+        int32_t tr = t.track[i], p = t.parent[i];
+        if (tr < 0 || tr >= PyList_GET_SIZE(tracks) || p >= t.n ||
+            (p >= 0 && (t.track[p] < 0 || t.track[p] >= PyList_GET_SIZE(tracks))))
+            goto python;
+        PyObject *tid = PyObject_GetAttr(PyList_GET_ITEM(tracks, tr), s_id);
+        if (tid == NULL)
+            goto done;
+        if (p >= 0) {
+            PyObject *ptid = PyObject_GetAttr(PyList_GET_ITEM(tracks, t.track[p]), s_id);
+            int same = ptid == NULL ? -1 : PyObject_RichCompareBool(ptid, tid, Py_EQ);
+            Py_XDECREF(ptid);
+            if (same != 0) {
+                Py_DECREF(tid);
+                if (same < 0)
+                    goto done;
+                continue;
+            }
+        }
+        PyObject *coro = PyDict_GetItemWithError(extra, s_coro); /* extra.get("coro") */
+        int ok = coro != NULL || !PyErr_Occurred();
+        int has = ok && coro != NULL ? PyObject_IsTrue(coro) : 0;
+        if (has > 0) {
+            PyObject *str = PyObject_Str(coro);
+            ok = str != NULL && PyDict_SetItem(out, tid, str) == 0;
+            Py_XDECREF(str);
+        }
+        Py_DECREF(tid);
+        if (!ok || has < 0)
+            goto done;
+    }
+    result = Py_NewRef(out);
+    goto done;
+python:
+    result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(rare);
+    Py_XDECREF(tracks);
+    Py_XDECREF(out);
+    cols_release(&t);
+    return result;
+}
+
+/* chrome_tracks(tracks, pids, coros, run_base, dumps) -> str | None
+ *
+ * The metadata lines of every track (_chrome.chrome_trace_chunks' track
+ * loop), joined by ",\n": its thread_name (track_label's label: the task's
+ * coroutine, its kind) and thread_sort_index (2 * its place), and for a
+ * task with steps the same for its running row (tid run_base + its id,
+ * sort index 2 * its place + 1). None, having written nothing, when a
+ * track's fields are not plain (its id, node or pid not an int, its name,
+ * kind or coroutine not a str): the Python loop then writes them all. A
+ * task per request makes tens of thousands of tracks: their f-strings were
+ * a tenth of the export. */
+static PyObject *
+chrome_tracks(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 || !PyList_Check(args[0]) || !PyDict_Check(args[1]) || !PyDict_Check(args[2]) ||
+        !PyCallable_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "chrome_tracks(tracks: list, pids: dict, coros: dict, run_base: int, dumps)");
+        return NULL;
+    }
+    PyObject *tracks = args[0], *pids = args[1], *coros = args[2], *dumps = args[4];
+    long long run_base = ll_of(args[3]);
+    if (run_base == -1 && PyErr_Occurred())
+        return NULL;
+    static PyObject *s_id, *s_node_id, *s_name, *s_kind, *s_steps, *s_thread;
+    if (s_thread == NULL && ((s_id = PyUnicode_InternFromString("id")) == NULL ||
+                             (s_node_id = PyUnicode_InternFromString("node_id")) == NULL ||
+                             (s_name = PyUnicode_InternFromString("name")) == NULL ||
+                             (s_kind = PyUnicode_InternFromString("kind")) == NULL ||
+                             (s_steps = PyUnicode_InternFromString("steps")) == NULL ||
+                             (s_thread = PyUnicode_InternFromString("thread")) == NULL))
+        return NULL;
+    static const char thread_name[] = "{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":%lld,\"tid\":%lld,\"args\":{\"name\":",
+                      sort_index[] = "}},\n{\"ph\":\"M\",\"name\":\"thread_sort_index\",\"pid\":%lld,\"tid\":%lld,"
+                                     "\"args\":{\"sort_index\":%lld}}";
+    Buf b = {NULL, 0, 0};
+    PyObject *result = NULL;
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(tracks); k++) {
+        PyObject *t = PyList_GET_ITEM(tracks, k);
+        Py_INCREF(t);
+        PyObject *tid_o = PyObject_GetAttr(t, s_id), *node = PyObject_GetAttr(t, s_node_id),
+                 *name = PyObject_GetAttr(t, s_name), *kind = PyObject_GetAttr(t, s_kind),
+                 *steps = PyObject_GetAttr(t, s_steps);
+        int rc = -1; /* -1: an error; 1: not plain, for the Python loop */
+        if (tid_o == NULL || node == NULL || name == NULL || kind == NULL || steps == NULL)
+            goto next;
+        PyObject *pid_o = PyDict_GetItemWithError(pids, node); /* pids.get(node, node) */
+        if (pid_o == NULL && PyErr_Occurred())
+            goto next;
+        pid_o = pid_o == NULL ? node : pid_o;
+        PyObject *coro = PyDict_GetItemWithError(coros, tid_o); /* coros.get(tid) */
+        if (coro == NULL && PyErr_Occurred())
+            goto next;
+        long long tid = 0, pid = 0;
+        int has_steps = steps == Py_None ? 0 : PyObject_IsTrue(steps);
+        if (has_steps < 0)
+            goto next;
+        if (!exact_ll(tid_o, &tid) || !exact_ll(pid_o, &pid) || !PyUnicode_CheckExact(name) ||
+            !PyUnicode_CheckExact(kind) || (coro != NULL && !PyUnicode_CheckExact(coro))) {
+            rc = 1;
+            goto next;
+        }
+        /* track_label(track, coro): "name (task coro) [kind]", its coroutine
+         * unless the name has it, its kind unless a thread */
+        int with_coro = 0, with_kind = PyUnicode_Compare(kind, s_thread) != 0;
+        if (with_kind && PyErr_Occurred())
+            goto next;
+        if (coro != NULL && PyUnicode_GET_LENGTH(coro) > 0) {
+            int in = PyUnicode_Contains(name, coro);
+            if (in < 0)
+                goto next;
+            with_coro = !in;
+        }
+        if ((b.len && buf_fmt(&b, ",\n") < 0) || buf_fmt(&b, thread_name, pid, tid) < 0)
+            goto next;
+        size_t j0 = b.len; /* the label's JSON (_dumps), in pieces */
+        if (buf_fmt(&b, "\"") < 0 || buf_json_body(&b, dumps, name) < 0 ||
+            (with_coro && (buf_fmt(&b, " (task ") < 0 || buf_json_body(&b, dumps, coro) < 0 || buf_fmt(&b, ")") < 0)) ||
+            (with_kind && (buf_fmt(&b, " [") < 0 || buf_json_body(&b, dumps, kind) < 0 || buf_fmt(&b, "]") < 0)) ||
+            buf_fmt(&b, "\"") < 0)
+            goto next;
+        size_t jn = b.len - j0;
+        if (buf_fmt(&b, sort_index, pid, tid, 2 * (long long)k) < 0)
+            goto next;
+        if (has_steps) { /* the running row: _dumps(label + " running"), the label's JSON with " running" in it */
+            long long rid = run_base + tid;
+            if (buf_fmt(&b, ",\n") < 0 || buf_fmt(&b, thread_name, pid, rid) < 0 || buf_grow(&b, jn + 16) < 0)
+                goto next;
+            memcpy(b.p + b.len, b.p + j0, jn - 1); /* earlier in the buffer: no overlap */
+            b.len += jn - 1;
+            buf_put(&b, " running\"", 9);
+            if (buf_fmt(&b, sort_index, pid, rid, 2 * (long long)k + 1) < 0)
+                goto next;
+        }
+        rc = 0;
+    next:
+        Py_XDECREF(tid_o);
+        Py_XDECREF(node);
+        Py_XDECREF(name);
+        Py_XDECREF(kind);
+        Py_XDECREF(steps);
+        Py_DECREF(t);
+        if (rc < 0)
+            goto done;
+        if (rc > 0) {
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+    }
+    result = PyUnicode_New((Py_ssize_t)b.len, 127);
+    if (result != NULL && b.len)
+        memcpy(PyUnicode_DATA(result), b.p, b.len);
+done:
+    PyMem_Free(b.p);
+    return result;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1453,7 +1729,7 @@ check_table(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "check_table(tab, profile_start, max_thread_id)");
         return NULL;
     }
-    long long profile_start = PyLong_AsLongLong(args[1]), max_tid = PyLong_AsLongLong(args[2]);
+    long long profile_start = ll_of(args[1]), max_tid = ll_of(args[2]);
     if ((profile_start == -1 || max_tid == -1) && PyErr_Occurred())
         return NULL;
     Cols t;
@@ -1885,7 +2161,7 @@ scope_index(PyObject *member)
 static inline int
 as_i64(PyObject *o, int64_t *out)
 {
-    long long v = PyLong_AsLongLong(o);
+    long long v = ll_of(o);
     if (v == -1 && PyErr_Occurred())
         return -1;
     *out = v;
@@ -1955,6 +2231,11 @@ typedef struct {
     PyObject_HEAD
     char *buf[N_COLUMNS];
     Py_ssize_t n, cap; /* rows staged, rows of room */
+    /* The name cache of the tracks staged (one per consolidate call cost a
+     * calloc and its clearing per track), valid for the table whose
+     * _name_ids is nc_ids (held: the names it caches stay alive). */
+    NameCache *nc;
+    PyObject *nc_ids;
 } ColumnStage;
 
 static PyTypeObject ColumnStageType;
@@ -1964,6 +2245,8 @@ ColumnStage_dealloc(ColumnStage *st)
 {
     for (int c = 0; c < N_COLUMNS; c++)
         PyMem_Free(st->buf[c]);
+    PyMem_Free(st->nc);
+    Py_XDECREF(st->nc_ids);
     Py_TYPE(st)->tp_free((PyObject *)st);
 }
 
@@ -2042,16 +2325,24 @@ static PyTypeObject ColumnStageType = {
  * appended to the table's columns. lead holds consolidated records that go
  * first (a task's TASK record). Not for raw stacks that need naming
  * (with_stack): those go through records_of and name_stacks. */
+/* The table's attributes consolidate reads, fetched once for many tracks
+ * (consolidate_tracks): its length (without the staged rows), names,
+ * _name_ids and rare. */
+typedef struct {
+    Py_ssize_t len;
+    PyObject *names, *ids, *rare;
+} TabRefs;
+
 static PyObject *
 consolidate(PyObject *raw, long long tid, PyObject *lead, long track, long long stop_ns, PyObject *tab,
-            PyObject *linked, ColumnStage *stage)
+            PyObject *linked, ColumnStage *stage, const TabRefs *pre)
 {
     /* raw is one list, or a tuple of lists: a bounded profile's chunks of
      * one logical thread, oldest first (aprof/_core/_ring.py), each end
      * tuple naming its start's index in its own chunk. */
     PyObject **chunks = PyTuple_Check(raw) ? PySequence_Fast_ITEMS(raw) : &raw;
     Py_ssize_t n_chunks = PyTuple_Check(raw) ? PyTuple_GET_SIZE(raw) : 1;
-    Py_ssize_t n_raw = 0, n_lead = PyList_GET_SIZE(lead), base = PyObject_Length(tab);
+    Py_ssize_t n_raw = 0, n_lead = PyList_GET_SIZE(lead), base = pre != NULL ? pre->len : PyObject_Length(tab);
     if (base < 0)
         return NULL;
     if (stage != NULL)
@@ -2072,15 +2363,27 @@ consolidate(PyObject *raw, long long tid, PyObject *lead, long track, long long 
         PyErr_Format(PyExc_ValueError, "aprof: more than %d events in one session", INT32_MAX);
         return NULL;
     }
-    PyObject *names = PyObject_GetAttrString(tab, "names"), *ids = PyObject_GetAttrString(tab, "_name_ids"),
-             *rare_d = PyObject_GetAttrString(tab, "rare"), *result = NULL;
+    PyObject *names = pre != NULL ? Py_NewRef(pre->names) : PyObject_GetAttrString(tab, "names"),
+             *ids = pre != NULL ? Py_NewRef(pre->ids) : PyObject_GetAttrString(tab, "_name_ids"),
+             *rare_d = pre != NULL ? Py_NewRef(pre->rare) : PyObject_GetAttrString(tab, "rare"), *result = NULL;
     Rows r;
     int rows_ok = 0;
     int32_t *at = NULL, *order = NULL, *stack = NULL;
     int64_t *ends = NULL;
     StartKey *keys = NULL;
     void *out[N_COLUMNS] = {NULL};
-    NameCache *nc = PyMem_Calloc(1, sizeof(NameCache));
+    NameCache *nc = NULL, *own_nc = NULL;
+    if (stage != NULL && ids != NULL) { /* the stage's, kept across its tracks (of one table) */
+        if (stage->nc == NULL)
+            stage->nc = PyMem_Calloc(1, sizeof(NameCache));
+        else if (stage->nc_ids != ids)
+            memset(stage->nc, 0, sizeof(NameCache));
+        if (stage->nc != NULL && stage->nc_ids != ids)
+            Py_XSETREF(stage->nc_ids, Py_NewRef(ids));
+        nc = stage->nc;
+    }
+    else
+        nc = own_nc = PyMem_Calloc(1, sizeof(NameCache));
     if (names == NULL || ids == NULL || rare_d == NULL || nc == NULL) {
         if (nc == NULL && !PyErr_Occurred())
             PyErr_NoMemory();
@@ -2371,7 +2674,7 @@ done:
     PyMem_Free(keys);
     PyMem_Free(stack);
     PyMem_Free(ends);
-    PyMem_Free(nc);
+    PyMem_Free(own_nc);
     Py_XDECREF(names);
     Py_XDECREF(ids);
     Py_XDECREF(rare_d);
@@ -2397,12 +2700,130 @@ consolidate_raw(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                                          "tab: EventTable, linked: list)");
         return NULL;
     }
-    long long tid = PyLong_AsLongLong(args[1]), stop_ns = PyLong_AsLongLong(args[4]);
+    long long tid = ll_of(args[1]), stop_ns = ll_of(args[4]);
     long track = PyLong_AsLong(args[3]);
     if ((tid == -1 || stop_ns == -1 || track == -1) && PyErr_Occurred())
         return NULL;
     ColumnStage *stage = nargs == 8 && args[7] != Py_None ? (ColumnStage *)args[7] : NULL;
-    return consolidate(args[0], tid, args[2], track, stop_ns, args[5], args[6], stage);
+    return consolidate(args[0], tid, args[2], track, stop_ns, args[5], args[6], stage, NULL);
+}
+
+/* consolidate_tracks(order, row_tracks, raws, leads, node_id, stop_ns, tab, linked, stage, tracks, spans)
+ *
+ * _events.consolidate's loop over the tracks on the one-pass path, in one
+ * call (a task per request makes tens of thousands of tracks): for each k
+ * in order, row_tracks[k] gets node_id, goes into tracks (by its id) and
+ * the table's tracks, and its raw list raws[k] (or none) with its TASK
+ * record leads[k] (or none) is consolidated into the stage (consolidate_raw);
+ * spans[id] = (its first staged row, the row after its last). raws[k] and
+ * leads[k] are let go (None) once written. The stage is not flushed. */
+static PyObject *
+consolidate_tracks(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (scope_tuple == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "aprof: _events_setup() was not called");
+        return NULL;
+    }
+    if (nargs != 11 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[1]) || !PyList_CheckExact(args[2]) ||
+        !PyList_CheckExact(args[3]) || !PyList_Check(args[7]) || !Py_IS_TYPE(args[8], &ColumnStageType) ||
+        !PyDict_CheckExact(args[9]) || !PyDict_CheckExact(args[10]) ||
+        PyList_GET_SIZE(args[2]) != PyList_GET_SIZE(args[1]) || PyList_GET_SIZE(args[3]) != PyList_GET_SIZE(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "consolidate_tracks(order: list, row_tracks: list, raws: list, leads: list, "
+                                         "node_id: int, stop_ns: int, tab: EventTable, linked: list, "
+                                         "stage: ColumnStage, tracks: dict, spans: dict)");
+        return NULL;
+    }
+    PyObject *order = args[0], *row_tracks = args[1], *raws = args[2], *leads = args[3], *node_id = args[4],
+             *tab = args[6], *linked = args[7], *tracks = args[9], *spans = args[10];
+    ColumnStage *stage = (ColumnStage *)args[8];
+    long long stop_ns = ll_of(args[5]);
+    if (stop_ns == -1 && PyErr_Occurred())
+        return NULL;
+    static PyObject *s_id, *s_node_id;
+    if (s_node_id == NULL &&
+        ((s_id = PyUnicode_InternFromString("id")) == NULL || (s_node_id = PyUnicode_InternFromString("node_id")) == NULL))
+        return NULL;
+    TabRefs pre = {PyObject_Length(tab), PyObject_GetAttrString(tab, "names"), PyObject_GetAttrString(tab, "_name_ids"),
+                   PyObject_GetAttrString(tab, "rare")};
+    PyObject *tab_tracks = PyObject_GetAttrString(tab, "tracks"), *track_ids = PyObject_GetAttrString(tab, "_track_ids");
+    PyObject *empty = PyList_New(0), *one = PyList_New(1), *result = NULL;
+    if (pre.len < 0 || pre.names == NULL || pre.ids == NULL || pre.rare == NULL || tab_tracks == NULL ||
+        track_ids == NULL || empty == NULL || one == NULL)
+        goto done;
+    if (!PyList_Check(pre.names) || !PyDict_Check(pre.ids) || !PyDict_Check(pre.rare) || !PyList_Check(tab_tracks) ||
+        !PyDict_Check(track_ids)) {
+        PyErr_SetString(PyExc_TypeError, "consolidate_tracks: tab is not an EventTable");
+        goto done;
+    }
+    PyList_SET_ITEM(one, 0, Py_NewRef(Py_None));
+    for (Py_ssize_t q = 0; q < PyList_GET_SIZE(order); q++) {
+        Py_ssize_t k = PyLong_AsSsize_t(PyList_GET_ITEM(order, q));
+        if (k == -1 && PyErr_Occurred())
+            goto done;
+        if (k < 0 || k >= PyList_GET_SIZE(row_tracks)) {
+            PyErr_SetString(PyExc_IndexError, "consolidate_tracks: an index in order is out of range");
+            goto done;
+        }
+        PyObject *track = Py_NewRef(PyList_GET_ITEM(row_tracks, k)), *raw = Py_NewRef(PyList_GET_ITEM(raws, k)),
+                 *lead = Py_NewRef(PyList_GET_ITEM(leads, k)), *tid = NULL, *key = NULL, *ti = NULL, *span = NULL;
+        int ok = 0;
+        /* each track's records are let go once written */
+        if (PyList_SetItem(raws, k, Py_NewRef(Py_None)) < 0 || PyList_SetItem(leads, k, Py_NewRef(Py_None)) < 0)
+            goto next;
+        tid = PyObject_GetAttr(track, s_id);
+        if (tid == NULL || PyDict_SetItem(tracks, tid, track) < 0 || PyObject_SetAttr(track, s_node_id, node_id) < 0)
+            goto next;
+        long long tid_v = ll_of(tid);
+        if (tid_v == -1 && PyErr_Occurred())
+            goto next;
+        /* add_track's bookkeeping: track_ids[id(track)] = its index; tab.tracks.append(track) */
+        Py_ssize_t t_index = PyList_GET_SIZE(tab_tracks);
+        key = PyLong_FromVoidPtr(track);
+        ti = PyLong_FromSsize_t(t_index);
+        if (key == NULL || ti == NULL || PyDict_SetItem(track_ids, key, ti) < 0 || PyList_Append(tab_tracks, track) < 0)
+            goto next;
+        Py_ssize_t first = stage->n;
+        if (lead != Py_None && PyList_SetItem(one, 0, Py_NewRef(lead)) < 0)
+            goto next;
+        PyObject *r = consolidate(raw == Py_None ? empty : raw, tid_v, lead == Py_None ? empty : one, (long)t_index,
+                                  stop_ns, tab, linked, stage, &pre);
+        if (lead != Py_None && PyList_SetItem(one, 0, Py_NewRef(Py_None)) < 0) {
+            Py_XDECREF(r);
+            goto next;
+        }
+        if (r == NULL)
+            goto next;
+        Py_DECREF(r);
+        {
+            PyObject *lo = PyLong_FromSsize_t(first), *hi = PyLong_FromSsize_t(stage->n);
+            span = lo == NULL || hi == NULL ? NULL : PyTuple_Pack(2, lo, hi);
+            Py_XDECREF(lo);
+            Py_XDECREF(hi);
+        }
+        if (span == NULL || PyDict_SetItem(spans, tid, span) < 0)
+            goto next;
+        ok = 1;
+    next:
+        Py_DECREF(track);
+        Py_DECREF(raw);
+        Py_DECREF(lead);
+        Py_XDECREF(tid);
+        Py_XDECREF(key);
+        Py_XDECREF(ti);
+        Py_XDECREF(span);
+        if (!ok)
+            goto done;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(pre.names);
+    Py_XDECREF(pre.ids);
+    Py_XDECREF(pre.rare);
+    Py_XDECREF(tab_tracks);
+    Py_XDECREF(track_ids);
+    Py_XDECREF(empty);
+    Py_XDECREF(one);
+    return result;
 }
 
 /* nest(records, track, stop_ns, tab, linked): see _events._nest. Appends
@@ -2421,14 +2842,14 @@ nest(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "nest(records: list, track: int, stop_ns: int, tab: EventTable, linked: list)");
         return NULL;
     }
-    long long stop_ns = PyLong_AsLongLong(args[2]);
+    long long stop_ns = ll_of(args[2]);
     long track = PyLong_AsLong(args[1]);
     if (((stop_ns == -1 || track == -1) && PyErr_Occurred()) || check_records(args[0]) < 0)
         return NULL;
     PyObject *none = PyList_New(0);
     if (none == NULL)
         return NULL;
-    PyObject *result = consolidate(none, 0, args[0], track, stop_ns, args[3], args[4], NULL);
+    PyObject *result = consolidate(none, 0, args[0], track, stop_ns, args[3], args[4], NULL, NULL);
     Py_DECREF(none);
     return result;
 }
@@ -2474,6 +2895,91 @@ raw_first_start(PyObject *module, PyObject *raw)
     return PyLong_FromLongLong(best);
 }
 
+/* track_rows(lists, task_tracks, task_recs, make_track, firsts, row_tracks, raws, leads)
+ *
+ * _events.consolidate's first loop over the raw lists, on the one-pass
+ * path, in one call: for each logical thread with records, its track (its
+ * task's, popped from task_tracks with its TASK record from task_recs, or
+ * make_track(lt) for a thread) and its first start (raw_first_start, or
+ * the TASK record's start if earlier) appended to the four lists, unless
+ * it has no start at all. */
+static PyObject *
+track_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 8 || !PyDict_Check(args[0]) || !PyDict_CheckExact(args[1]) || !PyDict_CheckExact(args[2]) ||
+        !PyCallable_Check(args[3]) || !PyList_CheckExact(args[4]) || !PyList_CheckExact(args[5]) ||
+        !PyList_CheckExact(args[6]) || !PyList_CheckExact(args[7])) {
+        PyErr_SetString(PyExc_TypeError, "track_rows(lists: dict, task_tracks: dict, task_recs: dict, make_track, "
+                                         "firsts: list, row_tracks: list, raws: list, leads: list)");
+        return NULL;
+    }
+    PyObject *task_tracks = args[1], *task_recs = args[2], *make_track = args[3];
+    static PyObject *s_id;
+    if (s_id == NULL && (s_id = PyUnicode_InternFromString("id")) == NULL)
+        return NULL;
+    PyObject *items = PyDict_Items(args[0]); /* a snapshot of the dict */
+    if (items == NULL)
+        return NULL;
+    PyObject *result = NULL;
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(items); k++) {
+        PyObject *pair = PyList_GET_ITEM(items, k), *lt = PyTuple_GET_ITEM(pair, 0), *raw = PyTuple_GET_ITEM(pair, 1);
+        int has = PyObject_IsTrue(raw);
+        if (has < 0)
+            goto done;
+        if (!has)
+            continue;
+        PyObject *tid = PyObject_GetAttr(lt, s_id), *track = NULL, *rec = NULL, *first = NULL;
+        int ok = 0;
+        if (tid == NULL)
+            goto next;
+        track = PyDict_GetItemWithError(task_tracks, tid);
+        if (track != NULL) { /* task_tracks.pop(tid), task_recs.pop(tid) */
+            Py_INCREF(track);
+            rec = PyDict_GetItemWithError(task_recs, tid);
+            if (rec == NULL) {
+                if (!PyErr_Occurred())
+                    PyErr_SetObject(PyExc_KeyError, tid);
+                goto next;
+            }
+            Py_INCREF(rec);
+            if (PyDict_DelItem(task_tracks, tid) < 0 || PyDict_DelItem(task_recs, tid) < 0)
+                goto next;
+        }
+        else if (PyErr_Occurred() || (track = PyObject_CallOneArg(make_track, lt)) == NULL)
+            goto next;
+        first = raw_first_start(module, raw);
+        if (first == NULL)
+            goto next;
+        if (rec != NULL) { /* the TASK record's start, if earlier */
+            if (!PyList_Check(rec) || PyList_GET_SIZE(rec) <= R_START) {
+                PyErr_SetString(PyExc_TypeError, "track_rows: a TASK record is not a consolidated record");
+                goto next;
+            }
+            PyObject *rs = PyList_GET_ITEM(rec, R_START);
+            int earlier = first == Py_None ? 1 : PyObject_RichCompareBool(rs, first, Py_LT);
+            if (earlier < 0)
+                goto next;
+            if (earlier)
+                Py_SETREF(first, Py_NewRef(rs));
+        }
+        if (first != Py_None && (PyList_Append(args[4], first) < 0 || PyList_Append(args[5], track) < 0 ||
+                                 PyList_Append(args[6], raw) < 0 || PyList_Append(args[7], rec ? rec : Py_None) < 0))
+            goto next;
+        ok = 1;
+    next:
+        Py_XDECREF(tid);
+        Py_XDECREF(track);
+        Py_XDECREF(rec);
+        Py_XDECREF(first);
+        if (!ok)
+            goto done;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    Py_DECREF(items);
+    return result;
+}
+
 /* ------------------------------------------------------------------------ */
 /* lod_keep, lod_merge, lod_flame: level of detail (aprof/_post/_lod.py)      */
 /* ------------------------------------------------------------------------ */
@@ -2515,7 +3021,7 @@ lod_keep(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "lod_keep(tab, always: bytes (256), budget: int)");
         return NULL;
     }
-    long long budget = PyLong_AsLongLong(args[2]);
+    long long budget = ll_of(args[2]);
     if (budget == -1 && PyErr_Occurred())
         return NULL;
     const unsigned char *always = (const unsigned char *)PyBytes_AS_STRING(args[1]);
@@ -2666,7 +3172,7 @@ lod_merge(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "lod_merge(tab, keep: bytes, base: int, resolution: int, remap)");
         return NULL;
     }
-    long long base = PyLong_AsLongLong(args[2]), resolution = PyLong_AsLongLong(args[3]);
+    long long base = ll_of(args[2]), resolution = ll_of(args[3]);
     if ((base == -1 || resolution == -1) && PyErr_Occurred())
         return NULL;
     if (resolution < 1) {
@@ -3076,7 +3582,7 @@ path_totals(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             PyErr_Format(PyExc_TypeError, "path_totals: segment %zd is not a (start, end, frames) tuple", k);
             goto done;
         }
-        long long s0 = PyLong_AsLongLong(PyTuple_GET_ITEM(seg, 0)), s1 = PyLong_AsLongLong(PyTuple_GET_ITEM(seg, 1));
+        long long s0 = ll_of(PyTuple_GET_ITEM(seg, 0)), s1 = ll_of(PyTuple_GET_ITEM(seg, 1));
         if ((s0 == -1 || s1 == -1) && PyErr_Occurred())
             goto done;
         int64_t d;
@@ -3310,7 +3816,7 @@ stitch_segments(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                                          "relabelled: bytes (256), max_frames: int[, per_path: dict])");
         return NULL;
     }
-    long long a = PyLong_AsLongLong(args[2]), b = PyLong_AsLongLong(args[3]);
+    long long a = ll_of(args[2]), b = ll_of(args[3]);
     Py_ssize_t max_frames = PyLong_AsSsize_t(args[6]);
     if (((a == -1 || b == -1) || max_frames == -1) && PyErr_Occurred())
         return NULL;
@@ -3663,7 +4169,7 @@ compact_events(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                         "compact_events(tab, base: int, remap: array('i'), flags: bytes (256), detail_rows: array('i'))");
         return NULL;
     }
-    long long base = PyLong_AsLongLong(args[1]);
+    long long base = ll_of(args[1]);
     if (base == -1 && PyErr_Occurred())
         return NULL;
     const unsigned char *flags = (const unsigned char *)PyBytes_AS_STRING(args[3]);
@@ -3788,6 +4294,148 @@ trim_heap(PyObject *module, PyObject *unused)
  * the scope column's RecordScopes in order, scopes {value: RecordScope};
  * layout is (R_NAME, ..., R_EXTRA, KIND_INSTANT, FLAG_UNFINISHED,
  * FLAG_ASYNC, ASYNC_SAME_THREAD) as Python defines them. */
+/* task_events(records, i, stop_ns, tracks, recs, Track, task_scope, kind_range) -> next_i
+ *
+ * _events._task_events for the finished tasks' records (14-field tuples),
+ * from records[i] on while they are: each one's Track (track.steps set)
+ * in tracks[tid] and its consolidated TASK record in recs[tid], the same
+ * objects, in the same order, taken off the cyclic GC's lists alike.
+ * next_i is the first record not done (a running task's TaskThread, or
+ * anything else, for the Python loop); a task per request makes tens of
+ * thousands of them, and the loop in Python was a third of a snapshot. */
+static int
+task_set_slot(PyObject *track, PyObject *descr, PyObject *value)
+{
+    descrsetfunc set = Py_TYPE(descr)->tp_descr_set;
+    return set == NULL ? (PyErr_SetString(PyExc_TypeError, "task_events: Track has no such slot"), -1)
+                       : set(descr, track, value);
+}
+
+static PyObject *
+task_events(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 8 || !PyList_CheckExact(args[0]) || !PyDict_CheckExact(args[3]) || !PyDict_CheckExact(args[4]) ||
+        !PyType_Check(args[5])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "task_events(records: list, i: int, stop_ns: int, tracks: dict, recs: dict, Track: type, "
+                        "task_scope, kind_range: int)");
+        return NULL;
+    }
+    PyObject *records = args[0], *stop = args[2], *tracks = args[3], *recs = args[4], *task_scope = args[6],
+             *kind_range = args[7];
+    PyTypeObject *track_type = (PyTypeObject *)args[5];
+    Py_ssize_t i = PyLong_AsSsize_t(args[1]);
+    if (i == -1 && PyErr_Occurred())
+        return NULL;
+    static const char *const slot_names[] = {"id", "name", "kind", "os_thread_id", "node_id", "steps"};
+    PyObject *slots[6];
+    for (int k = 0; k < 6; k++) { /* the slots' member descriptors (borrowed: the class holds them) */
+        slots[k] = PyDict_GetItemString(track_type->tp_dict, slot_names[k]);
+        if (slots[k] == NULL || Py_TYPE(slots[k]) != &PyMemberDescr_Type) {
+            PyErr_Format(PyExc_TypeError, "task_events: %s has no slot %s", track_type->tp_name, slot_names[k]);
+            return NULL;
+        }
+    }
+    PyObject *zero_node = PyLong_FromLong(0);
+    if (zero_node == NULL)
+        return NULL;
+    for (i = i < 0 ? 0 : i; i < PyList_GET_SIZE(records); i++) {
+        PyObject *t = PyList_GET_ITEM(records, i);
+        if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != 14)
+            break;
+        Py_INCREF(t); /* the list may change under a callback (a str subclass's __eq__ ...) */
+        PyObject *const *f = &PyTuple_GET_ITEM(t, 0);
+        PyObject *tid = f[0], *name = f[1], *kind = f[2], *os_tid = f[3], *coro = f[4], *spawn_ns = f[5],
+                 *seq = f[6], *fwd = f[7], *end_ns = f[8], *outcome = f[9], *exc = f[10], *steps = f[11],
+                 *waits = f[12], *site = f[13];
+        PyObject *flat = PySequence_List(steps), *extra = NULL, *rec = NULL, *track = NULL, *waits_copy = NULL;
+        int ok = 0;
+        if (flat == NULL)
+            goto next;
+        if (PyList_GET_SIZE(flat) % 2 && PyList_Append(flat, end_ns) < 0) /* finished mid-step */
+            goto next;
+        extra = PyDict_New();
+        if (extra == NULL || PyDict_SetItem(extra, str_coro, coro) < 0 ||
+            PyDict_SetItem(extra, str_spawn_ns, spawn_ns) < 0 || PyDict_SetItem(extra, str_steps, flat) < 0 ||
+            PyDict_SetItem(extra, str_outcome, outcome) < 0)
+            goto next;
+        if (site != Py_None) {
+            PyObject *s = PySequence_List(site);
+            int rc = s == NULL ? -1 : PyDict_SetItem(extra, str_spawn_site, s);
+            Py_XDECREF(s);
+            if (rc < 0)
+                goto next;
+        }
+        int has_waits = PyObject_IsTrue(waits);
+        if (has_waits < 0)
+            goto next;
+        if (has_waits) { /* [run[:] for run in waits if run[0] < stop_ns] */
+            PyObject *it = PyObject_GetIter(waits), *run;
+            waits_copy = PyList_New(0);
+            if (it == NULL || waits_copy == NULL) {
+                Py_XDECREF(it);
+                goto next;
+            }
+            while ((run = PyIter_Next(it)) != NULL) {
+                PyObject *r0 = PySequence_GetItem(run, 0);
+                int lt = r0 == NULL ? -1 : PyObject_RichCompareBool(r0, stop, Py_LT);
+                Py_XDECREF(r0);
+                PyObject *copy = lt > 0 ? PySequence_GetSlice(run, 0, PY_SSIZE_T_MAX) : NULL;
+                int rc = lt < 0 || (lt > 0 && (copy == NULL || PyList_Append(waits_copy, copy) < 0)) ? -1 : 0;
+                Py_XDECREF(copy);
+                Py_DECREF(run);
+                if (rc < 0)
+                    break;
+            }
+            Py_DECREF(it);
+            if (PyErr_Occurred() || PyDict_SetItem(extra, str_waits, waits_copy) < 0)
+                goto next;
+        }
+        /* [name, TASK, spawn_ns, end_ns, None, exc, None, seq, fwd, None, None, KIND_RANGE, extra] */
+        rec = PyList_New(R_SIZE);
+        if (rec == NULL)
+            goto next;
+        PyObject *fields[R_SIZE] = {name, task_scope, spawn_ns, end_ns, Py_None, exc, Py_None,
+                                    seq,  fwd,        Py_None,  Py_None, kind_range, extra};
+        for (int k = 0; k < R_SIZE; k++)
+            PyList_SET_ITEM(rec, k, Py_NewRef(fields[k]));
+        track = track_type->tp_alloc(track_type, 0);
+        if (track == NULL || task_set_slot(track, slots[5], Py_None) < 0 || task_set_slot(track, slots[0], tid) < 0 ||
+            task_set_slot(track, slots[1], name) < 0 || task_set_slot(track, slots[2], kind) < 0 ||
+            task_set_slot(track, slots[3], os_tid) < 0 || task_set_slot(track, slots[4], zero_node) < 0 ||
+            task_set_slot(track, slots[5], flat) < 0)
+            goto next;
+        /* untrack(*extra.get("waits", ()), flat, *extra.values(), extra, track, rec): leaves first */
+        if (waits_copy != NULL)
+            for (Py_ssize_t k = 0; k < PyList_GET_SIZE(waits_copy); k++)
+                untrack_if_acyclic(PyList_GET_ITEM(waits_copy, k));
+        untrack_if_acyclic(flat);
+        {
+            Py_ssize_t pos = 0;
+            PyObject *k, *v;
+            while (PyDict_Next(extra, &pos, &k, &v))
+                untrack_if_acyclic(v);
+        }
+        untrack_if_acyclic(extra);
+        untrack_if_acyclic(track);
+        untrack_if_acyclic(rec);
+        ok = PyDict_SetItem(tracks, tid, track) == 0 && PyDict_SetItem(recs, tid, rec) == 0;
+    next:
+        Py_XDECREF(flat);
+        Py_XDECREF(extra);
+        Py_XDECREF(waits_copy);
+        Py_XDECREF(rec);
+        Py_XDECREF(track);
+        Py_DECREF(t);
+        if (!ok) {
+            Py_DECREF(zero_node);
+            return NULL;
+        }
+    }
+    Py_DECREF(zero_node);
+    return PyLong_FromSsize_t(i);
+}
+
 static PyObject *
 events_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -3881,6 +4529,16 @@ static PyMethodDef event_functions[] = {
      "Who awaits whom: each track's ranges, top-level ranges, roots, and each spawner's links, as rows."},
     {"path_totals", (PyCFunction)(void (*)(void))path_totals, METH_FASTCALL,
      "Who awaits whom: add a timeline's segment durations to per_path by call path; their sum."},
+    {"track_rows", (PyCFunction)(void (*)(void))track_rows, METH_FASTCALL,
+     "_events.consolidate's first loop over the raw lists (one-pass path): each track and its first start."},
+    {"consolidate_tracks", (PyCFunction)(void (*)(void))consolidate_tracks, METH_FASTCALL,
+     "_events.consolidate's loop over the tracks on the one-pass path, in one call."},
+    {"task_coroutines", (PyCFunction)(void (*)(void))task_coroutines, METH_FASTCALL,
+     "_chrome._task_coroutines over the table's columns: each task track's coroutine; None: left to Python."},
+    {"chrome_tracks", (PyCFunction)(void (*)(void))chrome_tracks, METH_FASTCALL,
+     "The Chrome trace's metadata lines of every track (names, sort order, running rows), joined."},
+    {"task_events", (PyCFunction)(void (*)(void))task_events, METH_FASTCALL,
+     "_events._task_events for the finished tasks' records from index i on; the first index not done."},
     {"trim_heap", trim_heap, METH_NOARGS, "Give the C heap's free memory back to the system (glibc); whether it could."},
     {NULL, NULL, 0, NULL},
 };
@@ -3894,6 +4552,16 @@ aprof_events_init(PyObject *module)
     minus_one = PyLong_FromLong(-1);
     zero = PyLong_FromLong(0);
     if (str_submit_ns == NULL || str_sort == NULL || str_key == NULL || minus_one == NULL || zero == NULL)
+        return -1;
+    for (int k = 0; k < N_TASK_ARG_KEYS; k++)
+        if ((task_arg_strs[k] = PyUnicode_InternFromString(task_arg_keys[k])) == NULL)
+            return -1;
+    if ((str_spawn_ns = PyUnicode_InternFromString("spawn_ns")) == NULL ||
+        (str_steps = PyUnicode_InternFromString("steps")) == NULL ||
+        (str_coro = PyUnicode_InternFromString("coro")) == NULL ||
+        (str_outcome = PyUnicode_InternFromString("outcome")) == NULL ||
+        (str_spawn_site = PyUnicode_InternFromString("spawn_site")) == NULL ||
+        (str_waits = PyUnicode_InternFromString("waits")) == NULL)
         return -1;
     if (PyType_Ready(&EventViewType) < 0 || PyType_Ready(&ViewCacheType) < 0 || PyType_Ready(&ColumnStageType) < 0)
         return -1;

@@ -612,6 +612,36 @@ def _memory_stop() -> tuple[bytes, list[int], dict[int, Any], int, int, int]:
     Returns (records, OS thread idents, {id: LogicalThread}, other bytes,
     other count, dropped)."""
 
+def track_rows(
+    lists: Any, task_tracks: dict[int, Any], task_recs: dict[int, list[Any]], make_track: Any, firsts: list[int],
+    row_tracks: list[Any], raws: list[Any], leads: list[Any], /,
+) -> None:
+    """_events.consolidate's first loop over the raw lists (one-pass
+    path): each logical thread's track and first start, appended."""
+
+def consolidate_tracks(
+    order: list[int], row_tracks: list[Any], raws: list[Any], leads: list[Any], node_id: int, stop_ns: int, tab: Any,
+    linked: list[int], stage: ColumnStage, tracks: dict[int, Any], spans: dict[int, tuple[int, int]], /,
+) -> None:
+    """_events.consolidate's loop over the tracks on the one-pass path, in
+    one call: each track in ``order`` consolidated into ``stage``."""
+
+def task_coroutines(tab: Any, task_scope: int, /) -> dict[int, str] | None:
+    """Each task track's coroutine, by track id (_chrome._task_coroutines);
+    None when a TASK row's extra is not a dict (left to Python)."""
+
+def chrome_tracks(tracks: list[Any], pids: dict[int, Any], coros: dict[int, str], run_base: int, dumps: Any, /) -> str | None:
+    """The Chrome trace's metadata lines of every track, joined by ",\\n";
+    None (nothing written) when a track's fields are not plain."""
+
+def task_events(
+    records: list[Any], i: int, stop_ns: int, tracks: dict[int, Any], recs: dict[int, list[Any]], track_type: type,
+    task_scope: Any, kind_range: int, /,
+) -> int:
+    """_events._task_events for the finished tasks' records (14-field
+    tuples) from ``records[i]`` on, into ``tracks`` and ``recs``; the index
+    of the first record not done (a running task's, for the Python loop)."""
+
 def untrack_acyclic(*objs: object) -> None:
     """Take each object off the cyclic GC's lists when nothing it refers to
     is on them (leaves first); for finished plain data only."""

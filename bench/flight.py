@@ -3,6 +3,7 @@ in the ring, RSS over a run ten times the ring, and the time to dump a full
 ring.
 
     python bench/flight.py [--ring-mb 50] [--ranges-only] [--json out.json]
+    python bench/flight.py --callgrind [--ring-mb 50]
 
 A server-like load runs through ``aprof.flight_recorder(max_bytes=ring)``:
 requests as tasks (``asyncio.gather`` of 1,000 at a time), each with a
@@ -16,6 +17,11 @@ same number of ranges in one thread, no tasks). Reported:
 - the dump of the full ring to a Chrome trace (``.json``), to a gzipped
   one and to a session (``.aprof``), each the median of three (the target
   for the Chrome trace: at most 1 s).
+
+``--callgrind``: the instructions of one Chrome dump of the full ring
+(a ring filled about 1.25 times, then ``rec.dump(path)`` run inside
+``eval()``, which callgrind's ``--toggle-collect=builtin_eval`` counts
+alone), under valgrind.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import dump, header, rss_bytes  # noqa: E402
+from _common import callgrind, dump, header, rss_bytes  # noqa: E402
 
 
 async def _request() -> None:
@@ -44,12 +50,43 @@ async def _request() -> None:
                 pass
 
 
+def _one_dump(ring_mb: int) -> None:
+    """(under valgrind) Fill a ring about 1.25 times, then dump it once inside eval()."""
+    import aprof
+
+    ring_bytes = ring_mb * 1_000_000
+    batches = max(2, ring_bytes * 5 // 4 // (1_000 * 11 * 79))  # a request: 11 events of ~79 B
+
+    async def run() -> None:
+        rec = aprof.flight_recorder(window=3600.0, max_bytes=ring_bytes, signal=None)
+        rec.start()
+        for _ in range(batches):
+            await asyncio.gather(*(_request() for _ in range(1_000)))
+        gc.collect()
+        with tempfile.TemporaryDirectory() as tmp:
+            eval("rec.dump(path)", {"rec": rec, "path": Path(tmp) / "d.json"})
+            print(f"{len(rec.snapshot().events())} events")
+        rec.stop()
+
+    asyncio.run(run())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ring-mb", type=int, default=50)
     parser.add_argument("--ranges-only", action="store_true", help="plain ranges in one thread, no tasks")
     parser.add_argument("--json")
+    parser.add_argument("--callgrind", action="store_true", help="instructions of one Chrome dump, under valgrind")
+    parser.add_argument("--one-dump", action="store_true", help=argparse.SUPPRESS)  # the run under valgrind
     args = parser.parse_args()
+    if args.one_dump:
+        _one_dump(args.ring_mb)
+        return
+    if args.callgrind:
+        print(header())
+        count, out = callgrind([sys.executable, __file__, "--one-dump", "--ring-mb", str(args.ring_mb)])
+        print(f"one Chrome dump of a full {args.ring_mb} MB ring ({out.strip()}): {count:,} instructions")
+        return
     import aprof
 
     ring_bytes = args.ring_mb * 1_000_000

@@ -164,3 +164,50 @@ def test_task_coroutines_from_the_columns_match_the_event_walk(backend: Backend)
     expected = task_coroutines(map(tab.view, tab.rows_of_scope(TASK)))
     assert expected
     assert _task_coroutines(tab) == expected
+    assert twin(_task_coroutines, tab) == expected
+
+
+def test_task_coroutines_are_read_in_c_unless_an_extra_is_not_a_dict() -> None:
+    # The column scan runs in C (task_coroutines: a loop per task in Python
+    # before); a damaged session's TASK row whose extra is not a dict is
+    # left to the Python loop, which reads it as before.
+    ext = require_c_extension()
+    session = _task_session(Backend("asyncio"))
+    tab = session._table
+    task = SCOPES.index(TASK)
+    got = ext.task_coroutines(tab, task)
+    assert got
+    assert got == twin(_task_coroutines, tab)
+    assert all(type(k) is int and type(v) is str for k, v in got.items())
+    row = next(i for i in tab.rows_of_scope(TASK) if tab.rare.get(i))
+    tab.rare[row][X_EXTRA] = [("coro", "odd")]
+    assert ext.task_coroutines(tab, task) is None
+    with pytest.raises(AttributeError):  # the Python loop's own error, as before
+        _task_coroutines(tab)
+
+
+def test_the_tracks_lines_are_written_in_c_as_the_python_loop_writes_them(backend: Backend) -> None:
+    # SPEC 9.1: every track's thread_name and sort index (and a task's
+    # running row) are written by chrome_tracks, one string for all tracks
+    # (a task per request makes tens of thousands), byte for byte as the
+    # Python loop; a track whose fields are not plain is left to that loop.
+    ext = require_c_extension()
+    session = _task_session(backend)
+    tracks = session.tracks()
+    text = ext.chrome_tracks(tracks, {}, _task_coroutines(session._table), 10**6, json.encoder.encode_basestring_ascii)
+    assert type(text) is str
+    lines = [json.loads(line) for line in text.split(",\n")]
+    with_steps = [t for t in tracks if t.steps]
+    assert with_steps
+    assert len(lines) == 2 * len(tracks) + 2 * len(with_steps)
+    assert [ln["args"]["sort_index"] for ln in lines if ln["name"] == "thread_sort_index"] == sorted(
+        [2 * k for k in range(len(tracks))] + [2 * k + 1 for k, t in enumerate(tracks) if t.steps]
+    )
+    c_text, py_text = _both(session)
+    assert c_text == py_text
+    odd = tracks[-1]
+    odd.name = type("Named", (str,), {})(odd.name + ' "odd"')  # a str subclass: the Python loop's
+    assert ext.chrome_tracks(tracks, {}, {}, 10**6, json.encoder.encode_basestring_ascii) is None
+    c_text, py_text = _both(session)
+    assert c_text == py_text
+    assert '"odd\\"' in c_text

@@ -513,3 +513,139 @@ def test_on_every_backend_a_dumps_calls_are_on_their_tasks_tracks(backend: Backe
     assert len(work) == 3
     # Nested as a stop nests them: in the task's coroutine step.
     assert {e.parent.name.rsplit(".", 1)[-1] for e in calls if e.parent is not None} == {"child"}
+
+
+def test_the_task_table_built_in_c_matches_the_python_twin(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A snapshot turns every kept task record into its track and its TASK
+    # record; the finished ones (a request's task: most of a server's ring)
+    # go through the extension's task_events, the running ones through the
+    # Python loop, in one order. Both must give the same objects: the same
+    # fields, extra keys in the same order (they are the Chrome args' order),
+    # the same steps list shared by the track and the extra, and the same
+    # containers off the cyclic GC's lists.
+    import gc
+    from array import array
+
+    from aprof._core import _native
+    from aprof._post import _events
+
+    from .conftest import require_c_extension
+
+    ext = require_c_extension()
+    if _native.extension is None:
+        pytest.skip("the C extension is not active (APROF_PURE_PYTHON=1)")
+    assert ext.task_events is not None
+
+    class Running:  # the fields _task_events reads from a running task's TaskThread
+        def __init__(self, tid: int) -> None:
+            self.id, self.kind, self.os_thread_id, self.coro_name = tid, "asyncio", 7, "serve"
+            self.spawn_ns, self.seq, self.fwd = 100, tid, 1
+            self.steps = [100, 150, 900, 1200]
+            self.waits = None
+            self.spawn_site = ("app.py", 3, "main")
+
+        def current_name(self) -> str:
+            return f"Task-{self.id}"
+
+        def waiting_on(self) -> None:
+            return None
+
+        def stopped(self) -> None:
+            pass
+
+    def finished(tid: int, steps: Any, waits: Any, site: Any, exc: str | None = None) -> tuple[Any, ...]:
+        return (tid, f"Task-{tid}", "asyncio", 7, "handle", 10 * tid, tid, 1, 10 * tid + 500, "returned", exc, steps, waits, site)
+
+    def records() -> list[Any]:
+        return [
+            finished(2, array("q", [20, 30, 40, 50]), None, ("app.py", 9, "main")),
+            finished(3, [30, 40, 60], [[35, 38, "sleep"], [2000, 2100, "late"]], None, "ValueError"),  # mid-step; a wait past stop
+            Running(4),
+            finished(5, [], [], ("app.py", 10, "main")),  # no steps, an empty waits list (no key)
+            Running(6),
+            Running(8),
+            finished(9, (90, 95), [[91, 92, "q"]], ["a.py", 1, "f"]),
+        ]
+
+    def build(mode: str) -> tuple[dict[int, Any], dict[int, Any]]:
+        with monkeypatch.context() as m:
+            if mode == "python loop":  # the extension's untracking, without its task_events
+                m.setattr(_events, "_c_task_runs", lambda ext, recs, *_: iter(range(len(recs))))
+            elif mode == "pure":
+                m.setattr(_native, "extension", None)
+            return _events._task_events(records(), 1000)
+
+    got, want, pure = build("c"), build("python loop"), build("pure")
+    assert list(got[0]) == list(want[0]) == list(pure[0]) == [2, 3, 4, 5, 6, 8, 9]
+    assert got[1] == pure[1]
+    assert [t.to_dict() for t in got[0].values()] == [t.to_dict() for t in pure[0].values()]
+    assert list(got[1]) == list(want[1])
+    for tid in want[0]:
+        gt, wt = got[0][tid], want[0][tid]
+        assert (type(gt), gt.to_dict(), gt.steps) == (type(wt), wt.to_dict(), wt.steps)
+        g, w = got[1][tid], want[1][tid]
+        assert g == w
+        assert list(g[-1]) == list(w[-1])  # the extra's key order
+        assert g[-1]["steps"] is gt.steps  # one list, shared
+        assert g[1] is aprof.RecordScope.TASK
+        for a, b in ((g, w), (g[-1], w[-1]), (gt, wt), (gt.steps, wt.steps), *zip(g[-1].values(), w[-1].values(), strict=True)):
+            assert gc.is_tracked(a) == gc.is_tracked(b), (tid, a)
+    assert got[1][3][-1]["waits"] == [[35, 38, "sleep"]]
+    assert got[0][3].steps == [30, 40, 60, 530]  # finished mid-step: closed at its end
+
+
+def test_the_tracks_consolidated_in_one_c_call_match_the_per_track_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A snapshot finds every track's first start (track_rows) and
+    # consolidates every track (consolidate_tracks) in one call each of the
+    # extension (a task per request: tens of thousands of tracks); the
+    # session must be the one the per-track loops build: the same events,
+    # tracks, links across tracks and rare fields.
+    import asyncio
+    import threading
+
+    from aprof._core import _native
+
+    from .conftest import require_c_extension
+
+    ext = require_c_extension()
+    if _native.extension is None:
+        pytest.skip("the C extension is not active (APROF_PURE_PYTHON=1)")
+
+    async def request(i: int) -> None:
+        with aprof.record_function("handle", args=f"r{i}" if i % 3 == 0 else None):
+            await asyncio.sleep(0)
+            with aprof.record_function("step"):
+                pass
+            if i % 4 == 0:
+                await asyncio.gather(request(i + 1001) if i < 1000 else asyncio.sleep(0))
+
+    def worker() -> None:
+        with aprof.record_function("in a thread"):
+            pass
+
+    async def main() -> tuple[aprof.Session, aprof.Session]:
+        async with aprof.flight_recorder(window=60.0, max_bytes=2_000_000, signal=None) as rec:
+            with aprof.record_function("outer"):
+                await asyncio.gather(*(request(i) for i in range(200)))
+            t = threading.Thread(target=worker)
+            t.start()
+            t.join()
+            one_call = rec.snapshot()
+            with monkeypatch.context() as m:
+                m.delattr(_native.extension, "consolidate_tracks")
+                m.delattr(_native.extension, "track_rows")
+                per_track = rec.snapshot()
+            with monkeypatch.context() as m:
+                m.delattr(_native.extension, "consolidate_tracks")
+                assert [e.to_dict() for e in rec.snapshot().events()] == [e.to_dict() for e in per_track.events()]
+            return one_call, per_track
+
+    got, want = asyncio.run(main())
+    assert ext.consolidate_tracks is not None
+    assert len(got.events()) == len(want.events()) > 600
+    assert [e.to_dict() for e in got.events()] == [e.to_dict() for e in want.events()]
+    assert [e.parent.start_ns if e.parent else None for e in got.events()] == [
+        e.parent.start_ns if e.parent else None for e in want.events()
+    ]
+    assert [t.to_dict() for t in got.tracks()] == [t.to_dict() for t in want.tracks()]
+    assert sum(1 for e in got.events() if e.scope == aprof.RecordScope.TASK and e.parent is not None) >= 200

@@ -178,6 +178,10 @@ def _task_coroutines(tab: Any) -> dict[int, str]:
     """``_labels.task_coroutines`` over the table's columns: each task
     track's coroutine, from its TASK range (one not nested on its own
     track), with no event view per task."""
+    ext = _native.extension
+    got = None if ext is None else ext.task_coroutines(tab, SCOPES.index(RecordScope.TASK))
+    if got is not None:  # the loop below in C (None: a TASK row's extra is not a dict)
+        return got  # type: ignore[no-any-return]
     out: dict[int, str] = {}
     parent, track, rare, tracks = tab.parent, tab.track, tab.rare, tab.tracks
     for i in tab.rows_of_scope(RecordScope.TASK):
@@ -248,8 +252,13 @@ def chrome_trace_chunks(session: Session, batch: int = 4096, capped: dict[str, i
         emit(f'{{"ph":"M","name":"process_name","pid":{pid},"tid":0,"args":{{"name":{_dumps(label)}}}}}')
     coros = _task_coroutines(tab)
     # A track's lines are one string (joined as the batch joins them): a
-    # task per request makes tens of thousands of tracks.
-    for order, track in enumerate(tracks):
+    # task per request makes tens of thousands of tracks. With the
+    # extension, all of them are one string, written in C (chrome_tracks),
+    # unless a track's fields are not plain (None: the loop below).
+    text = None if _native.extension is None else _native.extension.chrome_tracks(tracks, pids, coros, run_base, _dumps)
+    if text:
+        emit(text)
+    for order, track in enumerate(tracks if text is None else ()):
         tid = track.id
         pid = pids.get(track.node_id, track.node_id)
         label = track_label(track, coros.get(tid))
@@ -319,7 +328,9 @@ def chrome_trace_chunks(session: Session, batch: int = 4096, capped: dict[str, i
     n = len(tab)
     while i < n:
         if pending >= batch:
-            yield joined + ",\n".join(lines)
+            if joined:  # yielded apart: "joined + batch" copied every batch once more
+                yield joined
+            yield ",\n".join(lines)
             joined = ",\n"
             lines.clear()
             pending = 0
@@ -418,7 +429,9 @@ def chrome_trace_chunks(session: Session, batch: int = 4096, capped: dict[str, i
     _sampled_rows(session, track_pids, base, 2 * run_base, emit)
     _memory_counters(session, pids, base, emit)
     if lines:
-        yield joined + ",\n".join(lines)
+        if joined:
+            yield joined
+        yield ",\n".join(lines)
     yield "\n]}\n"
 
 

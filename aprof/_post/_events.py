@@ -408,6 +408,14 @@ def consolidate(
     row_tracks: list[Track] = []
     raws: list[Any] = []
     leads: list[Any] = []
+    if one_pass is not None and ext is not None and getattr(ext, "track_rows", None) is not None:
+        # The loop below, in one C call (a task per request: tens of
+        # thousands of tracks); make_track for a thread's track.
+        def make_track(lt: LogicalThread) -> Track:
+            return Track(lt.id, lt.current_name(), lt.kind, lt.os_thread_id, node_id)
+
+        ext.track_rows(lists, task_tracks, task_recs, make_track, firsts, row_tracks, raws, leads)
+        lists = {}
     for lt, raw in lists.items():
         if not raw:
             continue
@@ -468,7 +476,14 @@ def consolidate(
     # inline (its method call and lookups cost a tenth of a second at 50k
     # tracks); staged rows are counted by the stage alone until the flush.
     tab_tracks, track_ids = tab.tracks, tab._track_ids
-    if one_pass is not None:
+    if one_pass is not None and ext is not None and getattr(ext, "consolidate_tracks", None) is not None:
+        # The loop below, in one C call (a task per request makes tens of
+        # thousands of tracks).
+        assert stage is not None
+        assert len(tab) == 0  # rows go to the stage until the flush
+        ext.consolidate_tracks(order, row_tracks, raws, leads, node_id, stop_ns, tab, linked, stage, tracks, spans)
+        stage.flush(tab)
+    elif one_pass is not None:
         assert stage is not None
         assert len(tab) == 0  # rows go to the stage until the flush
         n_stage = stage.__len__
@@ -619,8 +634,14 @@ def _task_events(task_records: Iterable[Any], stop_ns: int) -> tuple[dict[int, T
     # Each task's containers hold plain data: off the cyclic GC's lists as
     # they are made (a snapshot of a flight recorder's ring makes tens of
     # thousands, which would set off full collections of the program's heap).
-    untrack = _native.extension.untrack_acyclic if _native.extension is not None else None
-    for t in list(task_records):  # a snapshot
+    ext = _native.extension
+    untrack = ext.untrack_acyclic if ext is not None else None
+    records = list(task_records)  # a snapshot
+    # The finished tasks' records (tuples: most of them) go through the
+    # extension's twin of this loop, in order, a run at a time.
+    todo = range(len(records)) if ext is None else _c_task_runs(ext, records, stop_ns, tracks, recs)
+    for k in todo:
+        t = records[k]
         waiting_on = None
         if type(t) is tuple:
             tid, name, kind, os_tid, coro, spawn_ns, seq, fwd, end_ns, outcome, exc, steps, waits, site = t
@@ -652,6 +673,18 @@ def _task_events(task_records: Iterable[Any], stop_ns: int) -> tuple[dict[int, T
         tracks[tid] = track
         recs[tid] = rec
     return tracks, recs
+
+
+def _c_task_runs(ext: Any, records: list[Any], stop_ns: int, tracks: dict[int, Track], recs: dict[int, list[Any]]) -> Iterator[int]:
+    """The indexes of ``records`` the extension's ``task_events`` leaves to
+    the Python loop (running tasks), after it has done the runs of finished
+    ones before each."""
+    i, n = 0, len(records)
+    while i < n:
+        i = ext.task_events(records, i, stop_ns, tracks, recs, Track, _TASK, KIND_RANGE)
+        if i < n:
+            yield i
+            i += 1
 
 
 def _steps_until(flat: list[int], stop_ns: int) -> list[int]:
