@@ -150,6 +150,25 @@ def test_samples_land_on_the_track_of_the_task_that_ran(impl: ModuleType, backen
         assert counts[big_t] > counts[small_t]
 
 
+def test_a_global_profiles_samples_land_on_their_tasks_tracks(impl: ModuleType, backend: Backend) -> None:
+    # SPEC 8.4 in global scope: a task with no profile in its context (no
+    # RF_STATE set) is still the global profile's, and its samples are its
+    # own (the twin charged them to the task that started the profile).
+    async def main() -> aprof.profile:
+        async with aprof.profile(sample_interval=INTERVAL, scope="global") as prof:
+            await _two_workers(backend, 0.02, 0.01, 8)
+        return prof
+
+    prof = backend.run(main)
+    session = prof.session
+    big, small = tracks_with(session, "burn_big"), tracks_with(session, "burn_small")
+    assert len(big) == 1
+    assert len(small) == 1
+    assert big != small
+    tracks = {t.id: t for t in session.tracks()}
+    assert {tracks[t].kind for t in big | small} <= {"asyncio", "trio"}
+
+
 def test_a_blocking_call_is_on_top_of_its_tasks_samples(impl: ModuleType, backend: Backend) -> None:
     # SPEC 8.4 (issue 18's accuracy program): a task that blocks in a call
     # that releases the GIL is still the task that holds the loop; the

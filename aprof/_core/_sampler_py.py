@@ -105,8 +105,13 @@ class Sampler:
 
     def _published(self, lt: object) -> None:
         # Called in the task's own context at its first step.
+        # No state in the context: recording is on, no context profile (as
+        # the C sampler's s_classify): a global sampler's task.
         state = self._rf.get(None)
-        if state is not None and getattr(state, "enabled", True) and (self._global or state.recorder is self._recorder):
+        if state is None:
+            if self._global:
+                self._tasks.append(lt)
+        elif getattr(state, "enabled", True) and (self._global or state.recorder is self._recorder):
             self._tasks.append(lt)
 
     def _task_frames(self) -> dict[int, object]:
