@@ -98,7 +98,7 @@ FLUSH_TIMEOUT: float = 10.0
 #: this aprof's profile has: the memory budget's max_bytes and keep too).
 _FORWARDED: Final = (
     "record_inputs", "with_stack", "python_tracer", "c_calls", "tasks", "max_events", "max_bytes", "keep",
-    "loop_block_threshold",
+    "loop_block_threshold", "profile_memory", "memory_interval",
 )  # fmt: skip
 
 
@@ -274,6 +274,7 @@ def _join(dir: str) -> _WorkerProfile | None:
 
         prof = profile(node_id=os.getpid(), **header["options"])
         _step_aside()
+        _memory_aside(prof)
         ctx = contextvars.copy_context()
         ctx.run(prof.start)
     except Exception as exc:  # noqa: BLE001 - the jobs run anyway (issue 20, "Bad input")
@@ -357,7 +358,20 @@ def dump_session(session: Any) -> bytes:
     tab = session._table
     tracks = [(t.id, t.name, t.kind, t.os_thread_id, t.node_id, t.steps) for t in tab.tracks]
     cols = [c.tobytes() for c in tab.columns()]
-    return pickle.dumps((1, session.metadata, tracks, cols, tab.names, tab.rare), protocol=pickle.HIGHEST_PROTOCOL)
+    m = session.memory
+    memory = None
+    if m is not None:
+        # profile_memory: the allocations, charged in the worker (their
+        # event rows are the table's, which goes as it is).
+        memory = (
+            m.interval, [getattr(m, c).tobytes() for c in _MEMORY_COLUMNS], m.threads, m.other_bytes, m.other_count,
+            m.dropped, m.nodes,
+        )  # fmt: skip
+    return pickle.dumps((2, session.metadata, tracks, cols, tab.names, tab.rare, memory), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+#: profile_memory's columns and their array codes (aprof._post._memory.Memory).
+_MEMORY_COLUMNS: Final = ("time", "size", "weight", "freed", "thread_id", "event")
 
 
 def load_session(payload: bytes) -> Any:
@@ -365,11 +379,12 @@ def load_session(payload: bytes) -> Any:
     from array import array
 
     from .._post._events import EventTable, Track
+    from .._post._memory import Memory
     from .._post._session import Session
     from .._post._table import COLUMNS
 
-    version, metadata, tracks, cols, names, rare = pickle.loads(payload)
-    if version != 1:
+    version, metadata, tracks, cols, names, rare, mem = pickle.loads(payload)
+    if version != 2:
         raise ValueError(f"a session payload of version {version!r}")
     tab = EventTable()
     for (attr, code), raw in zip(COLUMNS, cols, strict=True):
@@ -385,7 +400,16 @@ def load_session(payload: bytes) -> Any:
         tab.add_track(t)
         by_id[tid] = t
     tab.rare = rare
-    return Session(tab, by_id, metadata)
+    memory = None
+    if mem is not None:
+        interval, mcols, threads, other_bytes, other_count, dropped, nodes = mem
+        memory = Memory(interval)
+        for c, raw in zip(_MEMORY_COLUMNS, mcols, strict=True):
+            getattr(memory, c).frombytes(raw)
+        memory.threads = threads
+        memory.other_bytes, memory.other_count, memory.dropped = other_bytes, other_count, dropped
+        memory.nodes = nodes
+    return Session(tab, by_id, metadata, memory=memory)
 
 
 _warned: list[bool] = []
@@ -406,6 +430,21 @@ def _step_aside() -> None:
         follow.step_aside()
 
 
+def _memory_aside(prof: Any) -> None:
+    """``profile_memory`` in a process where a profile of its own tracks
+    memory already (the allocator hooks are one per process): the work is
+    profiled without its allocations, with a warning, rather than not at all."""
+    if prof.profile_memory:
+        from .._core import _memory
+
+        if _memory.running():
+            prof.profile_memory = False
+            _warn_once(
+                f"aprof: process {os.getpid()} tracks memory for a profile of its own: "
+                "the allocations of the work sent to it are not tracked"
+            )
+
+
 def _start_in_child(job: _Job) -> tuple[Any, str] | None:
     from .._core._profiler import profile
 
@@ -418,6 +457,7 @@ def _start_in_child(job: _Job) -> tuple[Any, str] | None:
     except FileNotFoundError:
         return None  # the parent stopped and removed the directory: nobody will read it
     _step_aside()
+    _memory_aside(prof)
     try:
         prof.start()
     except BaseException:
