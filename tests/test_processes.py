@@ -677,3 +677,21 @@ def test_a_worker_tracking_memory_itself_still_profiles_the_jobs(private_tmp: Pa
     assert [e.name for e in prof.events() if e.name == "inner"] == ["inner"]
     assert prof.session.lost == []
     assert _left(private_tmp) == []
+
+
+def test_a_child_that_cannot_track_memory_profiles_the_job_without_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 20 "Bad input": a child where the allocator cannot be hooked (no
+    # C extension there) profiles the job without its allocations, with
+    # one warning, rather than not at all.
+    from aprof._core import _memory
+
+    monkeypatch.setattr(_memory, "unavailable_reason", lambda: "no C extension in this test")
+    with tempfile.TemporaryDirectory() as d:
+        job = _processes._Job(1, d, {"profile_memory": True, "memory_interval": 0}, 0, 1, 1, 0)
+        _processes._warned.clear()
+        with pytest.warns(aprof.AprofWarning, match="cannot track memory"):
+            assert _processes.ProcessCall(procjobs.work, job)(10) == 45
+        [saved] = os.listdir(d)
+        child = aprof.load(os.path.join(d, saved))
+    assert sorted(e.name for e in child.events()) == ["inner", "work"]
+    assert child.memory is None

@@ -282,7 +282,7 @@ def _join(dir: str) -> _WorkerProfile | None:
     try:
         from .._core._profiler import profile
 
-        prof = profile(node_id=os.getpid(), **header["options"])
+        prof = profile(node_id=os.getpid(), **_options_here(header["options"]))
         _step_aside()
         _memory_aside(prof)
         ctx = contextvars.copy_context()
@@ -438,6 +438,20 @@ def _step_aside() -> None:
         follow.step_aside()
 
 
+def _options_here(options: dict[str, Any]) -> dict[str, Any]:
+    """The parent profile's options, as this process can take them: without
+    ``profile_memory`` where the allocator cannot be hooked (no C extension
+    here), with a warning, rather than the work not profiled at all."""
+    if options.get("profile_memory"):
+        from .._core import _memory
+
+        why = _memory.unavailable_reason()
+        if why is not None:
+            _warn_once(f"aprof: process {os.getpid()} cannot track memory ({why}): the allocations of the work sent to it are not tracked")
+            return {**options, "profile_memory": False}
+    return options
+
+
 def _memory_aside(prof: Any) -> None:
     """``profile_memory`` in a process where a profile of its own tracks
     memory already (the allocator hooks are one per process): the work is
@@ -456,7 +470,7 @@ def _memory_aside(prof: Any) -> None:
 def _start_in_child(job: _Job) -> tuple[Any, str] | None:
     from .._core._profiler import profile
 
-    prof = profile(node_id=os.getpid(), **job.options)
+    prof = profile(node_id=os.getpid(), **_options_here(job.options))
     # One job may run many calls (a multiprocessing.Pool map): each its own file.
     part = os.path.join(job.dir, f"{job.id}-{os.getpid()}-{next(_calls)}.part")
     try:
