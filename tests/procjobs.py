@@ -58,3 +58,19 @@ def get_var(_: int = 0) -> str:
 def stack_depth(_: int = 0) -> int:
     with aprof.record_function("with a stack"):
         return 0
+
+
+def alloc(n: int) -> int:
+    """Allocates ``n`` bytes (one bytes object) and frees them."""
+    data = bytes(n)
+    return len(data)
+
+
+def track_memory_here() -> None:
+    """A pool initializer: the worker tracks memory for a profile of its own."""
+    prof = aprof.profile(profile_memory=True, scope="global")
+    prof.start()
+    _OWN.append(prof)
+
+
+_OWN: list[aprof.profile] = []

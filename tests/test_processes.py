@@ -575,3 +575,123 @@ def test_a_cancelled_job_is_not_lost(private_tmp: Path) -> None:
         ex.shutdown()
     assert prof.session.lost == []
     assert len([e for e in _children(prof) if e.name == "work"]) == 5 - len(cancelled)
+
+
+CHUNK = 64 * 1024
+SLACK = 4096  # a bytes object's header, the range's own bookkeeping
+
+
+def test_a_jobs_allocations_are_charged_to_its_range_in_its_process(
+    pool: concurrent.futures.ProcessPoolExecutor, private_tmp: Path
+) -> None:
+    # SPEC 15.4, 15.5; issue 20: profile_memory goes to the workers with
+    # the other options. A job's allocations are its range's, in its
+    # worker's process (exact with memory_interval=0); the parent's stay
+    # the parent's, and key_averages(group_by="node") keeps each process's
+    # bytes on its own row.
+    ppool = aprof.propagating(pool)
+    with aprof.profile(profile_memory=True, memory_interval=0) as prof:
+        with aprof.record_function("parent allocates"):
+            assert len(bytes(3 * CHUNK)) == 3 * CHUNK
+        sizes = [ppool.submit(procjobs.alloc, k * CHUNK).result() for k in (1, 2, 4)]
+    assert sizes == [CHUNK, 2 * CHUNK, 4 * CHUNK]
+    assert _left(private_tmp) == []
+    s = prof.session
+    assert s.lost == []
+    m = s.memory
+    assert m is not None
+    assert m.exact
+    jobs = sorted((e for e in _children(prof) if e.name == "alloc"), key=lambda e: e.start_ns)
+    assert len(jobs) == 3
+    for k, e in zip((1, 2, 4), jobs, strict=True):
+        assert e.node_id != 0
+        assert e.memory is not None
+        assert k * CHUNK <= e.memory.allocated <= k * CHUNK + SLACK
+        assert e.memory.freed >= k * CHUNK  # freed inside the job
+    [mine] = [e for e in prof.events() if e.name == "parent allocates"]
+    assert mine.node_id == 0
+    assert mine.memory is not None
+    assert 3 * CHUNK <= mine.memory.allocated <= 3 * CHUNK + SLACK
+    rows = {r.key: r for r in prof.key_averages()}
+    assert 7 * CHUNK <= rows["executor alloc"].allocated_bytes <= 7 * CHUNK + 3 * SLACK
+    # One row per process: the parent's bytes are not its workers', and
+    # each worker's row holds the jobs it ran.
+    nodes = {r.key: r for r in prof.key_averages(group_by="node")}
+    parent = [r for k, r in nodes.items() if k.startswith("node 0 ")]
+    assert len(parent) == 1
+    assert parent[0].allocated_bytes >= 3 * CHUNK
+    per_worker: dict[int, int] = {}
+    for e in jobs:
+        assert e.memory is not None
+        per_worker[e.node_id] = per_worker.get(e.node_id, 0) + e.memory.allocated
+    for node, allocated in per_worker.items():
+        [row] = [r for k, r in nodes.items() if k.startswith(f"node {node} ")]
+        assert allocated <= row.allocated_bytes < allocated + 3 * CHUNK  # the jobs, and nothing of the parent's
+    assert sum(r.allocated_bytes for r in nodes.values()) == m.total().allocated
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.usefixtures("processes_installed")
+def test_allocations_come_back_from_exiting_workers_and_processes(method: str, private_tmp: Path) -> None:
+    # SPEC 15.4, 15.5: a worker that exits before the parent's stop leaves
+    # its allocations with its profile, and a multiprocessing.Process's
+    # call of its own carries them in its session too.
+    ctx = multiprocessing.get_context(method)
+    extra = {} if method == "fork" else {"max_tasks_per_child": 1}
+    with aprof.profile(profile_memory=True, memory_interval=0) as prof:
+        with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx, **extra) as ex:  # type: ignore[arg-type]
+            assert aprof.propagating(ex).submit(procjobs.alloc, 2 * CHUNK).result() == 2 * CHUNK
+        p = ctx.Process(target=procjobs.alloc, args=(3 * CHUNK,))
+        p.start()
+        p.join(60)
+    assert p.exitcode == 0
+    assert prof.session.lost == []
+    got = {}
+    for e in _children(prof):
+        assert e.memory is not None
+        got[e.node_id] = e.memory.allocated
+    assert len(got) == 2
+    assert 0 not in got
+    assert 3 * CHUNK <= got.pop(p.pid) <= 3 * CHUNK + SLACK
+    [job] = got.values()
+    assert 2 * CHUNK <= job <= 2 * CHUNK + SLACK
+    assert _left(private_tmp) == []
+
+
+def test_a_worker_tracking_memory_itself_still_profiles_the_jobs(private_tmp: Path) -> None:
+    # The allocator hooks are one per process: a worker whose own profile
+    # tracks memory runs the jobs profiled, without their allocations,
+    # rather than unprofiled.
+    ex = concurrent.futures.ProcessPoolExecutor(
+        1, mp_context=multiprocessing.get_context("spawn"), initializer=procjobs.track_memory_here
+    )
+    try:
+        with aprof.profile(profile_memory=True, memory_interval=0) as prof:
+            assert aprof.propagating(ex).submit(procjobs.work, 10).result() == 45
+    finally:
+        ex.shutdown()
+    [job] = _children(prof)
+    assert job.node_id != 0
+    assert job.memory is not None  # the parent's profile tracks memory: every event has figures
+    assert job.memory.allocated == 0
+    assert [e.name for e in prof.events() if e.name == "inner"] == ["inner"]
+    assert prof.session.lost == []
+    assert _left(private_tmp) == []
+
+
+def test_a_child_that_cannot_track_memory_profiles_the_job_without_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 20 "Bad input": a child where the allocator cannot be hooked (no
+    # C extension there) profiles the job without its allocations, with
+    # one warning, rather than not at all.
+    from aprof._core import _memory
+
+    monkeypatch.setattr(_memory, "unavailable_reason", lambda: "no C extension in this test")
+    with tempfile.TemporaryDirectory() as d:
+        job = _processes._Job(1, d, {"profile_memory": True, "memory_interval": 0}, 0, 1, 1, 0)
+        _processes._warned.clear()
+        with pytest.warns(aprof.AprofWarning, match="cannot track memory"):
+            assert _processes.ProcessCall(procjobs.work, job)(10) == 45
+        [saved] = os.listdir(d)
+        child = aprof.load(os.path.join(d, saved))
+    assert sorted(e.name for e in child.events()) == ["inner", "work"]
+    assert child.memory is None

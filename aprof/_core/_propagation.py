@@ -25,6 +25,7 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future
 from time import perf_counter_ns
+from types import FunctionType
 from typing import Any, Final, ParamSpec, TypeVar
 
 from . import _callbacks
@@ -57,15 +58,24 @@ def _run_executor_range(fn: Callable[..., R], args: Any, kwargs: Any, fwd: int, 
         # tuples inline, exactly the records the general path's recorder
         # writes (its extra is the submit time alone; consolidation makes
         # it {"submit_ns": ...}).
+        # Per job (a process pool's worker runs one per job; issue 20's
+        # target): ps.admit, _name_of and current_logical_thread inlined
+        # where that saves a Python call.
         ps = st.recorder.state  # type: ignore[union-attr]
-        if ps is None or not ps.admit(KIND_RANGE):  # stopped, or a full budget
+        if ps is None:  # stopped
             return fn(*args, **kwargs)
-        lt = current_logical_thread()
+        budget = ps.budget
+        if budget is not None and not budget.take(KIND_RANGE):  # a full budget
+            return fn(*args, **kwargs)
+        lt = stepping.lt or current_logical_thread()
         lst = ps.lists.get(lt)
         if lst is None:
             lst = ps.list_for(lt)
         stack = capture_stack(0) if ps.with_stack else None
-        t = (_name_of(fn), "executor", perf_counter_ns(), None, seq, fwd, None, stack, KIND_RANGE, submit_ns)
+        name = fn.__qualname__ if type(fn) is FunctionType else None
+        if not name:
+            name = _name_of(fn)
+        t = (name, "executor", perf_counter_ns(), None, seq, fwd, None, stack, KIND_RANGE, submit_ns)
         lst.append(t)
         idx = len(lst) - 1  # after the append: a signal handler may record in between (index_of)
         if lst[idx] is not t:
@@ -310,9 +320,8 @@ class _PropagatingExecutor(Executor):
         if self._processes:
             # Once here, not per submit: a relative import costs a few
             # microseconds a call, a tenth of a small job (issue 20).
-            from .._integrations._processes import process_call, submit_to_pool
+            from .._integrations._processes import submit_to_pool
 
-            self._process_call = process_call
             self._submit_to_pool = submit_to_pool
 
     def submit(self, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
@@ -321,10 +330,7 @@ class _PropagatingExecutor(Executor):
         if self._processes:
             # Another process: the profile's options and the link go with
             # the call, and the child's session comes back at stop (SPEC 11.4).
-            call, tell = self._process_call(
-                fn, (stepping.lt or current_logical_thread()).id, next_sequence_nr(), perf_counter_ns(), pool=True
-            )
-            return self._submit_to_pool(type(self._inner).submit, self._inner, call, tell, args, kwargs)  # type: ignore[no-any-return]
+            return self._submit_to_pool(type(self._inner).submit, self._inner, fn, args, kwargs)  # type: ignore[no-any-return]
         return self._inner.submit(_Wrapped(fn), *args, **kwargs)
 
     def map(self, fn: Callable[..., R], *iterables: Any, timeout: float | None = None, chunksize: int = 1) -> Iterator[R]:

@@ -59,6 +59,7 @@ from .._core._recorder import (
 )
 from .._post._events import overlap
 from .._post._lod import always_kept, longest_rows
+from .._post._memory import threads_by_node as memory_threads_by_node
 from .._post._table import SCOPES, X_EXTRA
 from ._files import atomic_write_text, check_output_path
 from ._labels import track_label
@@ -491,22 +492,6 @@ def memory_summary(session: Session) -> dict[str, Any]:
         # they charge them to the events they rebuild (aprof/_post/_readers.py).
         "records": m.records_json(),
     }
-
-
-def memory_threads_by_node(session: Session) -> dict[int, set[int]]:
-    """profile_memory: the threads that allocated, by process (node id). A
-    merged session's processes each get their own counter (SPEC 15.4): a
-    thread is its track's process, or the one ``Memory.nodes`` says."""
-    m = session.memory
-    if m is None:
-        return {}
-    home = session.metadata.get("node_id", 0)
-    home = home if isinstance(home, int) else 0
-    node_of = {t.id: t.node_id for t in session._table.tracks}
-    by_node: dict[int, set[int]] = {}
-    for tid in m.threads:
-        by_node.setdefault(node_of.get(tid, m.nodes.get(tid, home)), set()).add(tid)
-    return by_node
 
 
 def _memory_counters(session: Session, pids: dict[int, Any], base: int, emit: Any) -> None:

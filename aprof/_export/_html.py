@@ -42,8 +42,8 @@ from typing import TYPE_CHECKING, Any, Final
 from .._core._callbacks import RecordScope
 from .._post._compact import compact_parts
 from .._post._lod import ITEM, always_kept, keep_rows, merge_rows, range_flame
+from .._post._memory import threads_by_node as memory_threads_by_node
 from .._post._stitch import stitched_tree
-from ._chrome import memory_threads_by_node
 from ._files import atomic_write_text, check_output_path
 from ._labels import frame_label
 

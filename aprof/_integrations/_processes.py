@@ -59,6 +59,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import gc
 import itertools
 import os
 import pickle
@@ -70,15 +71,21 @@ import tempfile
 import threading
 import time
 import warnings
+from array import array
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
+from time import perf_counter_ns
 from typing import Any, Final
 
 from .._core._callbacks import RF_STATE, AprofWarning, start_unrecorded_thread
+from .._core._record_function import _sequence_numbers
 from .._core._recorder import ProfilerState
+from .._core._threads import current_logical_thread, stepping
 
-__all__ = ["ProcessCall", "collect", "discard", "process_call"]
+__all__ = ["ProcessCall", "collect", "discard", "process_call", "submit_to_pool"]
+
+_get_rf_state = RF_STATE.get
 
 #: The socket pool workers connect to, in the parent profile's directory,
 #: and the file that gives them the profile's options and node id.
@@ -97,7 +104,7 @@ FLUSH_TIMEOUT: float = 10.0
 #: this aprof's profile has: the memory budget's max_bytes and keep too).
 _FORWARDED: Final = (
     "record_inputs", "with_stack", "python_tracer", "c_calls", "tasks", "max_events", "max_bytes", "keep",
-    "loop_block_threshold",
+    "loop_block_threshold", "profile_memory", "memory_interval",
 )  # fmt: skip
 
 
@@ -188,14 +195,33 @@ class _PoolCall:
         return repr(self.fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return _call_in_worker(self.fn, self.dir, self.seq, self.fwd, self.submit_ns, args, kwargs)
+        # In the worker, per job: kept to the fewest Python calls (issue 20's
+        # pool target; a worker's profile costs about a range per job).
+        dir = self.dir
+        w = _workers.get(dir, _UNJOINED)
+        if w is _UNJOINED:
+            w = _workers[dir] = _join(dir)
+        ctx = w.ctx if w is not None and not w.closed else None
+        if ctx is None:  # unprofiled here, or the parent asked for the profile already
+            return self.fn(*args, **kwargs)
+        seq = self.seq
+        w.seqs.append(seq)
+        w.fwds.append(self.fwd)
+        # fwd 0: the submitter is in another process; the merge points this
+        # range at it through the session's parent_link.
+        if not w.enter.acquire(False):
+            return ctx.copy().run(_run_executor_range, self.fn, args, kwargs, 0, seq, self.submit_ns)
+        try:
+            return ctx.run(_run_executor_range, self.fn, args, kwargs, 0, seq, self.submit_ns)
+        finally:
+            w.enter.release()
 
 
 
 class _WorkerProfile:
     """This process's profile of the jobs one parent profile sent it."""
 
-    __slots__ = ("closed", "ctx", "dir", "enter", "links", "lock", "parent_node", "prof", "sock")
+    __slots__ = ("closed", "ctx", "dir", "enter", "fwds", "lock", "parent_node", "prof", "seqs", "sock")
 
     def __init__(self, dir: str, prof: Any, ctx: contextvars.Context, sock: socket.socket, parent_node: int) -> None:
         self.dir = dir
@@ -206,8 +232,10 @@ class _WorkerProfile:
         self.ctx: contextvars.Context | None = ctx
         self.sock = sock
         self.parent_node = parent_node
-        #: (seq, fwd) of each job run: the links the parent's merge draws.
-        self.links: list[tuple[int, int]] = []
+        #: The sequence number and the submitting logical thread of each job
+        #: run: the links the parent's merge draws (columns: no object per job).
+        self.seqs = array("q")
+        self.fwds = array("q")
         #: Held while a job runs in ``ctx`` (a Context is entered by one
         #: thread at a time; a job that runs another in this process, or one
         #: run from another thread, takes a copy).
@@ -225,26 +253,8 @@ def _run_executor_range(fn: Callable[..., Any], args: Any, kwargs: Any, fwd: int
 #: The parent profile's directory -> this process's profile for it (None:
 #: none can be made, the jobs run unprofiled).
 _workers: dict[str, _WorkerProfile | None] = {}
+_UNJOINED: Final[Any] = object()
 _exit_hooked: list[bool] = []
-
-
-def _call_in_worker(fn: Callable[..., Any], dir: str, seq: int, fwd: int, submit_ns: int, args: Any, kwargs: Any) -> Any:
-    if dir in _workers:
-        w = _workers[dir]
-    else:
-        w = _workers[dir] = _join(dir)
-    ctx = None if w is None or w.closed else w.ctx
-    if w is None or ctx is None:
-        return fn(*args, **kwargs)
-    w.links.append((seq, fwd))
-    # fwd 0: the submitter is in another process; the merge points this
-    # range at it through the session's parent_link.
-    if not w.enter.acquire(blocking=False):
-        return ctx.copy().run(_run_executor_range, fn, args, kwargs, 0, seq, submit_ns)
-    try:
-        return ctx.run(_run_executor_range, fn, args, kwargs, 0, seq, submit_ns)
-    finally:
-        w.enter.release()
 
 
 def _join(dir: str) -> _WorkerProfile | None:
@@ -271,8 +281,9 @@ def _join(dir: str) -> _WorkerProfile | None:
     try:
         from .._core._profiler import profile
 
-        prof = profile(node_id=os.getpid(), **header["options"])
+        prof = profile(node_id=os.getpid(), **_options_here(header["options"]))
         _step_aside()
+        _memory_aside(prof)
         ctx = contextvars.copy_context()
         ctx.run(prof.start)
     except Exception as exc:  # noqa: BLE001 - the jobs run anyway (issue 20, "Bad input")
@@ -330,7 +341,7 @@ def _flush(w: _WorkerProfile, how: str) -> None:
         if how == "drop":
             return
         session = prof.session
-        session.metadata["parent_link"] = {"node_id": w.parent_node, "links": list(w.links)}
+        session.metadata["parent_link"] = {"node_id": w.parent_node, "seqs": w.seqs, "fwds": w.fwds}
         payload = dump_session(session)
         if how == "send":
             w.sock.sendall(_U64.pack(len(payload)))
@@ -357,19 +368,31 @@ def dump_session(session: Any) -> bytes:
     tab = session._table
     tracks = [(t.id, t.name, t.kind, t.os_thread_id, t.node_id, t.steps) for t in tab.tracks]
     cols = [c.tobytes() for c in tab.columns()]
-    return pickle.dumps((1, session.metadata, tracks, cols, tab.names, tab.rare), protocol=pickle.HIGHEST_PROTOCOL)
+    m = session.memory
+    memory = None
+    if m is not None:
+        # profile_memory: the allocations, charged in the worker (their
+        # event rows are the table's, which goes as it is).
+        memory = (
+            m.interval, [getattr(m, c).tobytes() for c in _MEMORY_COLUMNS], m.threads, m.other_bytes, m.other_count,
+            m.dropped, m.nodes,
+        )  # fmt: skip
+    return pickle.dumps((2, session.metadata, tracks, cols, tab.names, tab.rare, memory), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+#: profile_memory's columns and their array codes (aprof._post._memory.Memory).
+_MEMORY_COLUMNS: Final = ("time", "size", "weight", "freed", "thread_id", "event")
 
 
 def load_session(payload: bytes) -> Any:
     """:func:`dump_session`'s session back."""
-    from array import array
-
     from .._post._events import EventTable, Track
+    from .._post._memory import Memory
     from .._post._session import Session
     from .._post._table import COLUMNS
 
-    version, metadata, tracks, cols, names, rare = pickle.loads(payload)
-    if version != 1:
+    version, metadata, tracks, cols, names, rare, mem = pickle.loads(payload)
+    if version != 2:
         raise ValueError(f"a session payload of version {version!r}")
     tab = EventTable()
     for (attr, code), raw in zip(COLUMNS, cols, strict=True):
@@ -385,7 +408,16 @@ def load_session(payload: bytes) -> Any:
         tab.add_track(t)
         by_id[tid] = t
     tab.rare = rare
-    return Session(tab, by_id, metadata)
+    memory = None
+    if mem is not None:
+        interval, mcols, threads, other_bytes, other_count, dropped, nodes = mem
+        memory = Memory(interval)
+        for c, raw in zip(_MEMORY_COLUMNS, mcols, strict=True):
+            getattr(memory, c).frombytes(raw)
+        memory.threads = threads
+        memory.other_bytes, memory.other_count, memory.dropped = other_bytes, other_count, dropped
+        memory.nodes = nodes
+    return Session(tab, by_id, metadata, memory=memory)
 
 
 _warned: list[bool] = []
@@ -406,10 +438,39 @@ def _step_aside() -> None:
         follow.step_aside()
 
 
+def _options_here(options: dict[str, Any]) -> dict[str, Any]:
+    """The parent profile's options, as this process can take them: without
+    ``profile_memory`` where the allocator cannot be hooked (no C extension
+    here), with a warning, rather than the work not profiled at all."""
+    if options.get("profile_memory"):
+        from .._core import _memory
+
+        why = _memory.unavailable_reason()
+        if why is not None:
+            _warn_once(f"aprof: process {os.getpid()} cannot track memory ({why}): the allocations of the work sent to it are not tracked")
+            return {**options, "profile_memory": False}
+    return options
+
+
+def _memory_aside(prof: Any) -> None:
+    """``profile_memory`` in a process where a profile of its own tracks
+    memory already (the allocator hooks are one per process): the work is
+    profiled without its allocations, with a warning, rather than not at all."""
+    if prof.profile_memory:
+        from .._core import _memory
+
+        if _memory.running():
+            prof.profile_memory = False
+            _warn_once(
+                f"aprof: process {os.getpid()} tracks memory for a profile of its own: "
+                "the allocations of the work sent to it are not tracked"
+            )
+
+
 def _start_in_child(job: _Job) -> tuple[Any, str] | None:
     from .._core._profiler import profile
 
-    prof = profile(node_id=os.getpid(), **job.options)
+    prof = profile(node_id=os.getpid(), **_options_here(job.options))
     # One job may run many calls (a multiprocessing.Pool map): each its own file.
     part = os.path.join(job.dir, f"{job.id}-{os.getpid()}-{next(_calls)}.part")
     try:
@@ -418,6 +479,7 @@ def _start_in_child(job: _Job) -> tuple[Any, str] | None:
     except FileNotFoundError:
         return None  # the parent stopped and removed the directory: nobody will read it
     _step_aside()
+    _memory_aside(prof)
     try:
         prof.start()
     except BaseException:
@@ -577,7 +639,7 @@ def _name_of(fn: Callable[..., Any]) -> str:
 
 def process_call(
     fn: Callable[..., Any], fwd: int, seq: int, submit_ns: int, pool: bool = False
-) -> tuple[Callable[..., Any], Callable[[Any], Any]]:
+) -> tuple[Callable[..., Any], Callable[..., Any]]:
     """What to hand another process for ``fn``, and what to do with what
     the submit returned: ``tell(handle)`` keeps the handle (a future, an
     AsyncResult, a Process: read at stop to say what became of a job that
@@ -767,6 +829,19 @@ def collect(state: ProfilerState, session: Any) -> Any:
         if entry is None or entry[0] is not state:
             return session
         run = entry[1]
+    # Reading and merging the children's sessions makes a few objects per
+    # job (rows of rare fields): as consolidation does, keep the cyclic GC
+    # from walking the program's heap over and over meanwhile.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _collect(run, session)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _collect(run: _Run, session: Any) -> Any:
     from .._post._merge import merge_children
     from .._post._session import load
 
@@ -804,11 +879,13 @@ def collect(state: ProfilerState, session: Any) -> Any:
         children.append(child)
         link = child.metadata.get("parent_link")
         if type(link) is dict:
-            came_back.update(seq for seq, _fwd in link.get("links") or ())
+            came_back.update(link.get("seqs") or ())
     dead, silent = sorted(run.dead), sorted(run.silent)
     for fn, handle, seq in run.pool_jobs:
-        if seq in came_back and _finished(handle):
-            continue  # the common case, without a lock
+        # The common case, without a lock or a call: a job whose range came
+        # back, its future completed (see _finished).
+        if seq in came_back and getattr(handle, "_state", None) == "FINISHED" and type(getattr(handle, "_exception", None)) is not BrokenProcessPool:
+            continue
         status = _status(handle)
         name = _name_of(fn)
         if status == "running":
@@ -896,10 +973,33 @@ def _wrapped(fn: Any, pool: bool = False) -> tuple[Any, Callable[..., Any]]:
     return process_call(fn, *_link(), pool=pool)
 
 
-def submit_to_pool(submit: Any, pool: Any, call: Any, tell: Callable[..., Any], args: Any, kwargs: Any) -> Any:
-    """``submit(pool, call, ...)``, its future noted for the profile and
-    returned as it is: the program's own future."""
-    return tell(submit(pool, call, *args, **kwargs), pool)
+def submit_to_pool(submit: Any, pool: Any, fn: Any, args: Any, kwargs: Any) -> Any:
+    """``submit(pool, fn, *args, **kwargs)`` for a process pool, under the
+    running profile if there is one: ``fn`` goes as a :class:`_PoolCall`
+    and the future is noted for the profile, then returned as it is (the
+    program's own future).
+
+    One Python call per job in the common case (a context's profile whose
+    workers' socket is open): it is most of what a small job costs the
+    submitting process (issue 20's pool target)."""
+    rec = _get_rf_state().recorder
+    state = rec.state if rec is not None else None
+    entry = _runs.get(id(state)) if state is not None and state.running else None
+    if entry is None or entry[0] is not state or entry[1].listener is None:
+        # The first job of this profile, a global profile, no profile, or
+        # no socket: the general way.
+        if _current_state() is None:
+            return submit(pool, fn, *args, **kwargs)
+        call, tell = process_call(fn, *_link(), pool=True)
+        return tell(submit(pool, call, *args, **kwargs), pool)
+    run = entry[1]
+    # The link, as _link() makes it.
+    fwd = (stepping.lt or current_logical_thread()).id
+    seq = next(_sequence_numbers)
+    record: list[Any] = [fn, None, seq]
+    run.pool_jobs.append(record)
+    fut = submit(pool, _PoolCall(fn, run._dir, seq, fwd, perf_counter_ns()), *args, **kwargs)  # type: ignore[arg-type]
+    return run.tell_pool(record, fut, pool)
 
 
 def _is_machinery(fn: Any) -> bool:
@@ -910,8 +1010,9 @@ def _is_machinery(fn: Any) -> bool:
 
 def _executor_submit(original: Any) -> Any:
     def submit(self: Any, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
-        call, tell = _wrapped(fn, pool=True)
-        return submit_to_pool(original, self, call, tell, args, kwargs)
+        if not callable(fn) or isinstance(fn, (ProcessCall, _PoolCall)):
+            return original(self, fn, *args, **kwargs)
+        return submit_to_pool(original, self, fn, args, kwargs)
 
     return submit
 

@@ -14,6 +14,7 @@ from .._core._callbacks import RecordScope
 from .._core._recorder import KIND_INSTANT
 from .._frames import format_frame, innermost_user_frame, shown_stack
 from ._events import FunctionEvent
+from ._memory import threads_by_node
 from ._table import SCOPES, X_EXTRA, EventTable
 
 if TYPE_CHECKING:
@@ -329,6 +330,18 @@ def _add_memory(session: Session, averages: EventAverages, rows: dict[Any, Funct
                 name = m.threads.get(tid, (str(tid), ""))[0]
                 row = rows[tid] = FunctionEventAvg(f"{name} ({tid})")
                 averages._rows.append(row)
+            row.allocated_bytes, row.freed_bytes, row.allocation_count = st.allocated, st.freed, st.count
+            row.cpu_memory_usage = row.self_cpu_memory_usage = st.net
+            row.peak_memory = st.peak
+        return
+    if group_by == "node":
+        # One row per process (SPEC 15.4): the allocations of its threads.
+        for node, threads in sorted(threads_by_node(session).items()):
+            row = rows.get(("node", node))
+            if row is None:
+                row = rows[("node", node)] = FunctionEventAvg(_node_label(session, node))
+                averages._rows.append(row)
+            st = m.of_threads(threads)
             row.allocated_bytes, row.freed_bytes, row.allocation_count = st.allocated, st.freed, st.count
             row.cpu_memory_usage = row.self_cpu_memory_usage = st.net
             row.peak_memory = st.peak

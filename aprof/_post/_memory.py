@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from ._session import Session
     from ._table import EventTable
 
-__all__ = ["Memory", "MemoryStats", "attach_memory", "recharge"]
+__all__ = ["Memory", "MemoryStats", "attach_memory", "recharge", "threads_by_node"]
 
 _OWN_THREAD: Final = 1 << 63
 _REC_WORDS: Final = 5  # t, size, weight, lt, freed (aprof/_cmemory.c MemRec)
@@ -132,6 +132,11 @@ class Memory:
         for i, tid in enumerate(self.thread_id):
             groups.setdefault(tid, []).append(i)
         return {tid: _stats(idx, self) for tid, idx in groups.items()}
+
+    def of_threads(self, threads: Container[int]) -> MemoryStats:
+        """The allocations of ``threads`` together (one process of a merged
+        session): its peak is theirs at once, not the largest of each."""
+        return _stats([i for i, tid in enumerate(self.thread_id) if tid in threads], self)
 
     def of_event(self, row: int) -> tuple[MemoryStats, MemoryStats] | None:
         """(inclusive, self) figures of event ``row``, or None if it allocated nothing."""
@@ -305,6 +310,23 @@ class Memory:
     def __repr__(self) -> str:
         mode = "exact" if self.exact else f"every ~{self.interval} bytes"
         return f"<aprof.Memory {len(self.time)} allocations ({mode})>"
+
+
+def threads_by_node(session: Session) -> dict[int, set[int]]:
+    """The threads that allocated, by process (node id). A merged session's
+    processes each get their own counter and ``key_averages(group_by="node")``
+    row (SPEC 15.4): a thread is its track's process, or the one
+    ``Memory.nodes`` says."""
+    m = session.memory
+    if m is None:
+        return {}
+    home = session.metadata.get("node_id", 0)
+    home = home if isinstance(home, int) else 0
+    node_of = {t.id: t.node_id for t in session._table.tracks}
+    by_node: dict[int, set[int]] = {}
+    for tid in m.threads:
+        by_node.setdefault(node_of.get(tid, m.nodes.get(tid, home)), set()).add(tid)
+    return by_node
 
 
 def _stats(idx: Any, m: Memory) -> MemoryStats:

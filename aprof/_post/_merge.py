@@ -125,7 +125,11 @@ def _proc_of(s: Session, k: int, node: int) -> tuple[Any, ...]:
 def _links(link: dict[str, Any]) -> dict[int, int]:
     """A child session's links to its submits: sequence number -> the
     submitting logical thread. One job (``seq``, ``fwd``), or a pool
-    worker's many (``links``: ``[seq, fwd]`` pairs)."""
+    worker's many (``seqs`` and ``fwds``: two ``array("q")``, straight
+    from the worker; ``links``: ``[seq, fwd]`` pairs)."""
+    seqs, fwds = link.get("seqs"), link.get("fwds")
+    if type(seqs) is array and type(fwds) is array and seqs.typecode == fwds.typecode == "q":
+        return dict(zip(seqs, fwds, strict=False))
     pairs = link.get("links")
     if pairs is None:
         pairs = [(link.get("seq"), link.get("fwd"))]
