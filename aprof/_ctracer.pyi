@@ -612,6 +612,11 @@ def _memory_stop() -> tuple[bytes, list[int], dict[int, Any], int, int, int]:
     Returns (records, OS thread idents, {id: LogicalThread}, other bytes,
     other count, dropped)."""
 
+def _memory_peek() -> tuple[bytes, list[int], dict[int, Any], int, int, int]:
+    """What :func:`_memory_stop` returns, recording on (a flight recorder's
+    dump): copies, made with the hooks' own allocations passing unrecorded.
+    Raises RuntimeError if no memory profile runs."""
+
 def track_rows(
     lists: Any, task_tracks: dict[int, Any], task_recs: dict[int, list[Any]], make_track: Any, firsts: list[int],
     row_tracks: list[Any], raws: list[Any], leads: list[Any], /,
