@@ -1329,6 +1329,48 @@ buf_json_body(Buf *b, PyObject *dumps, PyObject *s)
     return 0;
 }
 
+/* task_coroutines' row i, a TASK row whose extra is `extra`: its track's
+ * coroutine into `out`. 0 done (or nothing to add), -1 an error, 1 not
+ * plain (the Python loop reads them all). */
+static int
+task_coroutine(PyObject *out, PyObject *extra, PyObject *tracks, Cols *t, Py_ssize_t i, PyObject *s_id,
+               PyObject *s_coro)
+{
+    int truth = PyObject_IsTrue(extra);
+    if (truth <= 0)
+        return truth;
+    if (!PyDict_Check(extra))
+        return 1;
+    int32_t tr = t->track[i], p = t->parent[i];
+    if (tr < 0 || tr >= PyList_GET_SIZE(tracks) || p >= t->n ||
+        (p >= 0 && (t->track[p] < 0 || t->track[p] >= PyList_GET_SIZE(tracks))))
+        return 1;
+    PyObject *tid = PyObject_GetAttr(PyList_GET_ITEM(tracks, tr), s_id);
+    if (tid == NULL)
+        return -1;
+    if (p >= 0) {
+        PyObject *ptid = PyObject_GetAttr(PyList_GET_ITEM(tracks, t->track[p]), s_id);
+        int same = ptid == NULL ? -1 : PyObject_RichCompareBool(ptid, tid, Py_EQ);
+        Py_XDECREF(ptid);
+        if (same != 0) {
+            Py_DECREF(tid);
+            return same < 0 ? -1 : 0;
+        }
+    }
+    PyObject *coro = PyDict_GetItemWithError(extra, s_coro); /* extra.get("coro") */
+    Py_XINCREF(coro);
+    int ok = coro != NULL || !PyErr_Occurred();
+    int has = ok && coro != NULL ? PyObject_IsTrue(coro) : 0;
+    if (has > 0) {
+        PyObject *str = PyObject_Str(coro);
+        ok = str != NULL && PyDict_SetItem(out, tid, str) == 0;
+        Py_XDECREF(str);
+    }
+    Py_XDECREF(coro);
+    Py_DECREF(tid);
+    return !ok || has < 0 ? -1 : 0;
+}
+
 /* task_coroutines(tab, task_scope) -> dict | None
  *
  * _chrome._task_coroutines over the table's columns: each task track's
@@ -1375,43 +1417,14 @@ task_coroutines(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }
         if (!PyList_Check(x) || PyList_GET_SIZE(x) != 5)
             goto python;
-        PyObject *extra = PyList_GET_ITEM(x, 4);
-        int truth = PyObject_IsTrue(extra);
-        if (truth < 0)
+        /* strong: its truth test, the lookups and str() can run Python */
+        PyObject *extra = Py_NewRef(PyList_GET_ITEM(x, 4));
+        int step = task_coroutine(out, extra, tracks, &t, i, s_id, s_coro);
+        Py_DECREF(extra);
+        if (step < 0)
             goto done;
-        if (!truth)
-            continue;
-        if (!PyDict_Check(extra))
+        if (step > 0)
             goto python;
-        int32_t tr = t.track[i], p = t.parent[i];
-        if (tr < 0 || tr >= PyList_GET_SIZE(tracks) || p >= t.n ||
-            (p >= 0 && (t.track[p] < 0 || t.track[p] >= PyList_GET_SIZE(tracks))))
-            goto python;
-        PyObject *tid = PyObject_GetAttr(PyList_GET_ITEM(tracks, tr), s_id);
-        if (tid == NULL)
-            goto done;
-        if (p >= 0) {
-            PyObject *ptid = PyObject_GetAttr(PyList_GET_ITEM(tracks, t.track[p]), s_id);
-            int same = ptid == NULL ? -1 : PyObject_RichCompareBool(ptid, tid, Py_EQ);
-            Py_XDECREF(ptid);
-            if (same != 0) {
-                Py_DECREF(tid);
-                if (same < 0)
-                    goto done;
-                continue;
-            }
-        }
-        PyObject *coro = PyDict_GetItemWithError(extra, s_coro); /* extra.get("coro") */
-        int ok = coro != NULL || !PyErr_Occurred();
-        int has = ok && coro != NULL ? PyObject_IsTrue(coro) : 0;
-        if (has > 0) {
-            PyObject *str = PyObject_Str(coro);
-            ok = str != NULL && PyDict_SetItem(out, tid, str) == 0;
-            Py_XDECREF(str);
-        }
-        Py_DECREF(tid);
-        if (!ok || has < 0)
-            goto done;
     }
     result = Py_NewRef(out);
     goto done;
@@ -1467,16 +1480,19 @@ chrome_tracks(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyObject *tid_o = PyObject_GetAttr(t, s_id), *node = PyObject_GetAttr(t, s_node_id),
                  *name = PyObject_GetAttr(t, s_name), *kind = PyObject_GetAttr(t, s_kind),
                  *steps = PyObject_GetAttr(t, s_steps);
+        /* strong: the label's _dumps calls run Python, which could change the dicts */
+        PyObject *pid_o = NULL, *coro = NULL;
         int rc = -1; /* -1: an error; 1: not plain, for the Python loop */
         if (tid_o == NULL || node == NULL || name == NULL || kind == NULL || steps == NULL)
             goto next;
-        PyObject *pid_o = PyDict_GetItemWithError(pids, node); /* pids.get(node, node) */
+        pid_o = PyDict_GetItemWithError(pids, node); /* pids.get(node, node) */
         if (pid_o == NULL && PyErr_Occurred())
             goto next;
-        pid_o = pid_o == NULL ? node : pid_o;
-        PyObject *coro = PyDict_GetItemWithError(coros, tid_o); /* coros.get(tid) */
+        pid_o = Py_NewRef(pid_o == NULL ? node : pid_o);
+        coro = PyDict_GetItemWithError(coros, tid_o); /* coros.get(tid) */
         if (coro == NULL && PyErr_Occurred())
             goto next;
+        Py_XINCREF(coro);
         long long tid = 0, pid = 0;
         int has_steps = steps == Py_None ? 0 : PyObject_IsTrue(steps);
         if (has_steps < 0)
@@ -1520,6 +1536,8 @@ chrome_tracks(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }
         rc = 0;
     next:
+        Py_XDECREF(pid_o);
+        Py_XDECREF(coro);
         Py_XDECREF(tid_o);
         Py_XDECREF(node);
         Py_XDECREF(name);

@@ -748,12 +748,17 @@ memory_peek(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
         PyErr_SetString(PyExc_RuntimeError, "_memory_peek: no memory profile is running");
         return NULL;
     }
+    /* No collection inside (3.11 collects at an allocation): its
+     * finalizers would run the program's code while the hooks pass. */
+    int gc_was = PyGC_Disable();
     int was_busy = M.busy;
     M.busy = 1;
     PyObject *recs = records_bytes();
     PyObject *idents = recs != NULL ? idents_list() : NULL;
     PyObject *lts = idents == NULL ? NULL : M.lts != NULL ? PyDict_Copy(M.lts) : PyDict_New();
     M.busy = was_busy;
+    if (gc_was)
+        PyGC_Enable();
     if (lts == NULL) {
         Py_XDECREF(recs);
         Py_XDECREF(idents);

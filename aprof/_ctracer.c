@@ -2347,6 +2347,11 @@ Tracer_init(Tracer *t, PyObject *args, PyObject *kwds)
      * write past its limit (a TIME before its event), so the eight hold at
      * most max_events; at least 4 (a header is at most three events). */
     t->seg_cap = keep_latest ? Py_MAX(max_events / RING_SEGS - 1, 4) : 0;
+    /* A budget near PY_SSIZE_T_MAX would wrap a segment's byte count: no
+     * more than a segment's bytes can count (its allocation then fails and
+     * the events are dropped, counted, as without memory). */
+    if (t->seg_cap > PY_SSIZE_T_MAX / (Py_ssize_t)sizeof(RawEvent) - RING_SLACK)
+        t->seg_cap = PY_SSIZE_T_MAX / (Py_ssize_t)sizeof(RawEvent) - RING_SLACK;
     t->c_calls = c_calls;
     t->use_eval = APROF_EVAL && !c_calls && evaluator;
     t->instance_ids = instance_ids;
@@ -2625,9 +2630,10 @@ packed(Tracer *t, const RawEvent *buf, Py_ssize_t len)
         return NULL;
     RawEvent *out = (RawEvent *)PyBytes_AS_STRING(data);
     if (pro) {
-        for (Py_ssize_t c = 0; c < t->recv_cap; c++) {
+        for (Py_ssize_t c = 0, left = pro; c < t->recv_cap && left > 0; c++) {
             if (t->recv_first[c] == 0)
                 continue;
+            left--;
             out->word = EV_RECV;
             (out++)->payload = t->recv_first[c] - 1;
             out->word = EV_CALL;

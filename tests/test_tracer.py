@@ -1361,6 +1361,16 @@ def test_a_ring_needs_a_budget(impl: ModuleType) -> None:
         _bare_tracer(impl, 0, keep_latest=True)
 
 
+def test_a_ring_of_a_huge_budget_records_or_counts_every_event(impl: ModuleType) -> None:
+    # A budget near sys.maxsize must not wrap a segment's byte count (a
+    # 96-byte block written past): the C ring cannot allocate such a
+    # segment and counts the events dropped; the twin records them.
+    t = _bare_tracer(impl, sys.maxsize, keep_latest=True)
+    t.start([leaf.__code__] * 10)  # a SWITCH and 10 CALLs
+    t.stop()
+    assert t.count + t.dropped == 11
+
+
 def _ping_pong(rounds: int) -> None:
     """The main thread and a worker call alternately, each ``rounds`` times."""
     turn = [threading.Event(), threading.Event()]
