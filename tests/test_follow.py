@@ -79,24 +79,34 @@ def _server_dirs(tmp_path: Path) -> tuple[Path, Path, int, dict[str, str]]:
     return cwd, tmp, port, env
 
 
-def _serve(server: subprocess.Popen[str], port: int, n: int) -> None:
+def _serve(server: subprocess.Popen[str], port: int, n: int, workers: int = 1) -> None:
     """Send ``n`` real HTTP requests (``/r0`` ...) to the server on
-    ``port``, one at a time, waiting (60 s at most) for it to listen."""
+    ``port``, one at a time, waiting (60 s at most) for it to listen and,
+    first, for ``workers`` worker processes to answer (``/warm...``
+    requests until that many pids did: a worker still booting would serve
+    none of the ``n`` and be stopped before its profile starts)."""
     deadline = time.monotonic() + 60
-    served = 0
+    served = warm = 0
+    pids: set[str] = set()
     while served < n:
-        assert time.monotonic() < deadline, "the server did not answer"
+        assert time.monotonic() < deadline, f"the server did not answer (worker pids seen: {pids})"
         assert server.poll() is None, server.communicate()
+        warming = workers > 1 and len(pids) < workers
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
         try:
-            conn.request("GET", f"/r{served}")
-            assert conn.getresponse().read() == b"ok"
+            conn.request("GET", f"/warm{warm}" if warming else f"/r{served}")
+            response = conn.getresponse()
+            assert response.read() == b"ok"
+            pids.add(response.getheader("x-pid", ""))
         except ConnectionError:
             time.sleep(0.1)  # not listening yet
             continue
         finally:
             conn.close()
-        served += 1
+        if warming:
+            warm += 1
+        else:
+            served += 1
 
 
 def test_run_follows_python_children_into_one_session(tmp_path: Path) -> None:
@@ -200,13 +210,16 @@ def test_a_child_ended_by_sigterm_keeps_its_profile_and_its_ending(tmp_path: Pat
 
 
 APP = """
+import os
+
 import aprof
 
 async def app(scope, receive, send):
     if scope["type"] != "http":
         return
     with aprof.record_function("request " + scope["path"]):
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        headers = [(b"content-length", b"2"), (b"x-pid", str(os.getpid()).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": b"ok"})
 """
 
@@ -493,7 +506,7 @@ def test_gunicorn_uvicorn_workers_are_followed_into_one_trace(tmp_path: Path, st
     )  # fmt: skip
     n = 200
     try:
-        _serve(server, port, n)
+        _serve(server, port, n, workers=2)
     finally:
         if stop == "SIGTERM to the master":
             server.send_signal(signal.SIGTERM)
@@ -502,7 +515,7 @@ def test_gunicorn_uvicorn_workers_are_followed_into_one_trace(tmp_path: Path, st
         out, err = server.communicate(timeout=60)
     assert server.returncode == 0, err
     s = aprof.load(cwd / "out.aprof")
-    requests = [e for e in s.events() if e.name.startswith("request ")]
+    requests = [e for e in s.events() if e.name.startswith("request /r")]  # /warm...: until both workers answered
     assert sorted(e.name for e in requests) == sorted(f"request /r{i}" for i in range(n)), err  # every request, exactly once
     commands = s.metadata["commands"]
     master = commands["0"]
