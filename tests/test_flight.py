@@ -653,3 +653,15 @@ def test_the_tracks_consolidated_in_one_c_call_match_the_per_track_loop(monkeypa
     ]
     assert [t.to_dict() for t in got.tracks()] == [t.to_dict() for t in want.tracks()]
     assert sum(1 for e in got.events() if e.scope == aprof.RecordScope.TASK and e.parent is not None) >= 200
+
+
+def test_a_tracing_recorders_dump_counts_the_calls_its_ring_let_go() -> None:
+    # Issue 19 item 1 in a dump: the tracer's ring (64 KiB: 4,096 events)
+    # lets the oldest calls go, and the dump's metadata says how many.
+    with aprof.flight_recorder(window=60.0, max_bytes=65_536, python_tracer=True, signal=None) as rec:
+        for _ in range(5_000):
+            traced_late()
+        snap = rec.snapshot()
+    dropped = snap.metadata["dropped_by_kind"]["tracer_events"]
+    assert dropped >= 2 * 5_000 - 4_096
+    assert 0 < len(_calls(snap, "traced_late")) < 5_000

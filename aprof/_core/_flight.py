@@ -424,6 +424,8 @@ class flight_recorder:
             flat = [lst for _, chunks in views for lst in chunks]
             copies = ext.raw_snapshot(flat) if ext is not None else [list(lst) for lst in flat]
             dropped = ring.dropped()
+            if prof._tracer is not None:  # the tracer's ring lets go of its own
+                dropped["tracer_events"] = int(prof._tracer.tracer.dropped)
             lists: dict[Any, Any] = {}
             k = 0
             for lt, chunks in views:
