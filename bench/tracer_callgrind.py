@@ -22,17 +22,25 @@ warming ``fib`` outside the count. Modes:
 - ``evaluator-floor`` (3.11 and 3.12): a PEP 523 frame evaluator that runs
   every frame with the default one and records nothing
   (``aprof._ctracer._noop_evaluator``): what the interpreter's generic call
-  path costs ``default`` before aprof does anything.
+  path costs ``default`` before aprof does anything;
+- ``viztracer``: viztracer's default tracer (``VizTracer(verbose=0)``, built
+  and started outside the count, its fairest configuration, as in
+  ``bench/tracer.py``), when it is installed (the ``bench`` extra).
 
 ``--report`` runs each mode once (one valgrind at a time, under ``nice``,
 ``PYTHONHASHSEED=0``) and prints the instructions per fib call on top of
 ``plain``: ``(count(mode) - count(plain)) / calls``. The counts include
 the compilation of the one-line ``eval`` string, the same in every mode.
+With ``viztracer`` in the report, it also prints each mode's slowdown in
+instructions (``count(mode) / count(plain)``) and its share of viztracer's,
+the instruction form of ``bench/tracer.py``'s "<= 0.65x viztracer's
+slowdown" (neither counts the stop: aprof's replay, viztracer's save).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import subprocess
 import sys
@@ -40,7 +48,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-MODES = ("plain", "default", "no-evaluator", "c-calls", "frames-floor", "evaluator-floor")
+MODES = ("plain", "default", "no-evaluator", "c-calls", "frames-floor", "evaluator-floor", "viztracer")
 
 
 def fib(n: int) -> int:
@@ -65,6 +73,11 @@ def run(mode: str, n: int) -> None:
         from aprof._ctracer import _noop_evaluator
 
         _noop_evaluator(True)
+    elif mode == "viztracer":
+        from viztracer import VizTracer
+
+        viz = VizTracer(verbose=0)
+        viz.start()
     elif mode != "plain":
         import aprof
         from aprof._core import _tracer
@@ -107,6 +120,9 @@ def main() -> None:
         modes.remove("frames-floor")
     if sys.version_info >= (3, 13) and "evaluator-floor" in modes:
         modes.remove("evaluator-floor")
+    if "viztracer" in modes and importlib.util.find_spec("viztracer") is None:
+        print("viztracer is not installed (the bench extra): left out", file=sys.stderr)
+        modes.remove("viztracer")
     counts = {}
     for mode in modes:
         counts[mode] = count(mode, n)
@@ -115,6 +131,12 @@ def main() -> None:
     print(f"Python {sys.version.split()[0]}, fib({n}): {k:,} calls; instructions per call on top of plain")
     for mode in modes[1:]:
         print(f"  {mode:14} {(counts[mode] - counts['plain']) / k:8.0f}")
+    if "viztracer" in counts:
+        viz = counts["viztracer"] / counts["plain"]
+        print("slowdown in instructions (mode / plain), and its share of viztracer's")
+        for mode in modes[1:]:
+            slow = counts[mode] / counts["plain"]
+            print(f"  {mode:14} {slow:6.2f}x  {slow / viz:5.2f}")
 
 
 if __name__ == "__main__":
