@@ -29,7 +29,8 @@ and PY_YIELD callbacks that are C callables doing nothing: the hooks of an
 aprof tracer that never started), and on 3.11 and 3.12 of the frame
 evaluator (``aprof._ctracer._noop_evaluator``: a PEP 523 evaluator that runs
 every frame with the default one and records nothing). Then, for aprof alone:
-bytes per raw event (tracemalloc over the recording, and the packed size),
+bytes per raw event (resident memory and tracemalloc over the recording, and
+the packed size),
 and stop (replay + consolidation) plus Chrome export per million raw events.
 Finally the figures are checked against the issue's targets.
 """
@@ -251,24 +252,41 @@ def make_case(name: str, start: Callable[[], Callable[[], Any]] | None, work: Ca
 # -- aprof alone -----------------------------------------------------------------
 
 
+def _resident() -> int:
+    """This process's resident bytes (Linux: /proc/self/statm), else 0."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def aprof_memory(n: int) -> dict[str, float]:
-    """Bytes the tracer holds per raw event while recording fib(n)."""
+    """Bytes the tracer holds per raw event while recording fib(n): the
+    growth of resident memory (the C tracer's buffer of 1 MiB or more is a
+    mapping of its own, which tracemalloc does not see), and tracemalloc's
+    count of what Python's allocators hold."""
     import aprof
 
     fib(n)  # every code object and cache warm, outside the measurement
     gc.collect()
     tracemalloc.start()
     prof = aprof.profile(python_tracer=True, tasks=False)
-    before = tracemalloc.get_traced_memory()[0]
+    before, rss0 = tracemalloc.get_traced_memory()[0], _resident()
     prof.start()
     fib(n)
-    after = tracemalloc.get_traced_memory()[0]
+    after, rss1 = tracemalloc.get_traced_memory()[0], _resident()
     tracer = prof._tracer
     count = tracer.tracer.count if tracer is not None else 0
     event_bytes = getattr(tracer.impl, "EVENT_BYTES", 0) if tracer is not None else 0
     tracemalloc.stop()
     prof.stop()
-    return {"events": count, "bytes_per_event_traced": (after - before) / max(count, 1), "packed_bytes": event_bytes}
+    return {
+        "events": count,
+        "bytes_per_event_traced": (after - before) / max(count, 1),
+        "bytes_per_event_resident": (rss1 - rss0) / max(count, 1),
+        "packed_bytes": event_bytes,
+    }
 
 
 def aprof_post(n: int, rounds: int) -> dict[str, float]:
@@ -325,9 +343,9 @@ def main() -> None:
 
     mem = aprof_memory(min(args.n, 25))
     print(
-        f"\nraw events: {mem['packed_bytes']} bytes packed; {mem['bytes_per_event_traced']:.1f} bytes per event "
-        f"held while recording ({mem['events']:,} events; tracemalloc, all of the profile's allocations, "
-        "the buffer grown by doubling)"
+        f"\nraw events: {mem['packed_bytes']} bytes packed; held while recording {mem['events']:,} events "
+        f"(the buffer grown by doubling): {mem['bytes_per_event_resident']:.1f} bytes per event resident, "
+        f"{mem['bytes_per_event_traced']:.1f} in Python's allocators (tracemalloc)"
     )
     post = aprof_post(min(args.n, 27), 3)
     print(

@@ -967,3 +967,43 @@ def test_aprofs_own_threads_allocate_nothing_the_program_is_charged_for(backend:
     assert m is not None
     charged = {m.threads[tid] for tid in m.by_thread()}
     assert {name for name, kind in charged if kind == "thread"} == {threading.main_thread().name}
+
+
+def _noop() -> None:
+    pass
+
+
+def test_the_tracers_event_buffer_is_not_charged_to_the_traced_code() -> None:
+    # SPEC 15.6: with the Python tracer and a memory profile on together, the
+    # tracer's event buffer (megabytes, grown while the traced code runs) is
+    # aprof's own memory, not an allocation of the code it traces.
+    import itertools
+
+    with aprof.profile(python_tracer=True, profile_memory=True, memory_interval=0, tasks=False) as prof:
+        with aprof.record_function("calls"):
+            for _ in itertools.repeat(None, 200_000):  # 400k events: 6.4 MB of buffer; no allocation of its own
+                _noop()
+    m = prof.session.memory
+    assert m is not None
+    (ev,) = [e for e in prof.events() if e.name == "calls"]
+    assert prof.session.dropped == 0
+    assert sum(1 for e in prof.events() if e.name.endswith("_noop")) == 200_000
+    charged = ev.memory.allocated if ev.memory is not None else 0
+    assert charged < 100_000, f"{charged:,} bytes charged to a range that allocates nothing"
+    assert m.total().allocated < 1_000_000
+
+
+def test_a_small_tracer_rings_segments_are_not_charged_to_the_traced_code() -> None:
+    # SPEC 15.6: the same for a ring's segments, small enough to come from
+    # Python's allocator (a ring of 40k events: segments of 80 KB).
+    import itertools
+
+    opts: dict[str, Any] = {"max_events": 40_000, "keep": "latest"}
+    with aprof.profile(python_tracer=True, profile_memory=True, memory_interval=0, tasks=False, **opts) as prof:
+        with aprof.record_function("calls"):
+            for _ in itertools.repeat(None, 100_000):
+                _noop()
+    (ev,) = [e for e in prof.events() if e.name == "calls"]
+    assert prof.session.dropped > 0  # the ring turned
+    charged = ev.memory.allocated if ev.memory is not None else 0
+    assert charged < 50_000, f"{charged:,} bytes charged to a range that allocates nothing"
