@@ -436,7 +436,11 @@ def _merge_samples(sessions: Sequence[Session], shifts: list[int], id_maps: list
     frame_index: dict[str, int] = {}
     parents, frame_ids = [-1], [-1]
     node_index: dict[tuple[int, int], int] = {}
-    rows: list[tuple[int, int, int, int, int]] = []  # (time, weight, track, node, idle)
+    time_ns: list[int] = []
+    weight_ns: list[int] = []
+    thread_id: list[int] = []
+    node: list[int] = []
+    idle: list[int] = []
     for k, smp in have:
         fmap = []
         for f in smp.frames:
@@ -456,13 +460,14 @@ def _merge_samples(sessions: Sequence[Session], shifts: list[int], id_maps: list
             nmap[i] = got
         d = shifts[k]
         ids = id_maps[k]
-        rows.extend(
-            (t + d, w, ids.get(tid, tid), nmap[node], idle)
-            for t, w, tid, node, idle in zip(smp.time_ns, smp.weight_ns, smp.thread_id, smp.node, smp.idle, strict=True)
-        )
-    rows.sort(key=lambda r: r[0])  # stable: one thread's samples keep their order
-    cols: list[list[int]] = [list(c) for c in zip(*rows, strict=True)] if rows else [[], [], [], [], []]
-    time_ns, weight_ns, thread_id, node, idle = cols
+        time_ns.extend([t + d for t in smp.time_ns] if d else smp.time_ns)
+        weight_ns.extend(smp.weight_ns)
+        thread_id.extend([ids.get(t, t) for t in smp.thread_id])
+        node.extend(map(nmap.__getitem__, smp.node))
+        idle.extend(smp.idle)
+    # In time order; stable, so one thread's samples keep their order.
+    order = sorted(range(len(time_ns)), key=time_ns.__getitem__)
+    time_ns, weight_ns, thread_id, node, idle = (list(map(c.__getitem__, order)) for c in (time_ns, weight_ns, thread_id, node, idle))
     return Samples(
         frames, parents, frame_ids, time_ns, weight_ns, thread_id, node, idle,
         max(smp.interval_ns for _, smp in have), sum(smp.dropped for _, smp in have),
