@@ -18,7 +18,9 @@
 
    Target: aprof at most 1.2x plain, whole (start + jobs + stop), judged on
    the median of each round's aprof/plain ratio; the ``jobs`` ratio is the
-   per-job cost alone.
+   per-job cost alone. On Linux it also reports the CPU time of a round,
+   the parent's and the workers' (``/proc/<pid>/task/*/schedstat``): the
+   wall-clock overhead is that CPU, not waiting.
 2. ``merge``: ``--sessions`` sessions of ``--events`` events each (one
    recorded session, given as many processes), merged with
    ``aprof.merge``. Target: at most 2 s per million events.
@@ -45,6 +47,7 @@ import os
 import statistics
 import sys
 import time
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -90,13 +93,15 @@ def bench_pool(jobs: int, rounds: int, methods: list[str]) -> None:
         run_aprof(pool, 50)
         plain: list[float] = []
         prof: list[tuple[float, float, float]] = []
+        workers = list(pool._processes)  # type: ignore[attr-defined]
+        cpu: dict[str, list[tuple[float, float]]] = {"plain": [], "aprof": []}
         for r in range(rounds):
             if r % 2:
-                prof.append(run_aprof(pool, jobs))
-                plain.append(run_plain(pool, jobs))
+                prof.append(_timed(run_aprof, pool, jobs, workers, cpu["aprof"]))
+                plain.append(_timed(run_plain, pool, jobs, workers, cpu["plain"]))
             else:
-                plain.append(run_plain(pool, jobs))
-                prof.append(run_aprof(pool, jobs))
+                plain.append(_timed(run_plain, pool, jobs, workers, cpu["plain"]))
+                prof.append(_timed(run_aprof, pool, jobs, workers, cpu["aprof"]))
         pool.shutdown()
         whole = [sum(p) for p in prof]
         mp, ma = statistics.median(plain), statistics.median(whole)
@@ -114,6 +119,36 @@ def bench_pool(jobs: int, rounds: int, methods: list[str]) -> None:
             f"jobs alone (the per-job cost) {paired_jobs:.3f}x",
             flush=True,
         )
+        if all(c for c in cpu["plain"]):  # Linux: CPU time per round, of the parent and of the two workers
+            (pp, pw), (ap, aw) = ((med(c[0] for c in cpu[k]), med(c[1] for c in cpu[k])) for k in ("plain", "aprof"))
+            print(  # noqa: T201 - a benchmark's report
+                f"  CPU per round (median): parent {pp:.1f} -> {ap:.1f} ms ({ap / pp:.2f}x), "
+                f"workers {pw:.1f} -> {aw:.1f} ms ({aw / pw:.2f}x), both {(pp + pw):.1f} -> {(ap + aw):.1f} ms "
+                f"({(ap + aw) / (pp + pw):.2f}x)",
+                flush=True,
+            )
+
+
+def _timed(fn: Any, pool: Any, jobs: int, workers: list[int], cpu: list[tuple[float, float]]) -> Any:
+    """``fn(pool, jobs)``, noting the CPU time it took the parent and the workers."""
+    c0 = _cpu_ms([os.getpid()]), _cpu_ms(workers)
+    out = fn(pool, jobs)
+    cpu.append((_cpu_ms([os.getpid()]) - c0[0], _cpu_ms(workers) - c0[1]))
+    return out
+
+
+def _cpu_ms(pids: list[int]) -> float:
+    """The CPU time the processes' threads have used (ms), from
+    /proc/<pid>/task/<tid>/schedstat (Linux; 0 elsewhere)."""
+    ns = 0
+    for pid in pids:
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    ns += int(f.read().split()[0])
+        except OSError:
+            continue
+    return ns / 1e6
 
 
 def bench_merge(events: int, sessions: int, rounds: int) -> None:
