@@ -74,3 +74,51 @@ def track_memory_here() -> None:
 
 
 _OWN: list[aprof.profile] = []
+
+
+def burn(seconds: float = 0.2) -> int:
+    """Burns CPU for ``seconds`` in this function (what a sampler sees)."""
+    end = time.perf_counter() + seconds
+    n = 0
+    while time.perf_counter() < end:
+        n += 1
+    return n
+
+
+class _NoThreadSampler:
+    """A sampler whose thread cannot start (what a process at its thread
+    limit gives): see :func:`break_sampler`."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        self.dropped = self.idle = 0
+        self.active = False
+
+    def start(self) -> None:
+        raise RuntimeError("can't start new thread")
+
+    def stop(self) -> None:
+        pass
+
+    def take(self) -> tuple[bytes, bytes, list[object], list[int]]:
+        return b"", b"", [], []
+
+
+class BrokenSamplerModule:
+    Sampler = _NoThreadSampler
+
+
+def break_sampler() -> None:
+    """A pool initializer: this process's sampler cannot start."""
+    from aprof._core import _sampler
+
+    _sampler._forced = BrokenSamplerModule
+
+
+def break_profiles() -> None:
+    """A pool initializer: no profile can start in this process."""
+    from aprof._core import _profiler
+
+    def start(self: object) -> None:
+        raise RuntimeError("no profile here")
+
+    _profiler.profile.start = start  # type: ignore[method-assign,assignment]

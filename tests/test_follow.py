@@ -146,6 +146,43 @@ def test_run_follows_python_children_into_one_session(tmp_path: Path) -> None:
     assert f"node {mp} (pid {mp}): {sys.executable}"[:50] in table
 
 
+SAMPLED_PARENT = """
+import subprocess, sys
+
+CHILD = (
+    "import time\\n"
+    "def child_burn(seconds):\\n"
+    "    end = time.perf_counter() + seconds\\n"
+    "    while time.perf_counter() < end:\\n"
+    "        pass\\n"
+    "child_burn(0.2)\\n"
+)
+
+if __name__ == "__main__":
+    subprocess.run([sys.executable, "-c", CHILD], check=True)
+"""
+
+
+def test_run_sample_follows_children_with_their_samples(tmp_path: Path) -> None:
+    # SPEC 8.4, 15.4: aprof run --sample profiles the children with the
+    # sampler too, and their samples are merged onto their own tracks,
+    # under their process.
+    proc, cwd = _run(tmp_path, "--sample", "0.001", script=SAMPLED_PARENT)
+    assert proc.returncode == 0, proc.stderr
+    s = aprof.load(cwd / "out.aprof")
+    smp = s.samples
+    assert smp is not None
+    tracks = {t.id: t for t in s.tracks()}
+    hot = [i for i in range(len(smp)) if smp.stack(i)[-1:] and smp.stack(i)[-1].endswith(": child_burn")]
+    assert hot
+    nodes = {tracks[smp.thread_id[i]].node_id for i in hot}
+    assert len(nodes) == 1
+    [node] = nodes
+    assert node != 0
+    assert s.metadata["pids"][str(node)] == node
+    assert s.lost == []
+
+
 def test_no_follow_leaves_children_alone(tmp_path: Path) -> None:
     # Issue 20 item 3: --no-follow profiles this process only, and the
     # environment the children get is the program's own.

@@ -240,3 +240,66 @@ def test_drop_counts_add_up() -> None:
     merged = aprof.merge([a, b])
     assert merged.metadata["dropped"] == 5
     assert merged.metadata["dropped_by_kind"] == {"ranges": 3, "tasks": 2}
+
+
+_RUN_SAMPLED = """
+import sys, threading, time, aprof
+
+def burn_first(seconds):
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+def burn_second(seconds):
+    burn_first(seconds)
+
+with aprof.profile(sample_interval=0.001, scope="global") as prof:
+    with aprof.record_function("ranged"):
+        {"first": burn_first, "second": burn_second}[sys.argv[2]](0.05)
+    # A thread that records no range: only its samples know it.
+    t = threading.Thread(target=burn_first, args=(0.05,), name="unranged")
+    t.start()
+    t.join()
+prof.save(sys.argv[1])
+"""
+
+
+def test_merge_keeps_every_processs_samples_on_its_tracks(tmp_path: Path) -> None:
+    # SPEC 8.4, 15.4: the samples of every input are in the merged session,
+    # each on its process's tracks (a thread only its samples know too),
+    # with its times and weights, and they survive saving.
+    paths = []
+    for name in ("first", "second"):
+        out = tmp_path / f"{name}.aprof"
+        subprocess.run([sys.executable, "-c", _RUN_SAMPLED, str(out), name], check=True, timeout=60)
+        paths.append(out)
+    inputs = [aprof.load(p) for p in paths]
+    merged = aprof.merge(paths)
+    smp = merged.samples
+    assert smp is not None
+    assert len(smp) == sum(len(s.samples or ()) for s in inputs)
+    assert merged.metadata["samples"]["count"] == len(smp)
+    tracks = {t.id: t for t in merged.tracks()}
+    assert set(smp.thread_id) <= set(tracks)
+    nodes = {e.node_id for e in merged.events()}
+    assert len(nodes) == 2
+    for s, node in zip(inputs, sorted(nodes), strict=True):
+        got = sorted(
+            (smp.time_ns[i], smp.weight_ns[i], smp.stack(i), tracks[smp.thread_id[i]].name)
+            for i in range(len(smp))
+            if tracks[smp.thread_id[i]].node_id == node
+        )
+        src = s.samples
+        assert src is not None
+        own = {t.id: t for t in s.tracks()}
+        want = sorted((src.time_ns[i], src.weight_ns[i], src.stack(i), own[src.thread_id[i]].name) for i in range(len(src)))
+        assert got == want
+        assert len({name for *_, name in got}) == 2  # the main thread's, and the thread's of no range
+    second = [i for i in range(len(smp)) if [f.rsplit(": ", 1)[-1] for f in smp.stack(i)[-2:]] == ["burn_second", "burn_first"]]
+    assert second
+    assert {tracks[smp.thread_id[i]].node_id for i in second} == {max(nodes)}
+    assert smp.time_ns == sorted(smp.time_ns)
+    merged.save(tmp_path / "merged.aprof")
+    back = aprof.load(tmp_path / "merged.aprof")
+    assert back.samples is not None
+    assert back.samples.to_json() == smp.to_json()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import multiprocessing
 import os
 import pickle
@@ -523,7 +524,8 @@ def test_multiprocessing_is_left_alone_unless_asked(private_tmp: Path) -> None:
 @pytest.mark.parametrize("method", METHODS)
 def test_pure_python_twins_in_parent_and_children(method: str, tmp_path: Path) -> None:
     # Issue 20 "Bad input", SPEC 14: without the C extension (the twins
-    # only, in the parent and in every child) pool work is profiled the same.
+    # only, in the parent and in every child) pool work is profiled the
+    # same, its stack samples too (the twin sampler in the worker).
     script = tmp_path / "pure.py"
     script.write_text(
         f"""
@@ -542,6 +544,17 @@ if __name__ == "__main__":
     names = sorted(e.name for e in prof.events())
     assert names == ["inner", "work"], names
     assert prof.session.lost == []
+    # The twin sampler, in the worker too: the job's samples come back.
+    ex = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context({method!r}))
+    with aprof.profile(sample_interval=0.001) as prof:
+        assert aprof.propagating(ex).submit(procjobs.burn, 0.1).result() > 0
+    ex.shutdown()
+    s = prof.session
+    [job] = [e for e in s.events() if e.name == "burn"]
+    smp = s.samples
+    hot = [i for i in range(len(smp)) if smp.stack(i)[-1:] and smp.stack(i)[-1].endswith(": burn")]
+    assert hot and {{smp.thread_id[i] for i in hot}} == {{job.thread_id}}, (hot, job)
+    assert job.node_id != 0 and s.lost == []
     print("ok")
 """
     )
@@ -695,3 +708,213 @@ def test_a_child_that_cannot_track_memory_profiles_the_job_without_it(monkeypatc
         child = aprof.load(os.path.join(d, saved))
     assert sorted(e.name for e in child.events()) == ["inner", "work"]
     assert child.memory is None
+
+
+# ---------------------------------------------------------------------------
+# sample_interval: a job's stack samples, in its process (issue 20, SPEC 8.4)
+# ---------------------------------------------------------------------------
+
+SAMPLE = 0.001  # seconds between samples
+BURN = 0.2  # seconds a job burns CPU in procjobs.burn
+
+
+def _burn_samples(s: aprof.Session) -> list[int]:
+    """The indexes of the samples taken in procjobs.burn."""
+    smp = s.samples
+    assert smp is not None
+    return [i for i in range(len(smp)) if smp.stack(i) and smp.stack(i)[-1].endswith(": burn")]
+
+
+def _assert_samples_on(s: aprof.Session, job: aprof.FunctionEvent) -> list[int]:
+    """The job's samples of procjobs.burn: some, each on the job's track,
+    in its process, while the job ran."""
+    smp = s.samples
+    assert smp is not None
+    hot = [i for i in _burn_samples(s) if smp.thread_id[i] == job.thread_id]
+    assert hot, "no sample of the job's burn came back"
+    assert {s._tracks[smp.thread_id[i]].node_id for i in _burn_samples(s)} == {job.node_id}
+    for i in hot:
+        assert job.start_ns <= smp.time_ns[i] <= job.end_ns
+    return hot
+
+
+def test_a_jobs_samples_are_charged_to_its_range_in_its_process(
+    pool: concurrent.futures.ProcessPoolExecutor, private_tmp: Path
+) -> None:
+    # SPEC 8.4, 15.4; issue 20: sample_interval goes to the workers with the
+    # other options, and the worker's samples come back with its session:
+    # a job's samples are on its EXECUTOR range's track, in its process,
+    # in key_averages' sampled columns, the flame graph's (HTML), folded
+    # stacks, speedscope and the session file. The parent's own samples
+    # stay the parent's.
+    ppool = aprof.propagating(pool)
+    with aprof.profile(sample_interval=SAMPLE) as prof:
+        assert ppool.submit(procjobs.burn, BURN).result() > 0
+    assert _left(private_tmp) == []
+    s = prof.session
+    assert s.lost == []
+    [job] = [e for e in _children(prof) if e.name == "burn"]
+    assert job.node_id not in (0, None)
+    hot = _assert_samples_on(s, job)
+    smp = s.samples
+    assert smp is not None
+    assert s.metadata["samples"]["count"] == len(smp)
+    # The parent's samples (it waited for the result) are on its own tracks.
+    parent = [i for i in range(len(smp)) if s._tracks[smp.thread_id[i]].node_id == 0]
+    assert parent
+    assert not [i for i in parent if i in set(hot)]
+    # key_averages: the job's row and the function's have the samples.
+    rows = {r.key: r for r in prof.key_averages()}
+    assert rows["executor burn"].samples >= len(hot)
+    assert rows["executor burn"].sampled_ns > 0
+    [fn] = [r for k, r in rows.items() if k.endswith(": burn")]
+    assert fn.samples == len(hot)
+    assert fn.self_sampled_ns > 0
+    nodes = {r.key: r for r in prof.key_averages(group_by="node")}
+    [worker] = [r for k, r in nodes.items() if k.startswith(f"node {job.node_id} ")]
+    assert worker.samples >= len(hot)
+    # Exports: each shows the samples in the worker's process.
+    label = f"pid {job.node_id} \u00b7 "
+    out = private_tmp / "out"
+    out.mkdir()
+    prof.export_folded(out / "t.folded")
+    folded = [  # names keep no space there: the value follows the last one
+        line.replace("\u00a0", " ") for line in (out / "t.folded").read_text().splitlines() if line.startswith("[sampled];")
+    ]
+    assert any(label in line and line.rsplit(" ", 1)[0].endswith(": burn") for line in folded)
+    prof.export_speedscope(out / "t.speedscope.json")
+    doc = json.loads((out / "t.speedscope.json").read_text())
+    frames = [f["name"] for f in doc["shared"]["frames"]]
+    [sp] = [p for p in doc["profiles"] if p["type"] == "sampled" and p["name"].startswith(label)]
+    assert sum(1 for stack in sp["samples"] if stack and frames[stack[-1]].endswith(": burn")) == len(hot)
+    prof.save(out / "t.aprof")
+    back = aprof.load(out / "t.aprof")
+    [bjob] = [e for e in back.events() if e.scope is aprof.RecordScope.EXECUTOR and e.name == "burn"]
+    assert len(_assert_samples_on(back, bjob)) == len(hot)
+    from aprof._post._readers import read_profile
+
+    prof.export_html(out / "t.html")
+    html = read_profile(str(out / "t.html"))
+    [hjob] = [e for e in html.events() if e.scope is aprof.RecordScope.EXECUTOR and e.name == "burn"]
+    assert len(_assert_samples_on(html, hjob)) == len(hot)
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.usefixtures("processes_installed")
+def test_samples_come_back_from_exiting_workers_and_processes(method: str, private_tmp: Path) -> None:
+    # SPEC 8.4, 15.4: a pool worker that exits before the parent's stop
+    # leaves its samples with its profile, and a multiprocessing.Process's
+    # call of its own carries them in its session file.
+    ctx = multiprocessing.get_context(method)
+    extra = {} if method == "fork" else {"max_tasks_per_child": 1}
+    with aprof.profile(sample_interval=SAMPLE) as prof:
+        with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx, **extra) as ex:  # type: ignore[arg-type]
+            assert aprof.propagating(ex).submit(procjobs.burn, BURN).result() > 0
+        p = ctx.Process(target=procjobs.burn, args=(BURN,))
+        p.start()
+        p.join(60)
+    assert p.exitcode == 0
+    s = prof.session
+    assert s.lost == []
+    jobs = [e for e in _children(prof) if e.name == "burn"]
+    assert len(jobs) == 2
+    assert len({e.node_id for e in jobs}) == 2
+    assert p.pid in {e.node_id for e in jobs}
+    smp = s.samples
+    assert smp is not None
+    for job in jobs:
+        hot = [i for i in _burn_samples(s) if s._tracks[smp.thread_id[i]].node_id == job.node_id]
+        assert hot
+        assert {smp.thread_id[i] for i in hot} == {job.thread_id}
+        assert all(job.start_ns <= smp.time_ns[i] <= job.end_ns for i in hot)
+    assert _left(private_tmp) == []
+
+
+def test_a_worker_whose_sampler_cannot_start_still_profiles_the_jobs(
+    private_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 20 "Bad input": a worker where the sampler cannot start (no
+    # thread for it) runs the jobs profiled, without samples, with one
+    # warning, rather than unprofiled.
+    ex = concurrent.futures.ProcessPoolExecutor(
+        1, mp_context=multiprocessing.get_context("spawn"), initializer=procjobs.break_sampler
+    )
+    try:
+        with aprof.profile(sample_interval=SAMPLE) as prof:
+            ppool = aprof.propagating(ex)
+            assert [ppool.submit(procjobs.work, 10).result() for _ in range(2)] == [45, 45]
+    finally:
+        ex.shutdown()
+    s = prof.session
+    assert s.lost == []
+    jobs = _children(prof)
+    assert [e.name for e in jobs] == ["work", "work"]
+    assert [e.name for e in prof.events() if e.name == "inner"] == ["inner", "inner"]
+    smp = s.samples
+    assert smp is not None  # the parent's
+    assert {s._tracks[t].node_id for t in smp.thread_id} <= {0}
+    err = capfd.readouterr().err
+    assert err.count("cannot sample stacks") == 1, err
+    assert "runs unprofiled" not in err
+    assert _left(private_tmp) == []
+
+
+def test_a_call_whose_sampler_cannot_start_is_profiled_without_samples(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The same for a call profiled on its own (multiprocessing), seen from
+    # inside the child: one warning, the job's profile without samples.
+    from aprof._core import _sampler
+
+    monkeypatch.setattr(_sampler, "_forced", procjobs.BrokenSamplerModule)
+    with tempfile.TemporaryDirectory() as d:
+        job = _processes._Job(1, d, {"sample_interval": SAMPLE}, 0, 1, 1, 0)
+        _processes._warned.clear()
+        with pytest.warns(aprof.AprofWarning, match="cannot sample stacks"):
+            assert _processes.ProcessCall(procjobs.work, job)(10) == 45
+        [saved] = os.listdir(d)
+        child = aprof.load(os.path.join(d, saved))
+    assert sorted(e.name for e in child.events()) == ["inner", "work"]
+    assert child.samples is None
+
+
+def test_a_session_payload_of_the_previous_version_still_loads() -> None:
+    # A worker of an aprof from before the samples (payload version 2)
+    # still gives its session; an unknown version is refused clearly.
+    with aprof.profile(sample_interval=SAMPLE) as prof:
+        with aprof.record_function("job"):
+            procjobs.burn(0.02)
+    s = prof.session
+    assert s.samples is not None
+    payload = _processes.dump_session(s)
+    version, *fields = pickle.loads(payload)
+    assert version == 3
+    back = _processes.load_session(payload)
+    assert back.samples is not None
+    assert back.samples.to_json() == s.samples.to_json()
+    v2 = pickle.dumps((2, *fields[:-1]))  # version 2: no samples
+    old = _processes.load_session(v2)
+    assert [e.name for e in old.events()] == ["job"]
+    assert old.samples is None
+    with pytest.raises(ValueError, match="version 99"):
+        _processes.load_session(pickle.dumps((99, *fields)))
+
+
+def test_a_worker_that_cannot_profile_runs_the_jobs_and_is_not_named_dead(
+    private_tmp: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 20 "Bad input": a worker where aprof cannot start a profile runs
+    # the jobs unprofiled with one warning; the parent does not take it for
+    # a worker that died with its jobs' profile (nothing was lost).
+    ex = concurrent.futures.ProcessPoolExecutor(
+        1, mp_context=multiprocessing.get_context("spawn"), initializer=procjobs.break_profiles
+    )
+    try:
+        with aprof.profile() as prof:
+            ppool = aprof.propagating(ex)
+            assert [ppool.submit(procjobs.work, 10).result() for _ in range(2)] == [45, 45]
+    finally:
+        ex.shutdown()
+    assert prof.session.lost == []
+    assert _children(prof) == []
+    err = capfd.readouterr().err
+    assert err.count("runs unprofiled") == 1, err
+    assert _left(private_tmp) == []

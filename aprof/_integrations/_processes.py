@@ -5,7 +5,7 @@ like a distributed-tracing header. At submit time (in the submitter's
 context) :func:`process_call` looks for the running profile; if there is
 one, the callable is wrapped in a picklable :class:`ProcessCall` that
 carries the profile's options (tracer, stacks, inputs, tasks, event
-budget), the link to the submit point (the submitting logical thread, the
+budget, ``profile_memory``, ``sample_interval``), the link to the submit point (the submitting logical thread, the
 submit's sequence number and its time) and the parent's node id.
 
 Two ways, depending on what runs the call:
@@ -42,7 +42,8 @@ Two ways, depending on what runs the call:
 
 At the parent's ``stop()``, :func:`collect` merges what came back into the
 parent's session (:mod:`aprof._post._merge`: each child process on its own
-tracks under its node id, the submit linked to the child's range) and
+tracks under its node id, the submit linked to the child's range, its
+allocations and stack samples with it) and
 removes the directory. A job that did not come back is named in
 ``session.lost``, with what its future, AsyncResult or Process says (still
 running at stop, the pool broke, killed by a signal). The parent's events
@@ -104,7 +105,7 @@ FLUSH_TIMEOUT: float = 10.0
 #: this aprof's profile has: the memory budget's max_bytes and keep too).
 _FORWARDED: Final = (
     "record_inputs", "with_stack", "python_tracer", "c_calls", "tasks", "max_events", "max_bytes", "keep",
-    "loop_block_threshold", "profile_memory", "memory_interval",
+    "loop_block_threshold", "profile_memory", "memory_interval", "sample_interval",
 )  # fmt: skip
 
 
@@ -285,8 +286,10 @@ def _join(dir: str) -> _WorkerProfile | None:
         _step_aside()
         _memory_aside(prof)
         ctx = contextvars.copy_context()
-        ctx.run(prof.start)
+        _start(prof, ctx.run)
     except Exception as exc:  # noqa: BLE001 - the jobs run anyway (issue 20, "Bad input")
+        with contextlib.suppress(OSError):
+            sock.sendall(_U64.pack(0))  # an empty session: "no profile here", not a crash
         sock.close()
         _warn_once(f"aprof: could not profile work in process {os.getpid()} ({type(exc).__name__}: {exc}); it runs unprofiled")
         return None
@@ -362,10 +365,17 @@ def _flush(w: _WorkerProfile, how: str) -> None:
         w.sock.close()
 
 
+#: The version of :func:`dump_session`'s payload: 3 carries the stack
+#: samples (sample_interval), 2 (without them) still loads.
+PAYLOAD_VERSION: Final = 3
+
+
 def dump_session(session: Any) -> bytes:
     """A session as bytes for another process of this aprof (pickled
     columns: far cheaper than the file format, which is for strangers)."""
     tab = session._table
+    for t in session._tracks.values():  # a thread only the samples know: a track without rows
+        tab.add_track(t)
     tracks = [(t.id, t.name, t.kind, t.os_thread_id, t.node_id, t.steps) for t in tab.tracks]
     cols = [c.tobytes() for c in tab.columns()]
     m = session.memory
@@ -377,7 +387,21 @@ def dump_session(session: Any) -> bytes:
             m.interval, [getattr(m, c).tobytes() for c in _MEMORY_COLUMNS], m.threads, m.other_bytes, m.other_count,
             m.dropped, m.nodes,
         )  # fmt: skip
-    return pickle.dumps((2, session.metadata, tracks, cols, tab.names, tab.rare, memory), protocol=pickle.HIGHEST_PROTOCOL)
+    smp = session.samples
+    samples = None
+    if smp is not None:
+        # sample_interval: the stacks the worker's sampler took, on its tracks.
+        samples = (
+            smp.frames, smp.parents, smp.frame_ids, [array("q", getattr(smp, c)).tobytes() for c in _SAMPLE_COLUMNS],
+            smp.interval_ns, smp.dropped,
+        )  # fmt: skip
+    return pickle.dumps(
+        (PAYLOAD_VERSION, session.metadata, tracks, cols, tab.names, tab.rare, memory, samples), protocol=pickle.HIGHEST_PROTOCOL
+    )
+
+
+#: The per-sample columns of aprof._post._samples.Samples.
+_SAMPLE_COLUMNS: Final = ("time_ns", "weight_ns", "thread_id", "node", "idle")
 
 
 #: profile_memory's columns and their array codes (aprof._post._memory.Memory).
@@ -388,11 +412,17 @@ def load_session(payload: bytes) -> Any:
     """:func:`dump_session`'s session back."""
     from .._post._events import EventTable, Track
     from .._post._memory import Memory
+    from .._post._samples import Samples
     from .._post._session import Session
     from .._post._table import COLUMNS
 
-    version, metadata, tracks, cols, names, rare, mem = pickle.loads(payload)
-    if version != 2:
+    got = pickle.loads(payload)
+    version = got[0] if type(got) is tuple and got else None
+    if version == 2:  # an aprof of before the samples came along (a worker started before an upgrade)
+        (version, metadata, tracks, cols, names, rare, mem), smp = got, None
+    elif version == PAYLOAD_VERSION and len(got) == 8:
+        version, metadata, tracks, cols, names, rare, mem, smp = got
+    else:
         raise ValueError(f"a session payload of version {version!r}")
     tab = EventTable()
     for (attr, code), raw in zip(COLUMNS, cols, strict=True):
@@ -417,7 +447,17 @@ def load_session(payload: bytes) -> Any:
         memory.threads = threads
         memory.other_bytes, memory.other_count, memory.dropped = other_bytes, other_count, dropped
         memory.nodes = nodes
-    return Session(tab, by_id, metadata, memory=memory)
+    samples = None
+    if smp is not None:
+        frames, parents, frame_ids, scols, interval_ns, dropped = smp
+        lists = []
+        for raw in scols:
+            col = array("q")
+            col.frombytes(raw)
+            lists.append(col.tolist())
+        time_ns, weight_ns, thread_id, node, idle = lists
+        samples = Samples(frames, parents, frame_ids, time_ns, weight_ns, thread_id, node, idle, interval_ns, dropped)
+    return Session(tab, by_id, metadata, samples, memory)
 
 
 _warned: list[bool] = []
@@ -467,6 +507,28 @@ def _memory_aside(prof: Any) -> None:
             )
 
 
+def _call(fn: Callable[[], Any]) -> Any:
+    return fn()
+
+
+def _start(prof: Any, run: Callable[..., Any] = _call) -> None:
+    """Start ``prof`` (through ``run``: in the jobs' context). With
+    ``sample_interval``, a sampler that cannot start here (no thread for
+    it) does not leave the work unprofiled: the profile starts without
+    samples, with a warning. Any other failure raises."""
+    try:
+        run(prof.start)
+    except Exception as exc:
+        if prof.sample_interval is None:
+            raise
+        prof.sample_interval = None
+        run(prof.start)  # raises if the sampler was not the reason
+        _warn_once(
+            f"aprof: process {os.getpid()} cannot sample stacks ({type(exc).__name__}: {exc}): "
+            "the work sent to it is profiled without its samples"
+        )
+
+
 def _start_in_child(job: _Job) -> tuple[Any, str] | None:
     from .._core._profiler import profile
 
@@ -481,7 +543,7 @@ def _start_in_child(job: _Job) -> tuple[Any, str] | None:
     _step_aside()
     _memory_aside(prof)
     try:
-        prof.start()
+        _start(prof)
     except BaseException:
         os.unlink(part)
         raise
@@ -769,8 +831,10 @@ def _gather(run: _Run, final: bool) -> None:
             conn.close()
             if pid is not None:
                 run.asked.add(pid)
-            if payload is not None:
+            if payload:
                 run.sessions.append(payload)
+            elif payload is not None:  # b"": the worker could not profile; its jobs ran unprofiled (it warned)
+                continue
             elif pid is not None and pid not in run.silent:
                 run.dead.add(pid)  # unless it left a file on its way out: see collect
 

@@ -29,6 +29,10 @@ What changes on the way:
   ``fwd``, or a pool worker's ``links``, ``[seq, fwd]`` per job): the
   merge points each job's ``EXECUTOR`` range at the submitting logical
   thread of the parent, so exports draw the arrow across processes.
+* **Samples.** The inputs' stack samples (SPEC 8.4) become one
+  :class:`aprof.Samples`, on the merged clock and track ids: a process's
+  samples stay on its own tracks (a pool job's on its ``EXECUTOR``
+  range's), in time order, their stack tries joined by frame name.
 * **Metadata.** Start is the earliest start, stop the latest stop,
   ``dropped`` the sum; ``lost`` (work that never came back, see
   ``Session.lost``) is the list of all inputs' losses.
@@ -49,6 +53,7 @@ from typing import Any, Final
 from .._core._callbacks import RecordScope
 from ._events import EventTable, Track
 from ._memory import Memory, recharge
+from ._samples import Samples
 from ._session import Session
 from ._table import COLUMNS, SCOPE_INDEX, X_EXTRA
 
@@ -232,7 +237,7 @@ def merge_sessions(sessions: Sequence[Session], names: Sequence[str] | None = No
         home = s.metadata.get("node_id", 0)
         for node in sorted({t.node_id for t in s._table.tracks} | ({home} if type(home) is int else set())):
             node_for(k, s, node)  # every process of every input, with its pid, even without tracks
-        for t in s._table.tracks:
+        for t in _tracks_of(s):
             pkey = _proc_of(s, k, t.node_id)
             mt = track_map.get((pkey, t.id))
             if mt is None:
@@ -251,6 +256,8 @@ def merge_sessions(sessions: Sequence[Session], names: Sequence[str] | None = No
             prev = owner.setdefault(ti, k)
             if prev != k:
                 shared.add(ti)
+        for t in _tracks_of(s)[len(s._table.tracks) :]:  # a thread only samples know: a track without rows
+            out.add_track(track_map[(_proc_of(s, k, t.node_id), t.id)])
         # Thread ids with no track of their own (a spawner that recorded
         # nothing): of the session's own process.
         tab = s._table
@@ -388,11 +395,83 @@ def merge_sessions(sessions: Sequence[Session], names: Sequence[str] | None = No
     if type(st) is dict and type(st.get("id")) is int:
         md["start_thread"] = {**st, "id": id_maps[0].get(st["id"], st["id"])}
     tracks = {t.id: t for t in out.tracks}
-    merged = Session(out, tracks, md, first.samples)
+    samples = _merge_samples(sessions, shifts, id_maps)
+    if samples is not None and samples is not first.samples:
+        idle = 0
+        for s in sessions:
+            if s.samples is not None:  # the sampler's count where the input has it (it counts what it dropped too)
+                info = s.metadata.get("samples")
+                n = info.get("idle") if type(info) is dict else None
+                idle += n if type(n) is int else s.samples.idle_count
+        md["samples"] = {"count": len(samples), "idle": idle, "dropped": samples.dropped, "interval_ns": samples.interval_ns}
+    merged = Session(out, tracks, md, samples)
     memory = _merge_memory(sessions, shifts, id_maps, mem_nodes, out)
     if memory is not None:
         merged.memory = memory
     return merged
+
+
+def _tracks_of(s: Session) -> list[Track]:
+    """``s``'s tracks: its table's (those its rows are on, by index), then
+    any the session has beside them (a thread only its samples know)."""
+    tracks = list(s._table.tracks)
+    if len(s._tracks) > len(tracks) or any(s._tracks.get(t.id) is not t for t in tracks):
+        have = {id(t) for t in tracks}
+        tracks += [t for t in s._tracks.values() if id(t) not in have]
+    return tracks
+
+
+def _merge_samples(sessions: Sequence[Session], shifts: list[int], id_maps: list[dict[int, int]]) -> Samples | None:
+    """The inputs' stack samples (SPEC 8.4) on the merged clock and track
+    ids, in time order, or None when no input sampled. The stack tries are
+    joined (a stack of frames of the same names is one node); each sample
+    keeps its weight, so a process's sampled time stays its own.
+    ``interval_ns`` is the largest of the inputs', ``dropped`` their sum."""
+    have = [(k, s.samples) for k, s in enumerate(sessions) if s.samples is not None]
+    if not have:
+        return None
+    if len(have) == 1 and have[0][0] == 0:
+        return have[0][1]  # the first session's, as it was (its clock and ids are kept)
+    frames: list[str] = []
+    frame_index: dict[str, int] = {}
+    parents, frame_ids = [-1], [-1]
+    node_index: dict[tuple[int, int], int] = {}
+    time_ns: list[int] = []
+    weight_ns: list[int] = []
+    thread_id: list[int] = []
+    node: list[int] = []
+    idle: list[int] = []
+    for k, smp in have:
+        fmap = []
+        for f in smp.frames:
+            j = frame_index.get(f)
+            if j is None:
+                j = frame_index[f] = len(frames)
+                frames.append(f)
+            fmap.append(j)
+        nmap = [0] * len(smp.parents)
+        for i in range(1, len(smp.parents)):
+            key = (nmap[smp.parents[i]], fmap[smp.frame_ids[i]])
+            got = node_index.get(key)
+            if got is None:
+                got = node_index[key] = len(parents)
+                parents.append(key[0])
+                frame_ids.append(key[1])
+            nmap[i] = got
+        d = shifts[k]
+        ids = id_maps[k]
+        time_ns.extend([t + d for t in smp.time_ns] if d else smp.time_ns)
+        weight_ns.extend(smp.weight_ns)
+        thread_id.extend([ids.get(t, t) for t in smp.thread_id])
+        node.extend(map(nmap.__getitem__, smp.node))
+        idle.extend(smp.idle)
+    # In time order; stable, so one thread's samples keep their order.
+    order = sorted(range(len(time_ns)), key=time_ns.__getitem__)
+    time_ns, weight_ns, thread_id, node, idle = (list(map(c.__getitem__, order)) for c in (time_ns, weight_ns, thread_id, node, idle))
+    return Samples(
+        frames, parents, frame_ids, time_ns, weight_ns, thread_id, node, idle,
+        max(smp.interval_ns for _, smp in have), sum(smp.dropped for _, smp in have),
+    )  # fmt: skip
 
 
 def _merge_memory(
