@@ -38,6 +38,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import inspect
+import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -49,7 +51,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import Case, callgrind, dump, header, interleave, table  # noqa: E402
+from _common import Case, callgrind, dump, header, interleave, load_average, table  # noqa: E402
 from tasks import PLAIN, identity, timed_fan_out  # noqa: E402
 
 import aprof  # noqa: E402
@@ -64,6 +66,9 @@ CONTEXT = "aprof context scope (reference)"
 TARGET_FANOUT = 1.15
 TARGET_RPS = 0.95
 TARGET_P99 = 1.10
+#: The throughput target in instructions: the server's instructions per
+#: request under always-on at most this times plain's.
+TARGET_INSTR = 1.05
 
 RING = {"max_bytes": 50_000_000, "keep": "latest"}
 
@@ -173,11 +178,21 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-def server_bench(rounds: int, requests: int, concurrency: int, opts: dict[str, Any], with_range: bool = True) -> dict[str, Any]:
+def server_bench(
+    rounds: int, requests: int, concurrency: int, opts: dict[str, Any], with_range: bool = True, pin: bool = False
+) -> dict[str, Any]:
+    """Plain and profiled rounds against one server process. ``pin``: the
+    server on CPU 0 (``taskset -c 0``), this process (the load generator)
+    on CPU 1, so the two never take turns on one core."""
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "server.py"
         script.write_text(SERVER)
-        proc = subprocess.Popen([sys.executable, str(script), "range" if with_range else "none"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        prefix = ["taskset", "-c", "0"] if pin else []
+        argv = [*prefix, sys.executable, str(script), "range" if with_range else "none"]
+        affinity = os.sched_getaffinity(0) if pin else None
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        if pin:
+            os.sched_setaffinity(0, {1})
         try:
             assert proc.stdout is not None
             pid_s, port_s = proc.stdout.readline().split()
@@ -218,6 +233,8 @@ def server_bench(rounds: int, requests: int, concurrency: int, opts: dict[str, A
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+            if affinity is not None:
+                os.sched_setaffinity(0, affinity)
     return {"results": results, "events_per_profiled_round": events, "dropped_per_profiled_round": dropped}
 
 
@@ -249,6 +266,224 @@ def format_server(res: dict[str, Any], requests: int) -> list[str]:
             "(0: the ring never rotated, and its rotations are not in the figures)"
         )
     res["ratios"] = ratios
+    return lines
+
+
+# -- (b') the server's instructions per request, under callgrind ----------------------
+
+#: The server for ``--server-callgrind``: the handler of SERVER, and a
+#: ``/__switch`` route that moves the server from one phase to the next.
+#: Phases alternate outside and inside ``sys.call_tracing()`` (which, with
+#: no tracer, only calls its function; nothing else in the process calls
+#: it, where ``eval()`` runs at import time): callgrind counts only inside
+#: it (``--toggle-collect=sys_call_tracing``) and writes one dump at each
+#: exit (``--dump-after=sys_call_tracing``), so the two counted windows are
+#: exactly the requests sent between two switches, on the loop's thread.
+SERVER_CG = textwrap.dedent(
+    """
+    import asyncio, json, os, sys
+    import aprof
+    from aiohttp import web
+
+    RANGE = sys.argv[1] == "range"
+    WINDOWS = int(sys.argv[2])
+    phase = None
+
+    async def handle(request):
+        if RANGE:
+            with aprof.record_function("handler"):
+                await asyncio.sleep(0)
+                body = json.dumps({"path": request.path, "items": list(range(20))})
+        else:
+            await asyncio.sleep(0)
+            body = json.dumps({"path": request.path, "items": list(range(20))})
+        return web.Response(text=body, content_type="application/json")
+
+    async def switch(request):
+        phase.set()
+        return web.Response(text="ok")
+
+    async def setup():
+        aprof.enable_remote_control(announce=False)
+        app = web.Application()
+        app.router.add_get("/__switch", switch)
+        app.router.add_get("/{tail:.*}", handle)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        print(os.getpid(), site._server.sockets[0].getsockname()[1], flush=True)
+        return runner
+
+    async def until_switched():
+        global phase
+        phase = asyncio.Event()
+        await phase.wait()
+
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    runner = loop.run_until_complete(setup())
+    for _ in range(WINDOWS):
+        loop.run_until_complete(until_switched())  # not counted: warm-up, the profile's start
+        sys.call_tracing(loop.run_until_complete, (until_switched(),))  # counted, then dumped
+    # not counted: the profile's stop and write; until the bench closes stdin
+    loop.run_until_complete(loop.run_in_executor(None, sys.stdin.read))
+    loop.run_until_complete(runner.cleanup())
+    """
+)
+
+#: The variants of ``--server-callgrind``: (name, profile options or None).
+SERVER_CG_VARIANTS: list[tuple[str, dict[str, Any] | None]] = [
+    ("plain", None),
+    ("always-on, 50 MB ring", {"tasks": True, "max_bytes": 50_000_000, "keep": "latest"}),
+    ("always-on, 1 MB ring", {"tasks": True, "max_bytes": 1_000_000, "keep": "latest"}),
+]
+
+
+def callgrind_totals(path: Path) -> int:
+    """The instruction count of one callgrind output file."""
+    for line in path.read_text().splitlines():
+        if line.startswith(("totals:", "summary:")):
+            return int(line.split()[1])
+    raise RuntimeError(f"{path}: no totals line")
+
+
+def server_callgrind_run(
+    opts: dict[str, Any] | None,
+    with_range: bool,
+    n: int,
+    warmup: int,
+    profiled_warmup: int,
+    concurrency: int,
+    python: str = sys.executable,
+    keep: Path | None = None,
+) -> dict[str, Any]:
+    """One server process under callgrind. Its loop's thread is counted in
+    two windows, of ``n // 2`` and ``n`` requests; the same requests reach
+    every variant: ``warmup`` before the profile starts, ``profiled_warmup``
+    after (profiled or not), then the two windows. The profile starts
+    before the first window and stops after the second, both uncounted.
+    Returns the two windows' counts and what the profile recorded."""
+    import aiohttp
+
+    half = n // 2
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "server_cg.py"
+        script.write_text(SERVER_CG)
+        out = Path(tmp) / "cg.out"
+        cmd = [
+            "valgrind",
+            "--tool=callgrind",
+            f"--callgrind-out-file={out}",
+            "--toggle-collect=sys_call_tracing",
+            "--dump-after=sys_call_tracing",
+            "--compress-strings=no",  # each dump readable alone (callgrind_annotate)
+            python,
+            str(script),
+            "range" if with_range else "none",
+            "2",
+        ]
+        log = Path(tmp) / "valgrind.log"
+        with log.open("w") as err:
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True)
+        reply: dict[str, Any] = {}
+        try:
+            assert proc.stdout is not None
+            first = proc.stdout.readline().split()
+            if len(first) != 2:
+                proc.wait(timeout=60)
+                raise RuntimeError(f"the server did not start:\n{log.read_text()[-2000:]}")
+            pid, port = int(first[0]), int(first[1])
+
+            async def switch() -> None:
+                async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/__switch") as resp:
+                    await resp.read()
+
+            def ctl(command: str, **fields: Any) -> dict[str, Any]:
+                r = send(pid, {VERSION_KEY: PROTOCOL_VERSION, "command": command, **fields})
+                if not r.get("ok"):
+                    raise RuntimeError(f"aprof ctl {command}: {r.get('error')}")
+                return r
+
+            asyncio.run(load(port, warmup, concurrency))
+            if opts is not None:
+                ctl("start", options={**opts, "loop_block_threshold": None})
+            asyncio.run(load(port, profiled_warmup, concurrency))
+            for k in (half, n):
+                asyncio.run(switch())  # into the counted window
+                asyncio.run(load(port, k, concurrency))
+                asyncio.run(switch())  # out of it: callgrind dumps its count
+            if opts is not None:
+                reply = ctl("stop", output=str(Path(tmp) / "round.aprof"))
+        finally:
+            if proc.stdin is not None:
+                proc.stdin.close()
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if proc.returncode != 0:
+            raise RuntimeError(f"server under callgrind: exit {proc.returncode}:\n{log.read_text()[-2000:]}")
+        dumps = sorted(Path(tmp).glob("cg.out.*"), key=lambda p: int(p.suffix[1:]) if p.suffix[1:].isdigit() else 0)
+        dumps = [d for d in dumps if d.suffix[1:].isdigit()]
+        if len(dumps) != 2:
+            raise RuntimeError(f"expected two callgrind dumps (one per window), found {[d.name for d in dumps]}")
+        counts = [callgrind_totals(d) for d in dumps]
+        if keep is not None:
+            keep.mkdir(parents=True, exist_ok=True)
+            for i, d in enumerate(dumps, 1):
+                shutil.copy(d, keep / f"window{i}.callgrind.out")
+    return {
+        "windows": [half, n],
+        "counts": counts,
+        "per_request": (counts[1] - counts[0]) / (n - half),
+        "events": reply.get("events"),
+        "dropped": reply.get("dropped"),
+    }
+
+
+def server_callgrind_report(
+    n: int, warmup: int, profiled_warmup: int, concurrency: int, only: str | None = None, keep: Path | None = None
+) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for with_range in (True, False):
+        for name, opts in SERVER_CG_VARIANTS:
+            if only and only not in name:
+                continue
+            where = None
+            if keep is not None:
+                where = keep / f"{name.replace(' ', '').replace(',', '-')}-{'range' if with_range else 'norange'}"
+            r = server_callgrind_run(opts, with_range, n, warmup, profiled_warmup, concurrency, keep=where)
+            r.update(name=name, range=with_range)
+            rows.append(r)
+            print(
+                f"  {name:<24} {'range' if with_range else 'no range':<9} {r['per_request']:>10,.0f} instructions/request"
+                f"  (windows {r['counts'][0]:,} / {r['counts'][1]:,})",
+                file=sys.stderr,
+                flush=True,
+            )
+    return rows
+
+
+def format_server_callgrind(rows: list[dict[str, Any]], n: int) -> list[str]:
+    lines = [
+        f"{'case':<24} {'handler':<9} {'instr/request':>14} {'x plain':>8} {'extra':>9} {'events kept':>12} {'dropped':>9}"
+    ]
+    for with_range in (True, False):
+        base = next((r["per_request"] for r in rows if r["range"] == with_range and r["name"] == "plain"), None)
+        for r in rows:
+            if r["range"] != with_range:
+                continue
+            ratio = f"{r['per_request'] / base:8.3f}" if base else f"{'-':>8}"
+            extra = f"{r['per_request'] - base:9,.0f}" if base else f"{'-':>9}"
+            ev = f"{r['events']:12,}" if r["events"] is not None else f"{'-':>12}"
+            dr = f"{r['dropped']:9,}" if r["dropped"] is not None else f"{'-':>9}"
+            lines.append(f"{r['name']:<24} {'range' if with_range else 'no range':<9} {r['per_request']:14,.0f} {ratio} {extra} {ev} {dr}")
+    lines.append(
+        f"instructions per request on the server's loop thread: (count of {n:,} requests - count of {n // 2:,}) / {n - n // 2:,}; "
+        f"target: always-on <= {TARGET_INSTR}x plain (the throughput target, >= {TARGET_RPS}x, in instructions)"
+    )
     return lines
 
 
@@ -361,8 +596,48 @@ def main() -> None:
     ap.add_argument("--skip-fanout", action="store_true")
     ap.add_argument("--skip-server", action="store_true")
     ap.add_argument("--callgrind", type=int, metavar="N", help="only: instructions per fan-out task (N and N/2 tasks) under callgrind")
+    ap.add_argument(
+        "--server-callgrind",
+        type=int,
+        metavar="N",
+        help="only: the aiohttp server under callgrind, instructions per request on its loop's thread (windows of N/2 and N "
+        "requests): plain, always-on with a 50 MB ring and with a 1 MB ring, with and without the handler's range",
+    )
+    ap.add_argument("--server-warmup", type=int, default=1000, help="--server-callgrind: requests before the profile starts")
+    ap.add_argument(
+        "--server-profiled-warmup",
+        type=int,
+        default=2000,
+        help="--server-callgrind: requests after it starts, before the counted windows (the 1 MB ring fills and rotates)",
+    )
+    ap.add_argument("--server-callgrind-only", metavar="WORD", help="--server-callgrind: only the variants whose name holds WORD")
+    ap.add_argument("--server-callgrind-keep", metavar="DIR", help="--server-callgrind: keep each run's two dumps in DIR")
+    ap.add_argument(
+        "--pin",
+        action="store_true",
+        help="(b) with the server pinned to CPU 0 (taskset) and the load generator to CPU 1: a second opinion by the clock",
+    )
     ap.add_argument("--json")
     args = ap.parse_args()
+    if args.server_callgrind:
+        print(header())
+        rows = server_callgrind_report(
+            args.server_callgrind,
+            args.server_warmup,
+            args.server_profiled_warmup,
+            args.concurrency,
+            args.server_callgrind_only,
+            Path(args.server_callgrind_keep) if args.server_callgrind_keep else None,
+        )
+        print(
+            f"(b') aiohttp server under callgrind: {args.server_warmup:,} requests, the profile's start, "
+            f"{args.server_profiled_warmup:,} requests, then counted windows of {args.server_callgrind // 2:,} and "
+            f"{args.server_callgrind:,} requests ({args.concurrency} concurrent clients, outside valgrind)"
+        )
+        print("\n".join(format_server_callgrind(rows, args.server_callgrind)))
+        print(f"load average at the end: {load_average()}")
+        dump(args.json, [], {"server_callgrind": rows})
+        return
     if args.callgrind:
         print(header())
         for k, v in callgrind_report(args.callgrind).items():
@@ -392,10 +667,14 @@ def main() -> None:
         except ImportError:
             print("\n(b) aiohttp is not installed: pip install -e '.[bench]'")
         else:
-            res = server_bench(args.server_rounds, args.requests, args.concurrency, opts, not args.no_range)
+            if args.pin and (shutil.which("taskset") is None or (os.cpu_count() or 1) < 2):
+                print("\n(b) --pin needs taskset and two CPUs: not pinned")
+                args.pin = False
+            res = server_bench(args.server_rounds, args.requests, args.concurrency, opts, not args.no_range, args.pin)
             print(
                 f"\n(b) aiohttp server on loopback, {args.server_rounds} rounds x {args.requests:,} requests, "
                 f"{args.concurrency} concurrent clients (medians over rounds)"
+                + ("; server pinned to CPU 0, load generator to CPU 1" if args.pin else "")
                 + ("; the handler opens no range" if args.no_range else "; one range per request")
             )
             print("\n".join(format_server(res, args.requests)))
