@@ -5,6 +5,8 @@
     python bench/always_on.py --ring            # with the 50 MB ring, where this aprof has it
     python bench/always_on.py --json /tmp/always_on.json
     python bench/always_on.py --callgrind 2000  # instructions per fan-out task: plain, context, global
+    python bench/always_on.py --server-callgrind 2000   # instructions per request in the server (~10 minutes)
+    python bench/always_on.py --ring --skip-fanout --pin # (b) with server and load generator on their own CPUs
 
 The always-on configuration: a global profile, tasks on, ranges on, no
 Python tracer, no sampler (``--ring``: ``max_bytes=50_000_000,
@@ -28,6 +30,37 @@ the control socket (``aprof.enable_remote_control()``, the protocol of
 server process, warmed up the same. Each request's handler opens one range
 (``aprof.record_function``) around a little JSON work. The profiled round's
 stop and write happen between rounds, outside the timing.
+
+``--pin`` runs (b) with the server pinned to CPU 0 (``taskset -c 0``) and
+the load generator to CPU 1, so that on a 2-core machine the two do not
+take turns on one core; the clock is still the clock (other work on the
+machine shows in it): a second opinion, with the load average printed.
+
+(b') ``--server-callgrind N``: the same server under ``valgrind
+--tool=callgrind``, the load generator outside it, counted in instructions
+(deterministic where (b)'s rounds move by +-15% on a shared 2-core
+machine). Each variant is a fresh server process that gets the same
+requests: ``--server-warmup`` (1,000) unprofiled, the profile's start (the
+control socket; uncounted), ``--server-profiled-warmup`` (5,000: the 1 MB
+ring fills, so it lets events go in both windows), then two counted
+windows of N/2 and N requests. The server switches into and out of each
+window on a ``GET /__switch``: a window runs its loop inside
+``sys.call_tracing()``, which nothing else calls, and callgrind counts
+only inside it (``--toggle-collect=sys_call_tracing``, the loop's thread
+alone) and dumps its count at each exit (``--dump-after``). Instructions
+per request: the cyclic GC's collections apart, since a full collection
+is millions of instructions in one window or the other: ``(window N -
+window N/2) / (N/2)`` for the rest, plus the collections averaged over
+both windows. Variants: plain, always-on with the 50 MB ring (it never
+fills here: no rotation), always-on with a 1 MB ring (rotating and letting
+events go), each with and without the handler's range; the ratio to plain
+is the throughput target in instructions (always-on at most 1.05x plain).
+``--server-callgrind-keep DIR`` keeps each window's dump, for
+``callgrind_annotate --inclusive=yes``. Under callgrind the server runs
+~50x slower, so every wait of a request's task lasts longer than aprof's
+1 ms threshold for describing it, as under a saturating load natively
+(a loop pass over 32 ready connections takes milliseconds); a lightly
+loaded server describes fewer waits and pays less.
 
 (c) One range's cost by scope: no profile, a context profile, a global
 profile (what ``aprof ctl start`` and ``aprof run`` start).
