@@ -408,6 +408,7 @@ task_done(PyObject *task)
 static int finish_ready = 0;
 static PyObject *steps_array_type, *steps_typecode, *no_records, *discard_steps;
 static PyObject *c_task_get_name, *c_task_cancelled;
+static PyObject *str_lists;
 static PyObject *str_exception, *str_runs, *str_frombytes, *str_returned, *str_cancelled, *str_cancelled_error,
     *str_task_fallback;
 
@@ -432,6 +433,75 @@ finish_name(PyObject *task)
         name = Py_NewRef(str_task_fallback);
     }
     return name;
+}
+
+/* Whether o refers to an object on the cyclic GC's lists that may lead
+ * back (a class aside, and the two empty constants a finished TaskThread
+ * points at, which never hold anything). */
+static int
+visit_tracked_tt(PyObject *o, void *found)
+{
+    if (PyObject_IS_GC(o) && PyObject_GC_IsTracked(o) && !PyType_Check(o) && o != no_records && o != discard_steps) {
+        *(int *)found = 1;
+        return 1;
+    }
+    return 0;
+}
+
+/* Take o off the cyclic GC's lists if nothing it refers to is on them:
+ * it cannot be part of a reference cycle (as _cevents.c's
+ * untrack_if_acyclic; given leaves first, a tree of plain data goes). */
+static void
+untrack_plain(PyObject *o)
+{
+    if (o == NULL || !PyObject_IS_GC(o) || !PyObject_GC_IsTracked(o))
+        return;
+    traverseproc trav = Py_TYPE(o)->tp_traverse;
+    int found = 0;
+    if (trav == NULL || trav(o, visit_tracked_tt, &found) != 0 || found)
+        return;
+    PyObject_GC_UnTrack(o);
+}
+
+/* A task just finished and its record is written: take what it leaves in
+ * the profile off the cyclic GC's lists, now rather than when a ring seals
+ * its generation (ring_seal, ring_records) or never (an unbounded
+ * profile). A server records a task per request: each left its record,
+ * its steps, its raw list and its TaskThread on the GC's lists, the
+ * survivors of the young collections that set off full collections of the
+ * program's heap, each walking all of them (issue 19: a tenth of what the
+ * always-on profile cost a request, and the pauses in its p99). All of it
+ * is plain data by now: the record holds strings, ints, None, the steps
+ * array and the wait runs (lists of strings and ints); the TaskThread
+ * holds no profile any more (only strings, ints, None, its spawn site and
+ * the two empty constants); its raw list holds blocks and tuples that
+ * never refer back to a list (later, only the end of a range it started
+ * can be added, a tuple of ints). Whatever is not plain stays tracked. */
+static void
+untrack_finished(PyObject *tt, PyObject *state, PyObject *rec, PyObject *exact, PyObject *runs)
+{
+    untrack_plain(exact);
+    if (runs != NULL && PyList_CheckExact(runs)) {
+        for (Py_ssize_t k = 0; k < PyList_GET_SIZE(runs); k++)
+            untrack_plain(PyList_GET_ITEM(runs, k));
+        untrack_plain(runs);
+    }
+    untrack_plain(slot_at(tt, off_tt[TT_SITE]));
+    untrack_plain(rec);
+    untrack_plain(tt);
+    PyObject *lists = PyObject_GetAttr(state, str_lists);
+    if (lists == NULL) {
+        PyErr_Clear();
+        return;
+    }
+    if (PyDict_CheckExact(lists)) {
+        PyObject *lst = PyDict_GetItemWithError(lists, tt); /* borrowed */
+        if (lst != NULL && PyList_CheckExact(lst))
+            untrack_plain(lst);
+        else if (lst == NULL)
+            PyErr_Clear();
+    }
+    Py_DECREF(lists);
 }
 
 /* Close the TASK record of `tt` (exact TaskThread, recorded by one
@@ -516,12 +586,15 @@ finish_in_c(PyObject *tt, PyObject *task)
     }
     if (idx == -1 && PyErr_Occurred())
         PyErr_Clear(); /* an idx out of Py_ssize_t's range: nothing put */
+    Py_INCREF(state); /* for untrack_finished: the slot lets it go */
     set_slot(tt, off_tt[TT_NAME], name);
     set_slot(tt, off_tt[TT_STATE], Py_None);
     set_slot(tt, off_tt[TT_RECORDS], no_records);
     set_slot(tt, off_tt[TT_STEPS], discard_steps);
     set_slot(tt, off_tt[TT_WAITS], Py_None);
     set_slot(tt, off_tt[TT_TASK_REF], Py_None); /* named for good */
+    untrack_finished(tt, state, rec, exact, runs);
+    Py_DECREF(state);
     Py_DECREF(name);
     Py_DECREF(cancelled);
     Py_DECREF(outcome);
@@ -1689,6 +1762,9 @@ aprof_tasks_init(PyObject *module)
         return -1;
     str_exception = PyUnicode_InternFromString("_exception");
     str_runs = PyUnicode_InternFromString("runs");
+    str_lists = PyUnicode_InternFromString("lists");
+    if (str_lists == NULL)
+        return -1;
     str_frombytes = PyUnicode_InternFromString("frombytes");
     str_returned = PyUnicode_InternFromString("returned");
     str_cancelled = PyUnicode_InternFromString("cancelled");

@@ -5,6 +5,8 @@
     python bench/always_on.py --ring            # with the 50 MB ring, where this aprof has it
     python bench/always_on.py --json /tmp/always_on.json
     python bench/always_on.py --callgrind 2000  # instructions per fan-out task: plain, context, global
+    python bench/always_on.py --server-callgrind 2000   # instructions per request in the server (~10 minutes)
+    python bench/always_on.py --ring --skip-fanout --pin # (b) with server and load generator on their own CPUs
 
 The always-on configuration: a global profile, tasks on, ranges on, no
 Python tracer, no sampler (``--ring``: ``max_bytes=50_000_000,
@@ -29,6 +31,41 @@ server process, warmed up the same. Each request's handler opens one range
 (``aprof.record_function``) around a little JSON work. The profiled round's
 stop and write happen between rounds, outside the timing.
 
+``--pin`` runs (b) with the server pinned to CPU 0 (``taskset -c 0``) and
+the load generator to CPU 1, so that on a 2-core machine the two do not
+take turns on one core; the clock is still the clock (other work on the
+machine shows in it): a second opinion, with the load average printed.
+(b) also prints the server's CPU time per request (user + system from
+``/proc``, 10 ms ticks): the load generator, one Python process, tops out
+near the plain server's rate, and then requests per second hide the
+server's extra work, its CPU time does not.
+
+(b') ``--server-callgrind N``: the same server under ``valgrind
+--tool=callgrind``, the load generator outside it, counted in instructions
+(deterministic where (b)'s rounds move by +-15% on a shared 2-core
+machine). Each variant is a fresh server process that gets the same
+requests: ``--server-warmup`` (1,000) unprofiled, the profile's start (the
+control socket; uncounted), ``--server-profiled-warmup`` (5,000: the 1 MB
+ring fills, so it lets events go in both windows), then two counted
+windows of N/2 and N requests. The server switches into and out of each
+window on a ``GET /__switch``: a window runs its loop inside
+``sys.call_tracing()``, which nothing else calls, and callgrind counts
+only inside it (``--toggle-collect=sys_call_tracing``, the loop's thread
+alone) and dumps its count at each exit (``--dump-after``). Instructions
+per request: the cyclic GC's collections apart, since a full collection
+is millions of instructions in one window or the other: ``(window N -
+window N/2) / (N/2)`` for the rest, plus the collections averaged over
+both windows. Variants: plain, always-on with the 50 MB ring (it never
+fills here: no rotation), always-on with a 1 MB ring (rotating and letting
+events go), each with and without the handler's range; the ratio to plain
+is the throughput target in instructions (always-on at most 1.05x plain).
+``--server-callgrind-keep DIR`` keeps each window's dump, for
+``callgrind_annotate --inclusive=yes``. Under callgrind the server runs
+~50x slower, so every wait of a request's task lasts longer than aprof's
+1 ms threshold for describing it, as under a saturating load natively
+(a loop pass over 32 ready connections takes milliseconds); a lightly
+loaded server describes fewer waits and pays less.
+
 (c) One range's cost by scope: no profile, a context profile, a global
 profile (what ``aprof ctl start`` and ``aprof run`` start).
 """
@@ -38,6 +75,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import inspect
+import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -49,7 +88,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import Case, callgrind, dump, header, interleave, table  # noqa: E402
+from _common import Case, callgrind, dump, header, interleave, load_average, table  # noqa: E402
 from tasks import PLAIN, identity, timed_fan_out  # noqa: E402
 
 import aprof  # noqa: E402
@@ -64,6 +103,9 @@ CONTEXT = "aprof context scope (reference)"
 TARGET_FANOUT = 1.15
 TARGET_RPS = 0.95
 TARGET_P99 = 1.10
+#: The throughput target in instructions: the server's instructions per
+#: request under always-on at most this times plain's.
+TARGET_INSTR = 1.05
 
 RING = {"max_bytes": 50_000_000, "keep": "latest"}
 
@@ -173,11 +215,31 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-def server_bench(rounds: int, requests: int, concurrency: int, opts: dict[str, Any], with_range: bool = True) -> dict[str, Any]:
+def process_cpu_s(pid: int) -> float | None:
+    """The CPU seconds (user + system) process ``pid`` has used (Linux's
+    /proc; None elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def server_bench(
+    rounds: int, requests: int, concurrency: int, opts: dict[str, Any], with_range: bool = True, pin: bool = False
+) -> dict[str, Any]:
+    """Plain and profiled rounds against one server process. ``pin``: the
+    server on CPU 0 (``taskset -c 0``), this process (the load generator)
+    on CPU 1, so the two never take turns on one core."""
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "server.py"
         script.write_text(SERVER)
-        proc = subprocess.Popen([sys.executable, str(script), "range" if with_range else "none"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        prefix = ["taskset", "-c", "0"] if pin else []
+        argv = [*prefix, sys.executable, str(script), "range" if with_range else "none"]
+        affinity = os.sched_getaffinity(0) if pin else None
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        if pin:
+            os.sched_setaffinity(0, {1})
         try:
             assert proc.stdout is not None
             pid_s, port_s = proc.stdout.readline().split()
@@ -191,7 +253,7 @@ def server_bench(rounds: int, requests: int, concurrency: int, opts: dict[str, A
 
             asyncio.run(load(port, requests, concurrency))  # warm-up
             results: dict[str, dict[str, list[float]]] = {
-                name: {"rps": [], "p50": [], "p99": []} for name in (PLAIN, ALWAYS_ON)
+                name: {"rps": [], "p50": [], "p99": [], "cpu_us": []} for name in (PLAIN, ALWAYS_ON)
             }
             events: list[int] = []
             dropped: list[int] = []
@@ -200,7 +262,11 @@ def server_bench(rounds: int, requests: int, concurrency: int, opts: dict[str, A
                 for name in order:
                     if name == ALWAYS_ON:
                         ctl("start", options={**opts, "loop_block_threshold": None})
+                    cpu0 = process_cpu_s(pid)
                     wall, lat = asyncio.run(load(port, requests, concurrency))
+                    cpu1 = process_cpu_s(pid)
+                    if cpu0 is not None and cpu1 is not None:
+                        results[name]["cpu_us"].append((cpu1 - cpu0) / requests * 1e6)
                     if name == ALWAYS_ON:
                         reply = ctl("stop", output=str(Path(tmp) / "round.aprof"))
                         events.append(reply["events"])
@@ -218,12 +284,14 @@ def server_bench(rounds: int, requests: int, concurrency: int, opts: dict[str, A
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+            if affinity is not None:
+                os.sched_setaffinity(0, affinity)
     return {"results": results, "events_per_profiled_round": events, "dropped_per_profiled_round": dropped}
 
 
 def format_server(res: dict[str, Any], requests: int) -> list[str]:
     r = res["results"]
-    med = {name: {k: statistics.median(v) for k, v in r[name].items()} for name in r}
+    med = {name: {k: statistics.median(v) for k, v in r[name].items() if v} for name in r}
     mins = {name: {"rps": max(r[name]["rps"]), "p50": min(r[name]["p50"]), "p99": min(r[name]["p99"])} for name in r}
     lines = [f"{'case':<20} {'req/s median':>13} {'req/s best':>11} {'p50 ms':>8} {'p99 ms':>8} {'p99 best':>9}"]
     for name in r:
@@ -239,6 +307,15 @@ def format_server(res: dict[str, Any], requests: int) -> list[str]:
         f"always-on / plain: throughput x{ratios['rps']:.3f} (target >= {TARGET_RPS}: {ok_rps}), "
         f"p50 x{ratios['p50']:.3f}, p99 x{ratios['p99']:.3f} (target <= {TARGET_P99}: {ok_p99})"
     )
+    cpu = {name: r[name].get("cpu_us") for name in r}
+    if cpu.get(PLAIN) and cpu.get(ALWAYS_ON):
+        cp, ca = statistics.median(cpu[PLAIN]), statistics.median(cpu[ALWAYS_ON])
+        ratios["cpu"] = ca / cp
+        lines.append(
+            f"server CPU time per request (user + system, /proc, 10 ms ticks; medians): plain {cp:.1f} us, "
+            f"always-on {ca:.1f} us, x{ca / cp:.3f} (the throughput target as CPU: <= {1 / TARGET_RPS:.3f}; "
+            "unlike req/s, not hidden when the load generator is the bottleneck)"
+        )
     ev = res["events_per_profiled_round"]
     if ev:
         lines.append(f"events recorded per profiled round of {requests:,} requests: median {statistics.median(ev):,.0f}")
@@ -249,6 +326,253 @@ def format_server(res: dict[str, Any], requests: int) -> list[str]:
             "(0: the ring never rotated, and its rotations are not in the figures)"
         )
     res["ratios"] = ratios
+    return lines
+
+
+# -- (b') the server's instructions per request, under callgrind ----------------------
+
+#: The server for ``--server-callgrind``: the handler of SERVER, and a
+#: ``/__switch`` route that moves the server from one phase to the next.
+#: Phases alternate outside and inside ``sys.call_tracing()`` (which, with
+#: no tracer, only calls its function; nothing else in the process calls
+#: it, where ``eval()`` runs at import time): callgrind counts only inside
+#: it (``--toggle-collect=sys_call_tracing``) and writes one dump at each
+#: exit (``--dump-after=sys_call_tracing``), so the two counted windows are
+#: exactly the requests sent between two switches, on the loop's thread.
+SERVER_CG = textwrap.dedent(
+    """
+    import asyncio, json, os, sys
+    import aprof
+    from aiohttp import web
+
+    RANGE = sys.argv[1] == "range"
+    WINDOWS = int(sys.argv[2])
+    phase = None
+
+    async def handle(request):
+        if RANGE:
+            with aprof.record_function("handler"):
+                await asyncio.sleep(0)
+                body = json.dumps({"path": request.path, "items": list(range(20))})
+        else:
+            await asyncio.sleep(0)
+            body = json.dumps({"path": request.path, "items": list(range(20))})
+        return web.Response(text=body, content_type="application/json")
+
+    async def switch(request):
+        phase.set()
+        return web.Response(text="ok")
+
+    async def setup():
+        aprof.enable_remote_control(announce=False)
+        app = web.Application()
+        app.router.add_get("/__switch", switch)
+        app.router.add_get("/{tail:.*}", handle)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        print(os.getpid(), site._server.sockets[0].getsockname()[1], flush=True)
+        return runner
+
+    async def until_switched():
+        global phase
+        phase = asyncio.Event()
+        await phase.wait()
+
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    runner = loop.run_until_complete(setup())
+    for _ in range(WINDOWS):
+        loop.run_until_complete(until_switched())  # not counted: warm-up, the profile's start
+        sys.call_tracing(loop.run_until_complete, (until_switched(),))  # counted, then dumped
+    # not counted: the profile's stop and write; until the bench closes stdin
+    loop.run_until_complete(loop.run_in_executor(None, sys.stdin.read))
+    loop.run_until_complete(runner.cleanup())
+    """
+)
+
+#: The variants of ``--server-callgrind``: (name, profile options or None).
+SERVER_CG_VARIANTS: list[tuple[str, dict[str, Any] | None]] = [
+    ("plain", None),
+    ("always-on, 50 MB ring", {"tasks": True, "max_bytes": 50_000_000, "keep": "latest"}),
+    ("always-on, 1 MB ring", {"tasks": True, "max_bytes": 1_000_000, "keep": "latest"}),
+]
+
+
+def callgrind_totals(path: Path) -> tuple[int, int]:
+    """(instructions, of which inside the cyclic GC's collections) of one
+    callgrind output file (written with ``--compress-strings=no``)."""
+    total = None
+    gc = 0
+    lines = path.read_text().splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith(("totals:", "summary:")):
+            total = int(line.split()[1])
+        elif line == "cfn=gc_collect_main" and i + 2 < len(lines) and lines[i + 1].startswith("calls="):
+            gc += int(lines[i + 2].split()[1])  # the call's inclusive cost
+    if total is None:
+        raise RuntimeError(f"{path}: no totals line")
+    return total, gc
+
+
+def server_callgrind_run(
+    opts: dict[str, Any] | None,
+    with_range: bool,
+    n: int,
+    warmup: int,
+    profiled_warmup: int,
+    concurrency: int,
+    python: str = sys.executable,
+    keep: Path | None = None,
+) -> dict[str, Any]:
+    """One server process under callgrind. Its loop's thread is counted in
+    two windows, of ``n // 2`` and ``n`` requests; the same requests reach
+    every variant: ``warmup`` before the profile starts, ``profiled_warmup``
+    after (profiled or not), then the two windows. The profile starts
+    before the first window and stops after the second, both uncounted.
+    Returns the two windows' counts and what the profile recorded."""
+    import aiohttp
+
+    half = n // 2
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "server_cg.py"
+        script.write_text(SERVER_CG)
+        out = Path(tmp) / "cg.out"
+        cmd = [
+            "valgrind",
+            "--tool=callgrind",
+            f"--callgrind-out-file={out}",
+            "--toggle-collect=sys_call_tracing",
+            "--dump-after=sys_call_tracing",
+            "--compress-strings=no",  # each dump readable alone (callgrind_annotate)
+            python,
+            str(script),
+            "range" if with_range else "none",
+            "2",
+        ]
+        log = Path(tmp) / "valgrind.log"
+        with log.open("w") as err:
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True)
+        reply: dict[str, Any] = {}
+        try:
+            assert proc.stdout is not None
+            first = proc.stdout.readline().split()
+            if len(first) != 2:
+                proc.wait(timeout=60)
+                raise RuntimeError(f"the server did not start:\n{log.read_text()[-2000:]}")
+            pid, port = int(first[0]), int(first[1])
+
+            async def switch() -> None:
+                async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/__switch") as resp:
+                    await resp.read()
+
+            def ctl(command: str, **fields: Any) -> dict[str, Any]:
+                r = send(pid, {VERSION_KEY: PROTOCOL_VERSION, "command": command, **fields})
+                if not r.get("ok"):
+                    raise RuntimeError(f"aprof ctl {command}: {r.get('error')}")
+                return r
+
+            asyncio.run(load(port, warmup, concurrency))
+            if opts is not None:
+                ctl("start", options={**opts, "loop_block_threshold": None})
+            asyncio.run(load(port, profiled_warmup, concurrency))
+            for k in (half, n):
+                asyncio.run(switch())  # into the counted window
+                asyncio.run(load(port, k, concurrency))
+                asyncio.run(switch())  # out of it: callgrind dumps its count
+            if opts is not None:
+                reply = ctl("stop", output=str(Path(tmp) / "round.aprof"))
+        finally:
+            if proc.stdin is not None:
+                proc.stdin.close()
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if proc.returncode != 0:
+            raise RuntimeError(f"server under callgrind: exit {proc.returncode}:\n{log.read_text()[-2000:]}")
+        dumps = sorted(Path(tmp).glob("cg.out.*"), key=lambda p: int(p.suffix[1:]) if p.suffix[1:].isdigit() else 0)
+        dumps = [d for d in dumps if d.suffix[1:].isdigit()]
+        if len(dumps) != 2:
+            raise RuntimeError(f"expected two callgrind dumps (one per window), found {[d.name for d in dumps]}")
+        counts, gcs = zip(*(callgrind_totals(d) for d in dumps), strict=True)
+        if keep is not None:
+            keep.mkdir(parents=True, exist_ok=True)
+            for i, d in enumerate(dumps, 1):
+                shutil.copy(d, keep / f"window{i}.callgrind.out")
+    # The cyclic GC's collections come in lumps (a full one walks the whole
+    # heap: millions of instructions, in one window or the other), so they
+    # are apart: the rest's marginal count per request, and the collections'
+    # average over both windows.
+    rest = [c - g for c, g in zip(counts, gcs, strict=True)]
+    excl = (rest[1] - rest[0]) / (n - half)
+    gc_per = (gcs[0] + gcs[1]) / (half + n)
+    return {
+        "windows": [half, n],
+        "counts": list(counts),
+        "gc": list(gcs),
+        "per_request_excl_gc": excl,
+        "gc_per_request": gc_per,
+        "per_request": excl + gc_per,
+        "events": reply.get("events"),
+        "dropped": reply.get("dropped"),
+    }
+
+
+def server_callgrind_report(
+    n: int, warmup: int, profiled_warmup: int, concurrency: int, only: str | None = None, keep: Path | None = None
+) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for with_range in (True, False):
+        for name, opts in SERVER_CG_VARIANTS:
+            if only and only not in name:
+                continue
+            where = None
+            if keep is not None:
+                where = keep / f"{name.replace(' ', '').replace(',', '-')}-{'range' if with_range else 'norange'}"
+            r = server_callgrind_run(opts, with_range, n, warmup, profiled_warmup, concurrency, keep=where)
+            r.update(name=name, range=with_range)
+            rows.append(r)
+            print(
+                f"  {name:<24} {'range' if with_range else 'no range':<9} {r['per_request']:>10,.0f} instructions/request"
+                f" ({r['gc_per_request']:,.0f} in the GC; windows {r['counts'][0]:,} / {r['counts'][1]:,},"
+                f" GC {r['gc'][0]:,} / {r['gc'][1]:,})",
+                file=sys.stderr,
+                flush=True,
+            )
+    return rows
+
+
+def format_server_callgrind(rows: list[dict[str, Any]], n: int) -> list[str]:
+    lines = [
+        f"{'case':<24} {'handler':<9} {'instr/request':>14} {'x plain':>8} {'extra':>9} {'GC':>8} {'excl. GC':>9} "
+        f"{'x plain':>8} {'events kept':>12} {'dropped':>9}"
+    ]
+    for with_range in (True, False):
+        base = next((r for r in rows if r["range"] == with_range and r["name"] == "plain"), None)
+        for r in rows:
+            if r["range"] != with_range:
+                continue
+            per, excl = r["per_request"], r["per_request_excl_gc"]
+            ratio = f"{per / base['per_request']:8.3f}" if base else f"{'-':>8}"
+            extra = f"{per - base['per_request']:9,.0f}" if base else f"{'-':>9}"
+            ratio_excl = f"{excl / base['per_request_excl_gc']:8.3f}" if base else f"{'-':>8}"
+            ev = f"{r['events']:12,}" if r["events"] is not None else f"{'-':>12}"
+            dr = f"{r['dropped']:9,}" if r["dropped"] is not None else f"{'-':>9}"
+            ok = ""
+            if base and r is not base:
+                ok = "  ok" if per / base["per_request"] <= TARGET_INSTR else "  MISSED"
+            lines.append(
+                f"{r['name']:<24} {'range' if with_range else 'no range':<9} {per:14,.0f} {ratio} {extra} "
+                f"{r['gc_per_request']:8,.0f} {excl:9,.0f} {ratio_excl} {ev} {dr}{ok}"
+            )
+    lines.append(
+        f"instructions per request on the server's loop thread: (count of {n:,} requests - count of {n // 2:,}) / "
+        f"{n - n // 2:,} outside the cyclic GC, plus the GC's collections averaged over both windows (they come in "
+        f"lumps); target: always-on <= {TARGET_INSTR}x plain (the throughput target, >= {TARGET_RPS}x, in instructions)"
+    )
     return lines
 
 
@@ -361,8 +685,49 @@ def main() -> None:
     ap.add_argument("--skip-fanout", action="store_true")
     ap.add_argument("--skip-server", action="store_true")
     ap.add_argument("--callgrind", type=int, metavar="N", help="only: instructions per fan-out task (N and N/2 tasks) under callgrind")
+    ap.add_argument(
+        "--server-callgrind",
+        type=int,
+        metavar="N",
+        help="only: the aiohttp server under callgrind, instructions per request on its loop's thread (windows of N/2 and N "
+        "requests): plain, always-on with a 50 MB ring and with a 1 MB ring, with and without the handler's range",
+    )
+    ap.add_argument("--server-warmup", type=int, default=1000, help="--server-callgrind: requests before the profile starts")
+    ap.add_argument(
+        "--server-profiled-warmup",
+        type=int,
+        default=5000,
+        help="--server-callgrind: requests after it starts, before the counted windows (the 1 MB ring fills: it lets "
+        "events go in both windows)",
+    )
+    ap.add_argument("--server-callgrind-only", metavar="WORD", help="--server-callgrind: only the variants whose name holds WORD")
+    ap.add_argument("--server-callgrind-keep", metavar="DIR", help="--server-callgrind: keep each run's two dumps in DIR")
+    ap.add_argument(
+        "--pin",
+        action="store_true",
+        help="(b) with the server pinned to CPU 0 (taskset) and the load generator to CPU 1: a second opinion by the clock",
+    )
     ap.add_argument("--json")
     args = ap.parse_args()
+    if args.server_callgrind:
+        print(header())
+        rows = server_callgrind_report(
+            args.server_callgrind,
+            args.server_warmup,
+            args.server_profiled_warmup,
+            args.concurrency,
+            args.server_callgrind_only,
+            Path(args.server_callgrind_keep) if args.server_callgrind_keep else None,
+        )
+        print(
+            f"(b') aiohttp server under callgrind: {args.server_warmup:,} requests, the profile's start, "
+            f"{args.server_profiled_warmup:,} requests, then counted windows of {args.server_callgrind // 2:,} and "
+            f"{args.server_callgrind:,} requests ({args.concurrency} concurrent clients, outside valgrind)"
+        )
+        print("\n".join(format_server_callgrind(rows, args.server_callgrind)))
+        print(f"load average at the end: {load_average()}")
+        dump(args.json, [], {"server_callgrind": rows})
+        return
     if args.callgrind:
         print(header())
         for k, v in callgrind_report(args.callgrind).items():
@@ -392,10 +757,14 @@ def main() -> None:
         except ImportError:
             print("\n(b) aiohttp is not installed: pip install -e '.[bench]'")
         else:
-            res = server_bench(args.server_rounds, args.requests, args.concurrency, opts, not args.no_range)
+            if args.pin and (shutil.which("taskset") is None or (os.cpu_count() or 1) < 2):
+                print("\n(b) --pin needs taskset and two CPUs: not pinned")
+                args.pin = False
+            res = server_bench(args.server_rounds, args.requests, args.concurrency, opts, not args.no_range, args.pin)
             print(
                 f"\n(b) aiohttp server on loopback, {args.server_rounds} rounds x {args.requests:,} requests, "
                 f"{args.concurrency} concurrent clients (medians over rounds)"
+                + ("; server pinned to CPU 0, load generator to CPU 1" if args.pin else "")
                 + ("; the handler opens no range" if args.no_range else "; one range per request")
             )
             print("\n".join(format_server(res, args.requests)))

@@ -319,6 +319,57 @@ def test_the_wait_log_merges_consecutive_waits_on_the_same_call() -> None:
     assert first[9] == 1006  # when the longest wait ended: the summary's window for it
 
 
+def test_the_wait_log_keeps_the_longest_runs_of_a_long_lived_task() -> None:
+    # A keep-alive connection's task waits thousands of times on alternating
+    # calls: the log keeps max_runs runs, dropping the one whose longest wait
+    # is shortest (the first of equals), never the open run, which may still grow.
+    import random
+
+    def reference(waits: list[tuple[int, int, tuple[str, str, str, str]]]) -> list[list[Any]]:
+        runs: list[list[Any]] = []
+        for start, end, (what, kind, where, caller) in waits:
+            waited = end - start
+            if runs and runs[-1][5] == what and runs[-1][7] == where:
+                last = runs[-1]
+                last[1] = end
+                last[2] += 1
+                last[3] += waited
+                if waited > last[4]:
+                    last[4] = waited
+                    last[9] = end
+                continue
+            runs.append([start, end, 1, waited, waited, what, kind, where, caller, end])
+            if len(runs) > WaitLog.max_runs:
+                shortest = min(r[4] for r in runs[:-1])
+                del runs[next(k for k, r in enumerate(runs[:-1]) if r[4] == shortest)]
+        return runs
+
+    rng = random.Random(19)
+    calls = [(f"asyncio.sleep#{k}", "sleep", f"app.py:{k} handler", "") for k in range(5)]
+    waits = []
+    t = 0
+    for _ in range(3000):
+        waited = rng.choice([1, 2, 2, 3, 5, 8, 8, 13]) * 1_000_000  # many ties
+        waits.append((t, t + waited, rng.choice(calls)))
+        t += waited + 10
+    log = WaitLog()
+    for start, end, wait in waits:
+        log.add(start, end, wait)
+    want = reference(waits)
+    assert len(log.runs) == WaitLog.max_runs
+    assert log.runs == want
+    # The open run is kept though its wait is the shortest of all; once
+    # closed, it is the first to go.
+    tail = [(t, t + 1, ("asyncio.Event.wait", "event", "app.py:99 tail", ""))]
+    log.add(*tail[0])
+    assert log.runs[-1][5] == "asyncio.Event.wait"
+    assert log.runs == reference(waits + tail)
+    tail.append((t + 5, t + 6, ("asyncio.Lock.acquire", "lock", "app.py:98 tail", "")))
+    log.add(*tail[1])
+    assert "asyncio.Event.wait" not in [r[5] for r in log.runs]
+    assert log.runs == reference(waits + tail)
+
+
 def test_describe_task_takes_the_task_itself(backend) -> None:
     # Issue 16 item 7: at stop, a pending task is described from its task
     # object (asyncio's get_coro and _fut_waiter, trio's coro).

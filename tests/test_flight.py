@@ -665,3 +665,47 @@ def test_a_tracing_recorders_dump_counts_the_calls_its_ring_let_go() -> None:
     dropped = snap.metadata["dropped_by_kind"]["tracer_events"]
     assert dropped >= 2 * 5_000 - 4_096
     assert 0 < len(_calls(snap, "traced_late")) < 5_000
+
+
+@pytest.mark.parametrize("budget", [{}, {"max_bytes": 50_000_000, "keep": "latest"}], ids=["unbounded", "ring"])
+def test_finished_request_tasks_leave_nothing_on_the_cyclic_gc(budget: dict[str, Any]) -> None:
+    # SPEC 15.6, issue 19 (the always-on server): a server records a task
+    # per request. Each finished task's record, steps, raw list and
+    # TaskThread are plain data: left on the cyclic GC's lists they were the
+    # survivors that set off full collections of the program's heap, each
+    # walking all of them (a tenth of what the profile cost a request).
+    import asyncio
+    import gc
+
+    from .conftest import require_c_extension
+
+    require_c_extension()
+    from aprof._core import _native
+
+    if _native.extension is None:
+        pytest.skip("APROF_PURE_PYTHON=1: taking plain data off the GC's lists is the extension's")
+    tasks = 2000
+
+    async def request(i: int) -> int:
+        with aprof.record_function("handle"):
+            await asyncio.sleep(0)
+        return i
+
+    async def serve() -> int:  # the connection's task: each request a task spawned in its step
+        gc.collect()
+        before = len(gc.get_objects())
+        for i in range(tasks):
+            assert await asyncio.create_task(request(i)) == i
+        return len(gc.get_objects()) - before
+
+    async def main() -> tuple[int, aprof.Session]:
+        async with aprof.profile(tasks=True, **budget) as prof:
+            grown = await asyncio.create_task(serve())
+        return grown, prof.session
+
+    grown, s = asyncio.run(main())
+    assert grown < tasks // 20, f"{tasks} finished tasks left {grown} objects on the GC's lists"
+    handled = [e for e in s.events() if e.scope == aprof.RecordScope.TASK and e.name.startswith("Task-")]
+    assert len(handled) >= tasks
+    assert sum(1 for e in s.events() if e.name == "handle") == tasks
+    assert {e.extra.get("outcome") for e in handled} == {"returned"}

@@ -40,6 +40,8 @@ from __future__ import annotations
 
 import gc
 import os
+from bisect import bisect_left
+from heapq import heapify, heappop, heappush
 from types import CoroutineType, GeneratorType
 from typing import Any, Final
 
@@ -149,8 +151,9 @@ def _describe_future(fut: Any) -> tuple[str, str] | None:
             name = str(fut.get_name())
         except Exception:
             name = "?"
-        code, _ = _frame_of(get_coro())
-        coro = code.co_qualname if code is not None else type(get_coro()).__qualname__
+        c = get_coro()
+        code = c.cr_code if type(c) is CoroutineType else _frame_of(c)[0]
+        coro = code.co_qualname if code is not None else type(c).__qualname__
         return f"task {name!r} ({coro})", "task"
     children = getattr(fut, "_children", None)
     if isinstance(children, list):  # asyncio.gather's _GatheringFuture
@@ -329,9 +332,18 @@ class WaitLog:
     N+1 pattern), so the log stays small however long the task lives.
     :meth:`add` is called when a step starts after a wait of at least
     ``min_ns``; ``runs`` is the ``extra["waits"]`` list.
+
+    Past ``max_runs``, each new run drops the closed run whose longest wait
+    is shortest (the first of equals; never the open run, which may still
+    grow). A long-lived task, such as a keep-alive connection's, gets there
+    at every wait, so once the log is full it keeps a heap of its closed
+    runs, each as one int, ``longest << 64 | arrival`` (ordered as the pair,
+    compared as cheaply as an int), and each run's arrival number, beside
+    ``runs``: a drop is a heap pop and a bisection, not a scan of the runs.
+    A closed run never changes (only the open one, the last, grows).
     """
 
-    __slots__ = ("runs",)
+    __slots__ = ("runs", "_closed", "_arrivals")
 
     #: Waits shorter than this are not described (the chain is not walked).
     min_ns: Final = 1_000_000
@@ -340,6 +352,10 @@ class WaitLog:
 
     def __init__(self) -> None:
         self.runs: list[list[Any]] = []
+        #: Once the log is full: a heap of the closed runs' longest << 64 | arrival.
+        self._closed: list[int] | None = None
+        #: Once the log is full: each run's arrival number, in runs' order.
+        self._arrivals: list[int] | None = None
 
     def add(self, start_ns: int, end_ns: int, wait: Wait) -> None:
         what, kind, where, caller = wait
@@ -356,10 +372,25 @@ class WaitLog:
                     last[9] = end_ns
                 return
         runs.append([start_ns, end_ns, 1, waited, waited, what, kind, where, caller, end_ns])
-        if len(runs) > self.max_runs:
-            # Drop the run with the shortest longest wait (never the open one).
-            i = min(range(len(runs) - 1), key=lambda k: runs[k][4])
-            del runs[i]
+        if len(runs) <= self.max_runs:
+            return
+        # Drop the closed run with the shortest longest wait, the first of equals.
+        closed = self._closed
+        arrivals = self._arrivals
+        if closed is None or arrivals is None:  # the first drop: every run but the new one is closed
+            arrivals = self._arrivals = list(range(len(runs)))
+            closed = self._closed = [run[4] << 64 | k for k, run in enumerate(runs[:-1])]
+            heapify(closed)
+        else:  # the new run closed the one before it
+            arrival = arrivals[-1]
+            arrivals.append(arrival + 1)
+            heappush(closed, runs[-2][4] << 64 | arrival)
+        i = bisect_left(arrivals, heappop(closed) & _ARRIVAL)
+        del runs[i], arrivals[i]
+
+
+#: The arrival number's bits in a WaitLog's heap entries.
+_ARRIVAL: Final = (1 << 64) - 1
 
 
 #: The chain's key: the C walk when the extension is on, else the twin.
