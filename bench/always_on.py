@@ -147,6 +147,20 @@ def fanout_cases(n: int, opts: dict[str, Any]) -> list[Case]:
 
 # -- (b) the aiohttp server ----------------------------------------------------------
 
+#: The request handler both server scripts run: one range (``RANGE``)
+#: around a little JSON work.
+HANDLER = """
+async def handle(request):
+    if RANGE:
+        with aprof.record_function("handler"):
+            await asyncio.sleep(0)
+            body = json.dumps({"path": request.path, "items": list(range(20))})
+    else:
+        await asyncio.sleep(0)
+        body = json.dumps({"path": request.path, "items": list(range(20))})
+    return web.Response(text=body, content_type="application/json")
+"""
+
 SERVER = textwrap.dedent(
     """
     import asyncio, json, os, sys
@@ -155,15 +169,7 @@ SERVER = textwrap.dedent(
 
     RANGE = sys.argv[1] == "range"
 
-    async def handle(request):
-        if RANGE:
-            with aprof.record_function("handler"):
-                await asyncio.sleep(0)
-                body = json.dumps({"path": request.path, "items": list(range(20))})
-        else:
-            await asyncio.sleep(0)
-            body = json.dumps({"path": request.path, "items": list(range(20))})
-        return web.Response(text=body, content_type="application/json")
+    HANDLER
 
     async def main():
         aprof.enable_remote_control(announce=False)
@@ -180,7 +186,7 @@ SERVER = textwrap.dedent(
 
     asyncio.run(main())
     """
-)
+).replace("HANDLER\n", HANDLER.lstrip("\n"))
 
 
 async def load(port: int, requests: int, concurrency: int) -> tuple[float, list[float]]:
@@ -349,15 +355,7 @@ SERVER_CG = textwrap.dedent(
     WINDOWS = int(sys.argv[2])
     phase = None
 
-    async def handle(request):
-        if RANGE:
-            with aprof.record_function("handler"):
-                await asyncio.sleep(0)
-                body = json.dumps({"path": request.path, "items": list(range(20))})
-        else:
-            await asyncio.sleep(0)
-            body = json.dumps({"path": request.path, "items": list(range(20))})
-        return web.Response(text=body, content_type="application/json")
+    HANDLER
 
     async def switch(request):
         phase.set()
@@ -390,7 +388,7 @@ SERVER_CG = textwrap.dedent(
     loop.run_until_complete(loop.run_in_executor(None, sys.stdin.read))
     loop.run_until_complete(runner.cleanup())
     """
-)
+).replace("HANDLER\n", HANDLER.lstrip("\n"))
 
 #: The variants of ``--server-callgrind``: (name, profile options or None).
 SERVER_CG_VARIANTS: list[tuple[str, dict[str, Any] | None]] = [
