@@ -231,6 +231,25 @@ def process_cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def ctl(pid: int, command: str, **fields: Any) -> dict[str, Any]:
+    """One command to the server's control socket (``aprof ctl``'s protocol); its reply."""
+    reply = send(pid, {VERSION_KEY: PROTOCOL_VERSION, "command": command, **fields})
+    if not reply.get("ok"):
+        raise RuntimeError(f"aprof ctl {command}: {reply.get('error')}")
+    return reply
+
+
+def stop_server(proc: subprocess.Popen[str], timeout: float) -> None:
+    """Close the server's stdin (its signal to stop) and wait; kill it past ``timeout``."""
+    if proc.stdin is not None:
+        proc.stdin.close()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def server_bench(
     rounds: int, requests: int, concurrency: int, opts: dict[str, Any], with_range: bool = True, pin: bool = False
 ) -> dict[str, Any]:
@@ -251,12 +270,6 @@ def server_bench(
             pid_s, port_s = proc.stdout.readline().split()
             pid, port = int(pid_s), int(port_s)
 
-            def ctl(command: str, **fields: Any) -> dict[str, Any]:
-                reply = send(pid, {VERSION_KEY: PROTOCOL_VERSION, "command": command, **fields})
-                if not reply.get("ok"):
-                    raise RuntimeError(f"aprof ctl {command}: {reply.get('error')}")
-                return reply
-
             asyncio.run(load(port, requests, concurrency))  # warm-up
             results: dict[str, dict[str, list[float]]] = {
                 name: {"rps": [], "p50": [], "p99": [], "cpu_us": []} for name in (PLAIN, ALWAYS_ON)
@@ -267,14 +280,14 @@ def server_bench(
                 order = [PLAIN, ALWAYS_ON] if r % 2 == 0 else [ALWAYS_ON, PLAIN]
                 for name in order:
                     if name == ALWAYS_ON:
-                        ctl("start", options={**opts, "loop_block_threshold": None})
+                        ctl(pid, "start", options={**opts, "loop_block_threshold": None})
                     cpu0 = process_cpu_s(pid)
                     wall, lat = asyncio.run(load(port, requests, concurrency))
                     cpu1 = process_cpu_s(pid)
                     if cpu0 is not None and cpu1 is not None:
                         results[name]["cpu_us"].append((cpu1 - cpu0) / requests * 1e6)
                     if name == ALWAYS_ON:
-                        reply = ctl("stop", output=str(Path(tmp) / "round.aprof"))
+                        reply = ctl(pid, "stop", output=str(Path(tmp) / "round.aprof"))
                         events.append(reply["events"])
                         dropped.append(reply.get("dropped", 0))
                     results[name]["rps"].append(requests / wall)
@@ -283,13 +296,7 @@ def server_bench(
                 print(".", end="", file=sys.stderr, flush=True)
             print(file=sys.stderr)
         finally:
-            if proc.stdin is not None:
-                proc.stdin.close()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_server(proc, timeout=30)
             if affinity is not None:
                 os.sched_setaffinity(0, affinity)
     return {"results": results, "events_per_profiled_round": events, "dropped_per_profiled_round": dropped}
@@ -465,30 +472,18 @@ def server_callgrind_run(
                 async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/__switch") as resp:
                     await resp.read()
 
-            def ctl(command: str, **fields: Any) -> dict[str, Any]:
-                r = send(pid, {VERSION_KEY: PROTOCOL_VERSION, "command": command, **fields})
-                if not r.get("ok"):
-                    raise RuntimeError(f"aprof ctl {command}: {r.get('error')}")
-                return r
-
             asyncio.run(load(port, warmup, concurrency))
             if opts is not None:
-                ctl("start", options={**opts, "loop_block_threshold": None})
+                ctl(pid, "start", options={**opts, "loop_block_threshold": None})
             asyncio.run(load(port, profiled_warmup, concurrency))
             for k in (half, n):
                 asyncio.run(switch())  # into the counted window
                 asyncio.run(load(port, k, concurrency))
                 asyncio.run(switch())  # out of it: callgrind dumps its count
             if opts is not None:
-                reply = ctl("stop", output=str(Path(tmp) / "round.aprof"))
+                reply = ctl(pid, "stop", output=str(Path(tmp) / "round.aprof"))
         finally:
-            if proc.stdin is not None:
-                proc.stdin.close()
-            try:
-                proc.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_server(proc, timeout=120)
         if proc.returncode != 0:
             raise RuntimeError(f"server under callgrind: exit {proc.returncode}:\n{log.read_text()[-2000:]}")
         dumps = sorted(Path(tmp).glob("cg.out.*"), key=lambda p: int(p.suffix[1:]) if p.suffix[1:].isdigit() else 0)
