@@ -366,16 +366,26 @@ untrack_if_atomic(PyObject *rec)
 static PyObject *untrack_exempt_objs[MAX_EXEMPT];
 static int n_untrack_exempt = 0;
 
+struct Tracked {
+    int found;
+    PyObject *const *also; /* the caller's own constants, exempt too */
+    int n_also;
+};
+
 static int
-visit_tracked(PyObject *o, void *found)
+visit_tracked(PyObject *o, void *arg)
 {
     /* an instance's heap type is visited too: a class lives as long as the
      * program's modules, and holds no instance of plain data */
+    struct Tracked *st = arg;
     if (PyObject_IS_GC(o) && PyObject_GC_IsTracked(o) && !PyType_Check(o)) {
         for (int i = 0; i < n_untrack_exempt; i++)
             if (o == untrack_exempt_objs[i])
                 return 0;
-        *(int *)found = 1;
+        for (int i = 0; i < st->n_also; i++)
+            if (o == st->also[i])
+                return 0;
+        st->found = 1;
         return 1; /* stop: o may lead back */
     }
     return 0;
@@ -414,16 +424,22 @@ untrack_exempt(PyObject *Py_UNUSED(module), PyObject *objs)
  * the snapshot set off full collections of the whole heap, in a program
  * that runs on (a list or dict appended to later is re-checked by
  * nothing: pass only finished data). */
+void
+aprof_untrack_if_acyclic(PyObject *o, PyObject *const *also, int n_also)
+{
+    if (o == NULL || !PyObject_IS_GC(o) || !PyObject_GC_IsTracked(o))
+        return;
+    traverseproc trav = Py_TYPE(o)->tp_traverse;
+    struct Tracked st = {0, also, n_also};
+    if (trav == NULL || trav(o, visit_tracked, &st) != 0 || st.found)
+        return;
+    PyObject_GC_UnTrack(o);
+}
+
 static void
 untrack_if_acyclic(PyObject *o)
 {
-    if (!PyObject_IS_GC(o) || !PyObject_GC_IsTracked(o))
-        return;
-    traverseproc trav = Py_TYPE(o)->tp_traverse;
-    int found = 0;
-    if (trav == NULL || trav(o, visit_tracked, &found) != 0 || found)
-        return;
-    PyObject_GC_UnTrack(o);
+    aprof_untrack_if_acyclic(o, NULL, 0);
 }
 
 static PyObject *

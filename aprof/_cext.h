@@ -142,6 +142,13 @@ int aprof_budget_take(Budget *b, int kind, Py_ssize_t n);
  * with an exception set on failure. */
 int aprof_blocks_init(PyObject *module);
 
+/* _cevents.c: take o (may be NULL) off the cyclic GC's lists if nothing it
+ * refers to is on them but classes, the constants set by untrack_exempt
+ * and the caller's `also` (n_also objects): plain data, which cannot be
+ * part of a reference cycle. Given leaves first, a tree of it goes. Pass
+ * only finished data: nothing re-checks a container appended to later. */
+void aprof_untrack_if_acyclic(PyObject *o, PyObject *const *also, int n_also);
+
 /* _cmemory.c: add the allocator hooks' functions to the module. Returns -1
  * with an exception set on failure. */
 int aprof_memory_init(PyObject *module);

@@ -435,32 +435,14 @@ finish_name(PyObject *task)
     return name;
 }
 
-/* Whether o refers to an object on the cyclic GC's lists that may lead
- * back (a class aside, and the two empty constants a finished TaskThread
- * points at, which never hold anything). */
-static int
-visit_tracked_tt(PyObject *o, void *found)
-{
-    if (PyObject_IS_GC(o) && PyObject_GC_IsTracked(o) && !PyType_Check(o) && o != no_records && o != discard_steps) {
-        *(int *)found = 1;
-        return 1;
-    }
-    return 0;
-}
-
-/* Take o off the cyclic GC's lists if nothing it refers to is on them:
- * it cannot be part of a reference cycle (as _cevents.c's
- * untrack_if_acyclic; given leaves first, a tree of plain data goes). */
+/* Take o off the cyclic GC's lists if it is plain data
+ * (aprof_untrack_if_acyclic), the two empty constants a finished
+ * TaskThread points at, which never hold anything, aside. */
 static void
 untrack_plain(PyObject *o)
 {
-    if (o == NULL || !PyObject_IS_GC(o) || !PyObject_GC_IsTracked(o))
-        return;
-    traverseproc trav = Py_TYPE(o)->tp_traverse;
-    int found = 0;
-    if (trav == NULL || trav(o, visit_tracked_tt, &found) != 0 || found)
-        return;
-    PyObject_GC_UnTrack(o);
+    PyObject *consts[2] = {no_records, discard_steps};
+    aprof_untrack_if_acyclic(o, consts, 2);
 }
 
 /* A task just finished and its record is written: take what it leaves in
