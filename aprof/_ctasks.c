@@ -645,10 +645,19 @@ task_finish_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
-/* Call note_wait(tt, task, start, end); it reports its own failures. */
+static int note_wait_c(PyObject *tt, PyObject *task, uint64_t start, uint64_t end);
+
+/* Describe a long wait: in C for a C Task at a call site already seen,
+ * else note_wait(tt, task, start, end), which reports its own failures. */
 static void
 note_long_wait(PyObject *tt, PyObject *task, uint64_t start, uint64_t end)
 {
+    int done = note_wait_c(tt, task, start, end);
+    if (done != 0) {
+        if (done < 0)
+            report_unraisable("await chain");
+        return;
+    }
     PyObject *args[4] = {tt, task, PyLong_FromUnsignedLongLong(start), PyLong_FromUnsignedLongLong(end)};
     PyObject *r = NULL;
     if (args[2] != NULL && args[3] != NULL)
@@ -956,7 +965,11 @@ create_in_c(PyObject *task, PyObject *ctx)
     if (budget == NULL)
         goto error;
     int admitted = 1;
-    if (budget != Py_None) {
+    if (budget != Py_None && Budget_Check(budget)) { /* ProfilerState.admit(TASK), without its frame */
+        int drop = aprof_budget_take((Budget *)budget, BUDGET_TASK, 1);
+        admitted = drop < 0 ? -1 : !drop;
+    }
+    else if (budget != Py_None) {
         PyObject *ok = PyObject_CallMethodOneArg(states, str_admit, cr_budget_task);
         admitted = ok == NULL ? -1 : PyObject_IsTrue(ok);
         Py_XDECREF(ok);
@@ -1670,6 +1683,435 @@ error:
 }
 
 /* ------------------------------------------------------------------------ */
+/* A long wait described in C: the common path of _tasks.note_wait (a C     */
+/* Task whose await chain's call site is cached), of _await_chain.wait_at   */
+/* (the future a C Task waits on: a task, a plain future, an executor job)  */
+/* and of WaitLog.add. Their twins, in Python, do everything else: a call    */
+/* site seen for the first time, trio, the Python Task, odd futures.         */
+/* ------------------------------------------------------------------------ */
+
+static int waits_ready = 0;
+static PyObject *w_sites;          /* _await_chain._sites: chain key -> site */
+static PyObject *w_wait_at;        /* _await_chain.wait_at(site, task, leaf) */
+static PyTypeObject *w_log_type;   /* _await_chain.WaitLog (exact type) */
+static PyObject *w_future_type;    /* asyncio.Future (the C one) */
+static PyObject *w_heappush, *w_heappop, *w_bisect_left;
+static PyObject *w_shift, *w_mask; /* 64, and (1 << 64) - 1: a WaitLog heap entry's halves */
+static Py_ssize_t w_max_runs;
+enum { WL_RUNS, WL_CLOSED, WL_ARRIVALS, WL_COUNT };
+static const char *const wl_slots[WL_COUNT] = {"runs", "_closed", "_arrivals"};
+static Py_ssize_t off_wl[WL_COUNT];
+static PyObject *str_fut_waiter, *str_children, *str_callbacks, *str_chain_future, *str_drop, *str_add,
+    *str_kind_task, *str_kind_executor, *str_kind_future, *str_a_future, *str_executor_job, *str_unnamed;
+
+/* (what, kind) of the future a C Task waits on, as _describe_future says it
+ * (new reference), or Py_None (borrowed: the twin's case: a Python Task, a
+ * Future subclass), or NULL with an exception. */
+static PyObject *
+describe_future_c(PyObject *fut)
+{
+    if (Py_IS_TYPE(fut, (PyTypeObject *)c_task_type)) {
+        PyObject *name = PyObject_Vectorcall(c_task_get_name, &fut, 1, NULL);
+        if (name == NULL) { /* the twin: "?" */
+            PyErr_Clear();
+            name = Py_NewRef(str_unnamed);
+        }
+        else if (!PyUnicode_CheckExact(name)) {
+            Py_SETREF(name, PyObject_Str(name));
+            if (name == NULL) {
+                PyErr_Clear();
+                name = Py_NewRef(str_unnamed);
+            }
+        }
+        PyObject *coro = PyObject_Vectorcall(c_task_get_coro, &fut, 1, NULL);
+        if (coro == NULL || !PyCoro_CheckExact(coro)) {
+            Py_DECREF(name);
+            if (coro == NULL)
+                return NULL;
+            Py_DECREF(coro);
+            return Py_None;
+        }
+        PyObject *code = PyObject_GetAttr(coro, str_cr_code);
+        Py_DECREF(coro);
+        if (code == NULL || !PyCode_Check(code)) {
+            Py_DECREF(name);
+            Py_XDECREF(code);
+            return code == NULL ? NULL : Py_None;
+        }
+        PyObject *what = PyUnicode_FromFormat("task %R (%U)", name, ((PyCodeObject *)code)->co_qualname);
+        Py_DECREF(name);
+        Py_DECREF(code);
+        if (what == NULL)
+            return NULL;
+        PyObject *r = PyTuple_Pack(2, what, str_kind_task);
+        Py_DECREF(what);
+        return r;
+    }
+    if (!Py_IS_TYPE(fut, (PyTypeObject *)w_future_type))
+        return Py_None;
+    /* A plain future: asyncio.gather's is a subclass, but a plain one may
+     * carry a _children attribute all the same (the twin looks). */
+    PyObject *children = NULL;
+    if (optional_attr(fut, str_children, &children) < 0)
+        return NULL;
+    int is_list = children != NULL && PyList_Check(children);
+    Py_XDECREF(children);
+    if (is_list)
+        return Py_None;
+    PyObject *callbacks = NULL;
+    if (optional_attr(fut, str_callbacks, &callbacks) < 0)
+        return NULL;
+    PyObject *kind = str_kind_future, *what = str_a_future;
+    if (callbacks != NULL && PyList_CheckExact(callbacks)) {
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(callbacks); i++) {
+            PyObject *cb = PyList_GET_ITEM(callbacks, i);
+            PyObject *fn = PyTuple_Check(cb) && PyTuple_GET_SIZE(cb) > 0 ? PyTuple_GET_ITEM(cb, 0) : cb;
+            PyObject *qualname = NULL;
+            if (optional_attr(fn, str_qualname, &qualname) < 0) {
+                Py_DECREF(callbacks);
+                return NULL;
+            }
+            int found = qualname != NULL && PyUnicode_Check(qualname) &&
+                        PyUnicode_Find(qualname, str_chain_future, 0, PyUnicode_GET_LENGTH(qualname), 1) >= 0;
+            Py_XDECREF(qualname);
+            if (found) {
+                kind = str_kind_executor;
+                what = str_executor_job;
+                break;
+            }
+        }
+    }
+    else if (callbacks != NULL && callbacks != Py_None) { /* not what asyncio's C Future holds */
+        Py_DECREF(callbacks);
+        return Py_None;
+    }
+    Py_XDECREF(callbacks);
+    return PyTuple_Pack(2, what, kind);
+}
+
+/* _await_chain.wait_at(site, task, leaf) for a C Task (new reference), or
+ * NULL with an exception. */
+static PyObject *
+wait_at_c(PyObject *site, PyObject *task, PyObject *leaf)
+{
+    PyObject *decided = PyTuple_GET_ITEM(site, 0);
+    if (decided != Py_None)
+        return Py_NewRef(decided);
+    PyObject *entry = PyTuple_GET_ITEM(site, 1), *where = PyTuple_GET_ITEM(site, 2),
+             *caller = PyTuple_GET_ITEM(site, 3);
+    PyObject *fut = NULL;
+    if (optional_attr(task, str_fut_waiter, &fut) < 0)
+        return NULL;
+    PyObject *described = fut != NULL && fut != Py_None ? describe_future_c(fut) : Py_None;
+    Py_XDECREF(fut);
+    if (described == NULL)
+        return NULL;
+    if (described == Py_None || (entry != Py_None && (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 2))) {
+        Py_XDECREF(described == Py_None ? NULL : described);
+        PyObject *args[3] = {site, task, leaf};
+        return PyObject_Vectorcall(w_wait_at, args, 3, NULL);
+    }
+    /* The user's code awaits the future itself (no entry point), or the
+     * entry point's kind says little and the future names a child task or
+     * an executor job; else the entry point says it. */
+    PyObject *kind = PyTuple_GET_ITEM(described, 1);
+    PyObject *from = entry == Py_None || kind == str_kind_task || kind == str_kind_executor ? described : entry;
+    PyObject *r = PyTuple_Pack(4, PyTuple_GET_ITEM(from, 0), PyTuple_GET_ITEM(from, 1), where, caller);
+    Py_DECREF(described);
+    return r;
+}
+
+/* The drop of WaitLog._drop once the log holds its heap: the closed run
+ * whose longest wait is shortest (the first of equals) goes. The first
+ * drop, which builds the heap, is the twin's. */
+static int
+waitlog_drop(PyObject *log, PyObject *runs)
+{
+    PyObject *closed = slot_at(log, off_wl[WL_CLOSED]), *arrivals = slot_at(log, off_wl[WL_ARRIVALS]);
+    if (closed == NULL || arrivals == NULL || !PyList_CheckExact(closed) || !PyList_CheckExact(arrivals) ||
+        PyList_GET_SIZE(arrivals) != PyList_GET_SIZE(runs) - 1 || PyList_GET_SIZE(runs) < 2) {
+        PyObject *r = PyObject_CallMethodNoArgs(log, str_drop);
+        Py_XDECREF(r);
+        return r == NULL ? -1 : 0;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(runs);
+    PyObject *arrival = PyList_GET_ITEM(arrivals, n - 2); /* the run just closed */
+    PyObject *prev = PyList_GET_ITEM(runs, n - 2);
+    if (!PyList_CheckExact(prev) || PyList_GET_SIZE(prev) != 10)
+        goto bad;
+    long long a = PyLong_AsLongLong(arrival);
+    if (a == -1 && PyErr_Occurred())
+        return -1;
+    PyObject *next = PyLong_FromLongLong(a + 1);
+    if (next == NULL)
+        return -1;
+    int rc = PyList_Append(arrivals, next);
+    Py_DECREF(next);
+    if (rc < 0)
+        return -1;
+    PyObject *hi = PyNumber_Lshift(PyList_GET_ITEM(prev, 4), w_shift);
+    PyObject *entry = hi != NULL ? PyNumber_Or(hi, arrival) : NULL;
+    Py_XDECREF(hi);
+    if (entry == NULL)
+        return -1;
+    PyObject *args[2] = {closed, entry};
+    PyObject *r = PyObject_Vectorcall(w_heappush, args, 2, NULL);
+    Py_DECREF(entry);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    PyObject *top = PyObject_Vectorcall(w_heappop, &closed, 1, NULL);
+    PyObject *low = top != NULL ? PyNumber_And(top, w_mask) : NULL;
+    Py_XDECREF(top);
+    if (low == NULL)
+        return -1;
+    args[0] = arrivals;
+    args[1] = low;
+    PyObject *at = PyObject_Vectorcall(w_bisect_left, args, 2, NULL);
+    Py_DECREF(low);
+    if (at == NULL)
+        return -1;
+    Py_ssize_t i = PyLong_AsSsize_t(at);
+    Py_DECREF(at);
+    if (i == -1 && PyErr_Occurred())
+        return -1;
+    if (i < 0 || i >= PyList_GET_SIZE(runs) || i >= PyList_GET_SIZE(arrivals))
+        goto bad;
+    if (PyList_SetSlice(runs, i, i + 1, NULL) < 0 || PyList_SetSlice(arrivals, i, i + 1, NULL) < 0)
+        return -1;
+    return 0;
+bad:
+    PyErr_SetString(PyExc_RuntimeError, "aprof: a wait log's runs and heap disagree");
+    return -1;
+}
+
+/* WaitLog.add(log, start, end, wait) in C (its twin: _await_chain.WaitLog.add).
+ * 0, or -1 with an exception. */
+static int
+waitlog_add(PyObject *log, uint64_t start, uint64_t end, PyObject *wait)
+{
+    PyObject *runs = slot_at(log, off_wl[WL_RUNS]);
+    if (runs == NULL || !PyList_CheckExact(runs) || !PyTuple_CheckExact(wait) || PyTuple_GET_SIZE(wait) != 4 ||
+        end < start) {
+        PyObject *s = PyLong_FromUnsignedLongLong(start), *e = s != NULL ? PyLong_FromUnsignedLongLong(end) : NULL;
+        PyObject *r = e != NULL ? PyObject_CallMethodObjArgs(log, str_add, s, e, wait, NULL) : NULL;
+        Py_XDECREF(s);
+        Py_XDECREF(e);
+        Py_XDECREF(r);
+        return r == NULL ? -1 : 0;
+    }
+    PyObject *what = PyTuple_GET_ITEM(wait, 0), *where = PyTuple_GET_ITEM(wait, 2);
+    uint64_t waited = end - start;
+    Py_ssize_t n = PyList_GET_SIZE(runs);
+    if (n > 0) {
+        PyObject *last = PyList_GET_ITEM(runs, n - 1);
+        if (PyList_CheckExact(last) && PyList_GET_SIZE(last) == 10) {
+            int same = PyObject_RichCompareBool(PyList_GET_ITEM(last, 5), what, Py_EQ);
+            if (same > 0)
+                same = PyObject_RichCompareBool(PyList_GET_ITEM(last, 7), where, Py_EQ);
+            if (same < 0)
+                return -1;
+            if (same) {
+                unsigned long long count = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(last, 2));
+                unsigned long long total = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(last, 3));
+                unsigned long long longest = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(last, 4));
+                if (PyErr_Occurred())
+                    return -1;
+                PyObject *v[5] = {PyLong_FromUnsignedLongLong(end), PyLong_FromUnsignedLongLong(count + 1),
+                                  PyLong_FromUnsignedLongLong(total + waited), NULL, NULL};
+                if (waited > longest) {
+                    v[3] = PyLong_FromUnsignedLongLong(waited);
+                    v[4] = Py_XNewRef(v[0]);
+                }
+                if (v[0] == NULL || v[1] == NULL || v[2] == NULL || (waited > longest && v[3] == NULL)) {
+                    for (int k = 0; k < 5; k++)
+                        Py_XDECREF(v[k]);
+                    return -1;
+                }
+                PyList_SetItem(last, 1, v[0]);
+                PyList_SetItem(last, 2, v[1]);
+                PyList_SetItem(last, 3, v[2]);
+                if (waited > longest) {
+                    PyList_SetItem(last, 4, v[3]);
+                    PyList_SetItem(last, 9, v[4]);
+                }
+                return 0;
+            }
+        }
+    }
+    PyObject *run = PyList_New(10);
+    if (run == NULL)
+        return -1;
+    PyObject *w = PyLong_FromUnsignedLongLong(waited), *e = PyLong_FromUnsignedLongLong(end);
+    PyObject *s = PyLong_FromUnsignedLongLong(start), *one = PyLong_FromLong(1);
+    if (w == NULL || e == NULL || s == NULL || one == NULL) {
+        Py_XDECREF(w);
+        Py_XDECREF(e);
+        Py_XDECREF(s);
+        Py_XDECREF(one);
+        Py_DECREF(run);
+        return -1;
+    }
+    PyList_SET_ITEM(run, 0, s);
+    PyList_SET_ITEM(run, 1, Py_NewRef(e));
+    PyList_SET_ITEM(run, 2, one);
+    PyList_SET_ITEM(run, 3, Py_NewRef(w));
+    PyList_SET_ITEM(run, 4, w);
+    for (int k = 0; k < 4; k++)
+        PyList_SET_ITEM(run, 5 + k, Py_NewRef(PyTuple_GET_ITEM(wait, k)));
+    PyList_SET_ITEM(run, 9, e);
+    int rc = PyList_Append(runs, run);
+    Py_DECREF(run);
+    if (rc < 0)
+        return -1;
+    return PyList_GET_SIZE(runs) > w_max_runs ? waitlog_drop(log, runs) : 0;
+}
+
+/* A long wait of `task`, from `start` to `end`, into tt's wait log: 1 if
+ * done here, 0 if it is the twin's (nothing changed), -1 with an exception.
+ * Called before the task's next step, so its coroutine is suspended. */
+static int
+note_wait_c(PyObject *tt, PyObject *task, uint64_t start, uint64_t end)
+{
+    if (!waits_ready || c_task_get_coro == NULL || !Py_IS_TYPE(task, (PyTypeObject *)c_task_type) ||
+        !Py_IS_TYPE(tt, task_thread_type))
+        return 0;
+    PyObject *coro = PyObject_Vectorcall(c_task_get_coro, &task, 1, NULL);
+    if (coro == NULL)
+        return -1;
+    if (!PyCoro_CheckExact(coro)) {
+        Py_DECREF(coro);
+        return 0;
+    }
+    PyObject *keyed = await_key(NULL, coro);
+    Py_DECREF(coro);
+    if (keyed == NULL || keyed == Py_None) {
+        Py_XDECREF(keyed);
+        return keyed == NULL ? -1 : 0;
+    }
+    PyObject *site = PyDict_GetItemWithError(w_sites, PyTuple_GET_ITEM(keyed, 0));
+    if (site == NULL || !PyTuple_CheckExact(site) || PyTuple_GET_SIZE(site) != 5) {
+        Py_DECREF(keyed);
+        return PyErr_Occurred() ? -1 : 0; /* a site seen for the first time: the twin's */
+    }
+    Py_INCREF(site); /* the cache may be cleared meanwhile */
+    PyObject *wait = wait_at_c(site, task, PyTuple_GET_ITEM(keyed, 1));
+    Py_DECREF(site);
+    Py_DECREF(keyed);
+    if (wait == NULL)
+        return -1;
+    PyObject *log = slot_at(tt, off_tt[TT_WAITS]);
+    if (log == NULL || log == Py_None) {
+        log = PyObject_CallNoArgs((PyObject *)w_log_type);
+        if (log == NULL) {
+            Py_DECREF(wait);
+            return -1;
+        }
+        set_slot(tt, off_tt[TT_WAITS], log);
+        Py_DECREF(log);
+    }
+    int rc;
+    if (Py_IS_TYPE(log, w_log_type))
+        rc = waitlog_add(log, start, end, wait);
+    else {
+        PyObject *s = PyLong_FromUnsignedLongLong(start), *e = s != NULL ? PyLong_FromUnsignedLongLong(end) : NULL;
+        PyObject *r = e != NULL ? PyObject_CallMethodObjArgs(log, str_add, s, e, wait, NULL) : NULL;
+        Py_XDECREF(s);
+        Py_XDECREF(e);
+        Py_XDECREF(r);
+        rc = r == NULL ? -1 : 0;
+    }
+    Py_DECREF(wait);
+    return rc < 0 ? -1 : 1;
+}
+
+/* _waits_setup(WaitLog, sites, wait_at, Future): describe long waits of C
+ * Tasks in C; _waits_setup(None): in Python. */
+static PyObject *
+waits_setup(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs == 1 && args[0] == Py_None) {
+        waits_ready = 0;
+        Py_RETURN_NONE;
+    }
+    if (nargs != 4 || !PyType_Check(args[0]) || !PyDict_CheckExact(args[1]) || !PyType_Check(args[3]) ||
+        task_thread_type == NULL) {
+        PyErr_SetString(PyExc_TypeError, "_waits_setup(WaitLog, sites, wait_at, Future) after _tasks_setup, "
+                                         "or _waits_setup(None)");
+        return NULL;
+    }
+    if (member_offsets(args[0], wl_slots, WL_COUNT, off_wl) < 0)
+        return NULL;
+    PyObject *max_runs = PyObject_GetAttrString(args[0], "max_runs");
+    w_max_runs = max_runs != NULL ? PyLong_AsSsize_t(max_runs) : -1;
+    Py_XDECREF(max_runs);
+    if (w_max_runs < 1) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "_waits_setup: WaitLog.max_runs must be positive");
+        return NULL;
+    }
+    PyObject *heapq = PyImport_ImportModule("heapq"), *bisect = PyImport_ImportModule("bisect");
+    if (heapq == NULL || bisect == NULL) {
+        Py_XDECREF(heapq);
+        Py_XDECREF(bisect);
+        return NULL;
+    }
+    Py_XSETREF(w_heappush, PyObject_GetAttrString(heapq, "heappush"));
+    Py_XSETREF(w_heappop, PyObject_GetAttrString(heapq, "heappop"));
+    Py_XSETREF(w_bisect_left, PyObject_GetAttrString(bisect, "bisect_left"));
+    Py_DECREF(heapq);
+    Py_DECREF(bisect);
+    if (w_heappush == NULL || w_heappop == NULL || w_bisect_left == NULL)
+        return NULL;
+    Py_XSETREF(w_shift, PyLong_FromLong(64));
+    Py_XSETREF(w_mask, PyLong_FromUnsignedLongLong(~0ULL));
+    if (w_shift == NULL || w_mask == NULL)
+        return NULL;
+    Py_XSETREF(w_log_type, (PyTypeObject *)Py_NewRef(args[0]));
+    Py_XSETREF(w_sites, Py_NewRef(args[1]));
+    Py_XSETREF(w_wait_at, Py_NewRef(args[2]));
+    Py_XSETREF(w_future_type, Py_NewRef(args[3]));
+    waits_ready = 1;
+    Py_RETURN_NONE;
+}
+
+/* _note_wait(tt, task, start_ns, end_ns) -> bool: the C path of a long
+ * wait, alone (tests compare it with the twin): True if it described the
+ * wait, False if it left it to the twin. */
+static PyObject *
+note_wait_py(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    unsigned long long start, end;
+    if (nargs != 4 || (start = PyLong_AsUnsignedLongLong(args[2])) == (unsigned long long)-1 ||
+        (end = PyLong_AsUnsignedLongLong(args[3])) == (unsigned long long)-1) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "_note_wait(tt, task, start_ns, end_ns)");
+        return NULL;
+    }
+    int r = note_wait_c(args[0], args[1], start, end);
+    if (r < 0)
+        return NULL;
+    return PyBool_FromLong(r);
+}
+
+/* _waitlog_add(log, start_ns, end_ns, wait): WaitLog.add in C, alone. */
+static PyObject *
+waitlog_add_py(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    unsigned long long start, end;
+    if (nargs != 4 || !waits_ready || !Py_IS_TYPE(args[0], w_log_type) ||
+        (start = PyLong_AsUnsignedLongLong(args[1])) == (unsigned long long)-1 ||
+        (end = PyLong_AsUnsignedLongLong(args[2])) == (unsigned long long)-1) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "_waitlog_add(WaitLog, start_ns, end_ns, wait) after _waits_setup");
+        return NULL;
+    }
+    if (waitlog_add(args[0], start, end, args[3]) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------------ */
 /* Module glue                                                                */
 /* ------------------------------------------------------------------------ */
 
@@ -1731,6 +2173,11 @@ static PyMethodDef tasks_functions[] = {
      "Record a new C Task spawned in a recorded step in C (see _asyncio), or in Python (None)."},
     {"_watch_eager", watch_eager, METH_O, "Watch asyncio's current-task table for eager steps (None: stop)."},
     {"await_key", await_key, METH_O, "The key of a suspended coroutine's await chain, and the awaitable at its bottom."},
+    {"_waits_setup", (PyCFunction)(void (*)(void))waits_setup, METH_FASTCALL,
+     "Describe the long waits of C Tasks in C (WaitLog, sites, wait_at, Future), or in Python (None)."},
+    {"_note_wait", (PyCFunction)(void (*)(void))note_wait_py, METH_FASTCALL,
+     "A long wait described by the C path alone: True, or False when it is the Python twin's."},
+    {"_waitlog_add", (PyCFunction)(void (*)(void))waitlog_add_py, METH_FASTCALL, "WaitLog.add, in C."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1775,6 +2222,22 @@ aprof_tasks_init(PyObject *module)
     str_gi_code = PyUnicode_InternFromString("gi_code");
     str_gi_frame = PyUnicode_InternFromString("gi_frame");
     str_ag_code = PyUnicode_InternFromString("ag_code");
+    str_fut_waiter = PyUnicode_InternFromString("_fut_waiter");
+    str_children = PyUnicode_InternFromString("_children");
+    str_callbacks = PyUnicode_InternFromString("_callbacks");
+    str_chain_future = PyUnicode_InternFromString("_chain_future");
+    str_drop = PyUnicode_InternFromString("_drop");
+    str_add = PyUnicode_InternFromString("add");
+    str_kind_task = PyUnicode_InternFromString("task");
+    str_kind_executor = PyUnicode_InternFromString("executor");
+    str_kind_future = PyUnicode_InternFromString("future");
+    str_a_future = PyUnicode_InternFromString("a future");
+    str_executor_job = PyUnicode_InternFromString("an executor job (run_in_executor)");
+    str_unnamed = PyUnicode_InternFromString("?");
+    if (str_fut_waiter == NULL || str_children == NULL || str_callbacks == NULL || str_chain_future == NULL ||
+        str_drop == NULL || str_add == NULL || str_kind_task == NULL || str_kind_executor == NULL ||
+        str_kind_future == NULL || str_a_future == NULL || str_executor_job == NULL || str_unnamed == NULL)
+        return -1;
     leaf_types = PySet_New(NULL);
     if (str_cr_await == NULL || str_cr_code == NULL || str_cr_frame == NULL || str_gi_yieldfrom == NULL ||
         str_gi_code == NULL || str_gi_frame == NULL || str_ag_code == NULL || leaf_types == NULL)

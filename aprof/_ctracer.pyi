@@ -354,6 +354,20 @@ def await_key(coro: Any, /) -> tuple[tuple[int, ...], Any] | None:
     the awaitable at its bottom; None for a chain it leaves to the Python
     walk (the twin is ``_await_chain._await_key_py``)."""
 
+def _waits_setup(*args: Any) -> None:
+    """``(WaitLog, sites, wait_at, Future)``: describe a C Task's long wait
+    at a call site already described (``_await_chain._sites``) in C: the
+    common paths of ``_tasks.note_wait``, ``_await_chain.wait_at`` and
+    ``WaitLog.add``, whose twins do the rest; ``(None)``: all in Python.
+    After ``_tasks_setup``."""
+
+def _note_wait(tt: Any, task: Any, start_ns: int, end_ns: int, /) -> bool:
+    """The C path of a long wait alone: True if it logged the wait, False
+    if it left it to the twin (``_tasks.note_wait``), changing nothing."""
+
+def _waitlog_add(log: Any, start_ns: int, end_ns: int, wait: tuple[str, str, str, str], /) -> None:
+    """``WaitLog.add`` in C (after ``_waits_setup``)."""
+
 # Consolidation and Chrome export (aprof/_cevents.c); the contract is the
 # pure-Python twins in aprof/_post/_events.py and aprof/_export/_chrome.py.
 

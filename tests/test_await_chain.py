@@ -7,6 +7,7 @@ task's coroutine from another task, on every backend.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from typing import Any
 
@@ -305,13 +306,24 @@ def test_not_a_coroutine_is_no_wait() -> None:
     assert describe_wait(object()) is None
 
 
-def test_the_wait_log_merges_consecutive_waits_on_the_same_call() -> None:
+@pytest.fixture(params=["twin", "C"])
+def log_add(request: pytest.FixtureRequest) -> Any:
+    """WaitLog.add, then its C path (what a C Task's long wait runs)."""
+    if request.param == "twin":
+        return WaitLog.add
+    ext = require_c_extension()
+    import aprof._integrations._asyncio  # noqa: F401  (sets the C path up)
+
+    return ext._waitlog_add
+
+
+def test_the_wait_log_merges_consecutive_waits_on_the_same_call(log_add: Any) -> None:
     # The N+1 pattern stays one run however many times it repeats.
     log = WaitLog()
     fetch = ("asyncio.sleep", "sleep", "db.py:9 Database.fetch", "orders.py:4 recent_orders")
     for i in range(360):
-        log.add(i * 10, i * 10 + (6 if i == 100 else 4), fetch)  # the 101st is the longest
-    log.add(4000, 4100, ("asyncio.Lock.acquire", "lock", "orders.py:9 save", ""))
+        log_add(log, i * 10, i * 10 + (6 if i == 100 else 4), fetch)  # the 101st is the longest
+    log_add(log, 4000, 4100, ("asyncio.Lock.acquire", "lock", "orders.py:9 save", ""))
     assert [r[2] for r in log.runs] == [360, 1]
     first = log.runs[0]
     assert first[:5] == [0, 3594, 360, 359 * 4 + 6, 6]
@@ -319,7 +331,7 @@ def test_the_wait_log_merges_consecutive_waits_on_the_same_call() -> None:
     assert first[9] == 1006  # when the longest wait ended: the summary's window for it
 
 
-def test_the_wait_log_keeps_the_longest_runs_of_a_long_lived_task() -> None:
+def test_the_wait_log_keeps_the_longest_runs_of_a_long_lived_task(log_add: Any) -> None:
     # A keep-alive connection's task waits thousands of times on alternating
     # calls: the log keeps max_runs runs, dropping the one whose longest wait
     # is shortest (the first of equals), never the open run, which may still grow.
@@ -354,18 +366,18 @@ def test_the_wait_log_keeps_the_longest_runs_of_a_long_lived_task() -> None:
         t += waited + 10
     log = WaitLog()
     for start, end, wait in waits:
-        log.add(start, end, wait)
+        log_add(log, start, end, wait)
     want = reference(waits)
     assert len(log.runs) == WaitLog.max_runs
     assert log.runs == want
     # The open run is kept though its wait is the shortest of all; once
     # closed, it is the first to go.
     tail = [(t, t + 1, ("asyncio.Event.wait", "event", "app.py:99 tail", ""))]
-    log.add(*tail[0])
+    log_add(log, *tail[0])
     assert log.runs[-1][5] == "asyncio.Event.wait"
     assert log.runs == reference(waits + tail)
     tail.append((t + 5, t + 6, ("asyncio.Lock.acquire", "lock", "app.py:98 tail", "")))
-    log.add(*tail[1])
+    log_add(log, *tail[1])
     assert "asyncio.Event.wait" not in [r[5] for r in log.runs]
     assert log.runs == reference(waits + tail)
 
@@ -400,3 +412,130 @@ def test_describe_task_takes_the_task_itself(backend) -> None:
     assert wait is not None
     assert wait[1] == "event"
     assert describe_task(object()) is None
+
+
+
+def _current_task(backend) -> Any:
+    if backend.is_trio:
+        import trio
+
+        return trio.lowlevel.current_task()
+    return asyncio.current_task()
+
+
+@pytest.mark.parametrize(
+    "kind", ["sleep", "lock", "event", "queue", "executor", "task", "future", "executor-future", "children"]
+)
+def test_a_long_wait_is_logged_alike_by_the_c_path_and_its_twin(backend, kind: str) -> None:
+    # Issue 19: a C Task's long wait at a call site already described is
+    # logged in C (note_wait, wait_at and WaitLog.add). Fed the same waits
+    # as the Python twin, on the same suspended tasks, its log must be the
+    # twin's, drops of a full log included. A trio task is the twin's.
+    ext = require_c_extension()
+    import aprof._integrations._asyncio  # noqa: F401  (sets the C path up)
+    from aprof._integrations._tasks import TaskThread, note_wait
+
+    if backend.is_trio and kind in ("task", "future", "executor-future", "children"):
+        return  # an asyncio future the user's code awaits: asyncio only (the other kinds cover trio)
+    tasks: list[Any] = []
+    scopes: list[Any] = []
+    release = threading.Event()
+    futures: list[Any] = []
+
+    async def waiter(prims: Prims) -> None:
+        tasks.append(_current_task(backend))
+        if kind == "sleep":
+            if backend.is_trio or backend.is_anyio:
+                scope = _cancel_scope(backend)
+                scopes.append(scope)
+                with scope:
+                    await backend.sleep(30)
+            else:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await backend.sleep(30)
+        elif kind == "lock":
+            async with prims.lock:
+                pass
+        elif kind == "event":
+            await prims.event.wait()
+        elif kind == "queue":
+            await prims.get()
+        elif kind == "executor":
+            await backend.to_thread(release.wait, 30)
+        elif kind == "task":
+            await asyncio.create_task(other_waiter(prims), name="kid-1")
+        elif kind == "future":
+            futures.append(asyncio.get_running_loop().create_future())
+            await futures[0]
+        elif kind == "executor-future":
+            await asyncio.get_running_loop().run_in_executor(None, release.wait, 30)
+        else:
+            await asyncio.gather(other_waiter(prims), other_waiter(prims))
+
+    async def other_waiter(prims: Prims) -> None:  # a second call site, for runs by turns
+        await prims.event.wait()
+
+    async def main() -> tuple[list[Any], list[Any], list[bool]]:
+        prims = Prims(backend)
+        if kind == "lock":
+            await prims.lock.acquire()
+        async with backend.group() as g:
+            g.start_soon(waiter, prims)
+            g.start_soon(other_waiter, prims)
+            await _until(backend, tasks)
+            await backend.sleep(0.005)  # every task is in its wait
+            waiting = tasks[0]
+            other = next(t for t in _group_tasks(backend, waiting) if t is not waiting)
+            twin, c = TaskThread.__new__(TaskThread), TaskThread.__new__(TaskThread)
+            twin.waits = c.waits = None
+            handled = []
+            # The two tasks' waits by turns, so that the log fills and drops
+            # runs; the first of each is the twin's in both logs (it
+            # describes the call site and caches it).
+            for i in range(3 * WaitLog.max_runs):
+                who = waiting if i % 2 == 0 else other
+                start, end = i * 100_000_000, i * 100_000_000 + (i * 7919 % 13 + 1) * 1_000_000
+                note_wait(twin, who, start, end)
+                if i < 2:
+                    note_wait(c, who, start, end)
+                else:
+                    handled.append(ext._note_wait(c, who, start, end))
+                    if not handled[-1]:  # as in the step hook: the twin's case
+                        note_wait(c, who, start, end)
+            # let them go
+            prims.event.set()
+            if kind == "lock":
+                prims.lock.release()
+            elif kind in ("executor", "executor-future"):
+                release.set()
+            elif kind == "queue":
+                await prims.put()
+            elif kind == "future":
+                futures[0].set_result(None)
+            elif kind == "sleep":
+                if scopes:
+                    scopes[0].cancel()
+                else:
+                    waiting.cancel()
+        prims.close()
+        assert twin.waits is not None
+        assert c.waits is not None
+        return twin.waits.runs, c.waits.runs, handled
+
+    twin_runs, c_runs, handled = backend.run(main)
+    assert len(twin_runs) == WaitLog.max_runs
+    assert c_runs == twin_runs
+    want = {"executor-future": "executor"}.get(kind, kind)
+    assert want in {run[6] for run in twin_runs}, twin_runs
+    assert len({(run[5], run[7]) for run in twin_runs}) == 2, twin_runs  # the two tasks' waits, by turns
+    if backend.is_trio:
+        assert not any(handled)  # trio's tasks are the twin's
+    else:
+        assert all(handled), handled
+
+
+def _group_tasks(backend, one: Any) -> list[Any]:
+    """The tasks of the group ``one`` was started in (its siblings too)."""
+    if backend.is_trio:
+        return list(one.parent_nursery.child_tasks)
+    return [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]

@@ -54,6 +54,7 @@ from .._core._propagation import hook_to_thread
 from .._core._recorder import ProfilerState
 from .._core._threads import LogicalThread, stepping
 from .._frames import _library_cache, is_library_cached
+from . import _await_chain
 from ._await_chain import WaitLog
 from ._tasks import (
     _NO_RECORDS,
@@ -449,6 +450,9 @@ if _ext is not None:
     # A C Task's end, recorded by one profile: _task_done and
     # TaskThread.finished in C (the twins below and in _tasks.py do the rest).
     _ext._task_finish_setup(array, STEPS_TYPECODE, _NO_RECORDS, DISCARD_STEPS)
+    # A long wait of a C Task at a call site already described: note_wait,
+    # wait_at and WaitLog.add in C (the twins do the rest).
+    _ext._waits_setup(WaitLog, _await_chain._sites, _await_chain.wait_at, asyncio.Future)
     # A new C Task spawned inside a recorded task's step, recorded by one
     # profile: _record and TaskThread.__init__ in C (the twins do the rest).
     if _c_user_site is not None:

@@ -207,6 +207,14 @@ def describe_wait(coro: Any, task: Any = None) -> Wait | None:
         if entry is not None and entry[1] not in ("other", "children", "future"):
             decided = (entry[0], entry[1], where, caller)
         site = _sites[key] = (decided, entry, where, caller, tuple(codes))
+    return wait_at(site, task, leaf)
+
+
+def wait_at(site: _Site, task: Any, leaf: Any) -> Wait:
+    """The wait at a cached call site: the site's own if its frames decide
+    it, else what the future the task waits on says (the part of
+    :func:`describe_wait` that runs at every wait; its common cases are in
+    C, ``note_wait`` in ``_ctasks.c``)."""
     if site[0] is not None:
         return site[0]
     _, entry_name, where, caller, _ = site
@@ -300,7 +308,8 @@ _labels: dict[tuple[str, int, str], str] = {}
 #: chain key -> (the Wait if the frames decide it, else None; the entry
 #: point's (what, kind) or None; where; caller; the codes, kept alive so
 #: that no other code takes their addresses while the key is cached).
-_sites: dict[tuple[int, ...], tuple[Wait | None, tuple[str, str] | None, str, str, tuple[Any, ...]]] = {}
+_Site = tuple[Wait | None, tuple[str, str] | None, str, str, tuple[Any, ...]]
+_sites: dict[tuple[int, ...], _Site] = {}
 _entries: dict[tuple[str, str], tuple[str, str]] = {}
 _MAX_CACHED: Final = 4096
 
@@ -372,9 +381,13 @@ class WaitLog:
                     last[9] = end_ns
                 return
         runs.append([start_ns, end_ns, 1, waited, waited, what, kind, where, caller, end_ns])
-        if len(runs) <= self.max_runs:
-            return
-        # Drop the closed run with the shortest longest wait, the first of equals.
+        if len(runs) > self.max_runs:
+            self._drop()
+
+    def _drop(self) -> None:
+        """Drop the closed run with the shortest longest wait, the first of
+        equals (a run was just added past ``max_runs``)."""
+        runs = self.runs
         closed = self._closed
         arrivals = self._arrivals
         if closed is None or arrivals is None:  # the first drop: every run but the new one is closed
