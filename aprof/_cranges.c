@@ -773,8 +773,19 @@ fast_start(RangeCore *self, PyObject *recorder)
         else if (PyErr_Occurred())
             goto done;
     }
-    if (lst == NULL && (lst = PyObject_CallMethodOneArg(ps, str_list_for, lt)) == NULL)
-        goto done;
+    if (lst == NULL) {
+        /* The logical thread's first range: ProfilerState.list_for, as one
+         * setdefault (a signal handler recording in between keeps its list). */
+        if (PyDict_CheckExact(lists)) {
+            PyObject *fresh = PyList_New(0);
+            lst = fresh != NULL ? Py_XNewRef(PyDict_SetDefault(lists, lt, fresh)) : NULL;
+            Py_XDECREF(fresh);
+        }
+        else
+            lst = PyObject_CallMethodOneArg(ps, str_list_for, lt);
+        if (lst == NULL)
+            goto done;
+    }
     if (!PyList_CheckExact(lst)) {
         PyErr_SetString(PyExc_TypeError, "aprof: a profile's event list is not a list");
         goto done;
