@@ -916,6 +916,67 @@ static PyObject *str_asyncio, *str_qualname, *str_cr_running, *str_cr_suspended,
 static PyObject *c_task_get_coro;
 #define CREATE_FALLBACK Py_NotImplemented
 
+/* _tasks.states_in(ctx) in C, for the common cases (set up by
+ * _states_setup): the one profile that records a task spawned in `ctx`
+ * (new reference), Py_None (none), or CREATE_FALLBACK (borrowed: several
+ * profiles, or anything unusual: the twin's). */
+static int states_ready = 0;
+static PyObject *si_var, *si_empty, *si_globals, *str_get;
+static PyTypeObject *si_rfstate_type, *si_recorder_type;
+enum { SI_ENABLED, SI_RECORDER, SI_STATE, SI_TASKS, SI_RUNNING, SI_COUNT };
+static Py_ssize_t off_si[SI_COUNT];
+
+static PyObject *
+states_in_c(PyObject *ctx)
+{
+    if (!states_ready || !PyContext_CheckExact(ctx) || !PyList_CheckExact(si_globals))
+        return CREATE_FALLBACK;
+    PyObject *args[3] = {ctx, si_var, si_empty};
+    PyObject *st = PyObject_VectorcallMethod(str_get, args, 3, NULL);
+    if (st == NULL)
+        return NULL;
+    PyObject *result = CREATE_FALLBACK;
+    if (!Py_IS_TYPE(st, si_rfstate_type))
+        goto out;
+    PyObject *enabled = slot_at(st, off_si[SI_ENABLED]), *rec = slot_at(st, off_si[SI_RECORDER]);
+    if (enabled == Py_False) {
+        result = Py_None;
+        goto out;
+    }
+    if (enabled != Py_True || rec == NULL)
+        goto out;
+    PyObject *found = NULL; /* borrowed */
+    if (rec != Py_None) {
+        if (!Py_IS_TYPE(rec, si_recorder_type))
+            goto out;
+        PyObject *ps = slot_at(rec, off_si[SI_STATE]);
+        if (ps != NULL && ps != Py_None) {
+            if (!Py_IS_TYPE(ps, (PyTypeObject *)cr_state_type))
+                goto out;
+            PyObject *tasks = slot_at(ps, off_si[SI_TASKS]), *running = slot_at(ps, off_si[SI_RUNNING]);
+            if (tasks == Py_True && running == Py_True)
+                found = ps;
+        }
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(si_globals); i++) { /* a global profile's */
+        PyObject *g = PyList_GET_ITEM(si_globals, i);
+        if (g == rec)
+            continue;
+        if (!Py_IS_TYPE(g, si_recorder_type))
+            goto out;
+        PyObject *ps = slot_at(g, off_si[SI_STATE]);
+        if (ps == NULL || ps == Py_None)
+            continue;
+        if (found != NULL || !Py_IS_TYPE(ps, (PyTypeObject *)cr_state_type))
+            goto out; /* several profiles */
+        found = ps;
+    }
+    result = found != NULL ? found : Py_None;
+out:
+    Py_DECREF(st);
+    return result == CREATE_FALLBACK ? result : Py_NewRef(result);
+}
+
 /* A new C Task's TaskThread (new reference), Py_None (not recorded: the
  * task is marked seen), or CREATE_FALLBACK (borrowed: the Python twin
  * decides, nothing changed), or NULL with an exception. */
@@ -947,7 +1008,9 @@ create_in_c(PyObject *task, PyObject *ctx)
     }
     if (started)
         goto out;
-    states = PyObject_CallOneArg(cr_states_in, ctx);
+    states = states_in_c(ctx);
+    if (states == CREATE_FALLBACK)
+        states = PyObject_CallOneArg(cr_states_in, ctx);
     if (states == NULL)
         goto error;
     if (states == Py_None || (PyList_CheckExact(states) && PyList_GET_SIZE(states) == 0)) {
@@ -1106,6 +1169,39 @@ task_create_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     for (int i = 0; i < 9; i++)
         Py_XSETREF(*dst[i], Py_NewRef(args[i]));
     create_ready = 1;
+    Py_RETURN_NONE;
+}
+
+/* _states_setup(RF_STATE, EMPTY_RF_STATE, RFState, Recorder,
+ * global_task_recorders) after _task_create_setup: _tasks.states_in's
+ * common cases in C; None: all in Python. */
+static PyObject *
+states_setup(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs == 1 && args[0] == Py_None) {
+        states_ready = 0;
+        Py_RETURN_NONE;
+    }
+    if (nargs != 5 || !create_ready || !PyType_Check(args[2]) || !PyType_Check(args[3]) ||
+        !PyList_CheckExact(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "_states_setup(RF_STATE, EMPTY_RF_STATE, RFState, Recorder, "
+                                         "global_task_recorders) after _task_create_setup, or _states_setup(None)");
+        return NULL;
+    }
+    static const char *const rf_slots[2] = {"enabled", "recorder"};
+    static const char *const rec_slots[1] = {"state"};
+    static const char *const ps_slots[2] = {"tasks", "running"};
+    Py_ssize_t offs[SI_COUNT];
+    if (member_offsets(args[2], rf_slots, 2, offs) < 0 || member_offsets(args[3], rec_slots, 1, offs + SI_STATE) < 0 ||
+        member_offsets(cr_state_type, ps_slots, 2, offs + SI_TASKS) < 0)
+        return NULL;
+    memcpy(off_si, offs, sizeof off_si);
+    Py_XSETREF(si_var, Py_NewRef(args[0]));
+    Py_XSETREF(si_empty, Py_NewRef(args[1]));
+    Py_XSETREF(si_rfstate_type, (PyTypeObject *)Py_NewRef(args[2]));
+    Py_XSETREF(si_recorder_type, (PyTypeObject *)Py_NewRef(args[3]));
+    Py_XSETREF(si_globals, Py_NewRef(args[4]));
+    states_ready = 1;
     Py_RETURN_NONE;
 }
 
@@ -1835,6 +1931,10 @@ waitlog_drop(PyObject *log, PyObject *runs)
         return r == NULL ? -1 : 0;
     }
     Py_ssize_t n = PyList_GET_SIZE(runs);
+    if (PyObject_GC_IsTracked(closed)) /* ints only, for good (the twin made them) */
+        PyObject_GC_UnTrack(closed);
+    if (PyObject_GC_IsTracked(arrivals))
+        PyObject_GC_UnTrack(arrivals);
     PyObject *arrival = PyList_GET_ITEM(arrivals, n - 2); /* the run just closed */
     PyObject *prev = PyList_GET_ITEM(runs, n - 2);
     if (!PyList_CheckExact(prev) || PyList_GET_SIZE(prev) != 10)
@@ -1960,6 +2060,10 @@ waitlog_add(PyObject *log, uint64_t start, uint64_t end, PyObject *wait)
     for (int k = 0; k < 4; k++)
         PyList_SET_ITEM(run, 5 + k, Py_NewRef(PyTuple_GET_ITEM(wait, k)));
     PyList_SET_ITEM(run, 9, e);
+    /* Ints and strings only, now and after every merge: off the cyclic
+     * GC's lists (a keep-alive connection's task holds 64 of them for as
+     * long as it lives, traversed by every full collection). */
+    PyObject_GC_UnTrack(run);
     int rc = PyList_Append(runs, run);
     Py_DECREF(run);
     if (rc < 0)
@@ -2023,6 +2127,14 @@ note_wait_c(PyObject *tt, PyObject *task, uint64_t start, uint64_t end)
     }
     Py_DECREF(wait);
     return rc < 0 ? -1 : 1;
+}
+
+/* _states_in(ctx): states_in_c alone (tests compare it with the twin). */
+static PyObject *
+states_in_py(PyObject *Py_UNUSED(module), PyObject *ctx)
+{
+    PyObject *r = states_in_c(ctx);
+    return r == CREATE_FALLBACK ? Py_NewRef(r) : r;
 }
 
 /* _waits_setup(WaitLog, sites, wait_at, Future): describe long waits of C
@@ -2173,6 +2285,11 @@ static PyMethodDef tasks_functions[] = {
      "Record a new C Task spawned in a recorded step in C (see _asyncio), or in Python (None)."},
     {"_watch_eager", watch_eager, METH_O, "Watch asyncio's current-task table for eager steps (None: stop)."},
     {"await_key", await_key, METH_O, "The key of a suspended coroutine's await chain, and the awaitable at its bottom."},
+    {"_states_setup", (PyCFunction)(void (*)(void))states_setup, METH_FASTCALL,
+     "Find the profile that records a new C Task in C (RF_STATE, EMPTY_RF_STATE, RFState, Recorder, "
+     "global_task_recorders), or in Python (None)."},
+    {"_states_in", (PyCFunction)states_in_py, METH_O,
+     "_tasks.states_in's C path alone: the profile, None, or NotImplemented when it is the twin's."},
     {"_waits_setup", (PyCFunction)(void (*)(void))waits_setup, METH_FASTCALL,
      "Describe the long waits of C Tasks in C (WaitLog, sites, wait_at, Future), or in Python (None)."},
     {"_note_wait", (PyCFunction)(void (*)(void))note_wait_py, METH_FASTCALL,
@@ -2222,6 +2339,9 @@ aprof_tasks_init(PyObject *module)
     str_gi_code = PyUnicode_InternFromString("gi_code");
     str_gi_frame = PyUnicode_InternFromString("gi_frame");
     str_ag_code = PyUnicode_InternFromString("ag_code");
+    str_get = PyUnicode_InternFromString("get");
+    if (str_get == NULL)
+        return -1;
     str_fut_waiter = PyUnicode_InternFromString("_fut_waiter");
     str_children = PyUnicode_InternFromString("_children");
     str_callbacks = PyUnicode_InternFromString("_callbacks");

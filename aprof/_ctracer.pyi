@@ -354,6 +354,16 @@ def await_key(coro: Any, /) -> tuple[tuple[int, ...], Any] | None:
     the awaitable at its bottom; None for a chain it leaves to the Python
     walk (the twin is ``_await_chain._await_key_py``)."""
 
+def _states_setup(*args: Any) -> None:
+    """``(RF_STATE, EMPTY_RF_STATE, RFState, Recorder,
+    global_task_recorders)``: find the one profile that records a new C
+    Task in C (``_tasks.states_in``'s common cases; several profiles are
+    the twin's); ``(None)``: in Python. After ``_task_create_setup``."""
+
+def _states_in(context: Any, /) -> Any:
+    """The C path of ``_tasks.states_in`` alone: the profile's state, None,
+    or NotImplemented when it is the twin's."""
+
 def _waits_setup(*args: Any) -> None:
     """``(WaitLog, sites, wait_at, Future)``: describe a C Task's long wait
     at a call site already described (``_await_chain._sites``) in C: the

@@ -1522,3 +1522,57 @@ def test_chrome_trace_flow_arrows_for_run_in_executor(runner: str, tmp_path: Pat
     assert len(by_scope(events, EXECUTOR)) == 2
     prof.export_chrome_trace(tmp_path / "t.json.gz")
     check_flows_and_running_rows(prof, validate_trace(tmp_path / "t.json.gz"))
+
+
+def test_the_c_path_finds_the_profile_of_a_new_task_as_its_twin_does() -> None:
+    # Issue 19: which profile records a task spawned in a context
+    # (_tasks.states_in) is found in C for the common cases: no profile, a
+    # context profile with or without tasks, a global one, recording off.
+    # Several profiles are the twin's (NotImplemented); every answer the C
+    # path gives is the twin's.
+    ext = conftest.require_c_extension()
+    from aprof._core import _native
+
+    if _native.extension is None:
+        pytest.skip("APROF_PURE_PYTHON=1: the C path is not set up (the twin alone runs)")
+    import aprof._integrations._asyncio  # noqa: F401  (sets the C path up)
+    from aprof._integrations._tasks import states_in
+
+    answers: list[tuple[str, Any, Any]] = []
+
+    def look(label: str) -> None:
+        ctx = contextvars.copy_context()
+        answers.append((label, ext._states_in(ctx), states_in(ctx)))
+
+    def off(label: str) -> None:
+        aprof.enable_record_function(False)
+        look(f"{label}, recording off")
+
+    async def main() -> None:
+        look("no profile")
+        async with aprof.profile(tasks=True):
+            look("context, tasks")
+            contextvars.copy_context().run(off, "context")
+        async with aprof.profile(tasks=False):
+            look("context, no tasks")
+        with aprof.profile(tasks=True, scope="global"):
+            look("global")
+            async with aprof.profile(tasks=True):
+                look("global and context")
+            contextvars.copy_context().run(off, "global")
+
+    asyncio.run(main())
+    # The twin says one profile as it or as a list of it (the caller takes either).
+    got = {label: (c, twin[0] if isinstance(twin, list) and len(twin) == 1 else twin) for label, c, twin in answers}
+    for label, (c, twin) in got.items():
+        if c is not NotImplemented:
+            assert c is twin, label
+    assert got["no profile"] == (None, None)
+    assert got["context, tasks"][0] is not None
+    assert got["context, no tasks"] == (None, None)
+    assert got["global"][0] is not None
+    assert got["context, recording off"] == (None, None)
+    assert got["global, recording off"] == (None, None)
+    assert got["global and context"][0] is NotImplemented  # two profiles: the twin's
+    assert isinstance(got["global and context"][1], list)
+    assert len(got["global and context"][1]) == 2

@@ -50,8 +50,9 @@ from time import perf_counter_ns
 from typing import Any, Final
 
 from .._core import _native, _ring, _threads, _tracer
+from .._core._callbacks import EMPTY_RF_STATE, RF_STATE, RFState
 from .._core._propagation import hook_to_thread
-from .._core._recorder import ProfilerState
+from .._core._recorder import ProfilerState, Recorder
 from .._core._threads import LogicalThread, stepping
 from .._frames import _library_cache, is_library_cached
 from . import _await_chain
@@ -65,6 +66,7 @@ from ._tasks import (
     _ids,
     _sequence_numbers,
     coro_qualname,
+    global_task_recorders,
     note_wait,
     states_in,
 )
@@ -460,6 +462,8 @@ if _ext is not None:
             states_in, _ids, _sequence_numbers, ProfilerState, _c_user_site, _library_cache, is_library_cached,
             coro_qualname, _ring.TASK,
         )  # fmt: skip
+        # states_in's common cases (one profile, or none), in C.
+        _ext._states_setup(RF_STATE, EMPTY_RF_STATE, RFState, Recorder, global_task_recorders)
 else:
     CallSoonHook = _PyCallSoonHook
 
