@@ -1798,7 +1798,8 @@ enum { WL_RUNS, WL_CLOSED, WL_ARRIVALS, WL_COUNT };
 static const char *const wl_slots[WL_COUNT] = {"runs", "_closed", "_arrivals"};
 static Py_ssize_t off_wl[WL_COUNT];
 static PyObject *str_fut_waiter, *str_children, *str_callbacks, *str_chain_future, *str_drop, *str_add,
-    *str_kind_task, *str_kind_executor, *str_kind_future, *str_a_future, *str_executor_job, *str_unnamed;
+    *str_kind_task, *str_kind_executor, *str_kind_future, *str_a_future, *str_executor_job, *str_unnamed,
+    *str_task_open, *str_paren_open, *str_paren_close, *str_empty;
 
 /* (what, kind) of the future a C Task waits on, as _describe_future says it
  * (new reference), or Py_None (borrowed: the twin's case: a Python Task, a
@@ -1834,8 +1835,17 @@ describe_future_c(PyObject *fut)
             Py_XDECREF(code);
             return code == NULL ? NULL : Py_None;
         }
-        PyObject *what = PyUnicode_FromFormat("task %R (%U)", name, ((PyCodeObject *)code)->co_qualname);
+        /* f"task {name!r} ({qualname})", joined (PyUnicode_FromFormat parses
+         * its format at every call: twice the cost) */
+        PyObject *what = NULL, *quoted = PyObject_Repr(name);
         Py_DECREF(name);
+        if (quoted != NULL) {
+            PyObject *parts = PyTuple_Pack(5, str_task_open, quoted, str_paren_open,
+                                           ((PyCodeObject *)code)->co_qualname, str_paren_close);
+            what = parts != NULL ? PyUnicode_Join(str_empty, parts) : NULL;
+            Py_XDECREF(parts);
+            Py_DECREF(quoted);
+        }
         Py_DECREF(code);
         if (what == NULL)
             return NULL;
@@ -2354,6 +2364,12 @@ aprof_tasks_init(PyObject *module)
     str_a_future = PyUnicode_InternFromString("a future");
     str_executor_job = PyUnicode_InternFromString("an executor job (run_in_executor)");
     str_unnamed = PyUnicode_InternFromString("?");
+    str_task_open = PyUnicode_InternFromString("task ");
+    str_paren_open = PyUnicode_InternFromString(" (");
+    str_paren_close = PyUnicode_InternFromString(")");
+    str_empty = PyUnicode_InternFromString("");
+    if (str_task_open == NULL || str_paren_open == NULL || str_paren_close == NULL || str_empty == NULL)
+        return -1;
     if (str_fut_waiter == NULL || str_children == NULL || str_callbacks == NULL || str_chain_future == NULL ||
         str_drop == NULL || str_add == NULL || str_kind_task == NULL || str_kind_executor == NULL ||
         str_kind_future == NULL || str_a_future == NULL || str_executor_job == NULL || str_unnamed == NULL)
