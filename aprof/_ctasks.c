@@ -914,6 +914,10 @@ static PyObject *cr_states_in, *cr_ids, *cr_seqs, *cr_state_type, *cr_user_site,
 static PyObject *str_asyncio, *str_qualname, *str_cr_running, *str_cr_suspended, *str_budget, *str_admit,
     *str_task_records, *str_run_coro, *str_get_coro;
 static PyObject *c_task_get_coro;
+static PyObject *str_call_soon;
+#if PY_VERSION_HEX >= 0x030C0000
+static PyObject *c_task_get_loop, *c_task_get_context; /* (eager first steps) */
+#endif
 #define CREATE_FALLBACK Py_NotImplemented
 
 /* _tasks.states_in(ctx) in C, for the common cases (set up by
@@ -1164,6 +1168,13 @@ task_create_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_XSETREF(c_task_get_coro, PyObject_GetAttr(c_task_type, str_get_coro));
     if (c_task_get_coro == NULL)
         return NULL;
+#if PY_VERSION_HEX >= 0x030C0000
+    /* (eager first steps: 3.12+) */
+    Py_XSETREF(c_task_get_loop, PyObject_GetAttrString(c_task_type, "get_loop"));
+    Py_XSETREF(c_task_get_context, PyObject_GetAttrString(c_task_type, "get_context"));
+    if (c_task_get_loop == NULL || c_task_get_context == NULL)
+        return NULL;
+#endif
     PyObject **dst[9] = {&cr_states_in, &cr_ids, &cr_seqs, &cr_state_type, &cr_user_site,
                          &cr_site_cache, &cr_is_library, &cr_coro_qualname, &cr_budget_task};
     for (int i = 0; i < 9; i++)
@@ -1531,6 +1542,41 @@ static APROF_TLS int eager_skipped = 0; /* swaps nested deeper than EAGER_MAX */
 static int watcher_id = -1;
 static PyObject *watched_dict; /* asyncio's current-task table, while watched */
 
+static PyTypeObject CallSoonHookType;
+
+/* _asyncio._eager_started(task, spawner) in C, for its common case (set up
+ * with _task_create_setup): a new C Task whose eager first step starts
+ * inside a recorded task's step, on a loop already hooked, no tracer
+ * running. The TaskThread (new reference), Py_None (not recorded), or
+ * CREATE_FALLBACK (borrowed: the twin's, nothing changed), or NULL with an
+ * exception. */
+static PyObject *
+eager_create_in_c(PyObject *task)
+{
+    if (!create_ready || c_task_get_loop == NULL || c_task_get_context == NULL ||
+        !Py_IS_TYPE(task, (PyTypeObject *)c_task_type) || PyList_GET_SIZE(tracer_running) > 0)
+        return CREATE_FALLBACK;
+    /* Its later steps are timed only on a hooked loop (the twin hooks it). */
+    PyObject *loop = PyObject_Vectorcall(c_task_get_loop, &task, 1, NULL);
+    if (loop == NULL)
+        return NULL;
+    PyObject *call_soon = NULL;
+    int has = optional_attr(loop, str_call_soon, &call_soon);
+    Py_DECREF(loop);
+    if (has < 0)
+        return NULL;
+    int hooked = call_soon != NULL && Py_IS_TYPE(call_soon, &CallSoonHookType);
+    Py_XDECREF(call_soon);
+    if (!hooked)
+        return CREATE_FALLBACK;
+    PyObject *ctx = PyObject_Vectorcall(c_task_get_context, &task, 1, NULL);
+    if (ctx == NULL)
+        return NULL;
+    PyObject *tt = create_in_c(task, ctx);
+    Py_DECREF(ctx);
+    return tt;
+}
+
 static void
 eager_swap_in(PyObject *task, PyObject *prev)
 {
@@ -1545,7 +1591,9 @@ eager_swap_in(PyObject *task, PyObject *prev)
     int has_lt;
     PyObject *tt = recorded(task, &has_lt);
     if (tt == NULL && !has_lt) {
-        tt = PyObject_CallFunctionObjArgs(on_eager_step, task, prev, NULL);
+        tt = eager_create_in_c(task);
+        if (tt == CREATE_FALLBACK)
+            tt = PyObject_CallFunctionObjArgs(on_eager_step, task, prev, NULL);
         if (tt == NULL) {
             report_unraisable("eager task");
         }
@@ -2350,7 +2398,8 @@ aprof_tasks_init(PyObject *module)
     str_gi_frame = PyUnicode_InternFromString("gi_frame");
     str_ag_code = PyUnicode_InternFromString("ag_code");
     str_get = PyUnicode_InternFromString("get");
-    if (str_get == NULL)
+    str_call_soon = PyUnicode_InternFromString("call_soon");
+    if (str_get == NULL || str_call_soon == NULL)
         return -1;
     str_fut_waiter = PyUnicode_InternFromString("_fut_waiter");
     str_children = PyUnicode_InternFromString("_children");

@@ -605,14 +605,19 @@ def test_a_tasks_end_recorded_in_c_matches_the_python_twin(runner: str) -> None:
     assert in_c["canceller"][1:3] == ("cancelled", "CancelledError")
 
 
+@pytest.mark.parametrize("eager", [False, True], ids=["scheduled", "eager"])
 @pytest.mark.parametrize("scope", ["context", "global"])
 @pytest.mark.parametrize("runner", RUNNERS)
-def test_a_tasks_creation_recorded_in_c_matches_the_python_twin(runner: str, scope: str) -> None:
+def test_a_tasks_creation_recorded_in_c_matches_the_python_twin(runner: str, scope: str, eager: bool) -> None:
     # SPEC 7.1, 7.2: a new C Task spawned inside a recorded task's step is
-    # recorded in C (aprof/_ctasks.c, create_in_c); the Python twin
-    # (_asyncio._record, TaskThread.__init__) records every other case.
-    # Both give the same tasks: names, coroutine names (anyio's wrapper
-    # left to the twin), spawn sites, spawn links, logical threads.
+    # recorded in C (aprof/_ctasks.c, create_in_c), and so is one whose
+    # eager first step starts there (3.12+, eager_create_in_c: what aiohttp
+    # does for each request); the Python twin (_asyncio._record,
+    # _eager_started, TaskThread.__init__) records every other case. Both
+    # give the same tasks: names, coroutine names (anyio's wrapper left to
+    # the twin), spawn sites, spawn links, logical threads.
+    if eager and sys.version_info < (3, 12):
+        pytest.skip("eager tasks are new in 3.12")
     from aprof._integrations import _asyncio as hooks
     from aprof._integrations._tasks import TaskThread
 
@@ -627,9 +632,14 @@ def test_a_tasks_creation_recorded_in_c_matches_the_python_twin(runner: str, sco
 
     seen: list[tuple[Any, ...]] = []
 
+    def spawn(coro: Coroutine[Any, Any, int], name: str | None = None) -> asyncio.Task[int]:
+        if eager:  # its first step runs now, inside the parent's
+            return asyncio.Task(coro, loop=asyncio.get_running_loop(), name=name, eager_start=True)  # type: ignore[call-arg]
+        return asyncio.create_task(coro, name=name)
+
     async def parent() -> None:
-        kids = [asyncio.create_task(leaf(i), name=f"kid{i}") for i in range(3)]
-        kids.append(asyncio.create_task(leaf(9)))  # a default name, Task-N
+        kids = [spawn(leaf(i), name=f"kid{i}") for i in range(3)]
+        kids.append(spawn(leaf(9)))  # a default name, Task-N
         for k in kids:
             tt = getattr(k, "_aprof_logical_thread", None)
             assert type(tt) is TaskThread
