@@ -409,6 +409,92 @@ def test_process_call_pickles_small() -> None:
     assert repr(call) == repr(procjobs.work)
 
 
+def _pool_scenario(with_stack: bool) -> list[tuple[object, ...]]:
+    """Jobs to a fresh fork pool under a profile (a function, a partial,
+    one that fails, one that sets a context variable the next one reads),
+    and what came back, with the counters that differ from run to run
+    (sequence numbers, thread and node ids, pids in names) made relative."""
+    import functools
+    import re
+
+    ex = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"))
+    try:
+        ppool = aprof.propagating(ex)
+        with aprof.profile(with_stack=with_stack) as prof:
+            assert ppool.submit(procjobs.work, 10).result() == 45
+            assert ppool.submit(functools.partial(procjobs.work, 3)).result() == 3
+            with pytest.raises(ValueError):
+                ppool.submit(procjobs.fail).result()
+            assert ppool.submit(procjobs.set_var, "v").result() == "v"
+            assert ppool.submit(procjobs.get_var).result() == "v"
+    finally:
+        ex.shutdown()
+    assert prof.session.lost == []
+    events = sorted(prof.events(), key=lambda e: (e.node_id != 0, e.start_ns))
+    seqs = sorted({e.sequence_nr for e in events if e.sequence_nr > 0})
+    tids: dict[int, int] = {}
+    for e in events:
+        tids.setdefault(e.thread_id, len(tids))
+    aprof_dir = os.path.dirname(aprof.__file__)
+    return [
+        (
+            e.name, e.scope, e.args, re.sub(r"\d+", "N", e.track), e.node_id != 0, tids[e.thread_id], e.exception,
+            e.unfinished, seqs.index(e.sequence_nr) if e.sequence_nr > 0 else e.sequence_nr,
+            tids.get(e.forward_thread_id, e.forward_thread_id), sorted(e.extra or {}), [c.name for c in e.children],
+            # aprof's own frames inside a stack are the implementation's;
+            # the worker's stack ends at its loop (beyond: the fork's caller).
+            e.stack and [f for f in _until_worker_loop(e.stack) if not f[0].startswith(aprof_dir)],
+        )
+        for e in events
+    ]  # fmt: skip
+
+
+def _until_worker_loop(stack: list[tuple[str, int, str]]) -> list[tuple[str, int, str]]:
+    names = [f[2] for f in stack]
+    return stack[: names.index("_process_worker") + 1] if "_process_worker" in names else stack
+
+
+@pytest.mark.parametrize("with_stack", [False, True])
+def test_pool_call_in_c_matches_the_python_twin(with_stack: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 20, SPEC 15.2: a pool job is built, pickled and run in the
+    # worker in C when the extension is active (PoolCallCore and
+    # _executor_range, aprof/_cranges.c); the pure-Python twins
+    # (_PyPoolCallCore, _run_executor_range_py) record the same events:
+    # names, tracks, nodes, links (flow ids), exceptions, stacks.
+    from aprof._core import _native, _propagation
+
+    if _native.extension is None:
+        pytest.skip("the C extension is not active (APROF_PURE_PYTHON=1)")
+    assert _processes._PoolCall.__mro__[1] is _native.extension.PoolCallCore
+    got = _pool_scenario(with_stack)
+
+    class _PoolCall(_processes._PyPoolCallCore):  # the twin, pickled by the same name
+        __slots__ = ()
+
+    _PoolCall.__module__ = _processes.__name__
+    _PoolCall.__qualname__ = "_PoolCall"
+    monkeypatch.setattr(_processes, "_PoolCall", _PoolCall)
+    monkeypatch.setattr(_propagation, "_run_executor_range", _propagation._run_executor_range_py)
+    want = _pool_scenario(with_stack)  # the fork pool's worker inherits the twins
+    assert got == want
+    executors = [r for r in got if r[1] is aprof.RecordScope.EXECUTOR]
+    assert [r[0] for r in executors] == ["work", "work", "fail", "set_var", "get_var"]
+    assert all(r[4] for r in executors)  # in the worker, under its node
+    assert [r[6] for r in executors] == [None, None, "ValueError", None, None]
+    assert len({r[9] for r in executors}) == 1 and executors[0][9]  # each linked to the submitting thread
+    assert all(r[12] is not None for r in executors) == with_stack
+
+
+def test_pool_call_pickles_as_its_fields() -> None:
+    # What crosses to a pool's worker: the callable and the link, read
+    # back as they went (the C class and its twin alike).
+    for cls in (_processes._PoolCall, _processes._PyPoolCallCore):
+        call = pickle.loads(pickle.dumps(cls(procjobs.work, "/tmp/x", 9, 3, 123)))
+        assert type(call) is cls
+        assert (call.fn, call.dir, call.seq, call.fwd, call.submit_ns) == (procjobs.work, "/tmp/x", 9, 3, 123)
+    assert repr(_processes._PoolCall(procjobs.work, "/tmp/x", 9, 3, 123)) == repr(procjobs.work)
+
+
 # ---------------------------------------------------------------------------
 # install_propagation(processes=True): multiprocessing (issue 20 item 2)
 # ---------------------------------------------------------------------------
