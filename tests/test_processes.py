@@ -423,7 +423,7 @@ def _pool_scenario(with_stack: bool) -> list[tuple[object, ...]]:
         with aprof.profile(with_stack=with_stack) as prof:
             assert ppool.submit(procjobs.work, 10).result() == 45
             assert ppool.submit(functools.partial(procjobs.work, 3)).result() == 3
-            with pytest.raises(ValueError):
+            with pytest.raises(ValueError, match="job failed"):
                 ppool.submit(procjobs.fail).result()
             assert ppool.submit(procjobs.set_var, "v").result() == "v"
             assert ppool.submit(procjobs.get_var).result() == "v"
@@ -481,7 +481,8 @@ def test_pool_call_in_c_matches_the_python_twin(with_stack: bool, monkeypatch: p
     assert [r[0] for r in executors] == ["work", "work", "fail", "set_var", "get_var"]
     assert all(r[4] for r in executors)  # in the worker, under its node
     assert [r[6] for r in executors] == [None, None, "ValueError", None, None]
-    assert len({r[9] for r in executors}) == 1 and executors[0][9]  # each linked to the submitting thread
+    assert len({r[9] for r in executors}) == 1  # each linked to the submitting thread
+    assert executors[0][9]
     assert all(r[12] is not None for r in executors) == with_stack
 
 
