@@ -1360,6 +1360,14 @@ executor_range(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return executor_range_impl(args);
 }
 
+/* The current logical thread, as the ranges take it: stepping.lt or
+ * current_logical_thread() (a process pool's submit links its job to it). */
+static PyObject *
+current_logical_thread_c(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    return logical_thread();
+}
+
 static PyObject *
 executor_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -1428,8 +1436,12 @@ PoolCall_new(PyTypeObject *tp, PyObject *args, PyObject *kwds)
 static PyObject *
 PoolCall_reduce(PoolCall *self, PyObject *Py_UNUSED(ignored))
 {
-    return Py_BuildValue("(O(OOOOO))", (PyObject *)Py_TYPE(self), self->fn, self->dir, self->seq, self->fwd,
-                         self->submit_ns);
+    PyObject *fields = PyTuple_Pack(5, self->fn, self->dir, self->seq, self->fwd, self->submit_ns);
+    if (fields == NULL)
+        return NULL;
+    PyObject *r = PyTuple_Pack(2, (PyObject *)Py_TYPE(self), fields);
+    Py_DECREF(fields);
+    return r;
 }
 
 static int
@@ -1648,6 +1660,8 @@ static PyMethodDef range_functions[] = {
      "_executor_range(fn, args, kwargs, fwd, seq, submit_ns): fn(*args, **kwargs) as an EXECUTOR range."},
     {"_executor_setup", (PyCFunction)(void (*)(void))executor_setup, METH_FASTCALL,
      "Give _executor_range the Python function it calls for the cases it does not handle inline, and _name_of."},
+    {"_logical_thread", current_logical_thread_c, METH_NOARGS,
+     "The current logical thread: stepping.lt or current_logical_thread(), with the ranges' cache."},
     {"_pool_setup", (PyCFunction)(void (*)(void))pool_setup, METH_FASTCALL,
      "Give PoolCallCore the worker profiles' dict and the function that joins a parent profile."},
     {"_forget_logical_threads", forget_logical_threads, METH_NOARGS,

@@ -291,6 +291,10 @@ class PoolCallCore:
     def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
     def __reduce__(self) -> tuple[Any, ...]: ...
 
+def _logical_thread() -> Any:
+    """The current logical thread (``stepping.lt or current_logical_thread()``),
+    through the ranges' per-thread cache."""
+
 def _pool_setup(workers: dict[str, Any], pool_join: Callable[[str], Any], /) -> None:
     """Give ``PoolCallCore`` the worker profiles (``_processes._workers``)
     and the function that joins a parent profile (called once, at import)."""

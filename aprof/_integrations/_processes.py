@@ -84,7 +84,7 @@ from .._core import _native
 from .._core._callbacks import RF_STATE, AprofWarning, start_unrecorded_thread
 from .._core._record_function import _sequence_numbers
 from .._core._recorder import ProfilerState
-from .._core._threads import current_logical_thread, stepping
+from .._core._threads import LogicalThread, current_logical_thread, stepping
 
 __all__ = ["ProcessCall", "collect", "discard", "process_call", "submit_to_pool"]
 
@@ -644,18 +644,21 @@ class _Run:
         """Note a pool job's future; return it as it is."""
         record[1] = inner
         if isinstance(inner, Future):
-            w = self.watches.get(id(pool))
-            if w is None:
-                with self.gather_lock:
-                    w = self.watches.get(id(pool))
-                    if w is None:
-                        w = self.watches[id(pool)] = _PoolWatch(self, pool)
+            w = self.watches.get(id(pool)) or self.watch(pool)
             with w.lock:
                 w.futs.append(inner)
                 idle = w.watched is None
             if idle:  # no future of the pool was pending: watch this one
                 w.arm()
         return inner
+
+    def watch(self, pool: Any) -> _PoolWatch:
+        """The watch on ``pool``'s futures, made at its first job."""
+        with self.gather_lock:
+            w = self.watches.get(id(pool))
+            if w is None:
+                w = self.watches[id(pool)] = _PoolWatch(self, pool)
+            return w
 
     def listen(self, node_id: int) -> bool:
         """Open the socket pool workers connect to (once), with the file of
@@ -1138,12 +1141,29 @@ def submit_to_pool(submit: Any, pool: Any, fn: Any, args: Any, kwargs: Any) -> A
         return tell(submit(pool, call, *args, **kwargs), pool)
     run = entry[1]
     # The link, as _link() makes it.
-    fwd = (stepping.lt or current_logical_thread()).id
+    fwd = _lt_now().id
     seq = next(_sequence_numbers)
     record: list[Any] = [fn, None, seq]
     run.pool_jobs.append(record)
     fut = submit(pool, _PoolCall(fn, run._dir, seq, fwd, perf_counter_ns()), *args, **kwargs)  # type: ignore[arg-type]
-    return run.tell_pool(record, fut, pool)
+    # run.tell_pool(record, fut, pool), inline: a Python call less per job.
+    record[1] = fut
+    if isinstance(fut, Future):
+        w = run.watches.get(id(pool)) or run.watch(pool)
+        with w.lock:
+            w.futs.append(fut)
+            idle = w.watched is None
+        if idle:  # no future of the pool was pending: watch this one
+            w.arm()
+    return fut
+
+
+def _lt_now_py() -> LogicalThread:
+    return stepping.lt or current_logical_thread()
+
+
+#: The current logical thread (in C: the ranges' cached lookup).
+_lt_now: Callable[[], LogicalThread] = _lt_now_py if _native.extension is None else _native.extension._logical_thread
 
 
 def _is_machinery(fn: Any) -> bool:
