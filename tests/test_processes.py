@@ -496,6 +496,47 @@ def test_pool_call_pickles_as_its_fields() -> None:
     assert repr(_processes._PoolCall(procjobs.work, "/tmp/x", 9, 3, 123)) == repr(procjobs.work)
 
 
+def test_one_pending_future_per_pool_is_watched_for_a_broken_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 20: a broken pool is heard of through one watched future per
+    # pool, not a done callback on every job's future; whatever order the
+    # jobs complete in, a pending one is watched while any is pending, so
+    # the pool breaking (which fails every pending future before it
+    # terminates the workers) still asks the survivors for their profiles.
+    broken: list[object] = []
+    monkeypatch.setattr(_processes, "_pool_broken", lambda run, pool: broken.append(pool))
+    run = _processes._Run({})
+    pool, other = object(), object()
+    futs = [concurrent.futures.Future[int]() for _ in range(5)]
+    for f in futs:
+        run.tell_pool([None, None, 0], f, pool)
+    mine = concurrent.futures.Future[int]()
+    run.tell_pool([None, None, 0], mine, other)
+
+    def watched() -> list[int]:
+        return [i for i, f in enumerate(futs) if f._done_callbacks]  # type: ignore[attr-defined]
+
+    assert watched() == [0]  # the first, pending when the others came: not one callback each
+    futs[4].set_result(1)  # out of order: the newest first
+    futs[0].set_result(1)  # the watched one: the watch moves to the newest still pending
+    assert run.watches[id(pool)].watched is futs[3]
+    futs[3].set_result(1)
+    futs[1].set_result(1)
+    assert run.watches[id(pool)].watched is futs[2]
+    assert broken == []
+    futs[2].set_exception(BrokenProcessPool("a worker died"))
+    assert broken == [pool]
+    # All done: nothing watched until the next job, which is.
+    assert run.watches[id(pool)].watched is None
+    late = concurrent.futures.Future[int]()
+    run.tell_pool([None, None, 0], late, pool)
+    assert run.watches[id(pool)].watched is late
+    # The other pool's watch is its own.
+    assert run.watches[id(other)].watched is mine
+    mine.cancel()
+    assert run.watches[id(other)].watched is None
+    assert broken == [pool]
+
+
 # ---------------------------------------------------------------------------
 # install_propagation(processes=True): multiprocessing (issue 20 item 2)
 # ---------------------------------------------------------------------------

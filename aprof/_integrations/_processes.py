@@ -829,7 +829,7 @@ class _PoolWatch:
         # is done: its fields are final.
         if isinstance(getattr(fut, "_exception", None), BrokenProcessPool):
             _pool_broken(self.run, self.pool)
-        elif fut is self.watched:
+        if fut is self.watched:
             self.arm()
 
 
