@@ -97,13 +97,15 @@ def parent(mode: str, n: int) -> None:
     pool = _Pool()
     p: Any = pool
     if mode == "aprof":
-        aprof.profile().start()
+        prof = aprof.profile().start()  # held: a profile nobody holds is not found
         p = aprof.propagating(pool)
         p.submit(job, 100)  # the first job opens the profile's socket
     for _ in range(n // 100):
         for _ in range(100):
             p.submit(job, 100)
         pool.complete()
+    if mode == "aprof":
+        assert len(_processes._runs[id(prof._state)][1].pool_jobs) == n + 1
 
 
 def _count(side: str, mode: str, n: int) -> int:
