@@ -1127,6 +1127,485 @@ range_vectorcall(PyObject *module, PyObject *cls)
 }
 
 /* ------------------------------------------------------------------------ */
+/* The EXECUTOR range (issue 20)                                              */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * _executor_range(fn, args, kwargs, fwd, seq, submit_ns) is
+ * aprof._core._propagation._run_executor_range_py in C: a job handed to a
+ * worker (a process pool's, a thread pool's, to_thread's) run as an
+ * EXECUTOR range. The one case handled inline is the Python function's
+ * inline case: only this context's profile listens (mode FAST, no global
+ * callback); it appends the same start tuple
+ *
+ *   (name, "executor", start, None, seq, fwd, None, stack, KIND_RANGE, submit_ns)
+ *
+ * and the same end tuple (idx, end, lt.id, exception name or None) to the
+ * same list. Nothing listening calls fn; every other case calls the Python
+ * function itself (given by _executor_setup), so the two cannot drift apart.
+ */
+static PyObject *executor_general; /* _run_executor_range_py */
+static PyObject *executor_name_of; /* _propagation._name_of */
+static PyObject *str_executor, *str_take;
+
+/* kwargs: a dict, or NULL for none. */
+static inline PyObject *
+call_job(PyObject *fn, PyObject *args, PyObject *kwargs)
+{
+    if (kwargs != NULL && PyDict_CheckExact(kwargs) && PyDict_GET_SIZE(kwargs) == 0)
+        kwargs = NULL;
+    return PyObject_Call(fn, args, kwargs);
+}
+
+/* args = (fn, args: tuple, kwargs: dict or NULL, fwd, seq, submit_ns). */
+static PyObject *
+executor_range_impl(PyObject *const *args)
+{
+    if (executor_general == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "aprof: _executor_setup was not called");
+        return NULL;
+    }
+    PyObject *fn = args[0], *fargs = args[1], *fkwargs = args[2];
+    PyObject *st;
+    if (PyContextVar_Get(rf_state_var, NULL, &st) < 0)
+        return NULL;
+    if (st == NULL) {
+        PyErr_SetString(PyExc_LookupError, "aprof: RF_STATE has no value");
+        return NULL;
+    }
+    long mode = state_mode(st);
+    if (mode == -1 && PyErr_Occurred()) {
+        Py_DECREF(st);
+        return NULL;
+    }
+    if (mode != MODE_FAST || global_callbacks_on) {
+        Py_DECREF(st);
+        if (mode == MODE_OFF || (mode == MODE_IDLE && !global_callbacks_on))
+            return call_job(fn, fargs, fkwargs);
+        if (fkwargs != NULL)
+            return PyObject_Vectorcall(executor_general, args, 6, NULL);
+        PyObject *kw = PyDict_New(), *r = NULL;
+        if (kw != NULL) {
+            PyObject *full[6] = {args[0], args[1], kw, args[3], args[4], args[5]};
+            r = PyObject_Vectorcall(executor_general, full, 6, NULL);
+            Py_DECREF(kw);
+        }
+        return r;
+    }
+    /* Only this context's profile listens: the records, inline. */
+    PyObject *recorder = slot_get(&rd_recorder, st);
+    Py_DECREF(st);
+    if (recorder == NULL)
+        return NULL;
+    PyObject *ps = slot_get(&rd_state, recorder);
+    Py_DECREF(recorder);
+    if (ps == NULL)
+        return NULL;
+    PyObject *budget = NULL, *lt = NULL, *lists = NULL, *lst = NULL, *tid = NULL, *stack = NULL, *name = NULL,
+             *start = NULL, *result = NULL;
+    if (ps == Py_None) { /* stopped */
+        Py_DECREF(ps);
+        return call_job(fn, fargs, fkwargs);
+    }
+    if ((budget = slot_get(&rd_budget, ps)) == NULL)
+        goto fail;
+    if (budget != Py_None) { /* a bounded profile: room for one more range? */
+        int drop;
+        if (Budget_Check(budget)) {
+            if ((drop = aprof_budget_take((Budget *)budget, BUDGET_RANGE, 1)) < 0)
+                goto fail;
+        }
+        else { /* the pure-Python Budget: its take() */
+            PyObject *kind = PyLong_FromLong(BUDGET_RANGE), *r = NULL;
+            if (kind != NULL)
+                r = PyObject_CallMethodOneArg(budget, str_take, kind);
+            Py_XDECREF(kind);
+            if (r == NULL)
+                goto fail;
+            int ok = PyObject_IsTrue(r);
+            Py_DECREF(r);
+            if (ok < 0)
+                goto fail;
+            drop = !ok;
+        }
+        if (drop) {
+            result = call_job(fn, fargs, fkwargs);
+            goto done;
+        }
+    }
+    if ((lt = logical_thread()) == NULL)
+        goto fail;
+    if ((lists = slot_get(&rd_lists, ps)) == NULL)
+        goto fail;
+    if (PyDict_CheckExact(lists)) {
+        lst = PyDict_GetItemWithError(lists, lt);
+        if (lst != NULL)
+            Py_INCREF(lst);
+        else if (PyErr_Occurred())
+            goto fail;
+    }
+    if (lst == NULL && (lst = PyObject_CallMethodOneArg(ps, str_list_for, lt)) == NULL)
+        goto fail;
+    if (!PyList_CheckExact(lst)) {
+        PyErr_SetString(PyExc_TypeError, "aprof: a profile's event list is not a list");
+        goto fail;
+    }
+    PyObject *with_stack = slot_get(&rd_with_stack, ps);
+    if (with_stack == NULL)
+        goto fail;
+    int want_stack = PyObject_IsTrue(with_stack);
+    Py_DECREF(with_stack);
+    if (want_stack < 0)
+        goto fail;
+    if (want_stack) {
+        if (stack_prefix == NULL) {
+            PyErr_SetString(PyExc_RuntimeError, "aprof: _set_stack_prefix was not called");
+            goto fail;
+        }
+        if ((stack = stack_raw(0, stack_prefix)) == NULL) /* from the caller: aprof's frames left out */
+            goto fail;
+    }
+    else
+        stack = Py_NewRef(Py_None);
+    /* fn.__qualname__ for a plain function, else _name_of(fn) (also when
+     * that is empty), as the Python function names it. */
+    if (Py_IS_TYPE(fn, &PyFunction_Type)) {
+        name = Py_NewRef(((PyFunctionObject *)fn)->func_qualname);
+        int empty = PyObject_Not(name);
+        if (empty < 0)
+            goto fail;
+        if (empty)
+            Py_CLEAR(name);
+    }
+    if (name == NULL && (name = PyObject_CallOneArg(executor_name_of, fn)) == NULL)
+        goto fail;
+    PyObject *t0 = PyLong_FromUnsignedLongLong(now_ns());
+    if (t0 == NULL)
+        goto fail;
+    PyObject *kind = PyLong_FromLong(BUDGET_RANGE); /* KIND_RANGE: a small int, cached */
+    if (kind == NULL) {
+        Py_DECREF(t0);
+        goto fail;
+    }
+    start = PyTuple_Pack(10, name, str_executor, t0, Py_None, args[4], args[3], Py_None, stack, kind, args[5]);
+    Py_DECREF(t0);
+    Py_DECREF(kind);
+    if (start == NULL)
+        goto fail;
+    untrack_atomic(start);
+    if (PyList_Append(lst, start) < 0)
+        goto fail;
+    /* No Python code runs between the append and here (the GIL is held,
+     * no signal handler runs): the start is the list's last item. */
+    Py_ssize_t idx = PyList_GET_SIZE(lst) - 1;
+    if ((tid = slot_get(&rd_id, lt)) == NULL)
+        goto fail;
+    result = call_job(fn, fargs, fkwargs);
+    {
+#if PY_VERSION_HEX >= 0x030C0000
+        PyObject *raised = NULL, *exc = NULL, *end = NULL;
+        if (result == NULL) {
+            raised = PyErr_GetRaisedException();
+            exc = raised != NULL ? PyObject_GetAttr((PyObject *)Py_TYPE(raised), str_name) : NULL;
+#else
+        PyObject *ptype = NULL, *pvalue = NULL, *ptb = NULL, *exc = NULL, *end = NULL;
+        if (result == NULL) {
+            PyErr_Fetch(&ptype, &pvalue, &ptb);
+            PyErr_NormalizeException(&ptype, &pvalue, &ptb); /* type(exc), as the Python function reads it */
+            exc = pvalue != NULL ? PyObject_GetAttr((PyObject *)Py_TYPE(pvalue), str_name) : NULL;
+#endif
+            if (exc == NULL) { /* the job's exception goes on; its name as None if it cannot be read */
+                PyErr_Clear();
+                exc = Py_NewRef(Py_None);
+            }
+        }
+        else
+            exc = Py_NewRef(Py_None);
+        PyObject *i = PyLong_FromSsize_t(idx), *t1 = PyLong_FromUnsignedLongLong(now_ns());
+        if (i != NULL && t1 != NULL)
+            end = PyTuple_Pack(4, i, t1, tid, exc);
+        Py_XDECREF(i);
+        Py_XDECREF(t1);
+        Py_DECREF(exc);
+        int rc = -1;
+        if (end != NULL) {
+            untrack_atomic(end);
+            rc = PyList_Append(lst, end);
+            Py_DECREF(end);
+        }
+        if (result == NULL) {
+            if (rc < 0)
+                PyErr_Clear(); /* the job's own exception wins */
+#if PY_VERSION_HEX >= 0x030C0000
+            PyErr_SetRaisedException(raised);
+#else
+            PyErr_Restore(ptype, pvalue, ptb);
+#endif
+        }
+        else if (rc < 0)
+            Py_CLEAR(result);
+    }
+    goto done;
+fail:
+    Py_CLEAR(result);
+done:
+    Py_XDECREF(start);
+    Py_XDECREF(name);
+    Py_XDECREF(stack);
+    Py_XDECREF(tid);
+    Py_XDECREF(lst);
+    Py_XDECREF(lists);
+    Py_XDECREF(lt);
+    Py_XDECREF(budget);
+    Py_DECREF(ps);
+    return result;
+}
+
+static PyObject *
+executor_range(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6 || !PyTuple_Check(args[1]) || !PyDict_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "_executor_range(fn, args: tuple, kwargs: dict, fwd, seq, submit_ns)");
+        return NULL;
+    }
+    return executor_range_impl(args);
+}
+
+/* The current logical thread, as the ranges take it: stepping.lt or
+ * current_logical_thread() (a process pool's submit links its job to it). */
+static PyObject *
+current_logical_thread_c(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    return logical_thread();
+}
+
+static PyObject *
+executor_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyCallable_Check(args[0]) || !PyCallable_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "_executor_setup(general, name_of)");
+        return NULL;
+    }
+    Py_XSETREF(executor_general, Py_NewRef(args[0]));
+    Py_XSETREF(executor_name_of, Py_NewRef(args[1]));
+    Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------------ */
+/* A process pool's job (issue 20)                                            */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * PoolCallCore is the base class of aprof._integrations._processes._PoolCall
+ * when the extension is built: a job handed to a process pool under a
+ * profile (fn, the parent profile's directory, the submit's sequence
+ * number, its logical thread, its time). It is _PyPoolCallCore of that
+ * module in C: built from the five fields (as unpickling builds it),
+ * pickled as (type(self), (fn, dir, seq, fwd, submit_ns)), and called in
+ * the worker: the first job of a parent profile joins it (_pool_join, in
+ * Python), every job notes its link in the worker profile's seqs and fwds
+ * and runs as an EXECUTOR range (executor_range_impl) in the worker
+ * profile's context, or a copy of it when that context is entered already
+ * (a job run from inside another, or from another thread: the twin holds
+ * a lock while it runs there, to the same effect).
+ */
+typedef struct {
+    PyObject_HEAD
+    PyObject *fn, *dir, *seq, *fwd, *submit_ns;
+} PoolCall;
+
+static PyObject *pool_workers; /* _processes._workers */
+static PyObject *pool_join;    /* _processes._pool_join */
+static PyObject *str_ctx, *str_closed, *str_seqs, *str_fwds, *str_append;
+
+static PyTypeObject PoolCallType;
+
+static PyObject *
+PoolCall_new(PyTypeObject *tp, PyObject *args, PyObject *kwds)
+{
+    PyObject *f[5];
+    if (kwds == NULL && PyTuple_GET_SIZE(args) == 5) {
+        for (int i = 0; i < 5; i++)
+            f[i] = PyTuple_GET_ITEM(args, i);
+    }
+    else {
+        static char *kwlist[] = {"fn", "dir", "seq", "fwd", "submit_ns", NULL};
+        if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOO:_PoolCall", kwlist, &f[0], &f[1], &f[2], &f[3], &f[4]))
+            return NULL;
+    }
+    PoolCall *self = (PoolCall *)tp->tp_alloc(tp, 0);
+    if (self == NULL)
+        return NULL;
+    self->fn = Py_NewRef(f[0]);
+    self->dir = Py_NewRef(f[1]);
+    self->seq = Py_NewRef(f[2]);
+    self->fwd = Py_NewRef(f[3]);
+    self->submit_ns = Py_NewRef(f[4]);
+    return (PyObject *)self;
+}
+
+static PyObject *
+PoolCall_reduce(PoolCall *self, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *fields = PyTuple_Pack(5, self->fn, self->dir, self->seq, self->fwd, self->submit_ns);
+    if (fields == NULL)
+        return NULL;
+    PyObject *r = PyTuple_Pack(2, (PyObject *)Py_TYPE(self), fields);
+    Py_DECREF(fields);
+    return r;
+}
+
+static int
+append_to(PyObject *w, PyObject *name, PyObject *item)
+{
+    PyObject *col = PyObject_GetAttr(w, name);
+    if (col == NULL)
+        return -1;
+    PyObject *r = PyObject_CallMethodOneArg(col, str_append, item);
+    Py_DECREF(col);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+static PyObject *
+PoolCall_call(PoolCall *self, PyObject *args, PyObject *kwargs)
+{
+    if (pool_workers == NULL || pool_join == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "aprof: _pool_setup was not called");
+        return NULL;
+    }
+    PyObject *w = PyDict_GetItemWithError(pool_workers, self->dir); /* borrowed */
+    if (w != NULL)
+        Py_INCREF(w);
+    else if (PyErr_Occurred() || (w = PyObject_CallOneArg(pool_join, self->dir)) == NULL)
+        return NULL;
+    PyObject *ctx = NULL, *result = NULL;
+    int closed = 1; /* None: aprof cannot profile here */
+    if (w != Py_None) {
+        PyObject *c = PyObject_GetAttr(w, str_closed);
+        if (c == NULL)
+            goto done;
+        closed = PyObject_IsTrue(c);
+        Py_DECREF(c);
+        if (closed < 0)
+            goto done;
+    }
+    if (!closed && (ctx = PyObject_GetAttr(w, str_ctx)) == NULL)
+        goto done;
+    if (closed || !PyContext_CheckExact(ctx)) {
+        /* Unprofiled here, or the parent asked for the profile already. */
+        result = call_job(self->fn, args, kwargs);
+        goto done;
+    }
+    if (append_to(w, str_seqs, self->seq) < 0 || append_to(w, str_fwds, self->fwd) < 0)
+        goto done;
+    PyObject *run_in = Py_NewRef(ctx);
+    if (PyContext_Enter(run_in) < 0) {
+        /* Entered already (a job run from inside another, or from another
+         * thread): a copy, as the twin takes when its lock is held. */
+        if (!PyErr_ExceptionMatches(PyExc_RuntimeError)) {
+            Py_DECREF(run_in);
+            goto done;
+        }
+        PyErr_Clear();
+        Py_SETREF(run_in, PyContext_Copy(run_in));
+        if (run_in == NULL)
+            goto done;
+        if (PyContext_Enter(run_in) < 0) {
+            Py_DECREF(run_in);
+            goto done;
+        }
+    }
+    /* fwd 0: the submitter is in another process; the merge points this
+     * range at it through the session's parent_link. */
+    PyObject *zero = PyLong_FromLong(0);
+    if (zero != NULL) {
+        PyObject *a[6] = {self->fn, args, kwargs, zero, self->seq, self->submit_ns};
+        result = executor_range_impl(a);
+        Py_DECREF(zero);
+    }
+    if (PyContext_Exit(run_in) < 0)
+        Py_CLEAR(result);
+    Py_DECREF(run_in);
+done:
+    Py_XDECREF(ctx);
+    Py_DECREF(w);
+    return result;
+}
+
+static int
+PoolCall_traverse(PoolCall *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->fn);
+    Py_VISIT(self->dir);
+    Py_VISIT(self->seq);
+    Py_VISIT(self->fwd);
+    Py_VISIT(self->submit_ns);
+    return 0;
+}
+
+static int
+PoolCall_clear(PoolCall *self)
+{
+    Py_CLEAR(self->fn);
+    Py_CLEAR(self->dir);
+    Py_CLEAR(self->seq);
+    Py_CLEAR(self->fwd);
+    Py_CLEAR(self->submit_ns);
+    return 0;
+}
+
+static void
+PoolCall_dealloc(PoolCall *self)
+{
+    PyObject_GC_UnTrack(self);
+    PoolCall_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef PoolCall_methods[] = {
+    {"__reduce__", (PyCFunction)PoolCall_reduce, METH_NOARGS, "(type(self), (fn, dir, seq, fwd, submit_ns))."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef PoolCall_members[] = {
+    {"fn", T_OBJECT, offsetof(PoolCall, fn), READONLY, "The job's callable."},
+    {"dir", T_OBJECT, offsetof(PoolCall, dir), READONLY, "The parent profile's directory."},
+    {"seq", T_OBJECT, offsetof(PoolCall, seq), READONLY, "The submit's sequence number."},
+    {"fwd", T_OBJECT, offsetof(PoolCall, fwd), READONLY, "The submitting logical thread's id."},
+    {"submit_ns", T_OBJECT, offsetof(PoolCall, submit_ns), READONLY, "The submit's time."},
+    {NULL},
+};
+
+static PyTypeObject PoolCallType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "aprof._ctracer.PoolCallCore",
+    .tp_basicsize = sizeof(PoolCall),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "PoolCallCore(fn, dir, seq, fwd, submit_ns)\n--\n\nA process pool's job under a profile, in C.",
+    .tp_new = PoolCall_new,
+    .tp_call = (ternaryfunc)PoolCall_call,
+    .tp_dealloc = (destructor)PoolCall_dealloc,
+    .tp_traverse = (traverseproc)PoolCall_traverse,
+    .tp_clear = (inquiry)PoolCall_clear,
+    .tp_methods = PoolCall_methods,
+    .tp_members = PoolCall_members,
+};
+
+static PyObject *
+pool_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyDict_Check(args[0]) || !PyCallable_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "_pool_setup(workers: dict, pool_join)");
+        return NULL;
+    }
+    Py_XSETREF(pool_workers, Py_NewRef(args[0]));
+    Py_XSETREF(pool_join, Py_NewRef(args[1]));
+    Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------------ */
 /* Module glue                                                                */
 /* ------------------------------------------------------------------------ */
 
@@ -1188,6 +1667,14 @@ static PyMethodDef range_functions[] = {
      "stack_here(skip, prefix) -> (codes, lastis): the caller's stack, raw (see with_stack)."},
     {"_set_stack_prefix", set_stack_prefix, METH_O,
      "The prefix of aprof's own files, whose leading frames the fast path's stacks leave out."},
+    {"_executor_range", (PyCFunction)(void (*)(void))executor_range, METH_FASTCALL,
+     "_executor_range(fn, args, kwargs, fwd, seq, submit_ns): fn(*args, **kwargs) as an EXECUTOR range."},
+    {"_executor_setup", (PyCFunction)(void (*)(void))executor_setup, METH_FASTCALL,
+     "Give _executor_range the Python function it calls for the cases it does not handle inline, and _name_of."},
+    {"_logical_thread", current_logical_thread_c, METH_NOARGS,
+     "The current logical thread: stepping.lt or current_logical_thread(), with the ranges' cache."},
+    {"_pool_setup", (PyCFunction)(void (*)(void))pool_setup, METH_FASTCALL,
+     "Give PoolCallCore the worker profiles' dict and the function that joins a parent profile."},
     {"_forget_logical_threads", forget_logical_threads, METH_NOARGS,
      "Drop every OS thread's cached logical thread (after a fork)."},
     {NULL, NULL, 0, NULL},
@@ -1213,14 +1700,19 @@ aprof_ranges_init(PyObject *module)
         intern(&str_tls, "_tls") < 0 || intern(&str_lt, "lt") < 0 ||
         intern(&str_trio, "trio") < 0 || intern(&str_asyncio, "asyncio") < 0 ||
         intern(&str_trio_run_context, "_trio_run_context") < 0 || intern(&str_dict, "__dict__") < 0 ||
-        intern(&str_task, "task") < 0 || intern(&str_side_table, "_side_table") < 0)
+        intern(&str_task, "task") < 0 || intern(&str_side_table, "_side_table") < 0 ||
+        intern(&str_executor, "executor") < 0 || intern(&str_take, "take") < 0 || intern(&str_ctx, "ctx") < 0 ||
+        intern(&str_closed, "closed") < 0 || intern(&str_seqs, "seqs") < 0 || intern(&str_fwds, "fwds") < 0 ||
+        intern(&str_append, "append") < 0)
         return -1;
-    if (PyType_Ready(&SteppingType) < 0 || PyType_Ready(&RangeCoreType) < 0)
+    if (PyType_Ready(&SteppingType) < 0 || PyType_Ready(&RangeCoreType) < 0 || PyType_Ready(&PoolCallType) < 0)
         return -1;
     PyObject *stepping = PyType_GenericNew(&SteppingType, NULL, NULL);
     if (stepping == NULL)
         return -1;
     int rc = PyModule_AddObjectRef(module, "RangeCore", (PyObject *)&RangeCoreType);
+    if (rc == 0)
+        rc = PyModule_AddObjectRef(module, "PoolCallCore", (PyObject *)&PoolCallType);
     if (rc == 0)
         rc = PyModule_AddObjectRef(module, "stepping", stepping);
     Py_DECREF(stepping);

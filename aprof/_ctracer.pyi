@@ -262,6 +262,43 @@ def _set_global_callbacks(on: bool, fast_recorder: Any, /) -> None:
 def _range_slots() -> list[str]:
     """The attributes the range fast path reads as slots, not through getattr."""
 
+def _executor_range(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], fwd: int, seq: int, submit_ns: int, /) -> Any:
+    """``fn(*args, **kwargs)`` as an ``EXECUTOR`` range: the C twin of
+    ``_propagation._run_executor_range_py`` (the same records; every case
+    but "only this context's profile listens" calls that function)."""
+
+def _executor_setup(general: Callable[..., Any], name_of: Callable[[Any], str], /) -> None:
+    """Give ``_executor_range`` the Python function for the other cases and
+    ``_name_of`` (called once, at import)."""
+
+class PoolCallCore:
+    """A process pool's job under a profile (``_processes._PyPoolCallCore``
+    in C): built from its five fields, pickled as ``(type(self), (fn, dir,
+    seq, fwd, submit_ns))``, called in the worker as an ``EXECUTOR`` range
+    in the worker profile's context."""
+
+    @property
+    def fn(self) -> Callable[..., Any]: ...
+    @property
+    def dir(self) -> str: ...
+    @property
+    def seq(self) -> int: ...
+    @property
+    def fwd(self) -> int: ...
+    @property
+    def submit_ns(self) -> int: ...
+    def __init__(self, fn: Callable[..., Any], dir: str, seq: int, fwd: int, submit_ns: int) -> None: ...
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...
+    def __reduce__(self) -> tuple[Any, ...]: ...
+
+def _logical_thread() -> Any:
+    """The current logical thread (``stepping.lt or current_logical_thread()``),
+    through the ranges' per-thread cache."""
+
+def _pool_setup(workers: dict[str, Any], pool_join: Callable[[str], Any], /) -> None:
+    """Give ``PoolCallCore`` the worker profiles (``_processes._workers``)
+    and the function that joins a parent profile (called once, at import)."""
+
 def _forget_logical_threads() -> None:
     """Drop every OS thread's cached logical thread (the fork handler calls it)."""
 

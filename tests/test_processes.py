@@ -409,6 +409,134 @@ def test_process_call_pickles_small() -> None:
     assert repr(call) == repr(procjobs.work)
 
 
+def _pool_scenario(with_stack: bool) -> list[tuple[object, ...]]:
+    """Jobs to a fresh fork pool under a profile (a function, a partial,
+    one that fails, one that sets a context variable the next one reads),
+    and what came back, with the counters that differ from run to run
+    (sequence numbers, thread and node ids, pids in names) made relative."""
+    import functools
+    import re
+
+    ex = concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"))
+    try:
+        ppool = aprof.propagating(ex)
+        with aprof.profile(with_stack=with_stack) as prof:
+            assert ppool.submit(procjobs.work, 10).result() == 45
+            assert ppool.submit(functools.partial(procjobs.work, 3)).result() == 3
+            with pytest.raises(ValueError, match="job failed"):
+                ppool.submit(procjobs.fail).result()
+            assert ppool.submit(procjobs.set_var, "v").result() == "v"
+            assert ppool.submit(procjobs.get_var).result() == "v"
+    finally:
+        ex.shutdown()
+    assert prof.session.lost == []
+    events = sorted(prof.events(), key=lambda e: (e.node_id != 0, e.start_ns))
+    seqs = sorted({e.sequence_nr for e in events if e.sequence_nr > 0})
+    tids: dict[int, int] = {}
+    for e in events:
+        tids.setdefault(e.thread_id, len(tids))
+    aprof_dir = os.path.dirname(aprof.__file__)
+    return [
+        (
+            e.name, e.scope, e.args, re.sub(r"\d+", "N", e.track), e.node_id != 0, tids[e.thread_id], e.exception,
+            e.unfinished, seqs.index(e.sequence_nr) if e.sequence_nr > 0 else e.sequence_nr,
+            tids.get(e.forward_thread_id, e.forward_thread_id), sorted(e.extra or {}), [c.name for c in e.children],
+            # aprof's own frames inside a stack are the implementation's;
+            # the worker's stack ends at its loop (beyond: the fork's caller).
+            e.stack and [f for f in _until_worker_loop(e.stack) if not f[0].startswith(aprof_dir)],
+        )
+        for e in events
+    ]  # fmt: skip
+
+
+def _until_worker_loop(stack: list[tuple[str, int, str]]) -> list[tuple[str, int, str]]:
+    names = [f[2] for f in stack]
+    return stack[: names.index("_process_worker") + 1] if "_process_worker" in names else stack
+
+
+@pytest.mark.parametrize("with_stack", [False, True])
+def test_pool_call_in_c_matches_the_python_twin(with_stack: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 20, SPEC 15.2: a pool job is built, pickled and run in the
+    # worker in C when the extension is active (PoolCallCore and
+    # _executor_range, aprof/_cranges.c); the pure-Python twins
+    # (_PyPoolCallCore, _run_executor_range_py) record the same events:
+    # names, tracks, nodes, links (flow ids), exceptions, stacks.
+    from aprof._core import _native, _propagation
+
+    if _native.extension is None:
+        pytest.skip("the C extension is not active (APROF_PURE_PYTHON=1)")
+    assert _processes._PoolCall.__mro__[1] is _native.extension.PoolCallCore
+    got = _pool_scenario(with_stack)
+
+    class _PoolCall(_processes._PyPoolCallCore):  # the twin, pickled by the same name
+        __slots__ = ()
+
+    _PoolCall.__module__ = _processes.__name__
+    _PoolCall.__qualname__ = "_PoolCall"
+    monkeypatch.setattr(_processes, "_PoolCall", _PoolCall)
+    monkeypatch.setattr(_propagation, "_run_executor_range", _propagation._run_executor_range_py)
+    want = _pool_scenario(with_stack)  # the fork pool's worker inherits the twins
+    assert got == want
+    executors = [r for r in got if r[1] is aprof.RecordScope.EXECUTOR]
+    assert [r[0] for r in executors] == ["work", "work", "fail", "set_var", "get_var"]
+    assert all(r[4] for r in executors)  # in the worker, under its node
+    assert [r[6] for r in executors] == [None, None, "ValueError", None, None]
+    assert len({r[9] for r in executors}) == 1  # each linked to the submitting thread
+    assert executors[0][9]
+    assert all(r[12] is not None for r in executors) == with_stack
+
+
+def test_pool_call_pickles_as_its_fields() -> None:
+    # What crosses to a pool's worker: the callable and the link, read
+    # back as they went (the C class and its twin alike).
+    for cls in (_processes._PoolCall, _processes._PyPoolCallCore):
+        call = pickle.loads(pickle.dumps(cls(procjobs.work, "/tmp/x", 9, 3, 123)))
+        assert type(call) is cls
+        assert (call.fn, call.dir, call.seq, call.fwd, call.submit_ns) == (procjobs.work, "/tmp/x", 9, 3, 123)
+    assert repr(_processes._PoolCall(procjobs.work, "/tmp/x", 9, 3, 123)) == repr(procjobs.work)
+
+
+def test_one_pending_future_per_pool_is_watched_for_a_broken_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Issue 20: a broken pool is heard of through one watched future per
+    # pool, not a done callback on every job's future; whatever order the
+    # jobs complete in, a pending one is watched while any is pending, so
+    # the pool breaking (which fails every pending future before it
+    # terminates the workers) still asks the survivors for their profiles.
+    broken: list[object] = []
+    monkeypatch.setattr(_processes, "_pool_broken", lambda run, pool: broken.append(pool))
+    run = _processes._Run({})
+    pool, other = object(), object()
+    futs = [concurrent.futures.Future[int]() for _ in range(5)]
+    for f in futs:
+        run.tell_pool([None, None, 0], f, pool)
+    mine = concurrent.futures.Future[int]()
+    run.tell_pool([None, None, 0], mine, other)
+
+    def watched() -> list[int]:
+        return [i for i, f in enumerate(futs) if f._done_callbacks]  # type: ignore[attr-defined]
+
+    assert watched() == [0]  # the first, pending when the others came: not one callback each
+    futs[4].set_result(1)  # out of order: the newest first
+    futs[0].set_result(1)  # the watched one: the watch moves to the newest still pending
+    assert run.watches[id(pool)].watched is futs[3]
+    futs[3].set_result(1)
+    futs[1].set_result(1)
+    assert run.watches[id(pool)].watched is futs[2]
+    assert broken == []
+    futs[2].set_exception(BrokenProcessPool("a worker died"))
+    assert broken == [pool]
+    # All done: nothing watched until the next job, which is.
+    assert run.watches[id(pool)].watched is None
+    late = concurrent.futures.Future[int]()
+    run.tell_pool([None, None, 0], late, pool)
+    assert run.watches[id(pool)].watched is late
+    # The other pool's watch is its own.
+    assert run.watches[id(other)].watched is mine
+    mine.cancel()
+    assert run.watches[id(other)].watched is None
+    assert broken == [pool]
+
+
 # ---------------------------------------------------------------------------
 # install_propagation(processes=True): multiprocessing (issue 20 item 2)
 # ---------------------------------------------------------------------------

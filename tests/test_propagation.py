@@ -14,6 +14,8 @@ import asyncio
 import concurrent.futures
 import contextvars
 import gc
+import os
+import re
 import sys
 import threading
 import weakref
@@ -38,6 +40,8 @@ ORIGINAL_START = threading.Thread.start
 request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="unset")
 
 # asyncio runners: plain, uvloop, and the eager task factory where it exists.
+APROF_DIR = os.path.dirname(aprof.__file__)
+
 RUNNERS = ["asyncio", "uvloop", *(["asyncio-eager"] if sys.version_info >= (3, 12) else [])]
 
 
@@ -760,3 +764,110 @@ def test_timer_subclass_overriding_run_is_left_alone() -> None:
         request_id.reset(token)
     assert ran == ["unset"]
     assert "_aprof_call" not in vars(t)
+
+
+class _Job:
+    """A callable object: named after its type."""
+
+    def __call__(self, tag: str) -> str:
+        with aprof.record_function("inside" + tag):
+            return tag
+
+
+def _executor_scenario(scope: str, with_stack: bool, budget: int | None) -> list[tuple[Any, ...]]:
+    """Jobs run as EXECUTOR ranges every way the range is taken (propagating,
+    a wrapped callable, follow_executors' bare submit and to_thread, a
+    partial, a callable object, a failing job), and what was recorded, with
+    the counters that differ from run to run (sequence numbers, thread ids)
+    made relative (and the numbers in the names of pools' threads and tasks)."""
+    import functools
+
+    from aprof._integrations._executors import follow_executors
+
+    def fail() -> None:
+        raise KeyError("x")
+
+    kwargs: dict[str, Any] = {"with_stack": with_stack}
+    if budget is not None:
+        kwargs["max_events"] = budget
+    with aprof.profile(scope=scope, **kwargs) as prof:  # type: ignore[arg-type]
+        with aprof.propagating(ThreadPoolExecutor(1)) as pool:
+            assert pool.submit(work, "-a").result()[0] == "unset"
+            assert pool.submit(functools.partial(work, "-b")).result()[0] == "unset"
+            assert pool.submit(_Job(), "-c").result() == "-c"
+            with pytest.raises(KeyError):
+                pool.submit(fail).result()
+        undo = follow_executors()
+        try:
+            with ThreadPoolExecutor(1) as bare:
+                bare.submit(work, "-d").result()
+
+            async def main() -> None:
+                await asyncio.to_thread(work, "-e")
+
+            asyncio.run(main())
+        finally:
+            undo()
+    events = sorted(prof.events(), key=lambda e: (e.start_ns, e.name))
+    seqs = sorted({e.sequence_nr for e in events if e.sequence_nr > 0})
+    tids: dict[int, int] = {}
+    for e in events:
+        tids.setdefault(e.thread_id, len(tids))
+    return [
+        (
+            re.sub(r"\d+", "N", e.name), e.scope, e.args, re.sub(r"\d+", "N", e.track), tids[e.thread_id], tids.get(e.end_thread_id), e.exception, e.unfinished,
+            seqs.index(e.sequence_nr) if e.sequence_nr > 0 else e.sequence_nr,
+            tids.get(e.forward_thread_id, e.forward_thread_id), sorted(e.extra or {}),
+            # aprof's own frames inside a stack are the implementation's: the
+            # twin's Python frame is one more than the C function has.
+            e.stack and [f for f in e.stack if not f[0].startswith(APROF_DIR)],
+            [c.name for c in e.children],
+        )
+        for e in events
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(("scope", "with_stack", "budget"), [("context", False, None), ("context", True, None), ("global", False, None), ("context", False, 12)])
+def test_executor_range_in_c_matches_the_python_twin(
+    scope: str, with_stack: bool, budget: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 20, SPEC 15.2: the EXECUTOR range runs in C when the extension
+    # is active (_executor_range, aprof/_cranges.c); its pure-Python twin
+    # (_run_executor_range_py) records the same events: names, scopes,
+    # tracks, links (flow ids), exceptions, submit times, stacks.
+    from aprof._core import _native, _propagation
+    from aprof._integrations import _executors
+
+    from .conftest import require_c_extension
+
+    if _native.extension is None:
+        pytest.skip("the C extension is not active (APROF_PURE_PYTHON=1)")
+    ext = require_c_extension()
+    assert _propagation._run_executor_range is ext._executor_range
+    got = _executor_scenario(scope, with_stack, budget)
+    monkeypatch.setattr(_propagation, "_run_executor_range", _propagation._run_executor_range_py)
+    monkeypatch.setattr(_executors, "_run_executor_range", _propagation._run_executor_range_py)
+    want = _executor_scenario(scope, with_stack, budget)
+    assert got == want
+    names = [r[0] for r in got if r[1] is EXECUTOR]
+    if budget is None:
+        # The bare submit runs in the worker's own context: only a global
+        # profile sees it; to_thread carries the caller's.
+        bare = ["work"] if scope == "global" else []
+        assert names == ["work", "work", "_Job", "_executor_scenario.<locals>.fail", *bare, "work"]
+        assert [r[6] for r in got if r[1] is EXECUTOR] == [None, None, None, "KeyError", *[None] * len(bare), None]
+        assert all(r[11] is not None for r in got if r[1] is EXECUTOR) == with_stack
+    else:
+        assert len(got) <= budget
+
+
+def test_executor_range_in_c_rejects_bad_arguments() -> None:
+    # The C entry point says what it takes instead of crashing.
+    from aprof._core import _native
+
+    if _native.extension is None:
+        pytest.skip("the C extension is not active (APROF_PURE_PYTHON=1)")
+    with pytest.raises(TypeError, match="_executor_range"):
+        _native.extension._executor_range(print, [], {}, 0, 1, 2)
+    with pytest.raises(TypeError, match="_executor_range"):
+        _native.extension._executor_range(print, (), {})

@@ -26,9 +26,9 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future
 from time import perf_counter_ns
 from types import FunctionType
-from typing import Any, Final, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar
 
-from . import _callbacks
+from . import _callbacks, _native
 from ._callbacks import MODE_FAST, MODE_IDLE, MODE_OFF, RF_STATE, RecordScope
 from ._record_function import RecordFunction, next_sequence_nr
 from ._recorder import KIND_RANGE, capture_stack, index_of
@@ -50,7 +50,11 @@ def _name_of(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__qualname__
 
 
-def _run_executor_range(fn: Callable[..., R], args: Any, kwargs: Any, fwd: int, seq: int, submit_ns: int) -> R:
+def _run_executor_range_py(fn: Callable[..., R], args: Any, kwargs: Any, fwd: int, seq: int, submit_ns: int) -> R:
+    """``fn(*args, **kwargs)`` as an ``EXECUTOR`` range linked to the submit
+    point. With the extension, :data:`_run_executor_range` is its C twin
+    (``_executor_range`` in ``aprof/_cranges.c``), which handles the inline
+    case below itself and calls this function for every other."""
     st = _get_rf_state()
     mode = st.mode
     if mode == MODE_FAST and not _callbacks.global_entries:
@@ -103,6 +107,15 @@ def _run_executor_range(fn: Callable[..., R], args: Any, kwargs: Any, fwd: int, 
     finally:
         rf.end()
 
+
+
+if TYPE_CHECKING or _native.extension is None:
+    _run_executor_range = _run_executor_range_py
+else:
+    # The same records in C (issue 20: a process pool's worker runs one per
+    # job): ~3k instructions a job instead of ~10k.
+    _native.extension._executor_setup(_run_executor_range_py, _name_of)
+    _run_executor_range = _native.extension._executor_range
 
 class _Wrapped:
     """A callable that runs ``fn`` in a copy of the context it was made in."""

@@ -57,6 +57,7 @@ never fails because of aprof.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
 import functools
@@ -77,12 +78,13 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 from time import perf_counter_ns
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
+from .._core import _native
 from .._core._callbacks import RF_STATE, AprofWarning, start_unrecorded_thread
 from .._core._record_function import _sequence_numbers
 from .._core._recorder import ProfilerState
-from .._core._threads import current_logical_thread, stepping
+from .._core._threads import LogicalThread, current_logical_thread, stepping
 
 __all__ = ["ProcessCall", "collect", "discard", "process_call", "submit_to_pool"]
 
@@ -175,10 +177,12 @@ class ProcessCall:
 # ---------------------------------------------------------------------------
 
 
-class _PoolCall:
+class _PyPoolCallCore:
     """A pool job: ``fn``, the parent profile's directory and the link.
     About 100 bytes and 2 us to pickle and unpickle more than ``fn`` alone
-    (the options, as a :class:`_Job` carries them, cost 12 us)."""
+    (the options, as a :class:`_Job` carries them, cost 12 us). The
+    extension's ``PoolCallCore`` (``aprof/_cranges.c``) is this class in C:
+    the same fields, pickle and call."""
 
     __slots__ = ("dir", "fn", "fwd", "seq", "submit_ns")
 
@@ -190,18 +194,13 @@ class _PoolCall:
         self.submit_ns = submit_ns
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_PoolCall, (self.fn, self.dir, self.seq, self.fwd, self.submit_ns))
-
-    def __repr__(self) -> str:
-        return repr(self.fn)
+        return (type(self), (self.fn, self.dir, self.seq, self.fwd, self.submit_ns))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        # In the worker, per job: kept to the fewest Python calls (issue 20's
-        # pool target; a worker's profile costs about a range per job).
-        dir = self.dir
-        w = _workers.get(dir, _UNJOINED)
+        # In the worker, per job.
+        w = _workers.get(self.dir, _UNJOINED)
         if w is _UNJOINED:
-            w = _workers[dir] = _join(dir)
+            w = _pool_join(self.dir)
         ctx = w.ctx if w is not None and not w.closed else None
         if ctx is None:  # unprofiled here, or the parent asked for the profile already
             return self.fn(*args, **kwargs)
@@ -217,6 +216,31 @@ class _PoolCall:
         finally:
             w.enter.release()
 
+
+if TYPE_CHECKING:
+    _PoolCallCore = _PyPoolCallCore
+else:
+    # Per job in the worker (issue 20's pool target): built, pickled and
+    # called in C when the extension is active.
+    _PoolCallCore = _PyPoolCallCore if _native.extension is None else _native.extension.PoolCallCore
+
+
+class _PoolCall(_PoolCallCore):
+    """A pool job (see _PyPoolCallCore); reads as ``fn``."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return repr(self.fn)
+
+
+def _pool_join(dir: str) -> _WorkerProfile | None:
+    """The worker's profile for the parent profile that owns ``dir``, made
+    at its first job (None: the jobs run unprofiled)."""
+    w = _workers.get(dir, _UNJOINED)
+    if w is _UNJOINED:
+        w = _workers[dir] = _join(dir)
+    return w  # type: ignore[no-any-return]
 
 
 class _WorkerProfile:
@@ -255,6 +279,8 @@ def _run_executor_range(fn: Callable[..., Any], args: Any, kwargs: Any, fwd: int
 #: none can be made, the jobs run unprofiled).
 _workers: dict[str, _WorkerProfile | None] = {}
 _UNJOINED: Final[Any] = object()
+if _native.extension is not None:
+    _native.extension._pool_setup(_workers, _pool_join)
 _exit_hooked: list[bool] = []
 
 
@@ -577,8 +603,8 @@ class _Run:
     """The jobs one profile handed to other processes."""
 
     __slots__ = (
-        "_dir", "asked", "callbacks", "conns", "dead", "gather_lock", "jobs", "listener", "options", "pool_jobs", "rescued",
-        "sessions", "silent",
+        "_dir", "asked", "conns", "dead", "gather_lock", "jobs", "listener", "options", "pool_jobs", "rescued",
+        "sessions", "silent", "watches",
     )  # fmt: skip
 
     def __init__(self, options: dict[str, Any]) -> None:
@@ -601,9 +627,9 @@ class _Run:
         #: named only if lost.
         self.jobs: list[list[Any]] = []
         self.pool_jobs: list[list[Any]] = []
-        #: id(pool) -> the done callback of its futures (for a broken pool),
-        #: and the pools whose survivors were asked when they broke.
-        self.callbacks: dict[int, Callable[[Future[Any]], None]] = {}
+        #: id(pool) -> the watch on its futures (for a broken pool), and
+        #: the pools whose survivors were asked when they broke.
+        self.watches: dict[int, _PoolWatch] = {}
         self.rescued: set[int] = set()
 
     @property
@@ -618,11 +644,21 @@ class _Run:
         """Note a pool job's future; return it as it is."""
         record[1] = inner
         if isinstance(inner, Future):
-            cb = self.callbacks.get(id(pool))
-            if cb is None:
-                cb = self.callbacks[id(pool)] = functools.partial(_pool_job_done, self, pool)
-            inner.add_done_callback(cb)
+            w = self.watches.get(id(pool)) or self.watch(pool)
+            with w.lock:
+                w.futs.append(inner)
+                idle = w.watched is None
+            if idle:  # no future of the pool was pending: watch this one
+                w.arm()
         return inner
+
+    def watch(self, pool: Any) -> _PoolWatch:
+        """The watch on ``pool``'s futures, made at its first job."""
+        with self.gather_lock:
+            w = self.watches.get(id(pool))
+            if w is None:
+                w = self.watches[id(pool)] = _PoolWatch(self, pool)
+            return w
 
     def listen(self, node_id: int) -> bool:
         """Open the socket pool workers connect to (once), with the file of
@@ -747,13 +783,60 @@ def process_call(
     return ProcessCall(fn, job), tell
 
 
-def _pool_job_done(run: _Run, pool: Any, fut: Future[Any]) -> None:
+#: The states of a future that is not done (concurrent.futures._base).
+_NOT_DONE: Final = ("PENDING", "RUNNING")
+
+
+class _PoolWatch:
+    """A done callback on one pending future of a pool at a time, not on
+    every job's (issue 20: a callback per job cost the submitter about a
+    microsecond): a broken pool fails all its pending futures before it
+    terminates its workers, so one pending future watched is enough to
+    hear of it. The watched future is the newest pending one; when it
+    completes, its callback moves the watch to the newest future still
+    pending, if any, and a submit that finds none watched watches its own.
+    So whenever a future of the pool is pending, one is watched. ``futs``
+    keeps the pool's futures that may still be pending: done ones are
+    dropped from both ends as they are passed, so each future is looked at
+    a bounded number of times."""
+
+    __slots__ = ("futs", "lock", "pool", "run", "watched")
+
+    def __init__(self, run: _Run, pool: Any) -> None:
+        self.run = run
+        self.pool = pool
+        self.futs: collections.deque[Future[Any]] = collections.deque()
+        self.watched: Future[Any] | None = None
+        self.lock = threading.Lock()
+
+    def arm(self) -> None:
+        """Watch the newest pending future of the pool (none if none is)."""
+        with self.lock:
+            futs = self.futs
+            while futs and futs[-1]._state not in _NOT_DONE:
+                futs.pop()
+            while futs and futs[0]._state not in _NOT_DONE:
+                futs.popleft()
+            if not futs:
+                self.watched = None
+                return
+            fut = self.watched = futs[-1]
+        # Outside the lock: a future completing meanwhile runs the callback now, here.
+        fut.add_done_callback(self.done)
+
+    def done(self, fut: Future[Any]) -> None:
+        # Runs in the pool's manager thread (or the canceller's). The future
+        # is done: its fields are final.
+        if isinstance(getattr(fut, "_exception", None), BrokenProcessPool):
+            _pool_broken(self.run, self.pool)
+        if fut is self.watched:
+            self.arm()
+
+
+def _pool_broken(run: _Run, pool: Any) -> None:
     # A broken pool fails its futures, then terminates its other workers:
     # ask those for their sessions first (this runs in the pool's manager
     # thread, which waits for us).
-    # The future is done: its fields are final (no lock: this runs per job).
-    if not isinstance(getattr(fut, "_exception", None), BrokenProcessPool):
-        return
     with run.gather_lock:
         if id(pool) in run.rescued:
             return  # once per pool: all its pending futures fail together
@@ -1058,12 +1141,29 @@ def submit_to_pool(submit: Any, pool: Any, fn: Any, args: Any, kwargs: Any) -> A
         return tell(submit(pool, call, *args, **kwargs), pool)
     run = entry[1]
     # The link, as _link() makes it.
-    fwd = (stepping.lt or current_logical_thread()).id
+    fwd = _lt_now().id
     seq = next(_sequence_numbers)
     record: list[Any] = [fn, None, seq]
     run.pool_jobs.append(record)
     fut = submit(pool, _PoolCall(fn, run._dir, seq, fwd, perf_counter_ns()), *args, **kwargs)  # type: ignore[arg-type]
-    return run.tell_pool(record, fut, pool)
+    # run.tell_pool(record, fut, pool), inline: a Python call less per job.
+    record[1] = fut
+    if isinstance(fut, Future):
+        w = run.watches.get(id(pool)) or run.watch(pool)
+        with w.lock:
+            w.futs.append(fut)
+            idle = w.watched is None
+        if idle:  # no future of the pool was pending: watch this one
+            w.arm()
+    return fut
+
+
+def _lt_now_py() -> LogicalThread:
+    return stepping.lt or current_logical_thread()
+
+
+#: The current logical thread (in C: the ranges' cached lookup).
+_lt_now: Callable[[], LogicalThread] = _lt_now_py if _native.extension is None else _native.extension._logical_thread
 
 
 def _is_machinery(fn: Any) -> bool:
