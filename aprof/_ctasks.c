@@ -958,6 +958,8 @@ states_in_c(PyObject *ctx)
             if (!Py_IS_TYPE(ps, (PyTypeObject *)cr_state_type))
                 goto out;
             PyObject *tasks = slot_at(ps, off_si[SI_TASKS]), *running = slot_at(ps, off_si[SI_RUNNING]);
+            if (tasks == NULL || running == NULL || !PyBool_Check(tasks) || !PyBool_Check(running))
+                goto out; /* not what ProfilerState sets: the twin reads them as it will */
             if (tasks == Py_True && running == Py_True)
                 found = ps;
         }
@@ -2135,7 +2137,8 @@ waitlog_add(PyObject *log, uint64_t start, uint64_t end, PyObject *wait)
 static int
 note_wait_c(PyObject *tt, PyObject *task, uint64_t start, uint64_t end)
 {
-    if (!waits_ready || c_task_get_coro == NULL || !Py_IS_TYPE(task, (PyTypeObject *)c_task_type) ||
+    if (!waits_ready || c_task_get_coro == NULL || c_task_get_name == NULL ||
+        !Py_IS_TYPE(task, (PyTypeObject *)c_task_type) ||
         !Py_IS_TYPE(tt, task_thread_type))
         return 0;
     PyObject *coro = PyObject_Vectorcall(c_task_get_coro, &task, 1, NULL);
