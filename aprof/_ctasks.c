@@ -1544,8 +1544,6 @@ static APROF_TLS int eager_skipped = 0; /* swaps nested deeper than EAGER_MAX */
 static int watcher_id = -1;
 static PyObject *watched_dict; /* asyncio's current-task table, while watched */
 
-static PyTypeObject CallSoonHookType;
-
 /* _asyncio._eager_started(task, spawner) in C, for its common case (set up
  * with _task_create_setup): a new C Task whose eager first step starts
  * inside a recorded task's step, on a loop already hooked, no tracer
@@ -1859,16 +1857,11 @@ describe_future_c(PyObject *fut)
 {
     if (Py_IS_TYPE(fut, (PyTypeObject *)c_task_type)) {
         PyObject *name = PyObject_Vectorcall(c_task_get_name, &fut, 1, NULL);
-        if (name == NULL) { /* the twin: "?" */
+        if (name != NULL && !PyUnicode_CheckExact(name))
+            Py_SETREF(name, PyObject_Str(name));
+        if (name == NULL) { /* the twin: str(get_name()), or "?" if that fails */
             PyErr_Clear();
             name = Py_NewRef(str_unnamed);
-        }
-        else if (!PyUnicode_CheckExact(name)) {
-            Py_SETREF(name, PyObject_Str(name));
-            if (name == NULL) {
-                PyErr_Clear();
-                name = Py_NewRef(str_unnamed);
-            }
         }
         PyObject *coro = PyObject_Vectorcall(c_task_get_coro, &fut, 1, NULL);
         if (coro == NULL || !PyCoro_CheckExact(coro)) {
@@ -2045,6 +2038,18 @@ bad:
     return -1;
 }
 
+/* log.add(start, end, wait), the method: 0, or -1 with an exception. */
+static int
+call_log_add(PyObject *log, uint64_t start, uint64_t end, PyObject *wait)
+{
+    PyObject *s = PyLong_FromUnsignedLongLong(start), *e = s != NULL ? PyLong_FromUnsignedLongLong(end) : NULL;
+    PyObject *r = e != NULL ? PyObject_CallMethodObjArgs(log, str_add, s, e, wait, NULL) : NULL;
+    Py_XDECREF(s);
+    Py_XDECREF(e);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
 /* WaitLog.add(log, start, end, wait) in C (its twin: _await_chain.WaitLog.add).
  * 0, or -1 with an exception. */
 static int
@@ -2052,14 +2057,8 @@ waitlog_add(PyObject *log, uint64_t start, uint64_t end, PyObject *wait)
 {
     PyObject *runs = slot_at(log, off_wl[WL_RUNS]);
     if (runs == NULL || !PyList_CheckExact(runs) || !PyTuple_CheckExact(wait) || PyTuple_GET_SIZE(wait) != 4 ||
-        end < start) {
-        PyObject *s = PyLong_FromUnsignedLongLong(start), *e = s != NULL ? PyLong_FromUnsignedLongLong(end) : NULL;
-        PyObject *r = e != NULL ? PyObject_CallMethodObjArgs(log, str_add, s, e, wait, NULL) : NULL;
-        Py_XDECREF(s);
-        Py_XDECREF(e);
-        Py_XDECREF(r);
-        return r == NULL ? -1 : 0;
-    }
+        end < start)
+        return call_log_add(log, start, end, wait);
     PyObject *what = PyTuple_GET_ITEM(wait, 0), *where = PyTuple_GET_ITEM(wait, 2);
     uint64_t waited = end - start;
     Py_ssize_t n = PyList_GET_SIZE(runs);
@@ -2175,17 +2174,7 @@ note_wait_c(PyObject *tt, PyObject *task, uint64_t start, uint64_t end)
         set_slot(tt, off_tt[TT_WAITS], log);
         Py_DECREF(log);
     }
-    int rc;
-    if (Py_IS_TYPE(log, w_log_type))
-        rc = waitlog_add(log, start, end, wait);
-    else {
-        PyObject *s = PyLong_FromUnsignedLongLong(start), *e = s != NULL ? PyLong_FromUnsignedLongLong(end) : NULL;
-        PyObject *r = e != NULL ? PyObject_CallMethodObjArgs(log, str_add, s, e, wait, NULL) : NULL;
-        Py_XDECREF(s);
-        Py_XDECREF(e);
-        Py_XDECREF(r);
-        rc = r == NULL ? -1 : 0;
-    }
+    int rc = Py_IS_TYPE(log, w_log_type) ? waitlog_add(log, start, end, wait) : call_log_add(log, start, end, wait);
     Py_DECREF(wait);
     return rc < 0 ? -1 : 1;
 }

@@ -219,6 +219,16 @@ def no_leftovers() -> Any:
         pytest.fail("; ".join(problems))
 
 
+def require_c_paths() -> None:
+    """End a test of a C path against its twin under ``APROF_PURE_PYTHON=1``,
+    where the C paths are not set up (the twin alone runs, and the suite's
+    other tests check it)."""
+    from aprof._core import _native
+
+    if _native.extension is None:
+        pytest.skip("APROF_PURE_PYTHON=1: the C path is not set up (the twin alone runs)")
+
+
 def twin(fn: Any, *args: Any) -> Any:
     """``fn(*args)`` with the C extension switched off for the call: the
     pure-Python twins run, as under ``APROF_PURE_PYTHON=1`` (for parity

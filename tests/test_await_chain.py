@@ -15,7 +15,7 @@ import pytest
 
 from aprof._integrations._await_chain import WaitLog, describe_wait
 
-from .conftest import BACKENDS, Backend, require_c_extension
+from .conftest import BACKENDS, Backend, require_c_extension, require_c_paths
 
 
 @pytest.fixture(params=["C", "twin"])
@@ -312,17 +312,11 @@ def log_add(request: pytest.FixtureRequest) -> Any:
     if request.param == "twin":
         return WaitLog.add
     ext = require_c_extension()
-    _require_c_paths()
+    require_c_paths()
     import aprof._integrations._asyncio  # noqa: F401  (sets the C path up)
 
     return ext._waitlog_add
 
-
-def _require_c_paths() -> None:
-    from aprof._core import _native
-
-    if _native.extension is None:
-        pytest.skip("APROF_PURE_PYTHON=1: the C path is not set up (the twin alone runs)")
 
 
 def test_the_wait_log_merges_consecutive_waits_on_the_same_call(log_add: Any) -> None:
@@ -440,7 +434,7 @@ def test_a_long_wait_is_logged_alike_by_the_c_path_and_its_twin(backend, kind: s
     # as the Python twin, on the same suspended tasks, its log must be the
     # twin's, drops of a full log included. A trio task is the twin's.
     ext = require_c_extension()
-    _require_c_paths()
+    require_c_paths()
     import aprof._integrations._asyncio  # noqa: F401  (sets the C path up)
     from aprof._integrations._tasks import TaskThread, note_wait
 

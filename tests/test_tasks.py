@@ -1541,10 +1541,7 @@ def test_the_c_path_finds_the_profile_of_a_new_task_as_its_twin_does() -> None:
     # Several profiles are the twin's (NotImplemented); every answer the C
     # path gives is the twin's.
     ext = conftest.require_c_extension()
-    from aprof._core import _native
-
-    if _native.extension is None:
-        pytest.skip("APROF_PURE_PYTHON=1: the C path is not set up (the twin alone runs)")
+    conftest.require_c_paths()
     import aprof._integrations._asyncio  # noqa: F401  (sets the C path up)
     from aprof._integrations._tasks import states_in
 
