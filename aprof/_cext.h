@@ -89,6 +89,12 @@ int aprof_events_init(PyObject *module);
  * Returns -1 with an exception set on failure. */
 int aprof_sampler_init(PyObject *module);
 
+/* A suspended coroutine's or generator's code (borrowed) and instruction
+ * offset (bytes, as frame.f_lasti), read from its frame in place: 1, or 0
+ * when it is not suspended (then ask cr_code and cr_frame). In
+ * _csampler.c, which reads CPython's frames. */
+int aprof_gen_site(PyObject *gen, PyObject **code, int *lasti);
+
 /* _cblocks.c: a run of plain ranges of one scope, packed; see that file. */
 typedef struct {
     PyObject *name;  /* str, owned */

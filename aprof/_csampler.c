@@ -1219,6 +1219,28 @@ sampler_stats(PyObject *module, PyObject *Py_UNUSED(ignored))
 /* A task's spawn site (aprof._frames.user_site, for TaskThread)              */
 /* ------------------------------------------------------------------------ */
 
+int
+aprof_gen_site(PyObject *gen, PyObject **code, int *lasti)
+{
+    PyGenObject *g = (PyGenObject *)gen;
+    int8_t st = g->gi_frame_state;
+#if PY_VERSION_HEX >= 0x030D0000
+    if (st != FRAME_SUSPENDED && st != FRAME_SUSPENDED_YIELD_FROM)
+        return 0;
+#else
+    if (st != FRAME_SUSPENDED)
+        return 0;
+#endif
+    struct _PyInterpreterFrame *f = (struct _PyInterpreterFrame *)g->gi_iframe;
+    PyCodeObject *co = frame_code(f);
+    if (co == NULL)
+        return 0;
+    int l = _PyInterpreterFrame_LASTI(f);
+    *code = (PyObject *)co;
+    *lasti = l < 0 ? -1 : l * (int)sizeof(_Py_CODEUNIT); /* PyFrame_GetLasti */
+    return 1;
+}
+
 /* user_site(cache, is_library) -> (file, line, function) | None
 
    The nearest frame of the user's code, from the calling Python frame out:
@@ -1237,6 +1259,15 @@ static struct {
     PyObject *site;
 } site_cache[SITE_CACHE_SIZE];
 
+/* The verdict per code, of the last codes seen: is_library(co_filename)
+ * says the same for a file name for good, and a spawn walks the same
+ * frames again and again. An entry holds its code. */
+#define LIB_MEMO_SIZE 256
+static struct {
+    PyCodeObject *code;
+    int is_lib;
+} lib_memo[LIB_MEMO_SIZE];
+
 static PyObject *
 user_site(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
@@ -1250,8 +1281,15 @@ user_site(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         if (code == NULL)
             continue;
         PyObject *filename = code->co_filename;
-        PyObject *lib = PyDict_GetItemWithError(cache, filename); /* borrowed */
+        size_t m = ((uintptr_t)code >> 4) & (LIB_MEMO_SIZE - 1);
         int is_lib;
+        if (lib_memo[m].code == code) {
+            is_lib = lib_memo[m].is_lib;
+            if (is_lib)
+                continue;
+            goto user;
+        }
+        PyObject *lib = PyDict_GetItemWithError(cache, filename); /* borrowed */
         if (lib != NULL) {
             is_lib = PyObject_IsTrue(lib);
         }
@@ -1269,7 +1307,11 @@ user_site(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         }
         if (is_lib < 0)
             return NULL;
+        Py_INCREF(code);
+        Py_XSETREF(lib_memo[m].code, code);
+        lib_memo[m].is_lib = is_lib;
         if (!is_lib) {
+        user:;
             int lasti = _PyInterpreterFrame_LASTI(f);
             size_t h = (((uintptr_t)code >> 4) ^ ((size_t)lasti * 2654435761u)) & (SITE_CACHE_SIZE - 1);
             if (site_cache[h].code == code && site_cache[h].lasti == lasti)

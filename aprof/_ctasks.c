@@ -47,8 +47,6 @@ static const char *const tt_slots[TT_COUNT] = {"id",         "name",     "kind",
                                                "_more",      "_records", "_idx",      "_task_ref",    "steps",
                                                "ready_ns",   "_state"};
 static Py_ssize_t off_tt[TT_COUNT];
-static PyObject *str_task_attr;        /* "_aprof_logical_thread" */
-static PyObject *c_task_type;          /* asyncio.Task (the C one) */
 static PyObject *py_task_type;         /* asyncio.tasks._PyTask, or None */
 static PyObject *py_step_fn, *py_wakeup_fn; /* its __step and __wakeup functions, or None */
 static PyObject *on_first_step;        /* first_step(tt): the tracer runs */
@@ -90,6 +88,45 @@ optional_attr(PyObject *obj, PyObject *name, PyObject **result)
 #else
     return _PyObject_LookupAttr(obj, name, result);
 #endif
+}
+
+static PyObject *c_task_type;
+static PyObject *str_task_attr;
+static Py_ssize_t task_dict_offset; /* the C Task's instance dict, or 0: read it through getattr */
+
+/* getattr(task, aprof's attribute) as optional_attr says it: for a C Task
+ * straight from its instance dict (set up in _tasks_setup). */
+static inline int
+task_attr(PyObject *task, PyObject **result)
+{
+    if (APROF_LIKELY(task_dict_offset > 0 && Py_TYPE(task) == (PyTypeObject *)c_task_type)) {
+        PyObject *dict = *(PyObject **)((char *)task + task_dict_offset);
+        PyObject *v = dict != NULL ? PyDict_GetItemWithError(dict, str_task_attr) : NULL;
+        if (v == NULL && PyErr_Occurred())
+            return -1;
+        *result = Py_XNewRef(v);
+        return v != NULL;
+    }
+    return optional_attr(task, str_task_attr, result);
+}
+
+/* setattr(task, aprof's attribute, value): for a C Task with its instance
+ * dict made, straight into it. */
+static inline int
+task_attr_set(PyObject *task, PyObject *value)
+{
+    if (APROF_LIKELY(task_dict_offset > 0 && Py_TYPE(task) == (PyTypeObject *)c_task_type)) {
+        PyObject *dict = *(PyObject **)((char *)task + task_dict_offset);
+        if (dict == NULL) { /* made as setattr makes it */
+            dict = PyObject_GenericGetDict(task, NULL);
+            if (dict == NULL)
+                return -1;
+            Py_DECREF(dict); /* the task holds it */
+        }
+        if (PyDict_CheckExact(dict))
+            return PyDict_SetItem(dict, str_task_attr, value);
+    }
+    return PyObject_SetAttr(task, str_task_attr, value);
 }
 
 /* Report a failure of aprof's own bookkeeping without raising it into the
@@ -339,7 +376,7 @@ recorded(PyObject *task, int *has_lt)
 {
     PyObject *lt;
     *has_lt = 0;
-    if (optional_attr(task, str_task_attr, &lt) < 0) {
+    if (task_attr(task, &lt) < 0) {
         PyErr_Clear();
         return NULL;
     }
@@ -445,6 +482,23 @@ untrack_plain(PyObject *o)
     aprof_untrack_if_acyclic(o, consts, 2);
 }
 
+/* untrack_plain(tt) for an exact TaskThread, its slots read in place
+ * (they are all its references: __slots__, no __dict__, its type aside). */
+static void
+untrack_tt(PyObject *tt)
+{
+    if (!Py_IS_TYPE(tt, task_thread_type) || !PyObject_GC_IsTracked(tt))
+        return;
+    for (int i = 0; i < TT_COUNT; i++) {
+        PyObject *v = slot_at(tt, off_tt[i]);
+        if (v != NULL && v != no_records && v != discard_steps && PyObject_IS_GC(v) && PyObject_GC_IsTracked(v)) {
+            untrack_plain(tt); /* the general walk says */
+            return;
+        }
+    }
+    PyObject_GC_UnTrack(tt);
+}
+
 /* A task just finished and its record is written: take what it leaves in
  * the profile off the cyclic GC's lists, now rather than when a ring seals
  * its generation (ring_seal, ring_records) or never (an unbounded
@@ -470,7 +524,7 @@ untrack_finished(PyObject *tt, PyObject *state, PyObject *rec, PyObject *exact, 
     }
     untrack_plain(slot_at(tt, off_tt[TT_SITE]));
     untrack_plain(rec);
-    untrack_plain(tt);
+    untrack_tt(tt);
     PyObject *lists = PyObject_GetAttr(state, str_lists);
     if (lists == NULL) {
         PyErr_Clear();
@@ -911,9 +965,10 @@ hook_call_own(CallSoonHook *self, PyObject *const *args, size_t nargsf, PyObject
 static int create_ready = 0;
 static PyObject *cr_states_in, *cr_ids, *cr_seqs, *cr_state_type, *cr_user_site, *cr_site_cache, *cr_is_library,
     *cr_coro_qualname, *cr_budget_task;
-static PyObject *str_asyncio, *str_qualname, *str_cr_running, *str_cr_suspended, *str_budget, *str_admit,
+static PyObject *str_asyncio, *str_qualname, *str_budget, *str_admit,
     *str_task_records, *str_run_coro, *str_get_coro;
 static PyObject *c_task_get_coro;
+static PyObject *last_qualname; /* the last coroutine name seen that names no wrapper */
 static PyObject *str_call_soon;
 #if PY_VERSION_HEX >= 0x030C0000
 static PyObject *c_task_get_loop, *c_task_get_context; /* (eager first steps) */
@@ -927,7 +982,7 @@ static PyObject *c_task_get_loop, *c_task_get_context; /* (eager first steps) */
 static int states_ready = 0;
 static PyObject *si_var, *si_empty, *si_globals, *str_get;
 static PyTypeObject *si_rfstate_type, *si_recorder_type;
-enum { SI_ENABLED, SI_RECORDER, SI_STATE, SI_TASKS, SI_RUNNING, SI_COUNT };
+enum { SI_ENABLED, SI_RECORDER, SI_STATE, SI_TASKS, SI_RUNNING, SI_BUDGET, SI_TASK_RECORDS, SI_COUNT };
 static Py_ssize_t off_si[SI_COUNT];
 
 static PyObject *
@@ -999,19 +1054,14 @@ create_in_c(PyObject *task, PyObject *ctx)
     PyObject *result = CREATE_FALLBACK, *states = NULL, *name = NULL, *coro_name = NULL, *tt = NULL;
     if (!PyCoro_CheckExact(coro))
         goto out;
-    /* not started: the twin's _not_started */
-    PyObject *flag = PyObject_GetAttr(coro, str_cr_running);
-    if (flag == NULL)
-        goto error;
-    int started = flag != Py_False;
-    Py_DECREF(flag);
-    if (!started) {
-        flag = PyObject_GetAttr(coro, str_cr_suspended);
-        if (flag == NULL)
-            goto error;
-        started = flag != Py_False;
-        Py_DECREF(flag);
-    }
+    /* not started: the twin's _not_started (neither cr_running nor
+     * cr_suspended; read from the coroutine's frame state) */
+    int8_t st = ((PyCoroObject *)coro)->cr_frame_state;
+#if PY_VERSION_HEX >= 0x030D0000
+    int started = st == 0 || st == -1 || st == -2; /* executing, suspended (yield from or not) */
+#else
+    int started = st == 0 || st == -1; /* executing, suspended */
+#endif
     if (started)
         goto out;
     states = states_in_c(ctx);
@@ -1021,7 +1071,7 @@ create_in_c(PyObject *task, PyObject *ctx)
         goto error;
     if (states == Py_None || (PyList_CheckExact(states) && PyList_GET_SIZE(states) == 0)) {
         /* seen: not asked again at each step */
-        if (PyObject_SetAttr(task, str_task_attr, Py_None) < 0)
+        if (task_attr_set(task, Py_None) < 0)
             goto error;
         result = Py_None;
         goto out;
@@ -1030,9 +1080,13 @@ create_in_c(PyObject *task, PyObject *ctx)
         Py_SETREF(states, Py_NewRef(PyList_GET_ITEM(states, 0)));
     if (!Py_IS_TYPE(states, (PyTypeObject *)cr_state_type))
         goto out; /* several profiles */
-    PyObject *budget = PyObject_GetAttr(states, str_budget);
-    if (budget == NULL)
+    PyObject *budget = states_ready ? Py_XNewRef(slot_at(states, off_si[SI_BUDGET]))
+                                    : PyObject_GetAttr(states, str_budget);
+    if (budget == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_AttributeError, "ProfilerState.budget is not set");
         goto error;
+    }
     int admitted = 1;
     if (budget != Py_None && Budget_Check(budget)) { /* ProfilerState.admit(TASK), without its frame */
         int drop = aprof_budget_take((Budget *)budget, BUDGET_TASK, 1);
@@ -1046,23 +1100,31 @@ create_in_c(PyObject *task, PyObject *ctx)
     Py_DECREF(budget);
     if (admitted < 0)
         goto error;
-    PyObject *records = PyObject_GetAttr(states, str_task_records);
-    if (records == NULL)
+    PyObject *records = states_ready ? Py_XNewRef(slot_at(states, off_si[SI_TASK_RECORDS]))
+                                     : PyObject_GetAttr(states, str_task_records);
+    if (records == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_AttributeError, "ProfilerState.task_records is not set");
         goto error;
+    }
     if (!PyList_CheckExact(records)) {
         Py_DECREF(records);
         goto out;
     }
     /* the task's name, and its coroutine's (a wrapped one: the twin's work) */
     name = finish_name(task);
-    coro_name = PyObject_GetAttr(coro, str_qualname);
+    coro_name = Py_XNewRef(((PyCoroObject *)coro)->cr_qualname); /* coro.__qualname__ */
     if (coro_name == NULL || !PyUnicode_CheckExact(coro_name) || PyUnicode_GET_LENGTH(coro_name) == 0) {
-        PyErr_Clear();
         Py_XSETREF(coro_name, PyObject_CallOneArg(cr_coro_qualname, coro));
     }
-    else if (PyUnicode_Find(coro_name, str_run_coro, 0, PyUnicode_GET_LENGTH(coro_name), 1) != -1) {
-        PyErr_Clear();
-        Py_SETREF(coro_name, PyObject_CallOneArg(cr_coro_qualname, coro));
+    else if (coro_name != last_qualname) { /* a wrapper's (anyio's _run_coro): the twin names the user's */
+        Py_ssize_t at = PyUnicode_Find(coro_name, str_run_coro, 0, PyUnicode_GET_LENGTH(coro_name), 1);
+        if (at == -2)
+            PyErr_Clear();
+        if (at != -1)
+            Py_SETREF(coro_name, PyObject_CallOneArg(cr_coro_qualname, coro));
+        else /* the same function's next coroutine shares its name: checked once */
+            Py_XSETREF(last_qualname, Py_NewRef(coro_name));
     }
     if (coro_name == NULL) {
         Py_DECREF(records);
@@ -1134,7 +1196,7 @@ create_in_c(PyObject *task, PyObject *ctx)
     Py_DECREF(spawn_ns);
     Py_DECREF(records);
     /* bind: the task's attribute names its logical thread */
-    if (PyObject_SetAttr(task, str_task_attr, tt) < 0)
+    if (task_attr_set(task, tt) < 0)
         goto error; /* recorded, not bound: its steps go untimed */
     result = tt;
     tt = NULL;
@@ -1203,10 +1265,10 @@ states_setup(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t narg
     }
     static const char *const rf_slots[2] = {"enabled", "recorder"};
     static const char *const rec_slots[1] = {"state"};
-    static const char *const ps_slots[2] = {"tasks", "running"};
+    static const char *const ps_slots[4] = {"tasks", "running", "budget", "task_records"};
     Py_ssize_t offs[SI_COUNT];
     if (member_offsets(args[2], rf_slots, 2, offs) < 0 || member_offsets(args[3], rec_slots, 1, offs + SI_STATE) < 0 ||
-        member_offsets(cr_state_type, ps_slots, 2, offs + SI_TASKS) < 0)
+        member_offsets(cr_state_type, ps_slots, 4, offs + SI_TASKS) < 0)
         return NULL;
     memcpy(off_si, offs, sizeof off_si);
     Py_XSETREF(si_var, Py_NewRef(args[0]));
@@ -1424,7 +1486,7 @@ AddHook_vectorcall(AddHook *self, PyObject *const *args, size_t nargsf, PyObject
         !(py_task_type != Py_None && PyObject_TypeCheck(task, (PyTypeObject *)py_task_type)))
         return r;
     PyObject *lt;
-    if (optional_attr(task, str_task_attr, &lt) < 0) {
+    if (task_attr(task, &lt) < 0) {
         PyErr_Clear();
         return r;
     }
@@ -1721,6 +1783,7 @@ watch_eager(PyObject *module, PyObject *table)
 static PyObject *str_cr_await, *str_cr_code, *str_cr_frame, *str_gi_yieldfrom, *str_gi_code, *str_gi_frame;
 static PyObject *str_ag_code;
 static PyObject *leaf_types; /* types seen at the bottom of a chain with no cr_code/gi_code/ag_code */
+static PyTypeObject *last_leaf_type; /* the last of them seen (a one-entry cache of the set; held) */
 
 /* 1: `obj` has a non-None `name`; 0: it has none (or None); -1: an error. */
 static int
@@ -1738,6 +1801,107 @@ has_non_none(PyObject *obj, PyObject *name)
     return r;
 }
 
+/* The raw walk of await_key: each coroutine's or generator's code (by
+ * address) and instruction offset, outermost first, into codes/lastis
+ * (room for AWAIT_MAX_DEPTH), their count in *n, and the awaitable at the
+ * bottom in *leaf (new reference; None if the chain ends in a bare yield).
+ * 1: walked; 0: a chain it leaves to the Python walk; -1: an error. */
+static int
+await_walk(PyObject *coro, void **codes, int *lastis, Py_ssize_t *n, PyObject **leaf)
+{
+    PyObject *obj = Py_NewRef(coro);
+    *n = 0;
+    *leaf = NULL;
+    for (int depth = 0; depth < AWAIT_MAX_DEPTH; depth++) {
+        PyTypeObject *t = Py_TYPE(obj);
+        int is_coro = t == &PyCoro_Type;
+        if (!is_coro && t != &PyGen_Type) {
+            if (*n == 0)
+                goto unhandled;
+            if (t != last_leaf_type) {
+                int known = PySet_Contains(leaf_types, (PyObject *)t);
+                if (known < 0)
+                    goto error;
+                if (!known) {
+                    PyObject *names[3] = {str_cr_code, str_gi_code, str_ag_code};
+                    for (int i = 0; i < 3; i++) {
+                        int has = has_non_none(obj, names[i]);
+                        if (has < 0)
+                            goto error;
+                        if (has)
+                            goto unhandled;
+                    }
+                    if (PySet_GET_SIZE(leaf_types) >= 256 && PySet_Clear(leaf_types) < 0)
+                        goto error;
+                    if (PySet_Add(leaf_types, (PyObject *)t) < 0)
+                        goto error;
+                }
+                Py_XSETREF(last_leaf_type, (PyTypeObject *)Py_NewRef(t));
+            }
+            *leaf = obj;
+            return 1;
+        }
+        PyObject *code;
+        if (!aprof_gen_site(obj, &code, &lastis[*n])) { /* not suspended: as Python reads it */
+            code = PyObject_GetAttr(obj, is_coro ? str_cr_code : str_gi_code);
+            if (code == NULL)
+                goto error;
+            Py_DECREF(code); /* by address: the caller keeps the codes alive as long as it keeps the key */
+            PyObject *frame = PyObject_GetAttr(obj, is_coro ? str_cr_frame : str_gi_frame);
+            if (frame == NULL)
+                goto error;
+            lastis[*n] = PyFrame_Check(frame) ? PyFrame_GetLasti((PyFrameObject *)frame) : -1;
+            Py_DECREF(frame);
+        }
+        codes[(*n)++] = code;
+        PyObject *next = PyObject_GetAttr(obj, is_coro ? str_cr_await : str_gi_yieldfrom);
+        if (next == NULL)
+            goto error;
+        if (next == Py_None) {
+            Py_DECREF(next);
+            break;
+        }
+        PyTypeObject *nt = Py_TYPE(next);
+        if (nt != &PyCoro_Type && nt != &PyGen_Type && nt != last_leaf_type) {
+            const char *name = nt->tp_name;
+            if (strcmp(name, "async_generator_asend") == 0 || strcmp(name, "async_generator_athrow") == 0) {
+                Py_DECREF(next);
+                goto unhandled;
+            }
+        }
+        Py_SETREF(obj, next);
+    }
+    Py_DECREF(obj);
+    *leaf = Py_NewRef(Py_None);
+    return 1;
+unhandled:
+    Py_DECREF(obj);
+    return 0;
+error:
+    Py_DECREF(obj);
+    return -1;
+}
+
+/* The key tuple (id(code), lasti, ...) of a walk (new reference). */
+static PyObject *
+await_key_tuple(void *const *codes, const int *lastis, Py_ssize_t n)
+{
+    PyObject *key = PyTuple_New(2 * n);
+    if (key == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *c = PyLong_FromVoidPtr(codes[i]), *l = c != NULL ? PyLong_FromLong(lastis[i]) : NULL;
+        if (l == NULL) {
+            Py_XDECREF(c);
+            Py_DECREF(key);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(key, 2 * i, c);
+        PyTuple_SET_ITEM(key, 2 * i + 1, l);
+    }
+    return key;
+}
+
 /* await_key(coro) -> ((id(code), lasti, ...), leaf) | None
 
    The chain of a suspended coroutine walked as _await_chain._walk walks it,
@@ -1750,79 +1914,17 @@ has_non_none(PyObject *obj, PyObject *name)
 static PyObject *
 await_key(PyObject *Py_UNUSED(module), PyObject *coro)
 {
-    PyObject *items[2 * AWAIT_MAX_DEPTH];
-    Py_ssize_t n = 0;
-    PyObject *obj = Py_NewRef(coro), *leaf = Py_None, *result = NULL;
-    for (int depth = 0; depth < AWAIT_MAX_DEPTH; depth++) {
-        PyTypeObject *t = Py_TYPE(obj);
-        int is_coro = t == &PyCoro_Type;
-        if (!is_coro && t != &PyGen_Type) {
-            if (n == 0)
-                goto unhandled;
-            int known = PySet_Contains(leaf_types, (PyObject *)t);
-            if (known < 0)
-                goto error;
-            if (!known) {
-                PyObject *names[3] = {str_cr_code, str_gi_code, str_ag_code};
-                for (int i = 0; i < 3; i++) {
-                    int has = has_non_none(obj, names[i]);
-                    if (has < 0)
-                        goto error;
-                    if (has)
-                        goto unhandled;
-                }
-                if (PySet_GET_SIZE(leaf_types) >= 256 && PySet_Clear(leaf_types) < 0)
-                    goto error;
-                if (PySet_Add(leaf_types, (PyObject *)t) < 0)
-                    goto error;
-            }
-            leaf = obj;
-            break;
-        }
-        PyObject *code = PyObject_GetAttr(obj, is_coro ? str_cr_code : str_gi_code);
-        if (code == NULL)
-            goto error;
-        items[n++] = PyLong_FromVoidPtr(code);
-        Py_DECREF(code);
-        if (items[n - 1] == NULL)
-            goto error;
-        PyObject *frame = PyObject_GetAttr(obj, is_coro ? str_cr_frame : str_gi_frame);
-        if (frame == NULL)
-            goto error;
-        items[n++] = PyLong_FromLong(PyFrame_Check(frame) ? PyFrame_GetLasti((PyFrameObject *)frame) : -1);
-        Py_DECREF(frame);
-        if (items[n - 1] == NULL)
-            goto error;
-        PyObject *next = PyObject_GetAttr(obj, is_coro ? str_cr_await : str_gi_yieldfrom);
-        if (next == NULL)
-            goto error;
-        if (next == Py_None) {
-            Py_DECREF(next);
-            break;
-        }
-        const char *name = Py_TYPE(next)->tp_name;
-        if (strcmp(name, "async_generator_asend") == 0 || strcmp(name, "async_generator_athrow") == 0) {
-            Py_DECREF(next);
-            goto unhandled;
-        }
-        Py_SETREF(obj, next);
-    }
-    PyObject *key = PyTuple_New(n);
-    if (key == NULL)
-        goto error;
-    for (Py_ssize_t i = 0; i < n; i++)
-        PyTuple_SET_ITEM(key, i, items[i]);
-    n = 0;
-    result = PyTuple_Pack(2, key, leaf);
-    Py_DECREF(key);
-    Py_DECREF(obj);
-    return result;
-unhandled:
-    result = Py_NewRef(Py_None);
-error:
-    for (Py_ssize_t i = 0; i < n; i++)
-        Py_XDECREF(items[i]);
-    Py_DECREF(obj);
+    void *codes[AWAIT_MAX_DEPTH];
+    int lastis[AWAIT_MAX_DEPTH];
+    Py_ssize_t n;
+    PyObject *leaf;
+    int r = await_walk(coro, codes, lastis, &n, &leaf);
+    if (r <= 0)
+        return r < 0 ? NULL : Py_NewRef(Py_None);
+    PyObject *key = await_key_tuple(codes, lastis, n);
+    PyObject *result = key != NULL ? PyTuple_Pack(2, key, leaf) : NULL;
+    Py_XDECREF(key);
+    Py_DECREF(leaf);
     return result;
 }
 
@@ -1848,6 +1950,32 @@ static Py_ssize_t off_wl[WL_COUNT];
 static PyObject *str_fut_waiter, *str_children, *str_callbacks, *str_chain_future, *str_drop, *str_add,
     *str_kind_task, *str_kind_executor, *str_kind_future, *str_a_future, *str_executor_job, *str_unnamed,
     *str_task_open, *str_paren_open, *str_paren_close, *str_empty;
+
+/* f"task {name!r} ({qualname})" when both are ASCII and repr(name) is the
+ * name in single quotes (printable, no quote, no backslash): new
+ * reference, or NULL (no exception: the caller joins it; or one). */
+static PyObject *
+task_what_ascii(PyObject *name, PyObject *qualname)
+{
+    if (!PyUnicode_CheckExact(name) || !PyUnicode_CheckExact(qualname) || !PyUnicode_IS_ASCII(name) ||
+        !PyUnicode_IS_ASCII(qualname))
+        return NULL;
+    const Py_UCS1 *s = PyUnicode_1BYTE_DATA(name);
+    Py_ssize_t n = PyUnicode_GET_LENGTH(name), q = PyUnicode_GET_LENGTH(qualname);
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (s[i] < 0x20 || s[i] >= 0x7f || s[i] == '\'' || s[i] == '\\')
+            return NULL;
+    PyObject *r = PyUnicode_New(6 + n + 3 + q + 1, 127);
+    if (r == NULL)
+        return NULL;
+    Py_UCS1 *d = PyUnicode_1BYTE_DATA(r);
+    memcpy(d, "task '", 6);
+    memcpy(d + 6, s, (size_t)n);
+    memcpy(d + 6 + n, "' (", 3);
+    memcpy(d + 9 + n, PyUnicode_1BYTE_DATA(qualname), (size_t)q);
+    d[9 + n + q] = ')';
+    return r;
+}
 
 /* (what, kind) of the future a C Task waits on, as _describe_future says it
  * (new reference), or Py_None (borrowed: the twin's case: a Python Task, a
@@ -1878,9 +2006,24 @@ describe_future_c(PyObject *fut)
             Py_XDECREF(code);
             return code == NULL ? NULL : Py_None;
         }
-        /* f"task {name!r} ({qualname})", joined (PyUnicode_FromFormat parses
-         * its format at every call: twice the cost) */
-        PyObject *what = NULL, *quoted = PyObject_Repr(name);
+        /* f"task {name!r} ({qualname})": written out for an ASCII name that
+         * repr() quotes as it is ("Task-12"), else joined (PyUnicode_FromFormat
+         * parses its format at every call: twice the cost) */
+        PyObject *qualname = ((PyCodeObject *)code)->co_qualname;
+        PyObject *what = task_what_ascii(name, qualname);
+        if (what != NULL) {
+            Py_DECREF(name);
+            Py_DECREF(code);
+            PyObject *r = PyTuple_Pack(2, what, str_kind_task);
+            Py_DECREF(what);
+            return r;
+        }
+        if (PyErr_Occurred()) {
+            Py_DECREF(name);
+            Py_DECREF(code);
+            return NULL;
+        }
+        PyObject *quoted = PyObject_Repr(name);
         Py_DECREF(name);
         if (quoted != NULL) {
             PyObject *parts = PyTuple_Pack(5, str_task_open, quoted, str_paren_open,
@@ -2130,6 +2273,60 @@ waitlog_add(PyObject *log, uint64_t start, uint64_t end, PyObject *wait)
     return PyList_GET_SIZE(runs) > w_max_runs ? waitlog_drop(log, runs) : 0;
 }
 
+/* The call sites of the last chains seen, by their walk: _sites[key]
+ * without building the key (a tuple of 2n ints) and hashing it at every
+ * wait. An entry holds its site, and the site its codes: the addresses it
+ * compares stay theirs. A site is what the chain's codes and offsets say,
+ * so an entry outliving its _sites entry (cleared at _MAX_CACHED) still
+ * says the same. */
+#define SITE_MEMO_SIZE 64 /* a power of two */
+#define SITE_MEMO_DEPTH 6
+typedef struct {
+    PyObject *site; /* NULL: empty */
+    Py_ssize_t n;
+    void *codes[SITE_MEMO_DEPTH];
+    int lastis[SITE_MEMO_DEPTH];
+} site_memo_entry;
+static site_memo_entry site_memo[SITE_MEMO_SIZE];
+
+static void
+site_memo_clear(void)
+{
+    for (int i = 0; i < SITE_MEMO_SIZE; i++)
+        Py_CLEAR(site_memo[i].site);
+}
+
+/* The cached site of a walk (new reference), or Py_None (borrowed: not
+ * cached: the twin describes it first), or NULL with an exception. */
+static PyObject *
+site_of(void *const *codes, const int *lastis, Py_ssize_t n)
+{
+    uint64_t h = 1469598103934665603ULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        h = (h ^ (uint64_t)(uintptr_t)codes[i]) * 1099511628211ULL;
+        h = (h ^ (uint64_t)(uint32_t)lastis[i]) * 1099511628211ULL;
+    }
+    site_memo_entry *e = &site_memo[(h ^ (h >> 29)) & (SITE_MEMO_SIZE - 1)];
+    if (e->site != NULL && e->n == n && n <= SITE_MEMO_DEPTH &&
+        memcmp(e->codes, codes, (size_t)n * sizeof(void *)) == 0 &&
+        memcmp(e->lastis, lastis, (size_t)n * sizeof(int)) == 0)
+        return Py_NewRef(e->site);
+    PyObject *key = await_key_tuple(codes, lastis, n);
+    if (key == NULL)
+        return NULL;
+    PyObject *site = PyDict_GetItemWithError(w_sites, key);
+    Py_DECREF(key);
+    if (site == NULL || !PyTuple_CheckExact(site) || PyTuple_GET_SIZE(site) != 5)
+        return PyErr_Occurred() ? NULL : Py_None;
+    if (n <= SITE_MEMO_DEPTH) {
+        Py_XSETREF(e->site, Py_NewRef(site));
+        e->n = n;
+        memcpy(e->codes, codes, (size_t)n * sizeof(void *));
+        memcpy(e->lastis, lastis, (size_t)n * sizeof(int));
+    }
+    return Py_NewRef(site);
+}
+
 /* A long wait of `task`, from `start` to `end`, into tt's wait log: 1 if
  * done here, 0 if it is the twin's (nothing changed), -1 with an exception.
  * Called before the task's next step, so its coroutine is suspended. */
@@ -2147,21 +2344,22 @@ note_wait_c(PyObject *tt, PyObject *task, uint64_t start, uint64_t end)
         Py_DECREF(coro);
         return 0;
     }
-    PyObject *keyed = await_key(NULL, coro);
+    void *codes[AWAIT_MAX_DEPTH];
+    int lastis[AWAIT_MAX_DEPTH];
+    Py_ssize_t n;
+    PyObject *leaf;
+    int walked = await_walk(coro, codes, lastis, &n, &leaf);
     Py_DECREF(coro);
-    if (keyed == NULL || keyed == Py_None) {
-        Py_XDECREF(keyed);
-        return keyed == NULL ? -1 : 0;
+    if (walked <= 0)
+        return walked;
+    PyObject *site = site_of(codes, lastis, n);
+    if (site == NULL || site == Py_None) {
+        Py_DECREF(leaf);
+        return site == NULL ? -1 : 0; /* a site seen for the first time: the twin's */
     }
-    PyObject *site = PyDict_GetItemWithError(w_sites, PyTuple_GET_ITEM(keyed, 0));
-    if (site == NULL || !PyTuple_CheckExact(site) || PyTuple_GET_SIZE(site) != 5) {
-        Py_DECREF(keyed);
-        return PyErr_Occurred() ? -1 : 0; /* a site seen for the first time: the twin's */
-    }
-    Py_INCREF(site); /* the cache may be cleared meanwhile */
-    PyObject *wait = wait_at_c(site, task, PyTuple_GET_ITEM(keyed, 1));
+    PyObject *wait = wait_at_c(site, task, leaf);
     Py_DECREF(site);
-    Py_DECREF(keyed);
+    Py_DECREF(leaf);
     if (wait == NULL)
         return -1;
     PyObject *log = slot_at(tt, off_tt[TT_WAITS]);
@@ -2194,6 +2392,7 @@ waits_setup(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
 {
     if (nargs == 1 && args[0] == Py_None) {
         waits_ready = 0;
+        site_memo_clear();
         Py_RETURN_NONE;
     }
     if (nargs != 4 || !PyType_Check(args[0]) || !PyDict_CheckExact(args[1]) || !PyType_Check(args[3]) ||
@@ -2233,6 +2432,7 @@ waits_setup(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
     Py_XSETREF(w_sites, Py_NewRef(args[1]));
     Py_XSETREF(w_wait_at, Py_NewRef(args[2]));
     Py_XSETREF(w_future_type, Py_NewRef(args[3]));
+    site_memo_clear(); /* another _sites */
     waits_ready = 1;
     Py_RETURN_NONE;
 }
@@ -2322,6 +2522,14 @@ tasks_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_XSETREF(tracer_running, Py_NewRef(args[10]));
     Py_XSETREF(on_long_wait, Py_NewRef(args[11]));
     long_wait_ns = (uint64_t)wait_ns;
+    /* The C Task's attribute in its instance dict, read there: only if the
+     * type has a plain dict offset and nothing of that name (a descriptor
+     * would come first). */
+    int in_type = PyObject_HasAttr(c_task_type, str_task_attr);
+    Py_ssize_t off = ((PyTypeObject *)c_task_type)->tp_dictoffset;
+    task_dict_offset = !in_type && off > 0 && !(((PyTypeObject *)c_task_type)->tp_flags & Py_TPFLAGS_MANAGED_DICT)
+                           ? off
+                           : 0;
     Py_RETURN_NONE;
 }
 
@@ -2368,14 +2576,12 @@ aprof_tasks_init(PyObject *module)
     str_task_fallback = PyUnicode_InternFromString("Task");
     str_asyncio = PyUnicode_InternFromString("asyncio");
     str_qualname = PyUnicode_InternFromString("__qualname__");
-    str_cr_running = PyUnicode_InternFromString("cr_running");
-    str_cr_suspended = PyUnicode_InternFromString("cr_suspended");
     str_budget = PyUnicode_InternFromString("budget");
     str_admit = PyUnicode_InternFromString("admit");
     str_task_records = PyUnicode_InternFromString("task_records");
     str_run_coro = PyUnicode_InternFromString("run_coro");
     str_get_coro = PyUnicode_InternFromString("get_coro");
-    if (str_asyncio == NULL || str_qualname == NULL || str_cr_running == NULL || str_cr_suspended == NULL ||
+    if (str_asyncio == NULL || str_qualname == NULL ||
         str_budget == NULL || str_admit == NULL || str_task_records == NULL || str_run_coro == NULL ||
         str_get_coro == NULL)
         return -1;

@@ -537,6 +537,116 @@ def test_a_long_wait_is_logged_alike_by_the_c_path_and_its_twin(backend, kind: s
         assert all(handled), handled
 
 
+@pytest.mark.parametrize("name", ["kid-1", "it's", 'say "hi"', "naïve", "tab\there", "back\\slash"])
+def test_a_child_tasks_name_is_quoted_alike_by_the_c_path_and_its_twin(backend, name: str) -> None:
+    # Issue 19: the C path writes "task 'kid-1' (coro)" out itself when
+    # repr() would quote the name as it is; any other name (a quote, a
+    # backslash, a tab, beyond ASCII) goes through repr(), as the twin's.
+    ext = require_c_extension()
+    require_c_paths()
+    import aprof._integrations._asyncio  # noqa: F401  (sets the C path up)
+    from aprof._integrations._tasks import TaskThread, note_wait
+
+    async def kid(ev: Any) -> None:
+        await ev.wait()
+
+    async def parent(ev: Any, seen: list[Any]) -> None:
+        seen.append(_current_task(backend))
+        if backend.is_trio:  # a trio task waits on no asyncio task: the twin's
+            await ev.wait()
+        else:
+            await asyncio.create_task(kid(ev), name=name)
+
+    async def main() -> tuple[Any, Any, list[bool]]:
+        prims = Prims(backend)
+        seen: list[Any] = []
+        async with backend.group() as g:
+            g.start_soon(parent, prims.event, seen)
+            await _until(backend, seen)
+            await backend.sleep(0.005)  # in its wait
+            twin, c = TaskThread.__new__(TaskThread), TaskThread.__new__(TaskThread)
+            twin.waits = c.waits = None
+            note_wait(twin, seen[0], 0, 2_000_000)  # describes the call site and caches it
+            note_wait(twin, seen[0], 3_000_000, 5_000_000)
+            note_wait(c, seen[0], 0, 2_000_000)
+            handled = [ext._note_wait(c, seen[0], 3_000_000, 5_000_000)]
+            if not handled[0]:
+                note_wait(c, seen[0], 3_000_000, 5_000_000)
+            prims.event.set()
+        prims.close()
+        return twin.waits.runs, c.waits.runs, handled
+
+    twin_runs, c_runs, handled = backend.run(main)
+    assert c_runs == twin_runs
+    if backend.is_trio:
+        assert handled == [False]
+    else:
+        assert handled == [True]
+        assert twin_runs[0][5] == f"task {name!r} (test_a_child_tasks_name_is_quoted_alike_by_the_c_path_and_its_twin.<locals>.kid)"
+
+
+def test_the_c_path_keeps_each_call_site_of_a_coroutine_apart_and_outlives_the_site_cache(backend) -> None:
+    # Issue 19: the C path finds a chain's call site by its walk (codes and
+    # offsets) in a cache of its own before _await_chain._sites. Two awaits
+    # of the same coroutine are two sites; once both are known, clearing
+    # _sites (as it is at _MAX_CACHED) changes nothing the C path says.
+    ext = require_c_extension()
+    require_c_paths()
+    import aprof._integrations._asyncio  # noqa: F401  (sets the C path up)
+    from aprof._integrations import _await_chain
+    from aprof._integrations._tasks import TaskThread, note_wait
+
+    at: list[str] = []
+
+    async def two_sites(a: Prims, b: Prims, seen: list[Any]) -> None:
+        seen.append(_current_task(backend))
+        channels = not hasattr(a, "queue")  # anyio's or trio's memory channels
+        for _ in range(3):  # the awaits in this frame: each its own `where`
+            at.append("a")
+            await (a.recv.receive() if channels else a.queue.get())
+            at.append("b")
+            await (b.recv.receive() if channels else b.queue.get())
+
+    async def main() -> tuple[Any, Any, list[bool]]:
+        a, b = Prims(backend), Prims(backend)
+        seen: list[Any] = []
+        twin, c = TaskThread.__new__(TaskThread), TaskThread.__new__(TaskThread)
+        twin.waits = c.waits = None
+        handled: list[bool] = []
+        async with backend.group() as g:
+            g.start_soon(two_sites, a, b, seen)
+            await _until(backend, seen)
+            t = 0
+            for round_ in range(3):
+                for prims, site in ((a, "a"), (b, "b")):
+                    while at[-1] != site:
+                        await backend.sleep(0.001)
+                    await backend.sleep(0.002)  # in its wait
+                    if round_ == 2 and site == "a":
+                        _await_chain._sites.clear()  # both sites known to the C path by now
+                    note_wait(twin, seen[0], t, t + 2_000_000)
+                    if round_ == 0:  # the first wait at each site: the twin's, which caches it
+                        note_wait(c, seen[0], t, t + 2_000_000)
+                    else:
+                        handled.append(ext._note_wait(c, seen[0], t, t + 2_000_000))
+                        if not handled[-1]:
+                            note_wait(c, seen[0], t, t + 2_000_000)
+                    t += 3_000_000
+                    await prims.put()  # on to the other await
+        a.close()
+        b.close()
+        return twin.waits.runs, c.waits.runs, handled
+
+    twin_runs, c_runs, handled = backend.run(main)
+    assert c_runs == twin_runs
+    sites = [(run[7], run[8]) for run in twin_runs]  # (where, caller): a's and b's by turns
+    assert len(sites) == 6, sites
+    assert sites[0] != sites[1], sites
+    assert sites[0::2] == [sites[0]] * 3, sites
+    assert sites[1::2] == [sites[1]] * 3, sites
+    assert handled == ([False] * 4 if backend.is_trio else [True] * 4)
+
+
 def _group_tasks(backend, one: Any) -> list[Any]:
     """The tasks of the group ``one`` was started in (its siblings too)."""
     if backend.is_trio:
