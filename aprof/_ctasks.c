@@ -446,6 +446,17 @@ static int finish_ready = 0;
 static PyObject *steps_array_type, *steps_typecode, *no_records, *discard_steps;
 static PyObject *c_task_get_name, *c_task_cancelled;
 static PyObject *str_lists;
+
+/* Set up further down (_states_setup, _waits_setup), read by a task's end
+ * too: a ProfilerState's slots and a WaitLog's, by offset. */
+enum { SI_ENABLED, SI_RECORDER, SI_STATE, SI_TASKS, SI_RUNNING, SI_BUDGET, SI_TASK_RECORDS, SI_LISTS, SI_COUNT };
+static int states_ready;
+static Py_ssize_t off_si[SI_COUNT];
+static PyObject *cr_state_type;
+enum { WL_RUNS, WL_CLOSED, WL_ARRIVALS, WL_COUNT };
+static int waits_ready;
+static PyTypeObject *w_log_type;
+static Py_ssize_t off_wl[WL_COUNT];
 static PyObject *str_exception, *str_runs, *str_frombytes, *str_returned, *str_cancelled, *str_cancelled_error,
     *str_task_fallback;
 
@@ -525,7 +536,9 @@ untrack_finished(PyObject *tt, PyObject *state, PyObject *rec, PyObject *exact, 
     untrack_plain(slot_at(tt, off_tt[TT_SITE]));
     untrack_plain(rec);
     untrack_tt(tt);
-    PyObject *lists = PyObject_GetAttr(state, str_lists);
+    PyObject *lists = states_ready && Py_IS_TYPE(state, (PyTypeObject *)cr_state_type)
+                          ? Py_XNewRef(slot_at(state, off_si[SI_LISTS]))
+                          : PyObject_GetAttr(state, str_lists);
     if (lists == NULL) {
         PyErr_Clear();
         return;
@@ -598,9 +611,13 @@ finish_in_c(PyObject *tt, PyObject *task)
         goto error;
     Py_DECREF(r);
     if (waits != Py_None) {
-        runs = PyObject_GetAttr(waits, str_runs);
-        if (runs == NULL)
+        runs = waits_ready && Py_IS_TYPE(waits, w_log_type) ? Py_XNewRef(slot_at(waits, off_wl[WL_RUNS]))
+                                                             : PyObject_GetAttr(waits, str_runs);
+        if (runs == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_AttributeError, "WaitLog.runs is not set");
             goto error;
+        }
     }
     PyObject *end_o = PyLong_FromUnsignedLongLong(end);
     if (end_o == NULL)
@@ -982,7 +999,6 @@ static PyObject *c_task_get_loop, *c_task_get_context; /* (eager first steps) */
 static int states_ready = 0;
 static PyObject *si_var, *si_empty, *si_globals, *str_get;
 static PyTypeObject *si_rfstate_type, *si_recorder_type;
-enum { SI_ENABLED, SI_RECORDER, SI_STATE, SI_TASKS, SI_RUNNING, SI_BUDGET, SI_TASK_RECORDS, SI_COUNT };
 static Py_ssize_t off_si[SI_COUNT];
 
 static PyObject *
@@ -1131,7 +1147,7 @@ create_in_c(PyObject *task, PyObject *ctx)
         goto error;
     }
     PyObject *id = PyIter_Next(cr_ids), *seq = id != NULL ? PyIter_Next(cr_seqs) : NULL;
-    PyObject *steps = seq != NULL ? PyObject_CallNoArgs((PyObject *)&StepLogType) : NULL;
+    PyObject *steps = seq != NULL ? StepLogType.tp_alloc(&StepLogType, 0) : NULL;
     PyObject *site = steps != NULL ? PyObject_CallFunctionObjArgs(cr_user_site, cr_site_cache, cr_is_library, NULL)
                                    : NULL;
     PyObject *ref = site != NULL ? PyWeakref_NewRef(task, NULL) : NULL;
@@ -1265,10 +1281,10 @@ states_setup(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t narg
     }
     static const char *const rf_slots[2] = {"enabled", "recorder"};
     static const char *const rec_slots[1] = {"state"};
-    static const char *const ps_slots[4] = {"tasks", "running", "budget", "task_records"};
+    static const char *const ps_slots[5] = {"tasks", "running", "budget", "task_records", "lists"};
     Py_ssize_t offs[SI_COUNT];
     if (member_offsets(args[2], rf_slots, 2, offs) < 0 || member_offsets(args[3], rec_slots, 1, offs + SI_STATE) < 0 ||
-        member_offsets(cr_state_type, ps_slots, 4, offs + SI_TASKS) < 0)
+        member_offsets(cr_state_type, ps_slots, 5, offs + SI_TASKS) < 0)
         return NULL;
     memcpy(off_si, offs, sizeof off_si);
     Py_XSETREF(si_var, Py_NewRef(args[0]));
@@ -1944,7 +1960,6 @@ static PyObject *w_future_type;    /* asyncio.Future (the C one) */
 static PyObject *w_heappush, *w_heappop, *w_bisect_left;
 static PyObject *w_shift, *w_mask; /* 64, and (1 << 64) - 1: a WaitLog heap entry's halves */
 static Py_ssize_t w_max_runs;
-enum { WL_RUNS, WL_CLOSED, WL_ARRIVALS, WL_COUNT };
 static const char *const wl_slots[WL_COUNT] = {"runs", "_closed", "_arrivals"};
 static Py_ssize_t off_wl[WL_COUNT];
 static PyObject *str_fut_waiter, *str_children, *str_callbacks, *str_chain_future, *str_drop, *str_add,
