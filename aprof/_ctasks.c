@@ -1957,8 +1957,6 @@ static PyObject *w_sites;          /* _await_chain._sites: chain key -> site */
 static PyObject *w_wait_at;        /* _await_chain.wait_at(site, task, leaf) */
 static PyTypeObject *w_log_type;   /* _await_chain.WaitLog (exact type) */
 static PyObject *w_future_type;    /* asyncio.Future (the C one) */
-static PyObject *w_heappush, *w_heappop, *w_bisect_left;
-static PyObject *w_shift, *w_mask; /* 64, and (1 << 64) - 1: a WaitLog heap entry's halves */
 static Py_ssize_t w_max_runs;
 static const char *const wl_slots[WL_COUNT] = {"runs", "_closed", "_arrivals"};
 static Py_ssize_t off_wl[WL_COUNT];
@@ -2128,72 +2126,164 @@ wait_at_c(PyObject *site, PyObject *task, PyObject *leaf)
     return r;
 }
 
-/* The drop of WaitLog._drop once the log holds its heap: the closed run
- * whose longest wait is shortest (the first of equals) goes. The first
- * drop, which builds the heap, is the twin's. */
+/* WaitLog._drop in C. Its state, kept in C form: `_arrivals` a bytearray
+ * of each run's arrival number (uint64, in runs' order) and `_closed` a
+ * bytearray heap of the closed runs' (longest, arrival) pairs, ordered as
+ * the pair (the twin's heap of ints `longest << 64 | arrival`, without an
+ * int made, shifted, compared or freed at each wait: a keep-alive
+ * connection's task drops a run at every wait once its log is full). The
+ * twin turns a C form back into its own, and this a twin's form (or none:
+ * the first drop) into C's: either is rebuilt from the runs, since the
+ * heap holds exactly the closed runs (all but the open, last one). */
+typedef struct {
+    uint64_t longest, arrival;
+} wait_heap_entry;
+
+static inline int
+whe_less(const wait_heap_entry *x, const wait_heap_entry *y)
+{
+    return x->longest < y->longest || (x->longest == y->longest && x->arrival < y->arrival);
+}
+
+static void
+wait_heap_down(wait_heap_entry *h, Py_ssize_t n, Py_ssize_t i)
+{
+    wait_heap_entry item = h[i];
+    for (;;) {
+        Py_ssize_t c = 2 * i + 1;
+        if (c >= n)
+            break;
+        if (c + 1 < n && whe_less(&h[c + 1], &h[c]))
+            c++;
+        if (!whe_less(&h[c], &item))
+            break;
+        h[i] = h[c];
+        i = c;
+    }
+    h[i] = item;
+}
+
+static void
+wait_heap_up(wait_heap_entry *h, Py_ssize_t i)
+{
+    wait_heap_entry item = h[i];
+    while (i > 0) {
+        Py_ssize_t parent = (i - 1) / 2;
+        if (!whe_less(&item, &h[parent]))
+            break;
+        h[i] = h[parent];
+        i = parent;
+    }
+    h[i] = item;
+}
+
+/* run[4], a run's longest wait: 0, or -1 with an exception. */
+static int
+run_longest(PyObject *run, uint64_t *out)
+{
+    if (!PyList_CheckExact(run) || PyList_GET_SIZE(run) != 10) {
+        PyErr_SetString(PyExc_RuntimeError, "aprof: a wait log's run is not a list of 10");
+        return -1;
+    }
+    unsigned long long v = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(run, 4));
+    if (v == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* The C form of a log whose new run was just appended (n runs): arrivals
+ * of runs[:-1] and the heap of runs[:-2], whatever form the log had (the
+ * twin's, none at the first drop, or one a failed resize left). Arrival
+ * numbers only order the runs (the first of equals goes first): runs[k]
+ * gets k. 0, or -1 with an exception (nothing set). */
+static int
+waitlog_to_c(PyObject *log, PyObject *runs)
+{
+    Py_ssize_t n = PyList_GET_SIZE(runs);
+    PyObject *arr = PyByteArray_FromStringAndSize(NULL, (n - 1) * (Py_ssize_t)sizeof(uint64_t));
+    PyObject *heap = arr != NULL ? PyByteArray_FromStringAndSize(NULL, (n - 2) * (Py_ssize_t)sizeof(wait_heap_entry))
+                                 : NULL;
+    if (heap == NULL) {
+        Py_XDECREF(arr);
+        return -1;
+    }
+    uint64_t *a = (uint64_t *)PyByteArray_AS_STRING(arr);
+    wait_heap_entry *h = (wait_heap_entry *)PyByteArray_AS_STRING(heap);
+    for (Py_ssize_t k = 0; k < n - 1; k++)
+        a[k] = (uint64_t)k;
+    for (Py_ssize_t k = 0; k < n - 2; k++) {
+        h[k].arrival = a[k];
+        if (run_longest(PyList_GET_ITEM(runs, k), &h[k].longest) < 0) {
+            Py_DECREF(arr);
+            Py_DECREF(heap);
+            return -1;
+        }
+    }
+    for (Py_ssize_t k = (n - 2) / 2 - 1; k >= 0; k--)
+        wait_heap_down(h, n - 2, k);
+    set_slot(log, off_wl[WL_ARRIVALS], arr);
+    set_slot(log, off_wl[WL_CLOSED], heap);
+    Py_DECREF(arr);
+    Py_DECREF(heap);
+    return 0;
+}
+
+/* WaitLog._drop, a run just appended past max_runs: the closed run with
+ * the shortest longest wait goes (the first of equals). 0, or -1 with an
+ * exception. */
 static int
 waitlog_drop(PyObject *log, PyObject *runs)
 {
-    PyObject *closed = slot_at(log, off_wl[WL_CLOSED]), *arrivals = slot_at(log, off_wl[WL_ARRIVALS]);
-    if (closed == NULL || arrivals == NULL || !PyList_CheckExact(closed) || !PyList_CheckExact(arrivals) ||
-        PyList_GET_SIZE(arrivals) != PyList_GET_SIZE(runs) - 1 || PyList_GET_SIZE(runs) < 2) {
+    Py_ssize_t n = PyList_GET_SIZE(runs);
+    if (n < 3) { /* max_runs 1: the twin's */
         PyObject *r = PyObject_CallMethodNoArgs(log, str_drop);
         Py_XDECREF(r);
         return r == NULL ? -1 : 0;
     }
-    Py_ssize_t n = PyList_GET_SIZE(runs);
-    if (PyObject_GC_IsTracked(closed)) /* ints only, for good (the twin made them) */
-        PyObject_GC_UnTrack(closed);
-    if (PyObject_GC_IsTracked(arrivals))
-        PyObject_GC_UnTrack(arrivals);
-    PyObject *arrival = PyList_GET_ITEM(arrivals, n - 2); /* the run just closed */
-    PyObject *prev = PyList_GET_ITEM(runs, n - 2);
-    if (!PyList_CheckExact(prev) || PyList_GET_SIZE(prev) != 10)
-        goto bad;
-    long long a = PyLong_AsLongLong(arrival);
-    if (a == -1 && PyErr_Occurred())
+    PyObject *arr = slot_at(log, off_wl[WL_ARRIVALS]), *heap = slot_at(log, off_wl[WL_CLOSED]);
+    if (arr == NULL || heap == NULL || !PyByteArray_CheckExact(arr) || !PyByteArray_CheckExact(heap) ||
+        PyByteArray_GET_SIZE(arr) != (n - 1) * (Py_ssize_t)sizeof(uint64_t) ||
+        PyByteArray_GET_SIZE(heap) != (n - 2) * (Py_ssize_t)sizeof(wait_heap_entry)) {
+        if (waitlog_to_c(log, runs) < 0)
+            return -1;
+        arr = slot_at(log, off_wl[WL_ARRIVALS]);
+        heap = slot_at(log, off_wl[WL_CLOSED]);
+    }
+    wait_heap_entry closing;
+    if (run_longest(PyList_GET_ITEM(runs, n - 2), &closing.longest) < 0) /* the run just closed */
         return -1;
-    PyObject *next = PyLong_FromLongLong(a + 1);
-    if (next == NULL)
+    if (PyByteArray_Resize(arr, n * (Py_ssize_t)sizeof(uint64_t)) < 0 ||
+        PyByteArray_Resize(heap, (n - 1) * (Py_ssize_t)sizeof(wait_heap_entry)) < 0)
+        return -1; /* (the next drop rebuilds them) */
+    uint64_t *a = (uint64_t *)PyByteArray_AS_STRING(arr);
+    wait_heap_entry *h = (wait_heap_entry *)PyByteArray_AS_STRING(heap);
+    a[n - 1] = a[n - 2] + 1;
+    closing.arrival = a[n - 2];
+    h[n - 2] = closing;
+    wait_heap_up(h, n - 2);
+    uint64_t gone = h[0].arrival; /* pop */
+    h[0] = h[n - 2];
+    wait_heap_down(h, n - 2, 0);
+    Py_ssize_t lo = 0, hi = n; /* arrivals rise: bisect */
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) / 2;
+        if (a[mid] < gone)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo >= n - 1 || a[lo] != gone) { /* never the open run's, never one not there */
+        PyErr_SetString(PyExc_RuntimeError, "aprof: a wait log's runs and heap disagree");
         return -1;
-    int rc = PyList_Append(arrivals, next);
-    Py_DECREF(next);
-    if (rc < 0)
+    }
+    memmove(a + lo, a + lo + 1, (size_t)(n - 1 - lo) * sizeof(uint64_t));
+    if (PyList_SetSlice(runs, lo, lo + 1, NULL) < 0)
         return -1;
-    PyObject *hi = PyNumber_Lshift(PyList_GET_ITEM(prev, 4), w_shift);
-    PyObject *entry = hi != NULL ? PyNumber_Or(hi, arrival) : NULL;
-    Py_XDECREF(hi);
-    if (entry == NULL)
-        return -1;
-    PyObject *args[2] = {closed, entry};
-    PyObject *r = PyObject_Vectorcall(w_heappush, args, 2, NULL);
-    Py_DECREF(entry);
-    if (r == NULL)
-        return -1;
-    Py_DECREF(r);
-    PyObject *top = PyObject_Vectorcall(w_heappop, &closed, 1, NULL);
-    PyObject *low = top != NULL ? PyNumber_And(top, w_mask) : NULL;
-    Py_XDECREF(top);
-    if (low == NULL)
-        return -1;
-    args[0] = arrivals;
-    args[1] = low;
-    PyObject *at = PyObject_Vectorcall(w_bisect_left, args, 2, NULL);
-    Py_DECREF(low);
-    if (at == NULL)
-        return -1;
-    Py_ssize_t i = PyLong_AsSsize_t(at);
-    Py_DECREF(at);
-    if (i == -1 && PyErr_Occurred())
-        return -1;
-    if (i < 0 || i >= PyList_GET_SIZE(runs) || i >= PyList_GET_SIZE(arrivals))
-        goto bad;
-    if (PyList_SetSlice(runs, i, i + 1, NULL) < 0 || PyList_SetSlice(arrivals, i, i + 1, NULL) < 0)
+    if (PyByteArray_Resize(arr, (n - 1) * (Py_ssize_t)sizeof(uint64_t)) < 0 ||
+        PyByteArray_Resize(heap, (n - 2) * (Py_ssize_t)sizeof(wait_heap_entry)) < 0)
         return -1;
     return 0;
-bad:
-    PyErr_SetString(PyExc_RuntimeError, "aprof: a wait log's runs and heap disagree");
-    return -1;
 }
 
 /* log.add(start, end, wait), the method: 0, or -1 with an exception. */
@@ -2426,23 +2516,6 @@ waits_setup(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
             PyErr_SetString(PyExc_ValueError, "_waits_setup: WaitLog.max_runs must be positive");
         return NULL;
     }
-    PyObject *heapq = PyImport_ImportModule("heapq"), *bisect = PyImport_ImportModule("bisect");
-    if (heapq == NULL || bisect == NULL) {
-        Py_XDECREF(heapq);
-        Py_XDECREF(bisect);
-        return NULL;
-    }
-    Py_XSETREF(w_heappush, PyObject_GetAttrString(heapq, "heappush"));
-    Py_XSETREF(w_heappop, PyObject_GetAttrString(heapq, "heappop"));
-    Py_XSETREF(w_bisect_left, PyObject_GetAttrString(bisect, "bisect_left"));
-    Py_DECREF(heapq);
-    Py_DECREF(bisect);
-    if (w_heappush == NULL || w_heappop == NULL || w_bisect_left == NULL)
-        return NULL;
-    Py_XSETREF(w_shift, PyLong_FromLong(64));
-    Py_XSETREF(w_mask, PyLong_FromUnsignedLongLong(~0ULL));
-    if (w_shift == NULL || w_mask == NULL)
-        return NULL;
     Py_XSETREF(w_log_type, (PyTypeObject *)Py_NewRef(args[0]));
     Py_XSETREF(w_sites, Py_NewRef(args[1]));
     Py_XSETREF(w_wait_at, Py_NewRef(args[2]));

@@ -384,6 +384,37 @@ def test_the_wait_log_keeps_the_longest_runs_of_a_long_lived_task(log_add: Any) 
     assert log.runs == reference(waits + tail)
 
 
+def test_a_full_wait_log_fed_by_the_c_path_and_the_twin_in_turns_drops_as_either_alone() -> None:
+    # Issue 19: once full, the C path keeps the log's heap and arrival
+    # numbers as uint64s in bytearrays, the twin as ints in lists; a log
+    # whose waits go now to one, now to the other (the first wait at a new
+    # call site is the twin's) must drop exactly the runs either would.
+    import random
+
+    ext = require_c_extension()
+    require_c_paths()
+    import aprof._integrations._asyncio  # noqa: F401  (sets the C path up)
+
+    rng = random.Random(1919)
+    calls = [(f"call#{k}", "sleep", f"app.py:{k} handler", "") for k in range(3)]
+    twin, mixed = WaitLog(), WaitLog()
+    t = 0
+    forms = set()
+    for i in range(2000):
+        waited = rng.choice([1, 2, 3, 5, 8, 1000, rng.randint(1, 10**6)])
+        wait = rng.choice(calls)
+        WaitLog.add(twin, t, t + waited, wait)
+        if rng.random() < 0.2:  # the twin's turn
+            WaitLog.add(mixed, t, t + waited, wait)
+        else:
+            ext._waitlog_add(mixed, t, t + waited, wait)
+        forms.add(type(mixed._closed).__name__)
+        t += 10**7
+        assert mixed.runs == twin.runs, i
+    assert len(twin.runs) == WaitLog.max_runs
+    assert forms == {"NoneType", "list", "bytearray"}, forms  # each form met the other
+
+
 def test_describe_task_takes_the_task_itself(backend) -> None:
     # Issue 16 item 7: at stop, a pending task is described from its task
     # object (asyncio's get_coro and _fut_waiter, trio's coro).

@@ -349,7 +349,9 @@ class WaitLog:
     runs, each as one int, ``longest << 64 | arrival`` (ordered as the pair,
     compared as cheaply as an int), and each run's arrival number, beside
     ``runs``: a drop is a heap pop and a bisection, not a scan of the runs.
-    A closed run never changes (only the open one, the last, grows).
+    A closed run never changes (only the open one, the last, grows). The
+    C path keeps the same heap and numbers as plain uint64s in bytearrays;
+    either side rebuilds its own form from ``runs`` when it finds the other.
     """
 
     __slots__ = ("runs", "_closed", "_arrivals")
@@ -362,9 +364,9 @@ class WaitLog:
     def __init__(self) -> None:
         self.runs: list[list[Any]] = []
         #: Once the log is full: a heap of the closed runs' longest << 64 | arrival.
-        self._closed: list[int] | None = None
+        self._closed: list[int] | bytearray | None = None
         #: Once the log is full: each run's arrival number, in runs' order.
-        self._arrivals: list[int] | None = None
+        self._arrivals: list[int] | bytearray | None = None
 
     def add(self, start_ns: int, end_ns: int, wait: Wait) -> None:
         what, kind, where, caller = wait
@@ -390,7 +392,10 @@ class WaitLog:
         runs = self.runs
         closed = self._closed
         arrivals = self._arrivals
-        if closed is None or arrivals is None:  # the first drop: every run but the new one is closed
+        if closed is None or arrivals is None or type(closed) is not list:
+            # The first drop, or the C path's form (bytearrays: see
+            # waitlog_drop in _ctasks.c): every run but the new one is
+            # closed, numbered in order (the numbers only order them).
             arrivals = self._arrivals = list(range(len(runs)))
             closed = self._closed = [run[4] << 64 | k for k, run in enumerate(runs[:-1])]
             heapify(closed)
