@@ -547,7 +547,7 @@ is_array(PyObject *o)
 /* ring_records(records) -> (bytes, steps, running): what task records of a
  * ring's sealed generation hold (the tuple and its steps, as
  * sys.getsizeof measures them), the steps of those finished (a finished
- * task's record is a tuple holding its steps, an array, at
+ * task's record is a tuple holding its steps, an array or a StepLog, at
  * TASK_RECORD_STEPS), and the indices of those still running (a running
  * task's record is its object, with a `steps` attribute: counted when the
  * generation goes). A finished record is then taken out of the garbage

@@ -263,6 +263,34 @@ StepLog_dealloc(StepLog *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+/* A finished task's log, its room cut to its times: the task's record
+ * then holds it as it is (no array made, nothing more for the collector,
+ * which never tracks a StepLog). Not while a buffer of it is out. */
+static void
+steplog_fit(StepLog *self)
+{
+    if (self->exports > 0 || self->cap <= self->n || self->n == 0)
+        return;
+    uint64_t *v = PyMem_Realloc(self->v, (size_t)self->n * sizeof(uint64_t));
+    if (v != NULL) { /* else it keeps its room: no harm */
+        self->v = v;
+        self->cap = self->n;
+    }
+}
+
+static PyObject *
+StepLog_fit(StepLog *self, PyObject *Py_UNUSED(ignored))
+{
+    steplog_fit(self);
+    return Py_NewRef((PyObject *)self);
+}
+
+static PyObject *
+StepLog_sizeof(StepLog *self, PyObject *Py_UNUSED(ignored))
+{
+    return PyLong_FromSsize_t((Py_ssize_t)sizeof(StepLog) + self->cap * (Py_ssize_t)sizeof(uint64_t));
+}
+
 static PyObject *
 StepLog_repr(StepLog *self)
 {
@@ -271,6 +299,9 @@ StepLog_repr(StepLog *self)
 
 static PyMethodDef StepLog_methods[] = {
     {"append", (PyCFunction)StepLog_append, METH_O, "Append a perf_counter_ns() time."},
+    {"fit", (PyCFunction)StepLog_fit, METH_NOARGS,
+     "Cut its room to its times (a finished task's record holds it); returns it."},
+    {"__sizeof__", (PyCFunction)StepLog_sizeof, METH_NOARGS, "Its size in memory, in bytes, its times' room included."},
     {NULL},
 };
 
@@ -443,7 +474,7 @@ task_done(PyObject *task)
 /* ------------------------------------------------------------------------ */
 
 static int finish_ready = 0;
-static PyObject *steps_array_type, *steps_typecode, *no_records, *discard_steps;
+static PyObject *no_records, *discard_steps;
 static PyObject *c_task_get_name, *c_task_cancelled;
 static PyObject *str_lists;
 
@@ -457,7 +488,7 @@ enum { WL_RUNS, WL_CLOSED, WL_ARRIVALS, WL_COUNT };
 static int waits_ready;
 static PyTypeObject *w_log_type;
 static Py_ssize_t off_wl[WL_COUNT];
-static PyObject *str_exception, *str_runs, *str_frombytes, *str_returned, *str_cancelled, *str_cancelled_error,
+static PyObject *str_exception, *str_runs, *str_returned, *str_cancelled, *str_cancelled_error,
     *str_task_fallback;
 
 static inline void
@@ -602,14 +633,9 @@ finish_in_c(PyObject *tt, PyObject *task)
         if (steplog_push(log, end) < 0)
             goto error;
     }
-    /* exact size: the log over-allocates as it grows */
-    exact = PyObject_CallOneArg(steps_array_type, steps_typecode);
-    if (exact == NULL)
-        goto error;
-    PyObject *r = PyObject_CallMethodOneArg(exact, str_frombytes, steps);
-    if (r == NULL)
-        goto error;
-    Py_DECREF(r);
+    /* the record holds the log itself, its room cut to its times */
+    steplog_fit(log);
+    exact = Py_NewRef(steps);
     if (waits != Py_None) {
         runs = waits_ready && Py_IS_TYPE(waits, w_log_type) ? Py_XNewRef(slot_at(waits, off_wl[WL_RUNS]))
                                                              : PyObject_GetAttr(waits, str_runs);
@@ -688,7 +714,7 @@ after_step(StepCall *self)
     return r == NULL ? -1 : 0;
 }
 
-/* _task_finish_setup(array_type, typecode, NO_RECORDS, DISCARD_STEPS) after
+/* _task_finish_setup(NO_RECORDS, DISCARD_STEPS) after
  * _tasks_setup: a C Task's end is then recorded here; None: by the Python
  * twin (_asyncio._task_done), as before. */
 static PyObject *
@@ -698,20 +724,17 @@ task_finish_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         finish_ready = 0;
         Py_RETURN_NONE;
     }
-    if (nargs != 4 || task_thread_type == NULL || c_task_type == NULL) {
+    if (nargs != 2 || task_thread_type == NULL || c_task_type == NULL) {
         PyErr_SetString(PyExc_TypeError,
-                        "_task_finish_setup(array_type, typecode, NO_RECORDS, DISCARD_STEPS) after _tasks_setup, "
-                        "or _task_finish_setup(None)");
+                        "_task_finish_setup(NO_RECORDS, DISCARD_STEPS) after _tasks_setup, or _task_finish_setup(None)");
         return NULL;
     }
     Py_XSETREF(c_task_get_name, PyObject_GetAttrString(c_task_type, "get_name"));
     Py_XSETREF(c_task_cancelled, PyObject_GetAttrString(c_task_type, "cancelled"));
     if (c_task_get_name == NULL || c_task_cancelled == NULL)
         return NULL;
-    Py_XSETREF(steps_array_type, Py_NewRef(args[0]));
-    Py_XSETREF(steps_typecode, Py_NewRef(args[1]));
-    Py_XSETREF(no_records, Py_NewRef(args[2]));
-    Py_XSETREF(discard_steps, Py_NewRef(args[3]));
+    Py_XSETREF(no_records, Py_NewRef(args[0]));
+    Py_XSETREF(discard_steps, Py_NewRef(args[1]));
     finish_ready = 1;
     Py_RETURN_NONE;
 }
@@ -2657,7 +2680,6 @@ aprof_tasks_init(PyObject *module)
     str_lists = PyUnicode_InternFromString("lists");
     if (str_lists == NULL)
         return -1;
-    str_frombytes = PyUnicode_InternFromString("frombytes");
     str_returned = PyUnicode_InternFromString("returned");
     str_cancelled = PyUnicode_InternFromString("cancelled");
     str_cancelled_error = PyUnicode_InternFromString("CancelledError");
@@ -2673,7 +2695,7 @@ aprof_tasks_init(PyObject *module)
         str_budget == NULL || str_admit == NULL || str_task_records == NULL || str_run_coro == NULL ||
         str_get_coro == NULL)
         return -1;
-    if (str_exception == NULL || str_runs == NULL || str_frombytes == NULL || str_returned == NULL ||
+    if (str_exception == NULL || str_runs == NULL || str_returned == NULL ||
         str_cancelled == NULL || str_cancelled_error == NULL || str_task_fallback == NULL)
         return -1;
     str_cr_await = PyUnicode_InternFromString("cr_await");

@@ -319,9 +319,12 @@ class StepLog:
     """A task's step times (start, end, ...) as unsigned 64-bit ints. Supports
     ``append``, ``len``, indexing and iteration, and exports its times as a
     read-only buffer (format ``'Q'``; plain bytes to a consumer that asks
-    for no format). It cannot change while a buffer is exported."""
+    for no format). It cannot change while a buffer is exported. A finished
+    task's record holds it as it is, fitted (``fit``)."""
 
     def append(self, t: int, /) -> None: ...
+    def fit(self) -> StepLog: ...
+    def __sizeof__(self) -> int: ...
     def __len__(self) -> int: ...
     def __getitem__(self, i: int, /) -> int: ...
 
@@ -362,7 +365,7 @@ def _tasks_setup(
     task's last one ended (called once, at import)."""
 
 def _task_finish_setup(*args: Any) -> None:
-    """``(array_type, typecode, NO_RECORDS, DISCARD_STEPS)``: record the end
+    """``(NO_RECORDS, DISCARD_STEPS)``: record the end
     of a C Task that one profile records in C (``_asyncio._task_done`` and
     ``TaskThread.finished`` are its twins, and do every other case);
     ``(None)``: leave every end to them. After ``_tasks_setup``."""

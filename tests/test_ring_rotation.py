@@ -243,6 +243,66 @@ def test_sealed_generations_stay_out_of_the_cyclic_gcs_walks(backend: Backend) -
     assert seen["kept"] > 0
 
 
+def test_a_finished_tasks_steps_are_held_at_their_size_and_measured_so(backend: Backend) -> None:
+    # SPEC 15.2, issue 19: a finished task's record holds its steps at their
+    # size (the C StepLog itself, its room cut to its times, or an array
+    # copied to its size), and the budget measures what they hold.
+    import sys
+
+    seen: list[Any] = []
+
+    async def child() -> None:
+        for _ in range(3):  # three steps: the log has room for eight
+            await backend.checkpoint()
+
+    async def main() -> None:
+        async with aprof.profile() as prof:
+            async with backend.group() as g:
+                for _ in range(5):
+                    g.start_soon(child)
+            seen.extend(r for r in prof._state.task_records if type(r) is tuple)
+
+    backend.run(main)
+    assert len(seen) >= 5
+    for rec in seen:
+        steps = rec[11]
+        assert len(steps) % 2 == 0
+        assert len(steps) >= 2
+        if type(steps).__name__ == "StepLog":
+            assert sys.getsizeof(steps) == sys.getsizeof(type(steps)()) + 8 * len(steps)  # fitted, and measured
+        else:
+            assert sys.getsizeof(steps) >= 8 * len(steps)
+    nbytes = _ring._measure_records(seen)[0]
+    assert nbytes == sum(sys.getsizeof(r) + sys.getsizeof(r[11]) for r in seen)
+    if C and not backend.is_trio:  # a C Task's end, recorded in C
+        assert {type(r[11]).__name__ for r in seen} == {"StepLog"}
+
+
+def test_a_step_log_fits_its_room_to_its_times_unless_a_buffer_is_out() -> None:
+    # Issue 19: StepLog.fit cuts its room (sixteen times at first) to its
+    # times and returns it; __sizeof__ counts the room. A buffer handed out
+    # pins the room: fit leaves it as it is.
+    import sys
+
+    if not C:
+        pytest.skip("the StepLog is the extension's")
+    step_log = _native.extension.StepLog
+    empty = sys.getsizeof(step_log())
+    log = step_log()
+    for t in range(5):
+        log.append(t)
+    assert sys.getsizeof(log) == empty + 16 * 8
+    view = memoryview(log)
+    assert log.fit() is log
+    assert sys.getsizeof(log) == empty + 16 * 8  # the buffer is out
+    view.release()
+    assert log.fit() is log
+    assert sys.getsizeof(log) == empty + 5 * 8
+    assert list(log) == [0, 1, 2, 3, 4]
+    log.append(5)  # it grows again as it did
+    assert list(log) == [0, 1, 2, 3, 4, 5]
+
+
 def test_the_ring_helpers_agree_with_their_twins() -> None:
     # SPEC 15.2: the extension's ring_counts, ring_records and ring_seal, and
     # their pure-Python twins, count and measure alike.

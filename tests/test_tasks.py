@@ -16,7 +16,6 @@ import contextvars
 import gc
 import sys
 import time
-from array import array
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -597,7 +596,7 @@ def test_a_tasks_end_recorded_in_c_matches_the_python_twin(runner: str) -> None:
     try:
         in_python = records()
     finally:
-        ext._task_finish_setup(array, hooks.STEPS_TYPECODE, hooks._NO_RECORDS, hooks.DISCARD_STEPS)
+        ext._task_finish_setup(hooks._NO_RECORDS, hooks.DISCARD_STEPS)
     assert in_c == in_python
     assert in_c["raiser"][1:3] == ("raised Odd", "Odd")
     assert in_c["renamed-late"][0] == "renamed-late"

@@ -44,7 +44,6 @@ import sys
 import threading
 import types
 import weakref
-from array import array
 from collections.abc import Callable
 from time import perf_counter_ns
 from typing import Any, Final
@@ -60,7 +59,6 @@ from ._await_chain import WaitLog
 from ._tasks import (
     _NO_RECORDS,
     DISCARD_STEPS,
-    STEPS_TYPECODE,
     TaskThread,
     _c_user_site,
     _ids,
@@ -451,7 +449,7 @@ if _ext is not None:
     )  # fmt: skip
     # A C Task's end, recorded by one profile: _task_done and
     # TaskThread.finished in C (the twins below and in _tasks.py do the rest).
-    _ext._task_finish_setup(array, STEPS_TYPECODE, _NO_RECORDS, DISCARD_STEPS)
+    _ext._task_finish_setup(_NO_RECORDS, DISCARD_STEPS)
     # A long wait of a C Task at a call site already described: note_wait,
     # wait_at and WaitLog.add in C (the twins do the rest).
     _ext._waits_setup(WaitLog, _await_chain._sites, _await_chain.wait_at, asyncio.Future)

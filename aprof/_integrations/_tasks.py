@@ -12,7 +12,8 @@ track.
 Each profile recording the task keeps it in one list per profile
 (``ProfilerState.task_records``): the running task's object while it runs,
 replaced when it finishes by one flat tuple of ints and strings and the step
-array. A finished task so keeps no object of its own and no logical thread
+log (the ``array``, copied to its size, or the C ``StepLog`` itself, fitted:
+no new object, and none the cyclic GC tracks). A finished task so keeps no object of its own and no logical thread
 (unless ranges were recorded on its track), and the cyclic GC sees one
 object per running task, not a handful.
 
@@ -131,7 +132,7 @@ class TaskThread(LogicalThread):
     spawn_ns: int
     spawn_site: Frame | None  # the user's frame that spawned it
     ready_ns: int  # (trio) when it was last made runnable: its wait ended
-    steps: Any  # array(STEPS_TYPECODE), or DISCARD_STEPS once no running profile records the task
+    steps: Any  # a StepLog (C) or array(STEPS_TYPECODE), or DISCARD_STEPS once no running profile records the task
     waits: WaitLog | None  # its long waits, once it had one
 
     def __init__(
@@ -196,9 +197,7 @@ class TaskThread(LogicalThread):
         if type(steps) is array:
             steps = steps[:]
         elif type(steps) is not deque:
-            exact = array(STEPS_TYPECODE)
-            exact.frombytes(steps)  # the C StepLog: one copy of its bytes
-            steps = exact
+            steps = steps.fit()  # the C StepLog: held as it is, its room cut to its times
         waits = self.waits
         rec = (
             self.id, self.name, self.kind, self.os_thread_id, self.coro_name, self.spawn_ns, self.seq, self.fwd,
