@@ -2309,6 +2309,97 @@ waitlog_drop(PyObject *log, PyObject *runs)
     return 0;
 }
 
+/* a == b for two exact strs without a rich comparison's dispatch (the
+ * what and where of consecutive waits: most often other strings); else as
+ * == says. 1, 0, or -1 with an exception. */
+static inline int
+same_text(PyObject *a, PyObject *b)
+{
+    if (a == b)
+        return 1;
+    if (PyUnicode_CheckExact(a) && PyUnicode_CheckExact(b)) {
+        Py_ssize_t n = PyUnicode_GET_LENGTH(a);
+        if (n != PyUnicode_GET_LENGTH(b) || PyUnicode_KIND(a) != PyUnicode_KIND(b))
+            return 0;
+        return memcmp(PyUnicode_DATA(a), PyUnicode_DATA(b), (size_t)n * PyUnicode_KIND(a)) == 0;
+    }
+    return PyObject_RichCompareBool(a, b, Py_EQ);
+}
+
+/* A full log's new run, written over the run it drops (WaitLog.add then
+ * _drop, in one): the run the heap gives up is the lesser of its top and
+ * the run this one closes, its list (held by the log alone) moved to the
+ * end and filled anew; no list made, none freed, nothing moved in the
+ * heap but one sift. 1: done; 0: not this way (nothing changed: the log
+ * is not in C form, or the run is held elsewhere); -1 with an exception. */
+static int
+waitlog_recycle(PyObject *log, PyObject *runs, uint64_t start, uint64_t end, uint64_t waited, PyObject *wait)
+{
+    Py_ssize_t m = PyList_GET_SIZE(runs);
+    PyObject *arr = slot_at(log, off_wl[WL_ARRIVALS]), *heap = slot_at(log, off_wl[WL_CLOSED]);
+    if (m < 2 || arr == NULL || heap == NULL || !PyByteArray_CheckExact(arr) || !PyByteArray_CheckExact(heap) ||
+        PyByteArray_GET_SIZE(arr) != m * (Py_ssize_t)sizeof(uint64_t) ||
+        PyByteArray_GET_SIZE(heap) != (m - 1) * (Py_ssize_t)sizeof(wait_heap_entry))
+        return 0;
+    uint64_t *a = (uint64_t *)PyByteArray_AS_STRING(arr);
+    wait_heap_entry *h = (wait_heap_entry *)PyByteArray_AS_STRING(heap);
+    wait_heap_entry closing;
+    if (run_longest(PyList_GET_ITEM(runs, m - 1), &closing.longest) < 0)
+        return -1;
+    closing.arrival = a[m - 1];
+    int closing_goes = whe_less(&closing, &h[0]);
+    uint64_t gone = closing_goes ? closing.arrival : h[0].arrival;
+    Py_ssize_t lo = 0, hi = m;
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) / 2;
+        if (a[mid] < gone)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo >= m || a[lo] != gone) {
+        PyErr_SetString(PyExc_RuntimeError, "aprof: a wait log's runs and heap disagree");
+        return -1;
+    }
+    PyObject *old = PyList_GET_ITEM(runs, lo);
+    if (Py_REFCNT(old) != 1 || !PyList_CheckExact(old) || PyList_GET_SIZE(old) != 10)
+        return 0;
+    PyObject *v[10];
+    v[0] = PyLong_FromUnsignedLongLong(start);
+    v[1] = PyLong_FromUnsignedLongLong(end);
+    v[3] = PyLong_FromUnsignedLongLong(waited);
+    v[2] = PyLong_FromLong(1);
+    if (v[0] == NULL || v[1] == NULL || v[2] == NULL || v[3] == NULL) {
+        Py_XDECREF(v[0]);
+        Py_XDECREF(v[1]);
+        Py_XDECREF(v[2]);
+        Py_XDECREF(v[3]);
+        return -1;
+    }
+    v[4] = Py_NewRef(v[3]);
+    for (int k = 0; k < 4; k++)
+        v[5 + k] = Py_NewRef(PyTuple_GET_ITEM(wait, k));
+    v[9] = Py_NewRef(v[1]);
+    /* Nothing fails from here. The heap: the closed run in, the dropped out. */
+    if (!closing_goes) {
+        h[0] = closing;
+        wait_heap_down(h, m - 1, 0);
+    }
+    uint64_t arrival = a[m - 1] + 1;
+    memmove(a + lo, a + lo + 1, (size_t)(m - 1 - lo) * sizeof(uint64_t));
+    a[m - 1] = arrival;
+    PyObject **items = ((PyListObject *)runs)->ob_item;
+    memmove(items + lo, items + lo + 1, (size_t)(m - 1 - lo) * sizeof(PyObject *));
+    items[m - 1] = old;
+    PyObject **slots = ((PyListObject *)old)->ob_item;
+    for (int k = 0; k < 10; k++) {
+        PyObject *was = slots[k];
+        slots[k] = v[k];
+        Py_DECREF(was);
+    }
+    return 1;
+}
+
 /* log.add(start, end, wait), the method: 0, or -1 with an exception. */
 static int
 call_log_add(PyObject *log, uint64_t start, uint64_t end, PyObject *wait)
@@ -2336,9 +2427,9 @@ waitlog_add(PyObject *log, uint64_t start, uint64_t end, PyObject *wait)
     if (n > 0) {
         PyObject *last = PyList_GET_ITEM(runs, n - 1);
         if (PyList_CheckExact(last) && PyList_GET_SIZE(last) == 10) {
-            int same = PyObject_RichCompareBool(PyList_GET_ITEM(last, 5), what, Py_EQ);
+            int same = same_text(PyList_GET_ITEM(last, 5), what);
             if (same > 0)
-                same = PyObject_RichCompareBool(PyList_GET_ITEM(last, 7), where, Py_EQ);
+                same = same_text(PyList_GET_ITEM(last, 7), where);
             if (same < 0)
                 return -1;
             if (same) {
@@ -2368,6 +2459,11 @@ waitlog_add(PyObject *log, uint64_t start, uint64_t end, PyObject *wait)
                 return 0;
             }
         }
+    }
+    if (n == w_max_runs) { /* full: a run goes as this one comes */
+        int done = waitlog_recycle(log, runs, start, end, waited, wait);
+        if (done != 0)
+            return done < 0 ? -1 : 0;
     }
     PyObject *run = PyList_New(10);
     if (run == NULL)

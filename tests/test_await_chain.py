@@ -400,6 +400,7 @@ def test_a_full_wait_log_fed_by_the_c_path_and_the_twin_in_turns_drops_as_either
     twin, mixed = WaitLog(), WaitLog()
     t = 0
     forms = set()
+    held: list[tuple[list[Any], list[Any]]] = []  # runs someone else holds (a dump copying them): never reused
     for i in range(2000):
         waited = rng.choice([1, 2, 3, 5, 8, 1000, rng.randint(1, 10**6)])
         wait = rng.choice(calls)
@@ -411,6 +412,11 @@ def test_a_full_wait_log_fed_by_the_c_path_and_the_twin_in_turns_drops_as_either
         forms.add(type(mixed._closed).__name__)
         t += 10**7
         assert mixed.runs == twin.runs, i
+        if rng.random() < 0.05 and len(mixed.runs) > 1:
+            run = rng.choice(mixed.runs[:-1])  # a closed run: it never changes
+            held.append((run, run[:]))
+    assert held
+    assert all(run == was for run, was in held)  # a full log writes a new run over a dropped one only if it alone holds it
     assert len(twin.runs) == WaitLog.max_runs
     assert forms == {"NoneType", "list", "bytearray"}, forms  # each form met the other
 
