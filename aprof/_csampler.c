@@ -1219,6 +1219,8 @@ sampler_stats(PyObject *module, PyObject *Py_UNUSED(ignored))
 /* A task's spawn site (aprof._frames.user_site, for TaskThread)              */
 /* ------------------------------------------------------------------------ */
 
+/* A suspended coroutine's code and offset, for the await chain's walk in
+ * _ctasks.c (declared in _cext.h): read here, where CPython's frames are. */
 int
 aprof_gen_site(PyObject *gen, PyObject **code, int *lasti)
 {
