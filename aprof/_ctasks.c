@@ -2200,6 +2200,22 @@ wait_heap_up(wait_heap_entry *h, Py_ssize_t i)
     h[i] = item;
 }
 
+/* Where `arrival` is, or would go, in the n rising arrival numbers a
+ * (bisect_left). */
+static Py_ssize_t
+arrival_index(const uint64_t *a, Py_ssize_t n, uint64_t arrival)
+{
+    Py_ssize_t lo = 0, hi = n;
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) / 2;
+        if (a[mid] < arrival)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 /* run[4], a run's longest wait: 0, or -1 with an exception. */
 static int
 run_longest(PyObject *run, uint64_t *out)
@@ -2288,14 +2304,7 @@ waitlog_drop(PyObject *log, PyObject *runs)
     uint64_t gone = h[0].arrival; /* pop */
     h[0] = h[n - 2];
     wait_heap_down(h, n - 2, 0);
-    Py_ssize_t lo = 0, hi = n; /* arrivals rise: bisect */
-    while (lo < hi) {
-        Py_ssize_t mid = (lo + hi) / 2;
-        if (a[mid] < gone)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
+    Py_ssize_t lo = arrival_index(a, n, gone);
     if (lo >= n - 1 || a[lo] != gone) { /* never the open run's, never one not there */
         PyErr_SetString(PyExc_RuntimeError, "aprof: a wait log's runs and heap disagree");
         return -1;
@@ -2349,14 +2358,7 @@ waitlog_recycle(PyObject *log, PyObject *runs, uint64_t start, uint64_t end, uin
     closing.arrival = a[m - 1];
     int closing_goes = whe_less(&closing, &h[0]);
     uint64_t gone = closing_goes ? closing.arrival : h[0].arrival;
-    Py_ssize_t lo = 0, hi = m;
-    while (lo < hi) {
-        Py_ssize_t mid = (lo + hi) / 2;
-        if (a[mid] < gone)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
+    Py_ssize_t lo = arrival_index(a, m, gone);
     if (lo >= m || a[lo] != gone) {
         PyErr_SetString(PyExc_RuntimeError, "aprof: a wait log's runs and heap disagree");
         return -1;
