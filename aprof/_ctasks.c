@@ -481,12 +481,12 @@ static PyObject *str_lists;
 /* Set up further down (_states_setup, _waits_setup), read by a task's end
  * too: a ProfilerState's slots and a WaitLog's, by offset. */
 enum { SI_ENABLED, SI_RECORDER, SI_STATE, SI_TASKS, SI_RUNNING, SI_BUDGET, SI_TASK_RECORDS, SI_LISTS, SI_COUNT };
-static int states_ready;
+static int states_ready = 0;
 static Py_ssize_t off_si[SI_COUNT];
-static PyObject *cr_state_type;
+static PyObject *cr_state_type; /* ProfilerState (set up with _task_create_setup) */
 enum { WL_RUNS, WL_CLOSED, WL_ARRIVALS, WL_COUNT };
-static int waits_ready;
-static PyTypeObject *w_log_type;
+static int waits_ready = 0;
+static PyTypeObject *w_log_type; /* _await_chain.WaitLog (exact type) */
 static Py_ssize_t off_wl[WL_COUNT];
 static PyObject *str_exception, *str_runs, *str_returned, *str_cancelled, *str_cancelled_error,
     *str_task_fallback;
@@ -1003,7 +1003,7 @@ hook_call_own(CallSoonHook *self, PyObject *const *args, size_t nargsf, PyObject
 /* ------------------------------------------------------------------------ */
 
 static int create_ready = 0;
-static PyObject *cr_states_in, *cr_ids, *cr_seqs, *cr_state_type, *cr_user_site, *cr_site_cache, *cr_is_library,
+static PyObject *cr_states_in, *cr_ids, *cr_seqs, *cr_user_site, *cr_site_cache, *cr_is_library,
     *cr_coro_qualname, *cr_budget_task;
 static PyObject *str_asyncio, *str_qualname, *str_budget, *str_admit,
     *str_task_records, *str_run_coro, *str_get_coro;
@@ -1019,10 +1019,8 @@ static PyObject *c_task_get_loop, *c_task_get_context; /* (eager first steps) */
  * _states_setup): the one profile that records a task spawned in `ctx`
  * (new reference), Py_None (none), or CREATE_FALLBACK (borrowed: several
  * profiles, or anything unusual: the twin's). */
-static int states_ready = 0;
 static PyObject *si_var, *si_empty, *si_globals, *str_get;
 static PyTypeObject *si_rfstate_type, *si_recorder_type;
-static Py_ssize_t off_si[SI_COUNT];
 
 static PyObject *
 states_in_c(PyObject *ctx)
@@ -1975,14 +1973,11 @@ await_key(PyObject *Py_UNUSED(module), PyObject *coro)
 /* site seen for the first time, trio, the Python Task, odd futures.         */
 /* ------------------------------------------------------------------------ */
 
-static int waits_ready = 0;
 static PyObject *w_sites;          /* _await_chain._sites: chain key -> site */
 static PyObject *w_wait_at;        /* _await_chain.wait_at(site, task, leaf) */
-static PyTypeObject *w_log_type;   /* _await_chain.WaitLog (exact type) */
 static PyObject *w_future_type;    /* asyncio.Future (the C one) */
 static Py_ssize_t w_max_runs;
 static const char *const wl_slots[WL_COUNT] = {"runs", "_closed", "_arrivals"};
-static Py_ssize_t off_wl[WL_COUNT];
 static PyObject *str_fut_waiter, *str_children, *str_callbacks, *str_chain_future, *str_drop, *str_add,
     *str_kind_task, *str_kind_executor, *str_kind_future, *str_a_future, *str_executor_job, *str_unnamed,
     *str_task_open, *str_paren_open, *str_paren_close, *str_empty;
@@ -2231,6 +2226,46 @@ run_longest(PyObject *run, uint64_t *out)
     return 0;
 }
 
+/* A new run's ten values, as WaitLog.add makes them: [start, end, 1,
+ * waited, waited, what, kind, where, caller, end] (new references into
+ * v), 0; or -1 with an exception (v untouched). */
+static int
+run_values(PyObject **v, uint64_t start, uint64_t end, uint64_t waited, PyObject *wait)
+{
+    PyObject *s = PyLong_FromUnsignedLongLong(start), *e = PyLong_FromUnsignedLongLong(end);
+    PyObject *w = PyLong_FromUnsignedLongLong(waited), *one = PyLong_FromLong(1);
+    if (s == NULL || e == NULL || w == NULL || one == NULL) {
+        Py_XDECREF(s);
+        Py_XDECREF(e);
+        Py_XDECREF(w);
+        Py_XDECREF(one);
+        return -1;
+    }
+    v[0] = s;
+    v[1] = Py_NewRef(e);
+    v[2] = one;
+    v[3] = Py_NewRef(w);
+    v[4] = w;
+    for (int k = 0; k < 4; k++)
+        v[5 + k] = Py_NewRef(PyTuple_GET_ITEM(wait, k));
+    v[9] = e;
+    return 0;
+}
+
+/* The log's C form when its bytearrays hold `count` arrival numbers and
+ * count - 1 heap entries (the runs but the newest, and the closed ones
+ * among them): 1, with the bytearrays in *arr and *heap (borrowed); else
+ * 0. */
+static int
+waitlog_c_form(PyObject *log, Py_ssize_t count, PyObject **arr, PyObject **heap)
+{
+    *arr = slot_at(log, off_wl[WL_ARRIVALS]);
+    *heap = slot_at(log, off_wl[WL_CLOSED]);
+    return *arr != NULL && *heap != NULL && PyByteArray_CheckExact(*arr) && PyByteArray_CheckExact(*heap) &&
+           PyByteArray_GET_SIZE(*arr) == count * (Py_ssize_t)sizeof(uint64_t) &&
+           PyByteArray_GET_SIZE(*heap) == (count - 1) * (Py_ssize_t)sizeof(wait_heap_entry);
+}
+
 /* The C form of a log whose new run was just appended (n runs): arrivals
  * of runs[:-1] and the heap of runs[:-2], whatever form the log had (the
  * twin's, none at the first drop, or one a failed resize left). Arrival
@@ -2280,14 +2315,11 @@ waitlog_drop(PyObject *log, PyObject *runs)
         Py_XDECREF(r);
         return r == NULL ? -1 : 0;
     }
-    PyObject *arr = slot_at(log, off_wl[WL_ARRIVALS]), *heap = slot_at(log, off_wl[WL_CLOSED]);
-    if (arr == NULL || heap == NULL || !PyByteArray_CheckExact(arr) || !PyByteArray_CheckExact(heap) ||
-        PyByteArray_GET_SIZE(arr) != (n - 1) * (Py_ssize_t)sizeof(uint64_t) ||
-        PyByteArray_GET_SIZE(heap) != (n - 2) * (Py_ssize_t)sizeof(wait_heap_entry)) {
+    PyObject *arr, *heap;
+    if (!waitlog_c_form(log, n - 1, &arr, &heap)) {
         if (waitlog_to_c(log, runs) < 0)
             return -1;
-        arr = slot_at(log, off_wl[WL_ARRIVALS]);
-        heap = slot_at(log, off_wl[WL_CLOSED]);
+        waitlog_c_form(log, n - 1, &arr, &heap);
     }
     wait_heap_entry closing;
     if (run_longest(PyList_GET_ITEM(runs, n - 2), &closing.longest) < 0) /* the run just closed */
@@ -2345,10 +2377,8 @@ static int
 waitlog_recycle(PyObject *log, PyObject *runs, uint64_t start, uint64_t end, uint64_t waited, PyObject *wait)
 {
     Py_ssize_t m = PyList_GET_SIZE(runs);
-    PyObject *arr = slot_at(log, off_wl[WL_ARRIVALS]), *heap = slot_at(log, off_wl[WL_CLOSED]);
-    if (m < 2 || arr == NULL || heap == NULL || !PyByteArray_CheckExact(arr) || !PyByteArray_CheckExact(heap) ||
-        PyByteArray_GET_SIZE(arr) != m * (Py_ssize_t)sizeof(uint64_t) ||
-        PyByteArray_GET_SIZE(heap) != (m - 1) * (Py_ssize_t)sizeof(wait_heap_entry))
+    PyObject *arr, *heap;
+    if (m < 2 || !waitlog_c_form(log, m, &arr, &heap))
         return 0;
     uint64_t *a = (uint64_t *)PyByteArray_AS_STRING(arr);
     wait_heap_entry *h = (wait_heap_entry *)PyByteArray_AS_STRING(heap);
@@ -2367,21 +2397,8 @@ waitlog_recycle(PyObject *log, PyObject *runs, uint64_t start, uint64_t end, uin
     if (Py_REFCNT(old) != 1 || !PyList_CheckExact(old) || PyList_GET_SIZE(old) != 10)
         return 0;
     PyObject *v[10];
-    v[0] = PyLong_FromUnsignedLongLong(start);
-    v[1] = PyLong_FromUnsignedLongLong(end);
-    v[3] = PyLong_FromUnsignedLongLong(waited);
-    v[2] = PyLong_FromLong(1);
-    if (v[0] == NULL || v[1] == NULL || v[2] == NULL || v[3] == NULL) {
-        Py_XDECREF(v[0]);
-        Py_XDECREF(v[1]);
-        Py_XDECREF(v[2]);
-        Py_XDECREF(v[3]);
+    if (run_values(v, start, end, waited, wait) < 0)
         return -1;
-    }
-    v[4] = Py_NewRef(v[3]);
-    for (int k = 0; k < 4; k++)
-        v[5 + k] = Py_NewRef(PyTuple_GET_ITEM(wait, k));
-    v[9] = Py_NewRef(v[1]);
     /* Nothing fails from here. The heap: the closed run in, the dropped out. */
     if (!closing_goes) {
         h[0] = closing;
@@ -2470,24 +2487,10 @@ waitlog_add(PyObject *log, uint64_t start, uint64_t end, PyObject *wait)
     PyObject *run = PyList_New(10);
     if (run == NULL)
         return -1;
-    PyObject *w = PyLong_FromUnsignedLongLong(waited), *e = PyLong_FromUnsignedLongLong(end);
-    PyObject *s = PyLong_FromUnsignedLongLong(start), *one = PyLong_FromLong(1);
-    if (w == NULL || e == NULL || s == NULL || one == NULL) {
-        Py_XDECREF(w);
-        Py_XDECREF(e);
-        Py_XDECREF(s);
-        Py_XDECREF(one);
+    if (run_values(((PyListObject *)run)->ob_item, start, end, waited, wait) < 0) {
         Py_DECREF(run);
         return -1;
     }
-    PyList_SET_ITEM(run, 0, s);
-    PyList_SET_ITEM(run, 1, Py_NewRef(e));
-    PyList_SET_ITEM(run, 2, one);
-    PyList_SET_ITEM(run, 3, Py_NewRef(w));
-    PyList_SET_ITEM(run, 4, w);
-    for (int k = 0; k < 4; k++)
-        PyList_SET_ITEM(run, 5 + k, Py_NewRef(PyTuple_GET_ITEM(wait, k)));
-    PyList_SET_ITEM(run, 9, e);
     /* Ints and strings only, now and after every merge: off the cyclic
      * GC's lists (a keep-alive connection's task holds 64 of them for as
      * long as it lives, traversed by every full collection). */
