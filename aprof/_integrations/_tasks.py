@@ -13,9 +13,9 @@ Each profile recording the task keeps it in one list per profile
 (``ProfilerState.task_records``): the running task's object while it runs,
 replaced when it finishes by one flat tuple of ints and strings and the step
 log (the ``array``, copied to its size, or the C ``StepLog`` itself, fitted:
-no new object, and none the cyclic GC tracks). A finished task so keeps no object of its own and no logical thread
-(unless ranges were recorded on its track), and the cyclic GC sees one
-object per running task, not a handful.
+no new object, and none the cyclic GC tracks). A finished task so keeps no
+object of its own and no logical thread (unless ranges were recorded on its
+track), and the cyclic GC sees one object per running task, not a handful.
 
 Finished record: ``(id, name, kind, os_thread_id, coro, spawn_ns, seq, fwd,
 end_ns, outcome, exception_name, steps, waits, spawn_site)`` (see
