@@ -30,6 +30,9 @@ RangeBlock_dealloc(RangeBlock *self)
     }
     PyMem_Free(self->slots);
     Py_XDECREF(self->scope);
+    Py_XDECREF(self->owner_name);
+    Py_XDECREF(self->owner_kind);
+    Py_XDECREF(self->owner_os_tid);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -42,7 +45,18 @@ aprof_block_new(PyObject *scope)
     b->scope = Py_NewRef(scope);
     b->n = b->cap = 0;
     b->slots = NULL;
+    b->owner = 0;
+    b->owner_name = b->owner_kind = b->owner_os_tid = NULL;
     return b;
+}
+
+void
+aprof_block_own(RangeBlock *b, int64_t owner, PyObject *name, PyObject *kind, PyObject *os_tid)
+{
+    b->owner = owner;
+    Py_XSETREF(b->owner_name, Py_XNewRef(name));
+    Py_XSETREF(b->owner_kind, Py_XNewRef(kind));
+    Py_XSETREF(b->owner_os_tid, Py_XNewRef(os_tid));
 }
 
 /* Room for one more slot: the capacity grows by a quarter (16 at least), so
@@ -55,7 +69,7 @@ block_reserve(RangeBlock *b)
         return 0;
     Py_ssize_t cap = b->cap + (b->cap >> 2);
     if (cap < b->cap + 16)
-        cap = b->cap + 16;
+        cap = b->owner != 0 && b->cap == 0 ? 4 : b->cap + 16; /* a task's block: a few ranges, most often */
     if ((size_t)cap > PY_SSIZE_T_MAX / sizeof(BlockSlot)) {
         PyErr_NoMemory();
         return -1;
@@ -161,6 +175,27 @@ RangeBlock_close(RangeBlock *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* own(owner, name, kind, os_thread_id): make it a block of TASK_BLOCKS,
+ * task `owner`'s (tests; the fast path does it in C). */
+static PyObject *
+RangeBlock_own_py(RangeBlock *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    long long owner;
+    if (nargs != 4 || !PyLong_Check(args[0]) || !PyUnicode_CheckExact(args[1]) || !PyUnicode_CheckExact(args[2]) ||
+        !PyLong_CheckExact(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "RangeBlock.own(owner: int, name: str, kind: str, os_thread_id: int)");
+        return NULL;
+    }
+    if ((owner = PyLong_AsLongLong(args[0])) == -1 && PyErr_Occurred())
+        return NULL;
+    if (owner <= 0) {
+        PyErr_SetString(PyExc_ValueError, "RangeBlock.own: owner must be a logical thread id (> 0)");
+        return NULL;
+    }
+    aprof_block_own(self, owner, args[1], args[2], args[3]);
+    Py_RETURN_NONE;
+}
+
 /* rows() -> [(name, scope, start, args, end or None, end_thread_id, exc)]:
  * the slots as Python values, for the pure-Python consolidation path. */
 static PyObject *
@@ -211,6 +246,8 @@ static PyMethodDef RangeBlock_methods[] = {
      "open(name, args, start) -> index: a range that starts."},
     {"close", (PyCFunction)(void (*)(void))RangeBlock_close, METH_FASTCALL,
      "close(index, end, end_thread_id, exc): the range at index ends (a second end is ignored)."},
+    {"own", (PyCFunction)(void (*)(void))RangeBlock_own_py, METH_FASTCALL,
+     "own(owner, name, kind, os_thread_id): a block of TASK_BLOCKS, the ranges of task `owner`."},
     {"rows", (PyCFunction)RangeBlock_rows, METH_NOARGS,
      "rows() -> [(name, scope, start, args, end or None, end_thread_id, exc)]."},
     {"__sizeof__", (PyCFunction)RangeBlock_sizeof, METH_NOARGS, NULL},
@@ -219,6 +256,11 @@ static PyMethodDef RangeBlock_methods[] = {
 
 static PyMemberDef RangeBlock_members[] = {
     {"scope", T_OBJECT, offsetof(RangeBlock, scope), READONLY, "The scope value of every range in the block."},
+    {"owner", T_LONGLONG, offsetof(RangeBlock, owner), READONLY,
+     "The id of the task's logical thread whose ranges these are (a block of TASK_BLOCKS), else 0."},
+    {"owner_name", T_OBJECT, offsetof(RangeBlock, owner_name), READONLY, "That task's name when the block was made."},
+    {"owner_kind", T_OBJECT, offsetof(RangeBlock, owner_kind), READONLY, "That task's kind (asyncio, trio)."},
+    {"owner_os_tid", T_OBJECT, offsetof(RangeBlock, owner_os_tid), READONLY, "That task's OS thread id."},
     {NULL},
 };
 
@@ -511,10 +553,8 @@ ring_seal(PyObject *module, PyObject *lists)
     return PyLong_FromSize_t(bytes);
 }
 
-#define TASK_RECORD_STEPS 11 /* a finished task's record: its steps (aprof/_integrations/_tasks.py) */
-
 /* The bytes `sys.getsizeof(o)` gives: the object's __sizeof__ (a tuple's
- * without a call), and the GC's header for a GC type. */
+ * and a TaskRecord's without a call), and the GC's header for a GC type. */
 static Py_ssize_t
 size_of(PyObject *o)
 {
@@ -529,6 +569,8 @@ size_of(PyObject *o)
 #endif
     if (PyTuple_CheckExact(o))
         return (Py_ssize_t)sizeof(PyTupleObject) + head + (PyTuple_GET_SIZE(o) - 1) * (Py_ssize_t)sizeof(PyObject *);
+    if (Py_IS_TYPE(o, &TaskRecordType))
+        return (Py_ssize_t)sizeof(TaskRecord);
     PyObject *r = PyObject_CallMethod(o, "__sizeof__", NULL);
     if (r == NULL)
         return -1;
@@ -545,16 +587,16 @@ is_array(PyObject *o)
 }
 
 /* ring_records(records) -> (bytes, steps, running): what task records of a
- * ring's sealed generation hold (the tuple and its steps, as
+ * ring's sealed generation hold (the record and its steps, as
  * sys.getsizeof measures them), the steps of those finished (a finished
- * task's record is a tuple holding its steps, an array or a StepLog, at
- * TASK_RECORD_STEPS), and the indices of those still running (a running
- * task's record is its object, with a `steps` attribute: counted when the
- * generation goes). A finished record is then taken out of the garbage
- * collector's lists, with its steps: an array holds no objects, and the
- * tuple then holds only untracked ones (what CPython's collector does for
- * such a tuple itself, but only once a collection looks at it; see
- * ring_seal). */
+ * task's record, a TaskRecord or the twin's tuple, holds its steps, an
+ * array or a StepLog, at TASK_RECORD_STEPS), and the indices of those
+ * still running (a running task's record is its object, with a `steps`
+ * attribute: counted when the generation goes). A finished record's steps
+ * array is then taken out of the garbage collector's lists (it holds no
+ * objects), and so is a twin's tuple that holds only untracked ones (what
+ * CPython's collector does for such a tuple itself, but only once a
+ * collection looks at it; see ring_seal); a TaskRecord never is on them. */
 static PyObject *
 ring_records(PyObject *module, PyObject *records)
 {
@@ -570,9 +612,10 @@ ring_records(PyObject *module, PyObject *records)
      * is read by index with its size checked each time. */
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(records); i++) {
         PyObject *rec = Py_NewRef(PyList_GET_ITEM(records, i)), *s;
-        int finished = PyTuple_CheckExact(rec) && PyTuple_GET_SIZE(rec) > TASK_RECORD_STEPS;
+        PyObject *const *fields = aprof_record_fields(rec);
+        int finished = fields != NULL;
         if (finished)
-            s = Py_NewRef(PyTuple_GET_ITEM(rec, TASK_RECORD_STEPS));
+            s = Py_NewRef(fields[TASK_RECORD_STEPS]);
         else {
             PyObject *idx = PyLong_FromSsize_t(i);
             int err = idx == NULL || PyList_Append(running, idx) < 0;
@@ -587,16 +630,16 @@ ring_records(PyObject *module, PyObject *records)
         }
         bytes += rb + sb;
         steps += (len + 1) / 2;
-        if (finished && PyObject_GC_IsTracked(rec)) {
-            if (is_array(s) && PyObject_GC_IsTracked(s))
-                PyObject_GC_UnTrack(s);
-            Py_ssize_t k = 0, n = PyTuple_GET_SIZE(rec);
-            for (; k < n; k++) {
-                PyObject *v = PyTuple_GET_ITEM(rec, k);
+        if (finished && is_array(s) && PyObject_GC_IsTracked(s))
+            PyObject_GC_UnTrack(s);
+        if (finished && PyObject_IS_GC(rec) && PyObject_GC_IsTracked(rec)) { /* the twin's tuple */
+            int k = 0;
+            for (; k < TASK_RECORD_LEN; k++) {
+                PyObject *v = fields[k];
                 if (PyObject_IS_GC(v) && PyObject_GC_IsTracked(v))
                     break;
             }
-            if (k == n)
+            if (k == TASK_RECORD_LEN)
                 PyObject_GC_UnTrack(rec);
         }
         Py_DECREF(s);
@@ -643,12 +686,10 @@ raw_counts(PyObject *module, PyObject *lst)
     return Py_BuildValue("(nn)", ranges, instants);
 }
 
-#define TASK_RECORD_STEPS 11 /* a finished task's record: its steps (aprof/_integrations/_tasks.py) */
-
 /* ring_counts(lists, records) -> (ranges, instants, tasks, steps, running):
  * what a ring's generation holds (lists: its dict of raw lists), counted exactly when the ring lets it go
  * (aprof/_core/_ring.py): the events of its raw lists, its task records and
- * their steps (a finished task's record is a tuple holding its steps at
+ * their steps (a finished task's record holds its steps at
  * TASK_RECORD_STEPS; a running task's is its object, with a `steps`
  * attribute), and the running ones, which the ring tells it let go. One
  * pass in C: a generation of a server's ring holds tens of thousands of
@@ -680,8 +721,9 @@ ring_counts(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(records); i++) {
         PyObject *rec = Py_NewRef(PyList_GET_ITEM(records, i)), *s;
         tasks++;
-        if (PyTuple_CheckExact(rec) && PyTuple_GET_SIZE(rec) > TASK_RECORD_STEPS)
-            s = Py_NewRef(PyTuple_GET_ITEM(rec, TASK_RECORD_STEPS));
+        PyObject *const *fields = aprof_record_fields(rec);
+        if (fields != NULL)
+            s = Py_NewRef(fields[TASK_RECORD_STEPS]);
         else {
             if (PyList_Append(running, rec) < 0 || (s = PyObject_GetAttrString(rec, "steps")) == NULL) {
                 Py_DECREF(rec);
@@ -723,6 +765,7 @@ block_copy(RangeBlock *b)
         }
         c->n = c->cap = n;
     }
+    aprof_block_own(c, b->owner, b->owner_name, b->owner_kind, b->owner_os_tid);
     return (PyObject *)c;
 }
 

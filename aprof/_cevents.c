@@ -4330,7 +4330,8 @@ trim_heap(PyObject *module, PyObject *unused)
  * FLAG_ASYNC, ASYNC_SAME_THREAD) as Python defines them. */
 /* task_events(records, i, stop_ns, tracks, recs, Track, task_scope, kind_range) -> next_i
  *
- * _events._task_events for the finished tasks' records (14-field tuples),
+ * _events._task_events for the finished tasks' records (TaskRecords, or
+ * the twin's 14-field tuples),
  * from records[i] on while they are: each one's Track (track.steps set)
  * in tracks[tid] and its consolidated TASK record in recs[tid], the same
  * objects, in the same order, taken off the cyclic GC's lists alike.
@@ -4375,10 +4376,10 @@ task_events(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     for (i = i < 0 ? 0 : i; i < PyList_GET_SIZE(records); i++) {
         PyObject *t = PyList_GET_ITEM(records, i);
-        if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != 14)
+        PyObject *const *f = aprof_record_fields(t);
+        if (f == NULL)
             break;
         Py_INCREF(t); /* the list may change under a callback (a str subclass's __eq__ ...) */
-        PyObject *const *f = &PyTuple_GET_ITEM(t, 0);
         PyObject *tid = f[0], *name = f[1], *kind = f[2], *os_tid = f[3], *coro = f[4], *spawn_ns = f[5],
                  *seq = f[6], *fwd = f[7], *end_ns = f[8], *outcome = f[9], *exc = f[10], *steps = f[11],
                  *waits = f[12], *site = f[13];

@@ -77,6 +77,11 @@ hash_ptr(const void *p, size_t mask)
     return (size_t)(x >> 32) & mask;
 }
 
+/* _ctasks.c: whether logical thread `lt` is a task's (an exact TaskThread
+ * with its fields set): 1 with its id, and its name, kind and OS thread id
+ * (borrowed); else 0. No exception either way. */
+int aprof_task_owner(PyObject *lt, int64_t *id, PyObject **name, PyObject **kind, PyObject **os_tid);
+
 /* _ctasks.c: add StepLog, StepCall, CallSoonHook and the task hooks' set-up
  * functions to the module. Returns -1 with an exception set on failure. */
 int aprof_tasks_init(PyObject *module);
@@ -94,6 +99,11 @@ int aprof_sampler_init(PyObject *module);
  * when it is not suspended (then ask cr_code and cr_frame). In
  * _csampler.c, which reads CPython's frames. */
 int aprof_gen_site(PyObject *gen, PyObject **code, int *lasti);
+/* The user_site(cache, is_library) builtin's work (a new reference, None,
+ * or NULL with an exception), and whether fn is that builtin: _ctasks.c
+ * calls it directly for a new task's spawn site. */
+PyObject *aprof_user_site(PyObject *cache, PyObject *is_library);
+int aprof_is_user_site(PyObject *fn);
 
 /* _cblocks.c: a run of plain ranges of one scope, packed; see that file. */
 typedef struct {
@@ -110,6 +120,12 @@ typedef struct {
     PyObject *scope; /* the scope value (a str) of every range in the block */
     Py_ssize_t n, cap;
     BlockSlot *slots;
+    /* A block of a task's ranges in its generation's shared list of them
+     * (TASK_BLOCKS, see _cranges.c): the task's logical thread id, and its
+     * name, kind and OS thread id when the block was made (owned); 0 and
+     * NULL in a logical thread's own list. */
+    int64_t owner;
+    PyObject *owner_name, *owner_kind, *owner_os_tid;
 } RangeBlock;
 
 #define BLOCK_OPEN INT64_MIN
@@ -119,6 +135,9 @@ extern PyTypeObject RangeBlockType;
 
 /* A new empty block of `scope` ranges; NULL with an exception set. */
 RangeBlock *aprof_block_new(PyObject *scope);
+/* Make b the block of task `owner` (its id, name, kind and OS thread id:
+ * references taken). */
+void aprof_block_own(RangeBlock *b, int64_t owner, PyObject *name, PyObject *kind, PyObject *os_tid);
 /* Take the next slot for a range named `name` (an exact str) with `args`
  * (an exact str or None), start 0 and open: the caller sets the start. The
  * slot's index, or -1 with an exception set. */
@@ -147,6 +166,32 @@ int aprof_budget_take(Budget *b, int kind, Py_ssize_t n);
 /* Add RangeBlock, Budget and the raw-list helpers to the module. Returns -1
  * with an exception set on failure. */
 int aprof_blocks_init(PyObject *module);
+
+/* _ctasks.c: a finished task's record, the TASK_RECORD_FIELDS of
+ * aprof/_integrations/_tasks.py (its steps at TASK_RECORD_STEPS), in a
+ * tuple's layout but no GC container (see there). */
+#define TASK_RECORD_LEN 14
+#define TASK_RECORD_STEPS 11
+typedef struct {
+    PyObject_HEAD
+    PyObject *f[TASK_RECORD_LEN];
+} TaskRecord;
+extern PyTypeObject TaskRecordType;
+/* A new TaskRecord of TASK_RECORD_LEN fields (references taken); NULL with
+ * an exception set. */
+PyObject *aprof_task_record(PyObject *const *f);
+/* The fields of a finished task's record (borrowed): a TaskRecord, or the
+ * pure-Python twin's tuple of TASK_RECORD_LEN; NULL for anything else (a
+ * running task's TaskThread). */
+static inline PyObject *const *
+aprof_record_fields(PyObject *rec)
+{
+    if (Py_IS_TYPE(rec, &TaskRecordType))
+        return ((TaskRecord *)rec)->f;
+    if (PyTuple_CheckExact(rec) && PyTuple_GET_SIZE(rec) == TASK_RECORD_LEN)
+        return &PyTuple_GET_ITEM(rec, 0);
+    return NULL;
+}
 
 /* _cevents.c: take o (may be NULL) off the cyclic GC's lists if nothing it
  * refers to is on them but classes, the constants set by untrack_exempt

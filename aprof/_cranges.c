@@ -14,6 +14,16 @@
  * same object) calls the Python method of record_function that the Python
  * path calls, so the two paths cannot drift apart where it matters.
  *
+ * A plain range (a RangeBlock slot, see _cblocks.c) of a task's logical
+ * thread (a TaskThread) goes to one list per generation shared by every
+ * task, under the key TASK_BLOCKS (aprof/_core/_recorder.py), in a block
+ * that names its task (RangeBlock.owner); consolidation gives each task its
+ * blocks back (_events.consolidate). A task per request, each with a list
+ * of its own, left that list and its TaskThread (the key) for as long as
+ * the profile kept the request: two objects that the cyclic GC counted
+ * towards its next young collection, which then came several times as
+ * often as without aprof (issue 19). Blocks are no GC containers.
+ *
  * Also here: `stepping`, the "logical thread stepping on this OS thread"
  * slot of aprof/_core/_threads.py, kept in C thread-local storage so the hot
  * path reads it with one load. Python code reads and writes `stepping.lt`
@@ -34,6 +44,7 @@ enum { MODE_OFF = 0, MODE_IDLE = 1, MODE_FAST = 2, MODE_SLOW = 3 };
 /* Set once by _range_setup(). */
 static PyObject *rf_state_var;   /* ContextVar RF_STATE */
 static PyObject *current_lt;     /* current_logical_thread() */
+static PyObject *task_blocks_key; /* TASK_BLOCKS (_task_blocks_setup), or NULL: each task keeps its own list */
 
 static PyObject *str_list_for, *str_global_entries, *str_user_scope, *str_name, *str_spill, *str_take_shared,
     *str_slow_start, *str_end_general;
@@ -766,8 +777,25 @@ fast_start(RangeCore *self, PyObject *recorder)
     lists = slot_get(&rd_lists, ps);
     if (lists == NULL)
         goto done;
+    PyObject *with_stack = slot_get(&rd_with_stack, ps);
+    if (with_stack == NULL)
+        goto done;
+    PyObject *stack = NULL, *name = self->name != NULL ? self->name : Py_None,
+             *a = self->args != NULL ? self->args : Py_None;
+    int stack_on = with_stack == Py_True && stack_prefix != NULL;
+    int blocked = !stack_on && PyUnicode_CheckExact(name) && (a == Py_None || PyUnicode_CheckExact(a));
+    Py_DECREF(with_stack);
+    /* A task's plain ranges go to the generation's one list of task blocks
+     * (TASK_BLOCKS), each block naming its task: a task per request then
+     * leaves no list of its own, nor its logical thread as the key of one,
+     * for the collector to count (see the top of the file). */
+    int64_t owner = 0;
+    PyObject *o_name = NULL, *o_kind = NULL, *o_os_tid = NULL, *key = lt;
+    if (blocked && task_blocks_key != NULL && PyDict_CheckExact(lists) &&
+        aprof_task_owner(lt, &owner, &o_name, &o_kind, &o_os_tid))
+        key = task_blocks_key;
     if (PyDict_CheckExact(lists)) {
-        lst = PyDict_GetItemWithError(lists, lt);
+        lst = PyDict_GetItemWithError(lists, key);
         if (lst != NULL)
             Py_INCREF(lst);
         else if (PyErr_Occurred())
@@ -778,7 +806,7 @@ fast_start(RangeCore *self, PyObject *recorder)
          * setdefault (a signal handler recording in between keeps its list). */
         if (PyDict_CheckExact(lists)) {
             PyObject *fresh = PyList_New(0);
-            lst = fresh != NULL ? Py_XNewRef(PyDict_SetDefault(lists, lt, fresh)) : NULL;
+            lst = fresh != NULL ? Py_XNewRef(PyDict_SetDefault(lists, key, fresh)) : NULL;
             Py_XDECREF(fresh);
         }
         else
@@ -790,30 +818,28 @@ fast_start(RangeCore *self, PyObject *recorder)
         PyErr_SetString(PyExc_TypeError, "aprof: a profile's event list is not a list");
         goto done;
     }
-    PyObject *with_stack = slot_get(&rd_with_stack, ps);
-    if (with_stack == NULL)
-        goto done;
-    PyObject *stack = NULL, *name = self->name != NULL ? self->name : Py_None,
-             *a = self->args != NULL ? self->args : Py_None;
-    if (with_stack == Py_True && stack_prefix != NULL) {
-        Py_DECREF(with_stack);
+    if (stack_on) {
         /* Before the clock read, so the range measures the user's code. */
         if ((stack = stack_raw(0, stack_prefix)) == NULL)
             goto done;
     }
     else {
-        Py_DECREF(with_stack);
-        if (PyUnicode_CheckExact(name) && (a == Py_None || PyUnicode_CheckExact(a))) {
+        if (blocked) {
             Py_ssize_t len = PyList_GET_SIZE(lst);
             PyObject *tail = len > 0 ? PyList_GET_ITEM(lst, len - 1) : NULL;
             RangeBlock *b;
-            if (tail != NULL && RangeBlock_Check(tail) && ((RangeBlock *)tail)->scope == str_user_scope)
+            if (tail != NULL && RangeBlock_Check(tail) && ((RangeBlock *)tail)->scope == str_user_scope &&
+                ((RangeBlock *)tail)->owner == owner)
                 b = (RangeBlock *)Py_NewRef(tail);
             else if ((b = aprof_block_new(str_user_scope)) == NULL)
                 goto done;
-            else if (PyList_Append(lst, (PyObject *)b) < 0) {
-                Py_DECREF(b);
-                goto done;
+            else {
+                if (owner != 0)
+                    aprof_block_own(b, owner, o_name, o_kind, o_os_tid);
+                if (PyList_Append(lst, (PyObject *)b) < 0) {
+                    Py_DECREF(b);
+                    goto done;
+                }
             }
             Py_ssize_t slot = aprof_block_open(b, name, a);
             if (slot < 0) {
@@ -1640,6 +1666,15 @@ range_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* _task_blocks_setup(TASK_BLOCKS): tasks' plain ranges go to the list
+ * under that key; _task_blocks_setup(None): to each task's own list. */
+static PyObject *
+task_blocks_setup(PyObject *module, PyObject *key)
+{
+    Py_XSETREF(task_blocks_key, key == Py_None ? NULL : Py_NewRef(key));
+    Py_RETURN_NONE;
+}
+
 /* Which attributes the slot readers read directly (for the tests). */
 static PyObject *
 range_slots(PyObject *module, PyObject *Py_UNUSED(ignored))
@@ -1659,6 +1694,8 @@ static PyMethodDef range_functions[] = {
      "Give the range fast path RF_STATE, _callbacks.__dict__, current_logical_thread, _threads.__dict__, "
      "the 3.11 hint variable and the classes whose slots it reads."},
     {"_range_vectorcall", range_vectorcall, METH_O, "Let calls of the class (record_function) skip type.__call__."},
+    {"_task_blocks_setup", task_blocks_setup, METH_O,
+     "Put tasks' plain ranges in the list under this key, in blocks that name their task (None: each task's own)."},
     {"_set_global_callbacks", (PyCFunction)(void (*)(void))set_global_callbacks, METH_FASTCALL,
      "Tell the range fast path whether _callbacks.global_entries is non-empty, and the global recorder it may "
      "record into inline."},

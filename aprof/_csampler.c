@@ -1270,14 +1270,9 @@ static struct {
     int is_lib;
 } lib_memo[LIB_MEMO_SIZE];
 
-static PyObject *
-user_site(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+PyObject *
+aprof_user_site(PyObject *cache, PyObject *is_library)
 {
-    if (nargs != 2 || !PyDict_CheckExact(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "user_site(cache: dict, is_library)");
-        return NULL;
-    }
-    PyObject *cache = args[0], *is_library = args[1];
     for (struct _PyInterpreterFrame *f = ts_frame(PyThreadState_Get()); f != NULL; f = f->previous) {
         PyCodeObject *code = frame_code(f);
         if (code == NULL)
@@ -1330,6 +1325,22 @@ user_site(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
         }
     }
     Py_RETURN_NONE;
+}
+
+static PyObject *
+user_site(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyDict_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "user_site(cache: dict, is_library)");
+        return NULL;
+    }
+    return aprof_user_site(args[0], args[1]);
+}
+
+int
+aprof_is_user_site(PyObject *fn)
+{
+    return PyCFunction_Check(fn) && PyCFunction_GET_FUNCTION(fn) == (PyCFunction)(void (*)(void))user_site;
 }
 
 static PyMethodDef sampler_functions[] = {

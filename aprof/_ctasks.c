@@ -330,6 +330,113 @@ static PyTypeObject StepLogType = {
 };
 
 /* ------------------------------------------------------------------------ */
+/* TaskRecord                                                                 */
+/* ------------------------------------------------------------------------ */
+
+/* A finished task's record: the 14 fields of TASK_RECORD_FIELDS
+ * (aprof/_integrations/_tasks.py), read as a sequence. It is a tuple's
+ * layout without the tuple's collector header: the record holds strings,
+ * ints, None, the step log, the wait runs (lists of strings and ints) and
+ * the spawn site, none of which can refer back to it, so it can be in no
+ * reference cycle and is not a GC container. A server records a task per
+ * request and keeps its record in the ring: as a tuple, each one counted
+ * towards the collector's next young collection (allocations less
+ * deallocations), which then came several times as often as without aprof
+ * (issue 19); a TaskRecord is not counted, and is 24 bytes smaller. */
+PyTypeObject TaskRecordType;
+
+/* A new record of the n = TASK_RECORD_LEN fields f (references taken), or
+ * NULL with an exception. */
+PyObject *
+aprof_task_record(PyObject *const *f)
+{
+    TaskRecord *r = PyObject_New(TaskRecord, &TaskRecordType);
+    if (r == NULL)
+        return NULL;
+    for (int k = 0; k < TASK_RECORD_LEN; k++)
+        r->f[k] = Py_NewRef(f[k]);
+    return (PyObject *)r;
+}
+
+static PyObject *
+TaskRecord_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    if ((kwds != NULL && PyDict_GET_SIZE(kwds) > 0) || PyTuple_GET_SIZE(args) != TASK_RECORD_LEN) {
+        PyErr_Format(PyExc_TypeError, "TaskRecord() takes the %d fields of TASK_RECORD_FIELDS, positionally",
+                     TASK_RECORD_LEN);
+        return NULL;
+    }
+    return aprof_task_record(&PyTuple_GET_ITEM(args, 0));
+}
+
+static void
+TaskRecord_dealloc(TaskRecord *self)
+{
+    for (int k = 0; k < TASK_RECORD_LEN; k++)
+        Py_XDECREF(self->f[k]);
+    PyObject_Free(self);
+}
+
+static Py_ssize_t
+TaskRecord_len(TaskRecord *self)
+{
+    return TASK_RECORD_LEN;
+}
+
+static PyObject *
+TaskRecord_item(TaskRecord *self, Py_ssize_t i)
+{
+    if (i < 0 || i >= TASK_RECORD_LEN) {
+        PyErr_SetString(PyExc_IndexError, "TaskRecord index out of range");
+        return NULL;
+    }
+    return Py_NewRef(self->f[i]);
+}
+
+static PyObject *
+TaskRecord_repr(TaskRecord *self)
+{
+    PyObject *t = PyTuple_New(TASK_RECORD_LEN);
+    if (t == NULL)
+        return NULL;
+    for (int k = 0; k < TASK_RECORD_LEN; k++)
+        PyTuple_SET_ITEM(t, k, Py_NewRef(self->f[k]));
+    PyObject *r = PyUnicode_FromFormat("TaskRecord%R", t);
+    Py_DECREF(t);
+    return r;
+}
+
+static PyObject *
+TaskRecord_richcompare(PyObject *a, PyObject *b, int op)
+{
+    /* as the tuple of its fields compares (with another record, or a tuple) */
+    PyObject *ta = PySequence_Tuple(a), *tb = ta != NULL ? PySequence_Tuple(b) : NULL;
+    PyObject *r = tb != NULL ? PyObject_RichCompare(ta, tb, op) : NULL;
+    Py_XDECREF(ta);
+    Py_XDECREF(tb);
+    return r;
+}
+
+static PySequenceMethods TaskRecord_as_sequence = {
+    .sq_length = (lenfunc)TaskRecord_len,
+    .sq_item = (ssizeargfunc)TaskRecord_item,
+};
+
+PyTypeObject TaskRecordType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "aprof._ctracer.TaskRecord",
+    .tp_basicsize = sizeof(TaskRecord),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "TaskRecord(*fields)\n--\n\nA finished task's record: the fields of TASK_RECORD_FIELDS, read as a "
+              "sequence (not a GC container: it holds plain data).",
+    .tp_new = TaskRecord_new,
+    .tp_dealloc = (destructor)TaskRecord_dealloc,
+    .tp_repr = (reprfunc)TaskRecord_repr,
+    .tp_richcompare = TaskRecord_richcompare,
+    .tp_hash = PyObject_HashNotImplemented,
+    .tp_as_sequence = &TaskRecord_as_sequence,
+};
+
+/* ------------------------------------------------------------------------ */
 /* Which task a callback steps, and whether aprof records it                  */
 /* ------------------------------------------------------------------------ */
 
@@ -397,6 +504,28 @@ static inline PyObject *
 slot_at(PyObject *obj, Py_ssize_t offset)
 {
     return *(PyObject **)((char *)obj + offset);
+}
+
+int
+aprof_task_owner(PyObject *lt, int64_t *id, PyObject **name, PyObject **kind, PyObject **os_tid)
+{
+    if (task_thread_type == NULL || !Py_IS_TYPE(lt, task_thread_type))
+        return 0;
+    PyObject *i = slot_at(lt, off_tt[TT_ID]);
+    *name = slot_at(lt, off_tt[TT_NAME]);
+    *kind = slot_at(lt, off_tt[TT_KIND]);
+    *os_tid = slot_at(lt, off_tt[TT_OS_TID]);
+    if (i == NULL || !PyLong_CheckExact(i) || *name == NULL || !PyUnicode_CheckExact(*name) || *kind == NULL ||
+        !PyUnicode_CheckExact(*kind) || *os_tid == NULL || !PyLong_CheckExact(*os_tid))
+        return 0;
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(i, &overflow);
+    if (v <= 0 || overflow) {
+        PyErr_Clear();
+        return 0;
+    }
+    *id = v;
+    return 1;
 }
 
 /* The TaskThread of a task a running profile records (new reference), or
@@ -475,19 +604,20 @@ task_done(PyObject *task)
 
 static int finish_ready = 0;
 static PyObject *no_records, *discard_steps;
-static PyObject *c_task_get_name, *c_task_cancelled;
+static PyObject *c_task_get_name, *c_task_cancelled, *c_task_get_coro;
+#if PY_VERSION_HEX >= 0x030C0000
+static PyObject *c_task_get_loop, *c_task_get_context; /* (eager first steps) */
+#endif
 static PyObject *str_lists;
 
 /* Set up further down (_states_setup, _waits_setup), read by a task's end
- * too: a ProfilerState's slots and a WaitLog's, by offset. */
+ * too: a ProfilerState's slots, by offset. */
 enum { SI_ENABLED, SI_RECORDER, SI_STATE, SI_TASKS, SI_RUNNING, SI_BUDGET, SI_TASK_RECORDS, SI_LISTS, SI_COUNT };
 static int states_ready = 0;
 static Py_ssize_t off_si[SI_COUNT];
 static PyObject *cr_state_type; /* ProfilerState (set up with _task_create_setup) */
-enum { WL_RUNS, WL_CLOSED, WL_ARRIVALS, WL_COUNT };
 static int waits_ready = 0;
-static PyTypeObject *w_log_type; /* _await_chain.WaitLog (exact type) */
-static Py_ssize_t off_wl[WL_COUNT];
+static PyTypeObject WaitLogType; /* the C WaitLog (below) */
 static PyObject *str_exception, *str_runs, *str_returned, *str_cancelled, *str_cancelled_error,
     *str_task_fallback;
 
@@ -500,10 +630,132 @@ set_slot(PyObject *obj, Py_ssize_t offset, PyObject *value)
     Py_XDECREF(old);
 }
 
+/* ------------------------------------------------------------------------ */
+/* The C Task's waiter, coroutine and name, read in place                    */
+/* ------------------------------------------------------------------------ */
+
+/* asyncio's C Task keeps the future it waits on, its coroutine and its
+ * name in three consecutive object fields (task_fut_waiter, task_coro and
+ * task_name in CPython's Modules/_asynciomodule.c, 3.11 to 3.14), read
+ * through the `_fut_waiter` property, get_coro() and get_name(): a lookup
+ * or a method call each, a few times a task. And from 3.12 a task's name is
+ * made lazily: the field holds the counter's int until get_name() first
+ * formats "Task-<n>" from it (PyUnicode_FromFormat: ~2,000 instructions),
+ * which aprof then did at every task's creation, where a server that never
+ * asks pays nothing. Read in place, such a name is written out here
+ * (counter_name) and the task's field left as it is.
+ *
+ * The fields' place is learnt from the first C Task aprof records
+ * (task_layout_see: its coroutine's pointer found once in the object, the
+ * name get_name() returned right after it, the waiter unset before it),
+ * and trusted once the next TASK_LAYOUT_CHECKS tasks read the same both
+ * ways (the waiter: once as many waits did); until then, and for good if
+ * any disagrees, the methods and the property answer. */
+#define TASK_LAYOUT_CHECKS 8
+static Py_ssize_t task_off_coro;          /* the coroutine's offset; 0: not learnt */
+#if PY_VERSION_HEX >= 0x030C0000
+/* (eager first steps, 3.12+: the task's loop, and its context, the field
+ * after its name, checked alike) */
+static Py_ssize_t task_off_loop;
+#endif
+static int task_checks_left = TASK_LAYOUT_CHECKS, task_waiter_checks_left = TASK_LAYOUT_CHECKS;
+static int task_layout_bad;               /* a check disagreed: the methods, for good */
+static PyObject *str_fut_waiter;          /* "_fut_waiter" (interned in _tasks_setup) */
+
+static inline int
+task_layout_trusted(PyObject *task)
+{
+    return task_off_coro > 0 && task_checks_left == 0 && !task_layout_bad &&
+           Py_IS_TYPE(task, (PyTypeObject *)c_task_type);
+}
+
+static inline PyObject *
+task_field(PyObject *task, int k) /* -1 waiter, 0 coroutine, 1 name, 2 context (borrowed, may be NULL) */
+{
+    return ((PyObject **)((char *)task + task_off_coro))[k];
+}
+
+/* "Task-<n>" for the counter int n, as get_name() formats it (new
+ * reference), or NULL without an exception when n is not a counter's int. */
+static PyObject *
+counter_name(PyObject *n)
+{
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(n, &overflow);
+    if (v < 0 || overflow) {
+        PyErr_Clear();
+        return NULL;
+    }
+    char digits[24];
+    int k = 0;
+    do {
+        digits[k++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v > 0);
+    PyObject *r = PyUnicode_New(5 + k, 127);
+    if (r == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    Py_UCS1 *d = PyUnicode_1BYTE_DATA(r);
+    memcpy(d, "Task-", 5);
+    for (int i = 0; i < k; i++)
+        d[5 + i] = (Py_UCS1)digits[k - 1 - i];
+    return r;
+}
+
+/* The names written out last, by their counter's int: a task's name is
+ * read at its creation, at its end and where another task waits on it. An
+ * entry holds its int, so no other int takes its address meanwhile. */
+#define NAME_MEMO_SIZE 64 /* a power of two */
+static struct {
+    PyObject *counter, *name;
+} name_memo[NAME_MEMO_SIZE];
+
+/* A C Task's name read in place, as get_name() says it (new reference), or
+ * NULL without an exception: ask get_name(). */
+static PyObject *
+task_name_in_place(PyObject *task)
+{
+    PyObject *n = task_field(task, 1);
+    if (n == NULL)
+        return NULL;
+    if (PyUnicode_CheckExact(n))
+        return Py_NewRef(n);
+    if (!PyLong_CheckExact(n))
+        return NULL;
+    size_t h = hash_ptr(n, NAME_MEMO_SIZE - 1);
+    if (name_memo[h].counter == n)
+        return Py_NewRef(name_memo[h].name);
+    PyObject *name = counter_name(n);
+    if (name != NULL) {
+        Py_XSETREF(name_memo[h].counter, Py_NewRef(n));
+        Py_XSETREF(name_memo[h].name, Py_NewRef(name));
+    }
+    return name;
+}
+
+/* task.get_coro() (new reference), or NULL with an exception. */
+static inline PyObject *
+task_get_coro(PyObject *task)
+{
+    if (APROF_LIKELY(task_layout_trusted(task))) {
+        PyObject *coro = task_field(task, 0);
+        if (coro != NULL)
+            return Py_NewRef(coro);
+    }
+    return PyObject_Vectorcall(c_task_get_coro, &task, 1, NULL);
+}
+
 /* The task's name now (it may have been renamed): _asyncio._name_of. */
 static PyObject *
 finish_name(PyObject *task)
 {
+    if (APROF_LIKELY(task_layout_trusted(task))) {
+        PyObject *name = task_name_in_place(task);
+        if (name != NULL)
+            return name;
+    }
     PyObject *name = PyObject_Vectorcall(c_task_get_name, &task, 1, NULL);
     if (name != NULL && !PyUnicode_CheckExact(name))
         Py_SETREF(name, PyObject_Str(name));
@@ -512,6 +764,102 @@ finish_name(PyObject *task)
         name = Py_NewRef(str_task_fallback);
     }
     return name;
+}
+
+/* getattr(task, "_fut_waiter") as optional_attr says it. */
+static int
+task_fut_waiter(PyObject *task, PyObject **out)
+{
+    if (APROF_LIKELY(task_waiter_checks_left == 0 && task_layout_trusted(task))) {
+        PyObject *w = task_field(task, -1);
+        *out = Py_NewRef(w != NULL ? w : Py_None);
+        return 1;
+    }
+    int r = optional_attr(task, str_fut_waiter, out);
+    if (r > 0 && task_off_coro > 0 && task_waiter_checks_left > 0 && !task_layout_bad &&
+        Py_IS_TYPE(task, (PyTypeObject *)c_task_type)) {
+        PyObject *w = task_field(task, -1);
+        if ((w != NULL ? w : Py_None) == *out)
+            task_waiter_checks_left--;
+        else
+            task_layout_bad = 1;
+    }
+    return r;
+}
+
+/* _task_layout() -> (coroutine's offset, name checks left, waiter checks
+ * left, disagreed): what task_layout_see learnt (the tests read it). */
+static PyObject *
+task_layout_view(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
+{
+    return Py_BuildValue("(niiO)", task_off_coro, task_checks_left, task_waiter_checks_left,
+                         task_layout_bad ? Py_True : Py_False);
+}
+
+/* A new C Task's coroutine and name (from get_coro() and get_name(), just
+ * asked) where the fields are not trusted yet: learn their place from the
+ * first, then check it against the next ones. */
+static void
+task_layout_see(PyObject *task, PyObject *coro, PyObject *name)
+{
+    if (task_layout_bad || task_checks_left == 0 || !Py_IS_TYPE(task, (PyTypeObject *)c_task_type) ||
+        !PyUnicode_CheckExact(name))
+        return;
+    PyObject **p = (PyObject **)task;
+#if PY_VERSION_HEX >= 0x030C0000
+    PyObject *loop = PyObject_Vectorcall(c_task_get_loop, &task, 1, NULL);
+    PyObject *ctx = loop != NULL ? PyObject_Vectorcall(c_task_get_context, &task, 1, NULL) : NULL;
+    if (ctx == NULL) {
+        PyErr_Clear();
+        Py_XDECREF(loop);
+        return; /* not this time */
+    }
+#endif
+    if (task_off_coro == 0) {
+        Py_ssize_t n = Py_TYPE(task)->tp_basicsize / (Py_ssize_t)sizeof(PyObject *), found = 0;
+        Py_ssize_t first = (Py_ssize_t)(sizeof(PyObject) / sizeof(PyObject *));
+        for (Py_ssize_t k = first + 1; k + 2 < n; k++) {
+            if (p[k] != coro)
+                continue;
+            if (found != 0 || p[k + 1] != name || p[k - 1] != NULL) {
+                found = -1; /* twice, or not as the fields sit */
+                break;
+            }
+            found = k;
+        }
+#if PY_VERSION_HEX >= 0x030C0000
+        Py_ssize_t at_loop = 0;
+        for (Py_ssize_t k = first; found > 0 && k < found; k++) {
+            if (p[k] == loop)
+                at_loop = at_loop == 0 ? k : -1;
+        }
+        if (found > 0 && (at_loop <= 0 || p[found + 2] != ctx))
+            found = -1;
+        if (found > 0)
+            task_off_loop = at_loop * (Py_ssize_t)sizeof(PyObject *);
+        Py_DECREF(loop);
+        Py_DECREF(ctx);
+#endif
+        if (found <= 0)
+            task_layout_bad = 1;
+        else
+            task_off_coro = found * (Py_ssize_t)sizeof(PyObject *);
+        return;
+    }
+    PyObject *mine = task_field(task, 0) == coro ? task_name_in_place(task) : NULL;
+    int same = mine != NULL && PyUnicode_Compare(mine, name) == 0;
+#if PY_VERSION_HEX >= 0x030C0000
+    same = same && task_field(task, 2) == ctx && *(PyObject **)((char *)task + task_off_loop) == loop;
+    Py_DECREF(loop);
+    Py_DECREF(ctx);
+#endif
+    if (same)
+        task_checks_left--;
+    else
+        task_layout_bad = 1;
+    if (PyErr_Occurred())
+        PyErr_Clear();
+    Py_XDECREF(mine);
 }
 
 /* Take o off the cyclic GC's lists if it is plain data
@@ -549,14 +897,15 @@ untrack_tt(PyObject *tt)
  * survivors of the young collections that set off full collections of the
  * program's heap, each walking all of them (issue 19: a tenth of what the
  * always-on profile cost a request, and the pauses in its p99). All of it
- * is plain data by now: the record holds strings, ints, None, the steps
- * array and the wait runs (lists of strings and ints); the TaskThread
+ * is plain data by now: the record (a TaskRecord, never on those lists)
+ * holds strings, ints, None, the steps array and the wait runs (lists of
+ * strings and ints); the TaskThread
  * holds no profile any more (only strings, ints, None, its spawn site and
  * the two empty constants); its raw list holds blocks and tuples that
  * never refer back to a list (later, only the end of a range it started
  * can be added, a tuple of ints). Whatever is not plain stays tracked. */
 static void
-untrack_finished(PyObject *tt, PyObject *state, PyObject *rec, PyObject *exact, PyObject *runs)
+untrack_finished(PyObject *tt, PyObject *state, PyObject *exact, PyObject *runs)
 {
     untrack_plain(exact);
     if (runs != NULL && PyList_CheckExact(runs)) {
@@ -565,7 +914,6 @@ untrack_finished(PyObject *tt, PyObject *state, PyObject *rec, PyObject *exact, 
         untrack_plain(runs);
     }
     untrack_plain(slot_at(tt, off_tt[TT_SITE]));
-    untrack_plain(rec);
     untrack_tt(tt);
     PyObject *lists = states_ready && Py_IS_TYPE(state, (PyTypeObject *)cr_state_type)
                           ? Py_XNewRef(slot_at(state, off_si[SI_LISTS]))
@@ -637,8 +985,9 @@ finish_in_c(PyObject *tt, PyObject *task)
     steplog_fit(log);
     exact = Py_NewRef(steps);
     if (waits != Py_None) {
-        runs = waits_ready && Py_IS_TYPE(waits, w_log_type) ? Py_XNewRef(slot_at(waits, off_wl[WL_RUNS]))
-                                                             : PyObject_GetAttr(waits, str_runs);
+        /* the C log itself (its runs read as lists when consolidated), or
+         * the twin's list of runs */
+        runs = Py_IS_TYPE(waits, &WaitLogType) ? Py_NewRef(waits) : PyObject_GetAttr(waits, str_runs);
         if (runs == NULL) {
             if (!PyErr_Occurred())
                 PyErr_SetString(PyExc_AttributeError, "WaitLog.runs is not set");
@@ -648,10 +997,12 @@ finish_in_c(PyObject *tt, PyObject *task)
     PyObject *end_o = PyLong_FromUnsignedLongLong(end);
     if (end_o == NULL)
         goto error;
-    rec = PyTuple_Pack(14, slot_at(tt, off_tt[TT_ID]), name, slot_at(tt, off_tt[TT_KIND]), slot_at(tt, off_tt[TT_OS_TID]),
-                       slot_at(tt, off_tt[TT_CORO]), slot_at(tt, off_tt[TT_SPAWN_NS]), slot_at(tt, off_tt[TT_SEQ]),
-                       slot_at(tt, off_tt[TT_FWD]), end_o, outcome, exc_name, exact, runs != NULL ? runs : Py_None,
-                       slot_at(tt, off_tt[TT_SITE]));
+    PyObject *fields[TASK_RECORD_LEN] = {
+        slot_at(tt, off_tt[TT_ID]),  name, slot_at(tt, off_tt[TT_KIND]), slot_at(tt, off_tt[TT_OS_TID]),
+        slot_at(tt, off_tt[TT_CORO]), slot_at(tt, off_tt[TT_SPAWN_NS]), slot_at(tt, off_tt[TT_SEQ]),
+        slot_at(tt, off_tt[TT_FWD]), end_o, outcome, exc_name, exact, runs != NULL ? runs : Py_None,
+        slot_at(tt, off_tt[TT_SITE])};
+    rec = aprof_task_record(fields);
     Py_DECREF(end_o);
     if (rec == NULL)
         goto error;
@@ -672,7 +1023,7 @@ finish_in_c(PyObject *tt, PyObject *task)
     set_slot(tt, off_tt[TT_STEPS], discard_steps);
     set_slot(tt, off_tt[TT_WAITS], Py_None);
     set_slot(tt, off_tt[TT_TASK_REF], Py_None); /* named for good */
-    untrack_finished(tt, state, rec, exact, runs);
+    untrack_finished(tt, state, exact, runs);
     Py_DECREF(state);
     Py_DECREF(name);
     Py_DECREF(cancelled);
@@ -798,8 +1149,11 @@ StepCall_vectorcall(StepCall *self, PyObject *const *args, size_t nargsf, PyObje
         report_unraisable("step start");
     PyObject *result = PyObject_Vectorcall(self->cb, args, nargsf, kwnames);
     uint64_t end = now_ns();
-    saved_exc exc;
-    SAVE_EXC(exc);
+    /* An exception is set only if the step failed (the callback returned
+     * NULL): kept aside while aprof's own work runs. */
+    saved_exc exc = {0};
+    if (APROF_UNLIKELY(result == NULL))
+        SAVE_EXC(exc);
     if (steps_push(steps, end) < 0)
         report_unraisable("step end");
     Py_DECREF(steps);
@@ -809,7 +1163,8 @@ StepCall_vectorcall(StepCall *self, PyObject *const *args, size_t nargsf, PyObje
     Py_XDECREF(mine);
     if (after_step(self) < 0)
         report_unraisable("task end");
-    RESTORE_EXC(exc);
+    if (APROF_UNLIKELY(result == NULL))
+        RESTORE_EXC(exc);
     return result;
 }
 
@@ -1007,12 +1362,9 @@ static PyObject *cr_states_in, *cr_ids, *cr_seqs, *cr_user_site, *cr_site_cache,
     *cr_coro_qualname, *cr_budget_task;
 static PyObject *str_asyncio, *str_qualname, *str_budget, *str_admit,
     *str_task_records, *str_run_coro, *str_get_coro;
-static PyObject *c_task_get_coro;
 static PyObject *last_qualname; /* the last coroutine name seen that names no wrapper */
+static int cr_site_in_c;        /* cr_user_site is the extension's user_site: called without a call */
 static PyObject *str_call_soon;
-#if PY_VERSION_HEX >= 0x030C0000
-static PyObject *c_task_get_loop, *c_task_get_context; /* (eager first steps) */
-#endif
 #define CREATE_FALLBACK Py_NotImplemented
 
 /* _tasks.states_in(ctx) in C, for the common cases (set up by
@@ -1085,7 +1437,7 @@ create_in_c(PyObject *task, PyObject *ctx)
     if (spawner == NULL || !Py_IS_TYPE(spawner, task_thread_type) ||
         (aprof_stepping_ctx != NULL && aprof_stepping_ctx != PyThreadState_Get()->context))
         return CREATE_FALLBACK; /* not inside a recorded task's step: the twin checks for the loop's machinery */
-    PyObject *coro = PyObject_Vectorcall(c_task_get_coro, &task, 1, NULL);
+    PyObject *coro = task_get_coro(task);
     if (coro == NULL)
         return NULL;
     PyObject *result = CREATE_FALLBACK, *states = NULL, *name = NULL, *coro_name = NULL, *tt = NULL;
@@ -1149,7 +1501,10 @@ create_in_c(PyObject *task, PyObject *ctx)
         goto out;
     }
     /* the task's name, and its coroutine's (a wrapped one: the twin's work) */
+    int trusted = task_layout_trusted(task);
     name = finish_name(task);
+    if (!trusted)
+        task_layout_see(task, coro, name);
     coro_name = Py_XNewRef(((PyCoroObject *)coro)->cr_qualname); /* coro.__qualname__ */
     if (coro_name == NULL || !PyUnicode_CheckExact(coro_name) || PyUnicode_GET_LENGTH(coro_name) == 0) {
         Py_XSETREF(coro_name, PyObject_CallOneArg(cr_coro_qualname, coro));
@@ -1169,11 +1524,19 @@ create_in_c(PyObject *task, PyObject *ctx)
     }
     PyObject *id = PyIter_Next(cr_ids), *seq = id != NULL ? PyIter_Next(cr_seqs) : NULL;
     PyObject *steps = seq != NULL ? StepLogType.tp_alloc(&StepLogType, 0) : NULL;
-    PyObject *site = steps != NULL ? PyObject_CallFunctionObjArgs(cr_user_site, cr_site_cache, cr_is_library, NULL)
-                                   : NULL;
+    PyObject *site = steps == NULL ? NULL
+                     : cr_site_in_c ? aprof_user_site(cr_site_cache, cr_is_library)
+                                    : PyObject_CallFunctionObjArgs(cr_user_site, cr_site_cache, cr_is_library, NULL);
     PyObject *ref = site != NULL ? PyWeakref_NewRef(task, NULL) : NULL;
     /* tasks run on the thread that spawns them (their loop's): share its int */
-    PyObject *ident = ref != NULL ? PyLong_FromUnsignedLong(PyThread_get_thread_ident()) : NULL;
+    unsigned long here = PyThread_get_thread_ident();
+    PyObject *sp_os = slot_at(spawner, off_tt[TT_OS_TID]), *ident = NULL;
+    if (ref != NULL && sp_os != NULL && PyLong_CheckExact(sp_os) && PyLong_AsUnsignedLong(sp_os) == here)
+        ident = Py_NewRef(sp_os);
+    else if (ref != NULL) {
+        PyErr_Clear(); /* (an OS thread id past an unsigned long: not ours) */
+        ident = PyLong_FromUnsignedLong(here);
+    }
     PyObject *spawn_ns = ident != NULL ? PyLong_FromUnsignedLongLong(now_ns()) : NULL;
     tt = spawn_ns != NULL ? task_thread_type->tp_alloc(task_thread_type, 0) : NULL;
     if (tt == NULL || (admitted && PyList_Append(records, tt) < 0)) {
@@ -1188,9 +1551,7 @@ create_in_c(PyObject *task, PyObject *ctx)
         Py_CLEAR(tt);
         goto error;
     }
-    PyObject *sp_os = slot_at(spawner, off_tt[TT_OS_TID]);
-    PyObject *os_tid = sp_os != NULL && PyObject_RichCompareBool(sp_os, ident, Py_EQ) == 1 ? sp_os : ident;
-    PyErr_Clear();
+    PyObject *os_tid = ident;
     PyObject *zero = PyLong_FromLong(0);
     set_slot(tt, off_tt[TT_ID], id);
     set_slot(tt, off_tt[TT_KIND], str_asyncio);
@@ -1280,6 +1641,7 @@ task_create_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                          &cr_site_cache, &cr_is_library, &cr_coro_qualname, &cr_budget_task};
     for (int i = 0; i < 9; i++)
         Py_XSETREF(*dst[i], Py_NewRef(args[i]));
+    cr_site_in_c = aprof_is_user_site(cr_user_site) && PyDict_CheckExact(cr_site_cache);
     create_ready = 1;
     Py_RETURN_NONE;
 }
@@ -1656,8 +2018,9 @@ eager_create_in_c(PyObject *task)
         !Py_IS_TYPE(task, (PyTypeObject *)c_task_type) || PyList_GET_SIZE(tracer_running) > 0)
         return CREATE_FALLBACK;
     /* Its later steps are timed only on a hooked loop (the twin hooks it). */
-    PyObject *loop = PyObject_Vectorcall(c_task_get_loop, &task, 1, NULL);
-    if (loop == NULL)
+    int trusted = task_layout_trusted(task);
+    PyObject *loop = trusted ? Py_XNewRef(*(PyObject **)((char *)task + task_off_loop)) : NULL;
+    if (loop == NULL && (loop = PyObject_Vectorcall(c_task_get_loop, &task, 1, NULL)) == NULL)
         return NULL;
     PyObject *call_soon = NULL;
     int has = optional_attr(loop, str_call_soon, &call_soon);
@@ -1668,8 +2031,8 @@ eager_create_in_c(PyObject *task)
     Py_XDECREF(call_soon);
     if (!hooked)
         return CREATE_FALLBACK;
-    PyObject *ctx = PyObject_Vectorcall(c_task_get_context, &task, 1, NULL);
-    if (ctx == NULL)
+    PyObject *ctx = trusted ? Py_XNewRef(task_field(task, 2)) : NULL;
+    if (ctx == NULL && (ctx = PyObject_Vectorcall(c_task_get_context, &task, 1, NULL)) == NULL)
         return NULL;
     PyObject *tt = create_in_c(task, ctx);
     Py_DECREF(ctx);
@@ -1977,8 +2340,7 @@ static PyObject *w_sites;          /* _await_chain._sites: chain key -> site */
 static PyObject *w_wait_at;        /* _await_chain.wait_at(site, task, leaf) */
 static PyObject *w_future_type;    /* asyncio.Future (the C one) */
 static Py_ssize_t w_max_runs;
-static const char *const wl_slots[WL_COUNT] = {"runs", "_closed", "_arrivals"};
-static PyObject *str_fut_waiter, *str_children, *str_callbacks, *str_chain_future, *str_drop, *str_add,
+static PyObject *str_children, *str_callbacks, *str_chain_future, *str_add,
     *str_kind_task, *str_kind_executor, *str_kind_future, *str_a_future, *str_executor_job, *str_unnamed,
     *str_task_open, *str_paren_open, *str_paren_close, *str_empty;
 
@@ -2008,95 +2370,106 @@ task_what_ascii(PyObject *name, PyObject *qualname)
     return r;
 }
 
-/* (what, kind) of the future a C Task waits on, as _describe_future says it
- * (new reference), or Py_None (borrowed: the twin's case: a Python Task, a
- * Future subclass), or NULL with an exception. */
-static PyObject *
-describe_future_c(PyObject *fut)
+/* What the future a C Task waits on is, as _describe_future says it: 1
+ * with *what (new reference) and *kind (borrowed: an interned constant),
+ * 0 when it is the twin's to say (a Python Task, a Future subclass), -1
+ * with an exception. */
+static int
+describe_future_c(PyObject *fut, PyObject **what_out, PyObject **kind_out)
 {
+    *kind_out = str_kind_task;
     if (Py_IS_TYPE(fut, (PyTypeObject *)c_task_type)) {
-        PyObject *name = PyObject_Vectorcall(c_task_get_name, &fut, 1, NULL);
-        if (name != NULL && !PyUnicode_CheckExact(name))
-            Py_SETREF(name, PyObject_Str(name));
+        PyObject *name = task_layout_trusted(fut) ? task_name_in_place(fut) : NULL;
+        if (name == NULL) {
+            name = PyObject_Vectorcall(c_task_get_name, &fut, 1, NULL);
+            if (name != NULL && !PyUnicode_CheckExact(name))
+                Py_SETREF(name, PyObject_Str(name));
+        }
         if (name == NULL) { /* the twin: str(get_name()), or "?" if that fails */
             PyErr_Clear();
             name = Py_NewRef(str_unnamed);
         }
-        PyObject *coro = PyObject_Vectorcall(c_task_get_coro, &fut, 1, NULL);
+        PyObject *coro = task_get_coro(fut);
         if (coro == NULL || !PyCoro_CheckExact(coro)) {
             Py_DECREF(name);
             if (coro == NULL)
-                return NULL;
+                return -1;
             Py_DECREF(coro);
-            return Py_None;
+            return 0;
         }
-        PyObject *code = PyObject_GetAttr(coro, str_cr_code);
+        PyObject *code;
+        int lasti;
+        if (aprof_gen_site(coro, &code, &lasti)) /* suspended (awaited): its frame's code, in place */
+            Py_INCREF(code);
+        else
+            code = PyObject_GetAttr(coro, str_cr_code);
         Py_DECREF(coro);
         if (code == NULL || !PyCode_Check(code)) {
             Py_DECREF(name);
             Py_XDECREF(code);
-            return code == NULL ? NULL : Py_None;
+            return code == NULL ? -1 : 0;
         }
         /* f"task {name!r} ({qualname})": written out for an ASCII name that
          * repr() quotes as it is ("Task-12"), else joined (PyUnicode_FromFormat
          * parses its format at every call: twice the cost) */
         PyObject *qualname = ((PyCodeObject *)code)->co_qualname;
         PyObject *what = task_what_ascii(name, qualname);
-        if (what != NULL) {
-            Py_DECREF(name);
-            Py_DECREF(code);
-            PyObject *r = PyTuple_Pack(2, what, str_kind_task);
-            Py_DECREF(what);
-            return r;
+        if (what == NULL && !PyErr_Occurred()) {
+            PyObject *quoted = PyObject_Repr(name);
+            if (quoted != NULL) {
+                PyObject *parts = PyTuple_Pack(5, str_task_open, quoted, str_paren_open, qualname, str_paren_close);
+                what = parts != NULL ? PyUnicode_Join(str_empty, parts) : NULL;
+                Py_XDECREF(parts);
+                Py_DECREF(quoted);
+            }
         }
-        if (PyErr_Occurred()) {
-            Py_DECREF(name);
-            Py_DECREF(code);
-            return NULL;
-        }
-        PyObject *quoted = PyObject_Repr(name);
         Py_DECREF(name);
-        if (quoted != NULL) {
-            PyObject *parts = PyTuple_Pack(5, str_task_open, quoted, str_paren_open,
-                                           ((PyCodeObject *)code)->co_qualname, str_paren_close);
-            what = parts != NULL ? PyUnicode_Join(str_empty, parts) : NULL;
-            Py_XDECREF(parts);
-            Py_DECREF(quoted);
-        }
         Py_DECREF(code);
-        if (what == NULL)
-            return NULL;
-        PyObject *r = PyTuple_Pack(2, what, str_kind_task);
-        Py_DECREF(what);
-        return r;
+        *what_out = what;
+        return what != NULL ? 1 : -1;
     }
     if (!Py_IS_TYPE(fut, (PyTypeObject *)w_future_type))
-        return Py_None;
+        return 0;
     /* A plain future: asyncio.gather's is a subclass, but a plain one may
-     * carry a _children attribute all the same (the twin looks). */
-    PyObject *children = NULL;
-    if (optional_attr(fut, str_children, &children) < 0)
-        return NULL;
-    int is_list = children != NULL && PyList_Check(children);
-    Py_XDECREF(children);
-    if (is_list)
-        return Py_None;
+     * carry a _children attribute all the same (the twin looks): in its
+     * instance dict, which most futures never make (the class has none). */
+    Py_ssize_t dict_off = Py_TYPE(fut)->tp_dictoffset;
+    if (dict_off <= 0 || *(PyObject **)((char *)fut + dict_off) != NULL) {
+        PyObject *children = NULL;
+        if (optional_attr(fut, str_children, &children) < 0)
+            return -1;
+        int is_list = children != NULL && PyList_Check(children);
+        Py_XDECREF(children);
+        if (is_list)
+            return 0;
+    }
     PyObject *callbacks = NULL;
     if (optional_attr(fut, str_callbacks, &callbacks) < 0)
-        return NULL;
+        return -1;
     PyObject *kind = str_kind_future, *what = str_a_future;
     if (callbacks != NULL && PyList_CheckExact(callbacks)) {
         for (Py_ssize_t i = 0; i < PyList_GET_SIZE(callbacks); i++) {
             PyObject *cb = PyList_GET_ITEM(callbacks, i);
             PyObject *fn = PyTuple_Check(cb) && PyTuple_GET_SIZE(cb) > 0 ? PyTuple_GET_ITEM(cb, 0) : cb;
-            PyObject *qualname = NULL;
-            if (optional_attr(fn, str_qualname, &qualname) < 0) {
-                Py_DECREF(callbacks);
-                return NULL;
+            int found;
+            if (PyCFunction_Check(fn)) {
+                /* a builtin (the waiting task's wakeup): its __qualname__ is
+                 * its type's name and its own, made anew at each read */
+                const char *ml_name = ((PyCFunctionObject *)fn)->m_ml->ml_name;
+                found = ml_name != NULL && strstr(ml_name, "_chain_future") != NULL;
             }
-            int found = qualname != NULL && PyUnicode_Check(qualname) &&
+            else {
+                PyObject *qualname = NULL;
+                if (PyFunction_Check(fn))
+                    qualname = Py_XNewRef(((PyFunctionObject *)fn)->func_qualname);
+                else if (optional_attr(fn, str_qualname, &qualname) < 0) {
+                    Py_DECREF(callbacks);
+                    return -1;
+                }
+                found = qualname != NULL && PyUnicode_Check(qualname) &&
                         PyUnicode_Find(qualname, str_chain_future, 0, PyUnicode_GET_LENGTH(qualname), 1) >= 0;
-            Py_XDECREF(qualname);
+                Py_XDECREF(qualname);
+            }
             if (found) {
                 kind = str_kind_executor;
                 what = str_executor_job;
@@ -2106,56 +2479,107 @@ describe_future_c(PyObject *fut)
     }
     else if (callbacks != NULL && callbacks != Py_None) { /* not what asyncio's C Future holds */
         Py_DECREF(callbacks);
-        return Py_None;
+        return 0;
     }
     Py_XDECREF(callbacks);
-    return PyTuple_Pack(2, what, kind);
+    *what_out = Py_NewRef(what);
+    *kind_out = kind;
+    return 1;
 }
 
-/* _await_chain.wait_at(site, task, leaf) for a C Task (new reference), or
- * NULL with an exception. */
-static PyObject *
-wait_at_c(PyObject *site, PyObject *task, PyObject *leaf)
+/* The four values of a Wait (what, kind, where, caller) into w (new
+ * references): 0, or -1 with an exception (w untouched). */
+static int
+wait_values(PyObject *wait, PyObject **w)
+{
+    if (!PyTuple_Check(wait) || PyTuple_GET_SIZE(wait) != 4) {
+        PyErr_SetString(PyExc_TypeError, "aprof: a wait is not a (what, kind, where, caller) tuple");
+        return -1;
+    }
+    for (int k = 0; k < 4; k++)
+        w[k] = Py_NewRef(PyTuple_GET_ITEM(wait, k));
+    return 0;
+}
+
+/* _await_chain.wait_at(site, task, leaf) for a C Task: the wait's four
+ * values (what, kind, where, caller) into w (new references), 0; or -1
+ * with an exception. No tuple made on its common paths. */
+static int
+wait_at_c(PyObject *site, PyObject *task, PyObject *leaf, PyObject **w)
 {
     PyObject *decided = PyTuple_GET_ITEM(site, 0);
     if (decided != Py_None)
-        return Py_NewRef(decided);
+        return wait_values(decided, w);
     PyObject *entry = PyTuple_GET_ITEM(site, 1), *where = PyTuple_GET_ITEM(site, 2),
              *caller = PyTuple_GET_ITEM(site, 3);
-    PyObject *fut = NULL;
-    if (optional_attr(task, str_fut_waiter, &fut) < 0)
-        return NULL;
-    PyObject *described = fut != NULL && fut != Py_None ? describe_future_c(fut) : Py_None;
+    PyObject *fut = NULL, *what = NULL, *kind = NULL;
+    if (task_fut_waiter(task, &fut) < 0)
+        return -1;
+    int described = fut != NULL && fut != Py_None ? describe_future_c(fut, &what, &kind) : 0;
     Py_XDECREF(fut);
-    if (described == NULL)
-        return NULL;
-    if (described == Py_None || (entry != Py_None && (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 2))) {
-        Py_XDECREF(described == Py_None ? NULL : described);
+    if (described < 0)
+        return -1;
+    if (!described || (entry != Py_None && (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 2))) {
+        Py_XDECREF(what);
         PyObject *args[3] = {site, task, leaf};
-        return PyObject_Vectorcall(w_wait_at, args, 3, NULL);
+        PyObject *wait = PyObject_Vectorcall(w_wait_at, args, 3, NULL);
+        int rc = wait != NULL ? wait_values(wait, w) : -1;
+        Py_XDECREF(wait);
+        return rc;
     }
     /* The user's code awaits the future itself (no entry point), or the
      * entry point's kind says little and the future names a child task or
      * an executor job; else the entry point says it. */
-    PyObject *kind = PyTuple_GET_ITEM(described, 1);
-    PyObject *from = entry == Py_None || kind == str_kind_task || kind == str_kind_executor ? described : entry;
-    PyObject *r = PyTuple_Pack(4, PyTuple_GET_ITEM(from, 0), PyTuple_GET_ITEM(from, 1), where, caller);
-    Py_DECREF(described);
-    return r;
+    if (entry != Py_None && kind != str_kind_task && kind != str_kind_executor) {
+        Py_SETREF(what, Py_NewRef(PyTuple_GET_ITEM(entry, 0)));
+        kind = PyTuple_GET_ITEM(entry, 1);
+    }
+    w[0] = what;
+    w[1] = Py_NewRef(kind);
+    w[2] = Py_NewRef(where);
+    w[3] = Py_NewRef(caller);
+    return 0;
 }
 
-/* WaitLog._drop in C. Its state, kept in C form: `_arrivals` a bytearray
- * of each run's arrival number (uint64, in runs' order) and `_closed` a
- * bytearray heap of the closed runs' (longest, arrival) pairs, ordered as
- * the pair (the twin's heap of ints `longest << 64 | arrival`, without an
- * int made, shifted, compared or freed at each wait: a keep-alive
- * connection's task drops a run at every wait once its log is full). The
- * twin turns a C form back into its own, and this a twin's form (or none:
- * the first drop) into C's: either is rebuilt from the runs, since the
- * heap holds exactly the closed runs (all but the open, last one). */
+/* ------------------------------------------------------------------------ */
+/* WaitLog: a task's long waits, as runs, in C                               */
+/* ------------------------------------------------------------------------ */
+
+/* The C form of _await_chain.WaitLog (its twin, which the pure-Python path
+ * uses; the contract is there): runs of consecutive waits on the same
+ * thing, the longest max_runs of them kept once there are more (the open
+ * run, the last, never goes). A run is a struct here, its times uint64s:
+ * a keep-alive connection's task adds a run at every wait, and as a list
+ * of ten objects each run made three ints and a list (and took them apart
+ * again once the log was full), about 1,000 instructions a wait, and a GC
+ * container per run the collector counted (issue 19). The log holds only
+ * strs (the wait's four texts), so it is no GC container either; `runs`
+ * makes the lists of the twin's form when it is read (at stop, by a
+ * flight recorder's dump), and iterating the log gives them too, so a
+ * finished task's record holds the log itself.
+ *
+ * Runs sit in slots, in arrival order through `order` (slot indices); once
+ * the log is full, `heap` holds the closed runs' (longest, arrival) pairs
+ * in a min-heap, and a new run takes the slot of the run it drops. */
 typedef struct {
     uint64_t longest, arrival;
 } wait_heap_entry;
+
+typedef struct {
+    uint64_t start, end, count, total, longest, longest_end, arrival;
+    PyObject *what, *kind, *where, *caller; /* exact strs */
+} WaitRun;
+
+typedef struct {
+    PyObject_HEAD
+    WaitRun *slots;
+    int32_t *order;        /* n slot indices, the oldest run first; the last is the open one */
+    wait_heap_entry *heap; /* once full: the n - 1 closed runs, a min-heap; NULL before */
+    Py_ssize_t n, cap;
+    uint64_t next_arrival;
+} WaitLog;
+
+static Py_ssize_t w_max_runs = 64; /* _await_chain.WaitLog.max_runs (_waits_setup) */
 
 static inline int
 whe_less(const wait_heap_entry *x, const wait_heap_entry *y)
@@ -2181,175 +2605,6 @@ wait_heap_down(wait_heap_entry *h, Py_ssize_t n, Py_ssize_t i)
     h[i] = item;
 }
 
-static void
-wait_heap_up(wait_heap_entry *h, Py_ssize_t i)
-{
-    wait_heap_entry item = h[i];
-    while (i > 0) {
-        Py_ssize_t parent = (i - 1) / 2;
-        if (!whe_less(&item, &h[parent]))
-            break;
-        h[i] = h[parent];
-        i = parent;
-    }
-    h[i] = item;
-}
-
-/* Where `arrival` is, or would go, in the n rising arrival numbers a
- * (bisect_left). */
-static Py_ssize_t
-arrival_index(const uint64_t *a, Py_ssize_t n, uint64_t arrival)
-{
-    Py_ssize_t lo = 0, hi = n;
-    while (lo < hi) {
-        Py_ssize_t mid = (lo + hi) / 2;
-        if (a[mid] < arrival)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
-}
-
-/* run[4], a run's longest wait: 0, or -1 with an exception. */
-static int
-run_longest(PyObject *run, uint64_t *out)
-{
-    if (!PyList_CheckExact(run) || PyList_GET_SIZE(run) != 10) {
-        PyErr_SetString(PyExc_RuntimeError, "aprof: a wait log's run is not a list of 10");
-        return -1;
-    }
-    unsigned long long v = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(run, 4));
-    if (v == (unsigned long long)-1 && PyErr_Occurred())
-        return -1;
-    *out = v;
-    return 0;
-}
-
-/* A new run's ten values, as WaitLog.add makes them: [start, end, 1,
- * waited, waited, what, kind, where, caller, end] (new references into
- * v), 0; or -1 with an exception (v untouched). */
-static int
-run_values(PyObject **v, uint64_t start, uint64_t end, uint64_t waited, PyObject *wait)
-{
-    PyObject *s = PyLong_FromUnsignedLongLong(start), *e = PyLong_FromUnsignedLongLong(end);
-    PyObject *w = PyLong_FromUnsignedLongLong(waited), *one = PyLong_FromLong(1);
-    if (s == NULL || e == NULL || w == NULL || one == NULL) {
-        Py_XDECREF(s);
-        Py_XDECREF(e);
-        Py_XDECREF(w);
-        Py_XDECREF(one);
-        return -1;
-    }
-    v[0] = s;
-    v[1] = Py_NewRef(e);
-    v[2] = one;
-    v[3] = Py_NewRef(w);
-    v[4] = w;
-    for (int k = 0; k < 4; k++)
-        v[5 + k] = Py_NewRef(PyTuple_GET_ITEM(wait, k));
-    v[9] = e;
-    return 0;
-}
-
-/* The log's C form when its bytearrays hold `count` arrival numbers and
- * count - 1 heap entries (the runs but the newest, and the closed ones
- * among them): 1, with the bytearrays in *arr and *heap (borrowed); else
- * 0. */
-static int
-waitlog_c_form(PyObject *log, Py_ssize_t count, PyObject **arr, PyObject **heap)
-{
-    *arr = slot_at(log, off_wl[WL_ARRIVALS]);
-    *heap = slot_at(log, off_wl[WL_CLOSED]);
-    return *arr != NULL && *heap != NULL && PyByteArray_CheckExact(*arr) && PyByteArray_CheckExact(*heap) &&
-           PyByteArray_GET_SIZE(*arr) == count * (Py_ssize_t)sizeof(uint64_t) &&
-           PyByteArray_GET_SIZE(*heap) == (count - 1) * (Py_ssize_t)sizeof(wait_heap_entry);
-}
-
-/* The C form of a log whose new run was just appended (n runs): arrivals
- * of runs[:-1] and the heap of runs[:-2], whatever form the log had (the
- * twin's, none at the first drop, or one a failed resize left). Arrival
- * numbers only order the runs (the first of equals goes first): runs[k]
- * gets k. 0, or -1 with an exception (nothing set). */
-static int
-waitlog_to_c(PyObject *log, PyObject *runs)
-{
-    Py_ssize_t n = PyList_GET_SIZE(runs);
-    PyObject *arr = PyByteArray_FromStringAndSize(NULL, (n - 1) * (Py_ssize_t)sizeof(uint64_t));
-    PyObject *heap = arr != NULL ? PyByteArray_FromStringAndSize(NULL, (n - 2) * (Py_ssize_t)sizeof(wait_heap_entry))
-                                 : NULL;
-    if (heap == NULL) {
-        Py_XDECREF(arr);
-        return -1;
-    }
-    uint64_t *a = (uint64_t *)PyByteArray_AS_STRING(arr);
-    wait_heap_entry *h = (wait_heap_entry *)PyByteArray_AS_STRING(heap);
-    for (Py_ssize_t k = 0; k < n - 1; k++)
-        a[k] = (uint64_t)k;
-    for (Py_ssize_t k = 0; k < n - 2; k++) {
-        h[k].arrival = a[k];
-        if (run_longest(PyList_GET_ITEM(runs, k), &h[k].longest) < 0) {
-            Py_DECREF(arr);
-            Py_DECREF(heap);
-            return -1;
-        }
-    }
-    for (Py_ssize_t k = (n - 2) / 2 - 1; k >= 0; k--)
-        wait_heap_down(h, n - 2, k);
-    set_slot(log, off_wl[WL_ARRIVALS], arr);
-    set_slot(log, off_wl[WL_CLOSED], heap);
-    Py_DECREF(arr);
-    Py_DECREF(heap);
-    return 0;
-}
-
-/* WaitLog._drop, a run just appended past max_runs: the closed run with
- * the shortest longest wait goes (the first of equals). 0, or -1 with an
- * exception. */
-static int
-waitlog_drop(PyObject *log, PyObject *runs)
-{
-    Py_ssize_t n = PyList_GET_SIZE(runs);
-    if (n < 3) { /* max_runs 1: the twin's */
-        PyObject *r = PyObject_CallMethodNoArgs(log, str_drop);
-        Py_XDECREF(r);
-        return r == NULL ? -1 : 0;
-    }
-    PyObject *arr, *heap;
-    if (!waitlog_c_form(log, n - 1, &arr, &heap)) {
-        if (waitlog_to_c(log, runs) < 0)
-            return -1;
-        waitlog_c_form(log, n - 1, &arr, &heap);
-    }
-    wait_heap_entry closing;
-    if (run_longest(PyList_GET_ITEM(runs, n - 2), &closing.longest) < 0) /* the run just closed */
-        return -1;
-    if (PyByteArray_Resize(arr, n * (Py_ssize_t)sizeof(uint64_t)) < 0 ||
-        PyByteArray_Resize(heap, (n - 1) * (Py_ssize_t)sizeof(wait_heap_entry)) < 0)
-        return -1; /* (the next drop rebuilds them) */
-    uint64_t *a = (uint64_t *)PyByteArray_AS_STRING(arr);
-    wait_heap_entry *h = (wait_heap_entry *)PyByteArray_AS_STRING(heap);
-    a[n - 1] = a[n - 2] + 1;
-    closing.arrival = a[n - 2];
-    h[n - 2] = closing;
-    wait_heap_up(h, n - 2);
-    uint64_t gone = h[0].arrival; /* pop */
-    h[0] = h[n - 2];
-    wait_heap_down(h, n - 2, 0);
-    Py_ssize_t lo = arrival_index(a, n, gone);
-    if (lo >= n - 1 || a[lo] != gone) { /* never the open run's, never one not there */
-        PyErr_SetString(PyExc_RuntimeError, "aprof: a wait log's runs and heap disagree");
-        return -1;
-    }
-    memmove(a + lo, a + lo + 1, (size_t)(n - 1 - lo) * sizeof(uint64_t));
-    if (PyList_SetSlice(runs, lo, lo + 1, NULL) < 0)
-        return -1;
-    if (PyByteArray_Resize(arr, (n - 1) * (Py_ssize_t)sizeof(uint64_t)) < 0 ||
-        PyByteArray_Resize(heap, (n - 2) * (Py_ssize_t)sizeof(wait_heap_entry)) < 0)
-        return -1;
-    return 0;
-}
-
 /* a == b for two exact strs without a rich comparison's dispatch (the
  * what and where of consecutive waits: most often other strings); else as
  * == says. 1, 0, or -1 with an exception. */
@@ -2367,139 +2622,325 @@ same_text(PyObject *a, PyObject *b)
     return PyObject_RichCompareBool(a, b, Py_EQ);
 }
 
-/* A full log's new run, written over the run it drops (WaitLog.add then
- * _drop, in one): the run the heap gives up is the lesser of its top and
- * the run this one closes, its list (held by the log alone) moved to the
- * end and filled anew; no list made, none freed, nothing moved in the
- * heap but one sift. 1: done; 0: not this way (nothing changed: the log
- * is not in C form, or the run is held elsewhere); -1 with an exception. */
+/* A run's four texts (the wait's: what, kind, where, caller), exact strs
+ * (str() of anything else: the log holds plain data only), into r. 0, or
+ * -1 with an exception (r untouched). */
 static int
-waitlog_recycle(PyObject *log, PyObject *runs, uint64_t start, uint64_t end, uint64_t waited, PyObject *wait)
+run_texts(WaitRun *r, PyObject *const *wait)
 {
-    Py_ssize_t m = PyList_GET_SIZE(runs);
-    PyObject *arr, *heap;
-    if (m < 2 || !waitlog_c_form(log, m, &arr, &heap))
-        return 0;
-    uint64_t *a = (uint64_t *)PyByteArray_AS_STRING(arr);
-    wait_heap_entry *h = (wait_heap_entry *)PyByteArray_AS_STRING(heap);
-    wait_heap_entry closing;
-    if (run_longest(PyList_GET_ITEM(runs, m - 1), &closing.longest) < 0)
-        return -1;
-    closing.arrival = a[m - 1];
-    int closing_goes = whe_less(&closing, &h[0]);
-    uint64_t gone = closing_goes ? closing.arrival : h[0].arrival;
-    Py_ssize_t lo = arrival_index(a, m, gone);
-    if (lo >= m || a[lo] != gone) {
-        PyErr_SetString(PyExc_RuntimeError, "aprof: a wait log's runs and heap disagree");
-        return -1;
-    }
-    PyObject *old = PyList_GET_ITEM(runs, lo);
-    if (Py_REFCNT(old) != 1 || !PyList_CheckExact(old) || PyList_GET_SIZE(old) != 10)
-        return 0;
-    PyObject *v[10];
-    if (run_values(v, start, end, waited, wait) < 0)
-        return -1;
-    /* Nothing fails from here. The heap: the closed run in, the dropped out. */
-    if (!closing_goes) {
-        h[0] = closing;
-        wait_heap_down(h, m - 1, 0);
-    }
-    uint64_t arrival = a[m - 1] + 1;
-    memmove(a + lo, a + lo + 1, (size_t)(m - 1 - lo) * sizeof(uint64_t));
-    a[m - 1] = arrival;
-    PyObject **items = ((PyListObject *)runs)->ob_item;
-    memmove(items + lo, items + lo + 1, (size_t)(m - 1 - lo) * sizeof(PyObject *));
-    items[m - 1] = old;
-    PyObject **slots = ((PyListObject *)old)->ob_item;
-    for (int k = 0; k < 10; k++) {
-        PyObject *was = slots[k];
-        slots[k] = v[k];
-        Py_DECREF(was);
-    }
-    return 1;
-}
-
-/* log.add(start, end, wait), the method: 0, or -1 with an exception. */
-static int
-call_log_add(PyObject *log, uint64_t start, uint64_t end, PyObject *wait)
-{
-    PyObject *s = PyLong_FromUnsignedLongLong(start), *e = s != NULL ? PyLong_FromUnsignedLongLong(end) : NULL;
-    PyObject *r = e != NULL ? PyObject_CallMethodObjArgs(log, str_add, s, e, wait, NULL) : NULL;
-    Py_XDECREF(s);
-    Py_XDECREF(e);
-    Py_XDECREF(r);
-    return r == NULL ? -1 : 0;
-}
-
-/* WaitLog.add(log, start, end, wait) in C (its twin: _await_chain.WaitLog.add).
- * 0, or -1 with an exception. */
-static int
-waitlog_add(PyObject *log, uint64_t start, uint64_t end, PyObject *wait)
-{
-    PyObject *runs = slot_at(log, off_wl[WL_RUNS]);
-    if (runs == NULL || !PyList_CheckExact(runs) || !PyTuple_CheckExact(wait) || PyTuple_GET_SIZE(wait) != 4 ||
-        end < start)
-        return call_log_add(log, start, end, wait);
-    PyObject *what = PyTuple_GET_ITEM(wait, 0), *where = PyTuple_GET_ITEM(wait, 2);
-    uint64_t waited = end - start;
-    Py_ssize_t n = PyList_GET_SIZE(runs);
-    if (n > 0) {
-        PyObject *last = PyList_GET_ITEM(runs, n - 1);
-        if (PyList_CheckExact(last) && PyList_GET_SIZE(last) == 10) {
-            int same = same_text(PyList_GET_ITEM(last, 5), what);
-            if (same > 0)
-                same = same_text(PyList_GET_ITEM(last, 7), where);
-            if (same < 0)
-                return -1;
-            if (same) {
-                unsigned long long count = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(last, 2));
-                unsigned long long total = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(last, 3));
-                unsigned long long longest = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(last, 4));
-                if (PyErr_Occurred())
-                    return -1;
-                PyObject *v[5] = {PyLong_FromUnsignedLongLong(end), PyLong_FromUnsignedLongLong(count + 1),
-                                  PyLong_FromUnsignedLongLong(total + waited), NULL, NULL};
-                if (waited > longest) {
-                    v[3] = PyLong_FromUnsignedLongLong(waited);
-                    v[4] = Py_XNewRef(v[0]);
-                }
-                if (v[0] == NULL || v[1] == NULL || v[2] == NULL || (waited > longest && v[3] == NULL)) {
-                    for (int k = 0; k < 5; k++)
-                        Py_XDECREF(v[k]);
-                    return -1;
-                }
-                PyList_SetItem(last, 1, v[0]);
-                PyList_SetItem(last, 2, v[1]);
-                PyList_SetItem(last, 3, v[2]);
-                if (waited > longest) {
-                    PyList_SetItem(last, 4, v[3]);
-                    PyList_SetItem(last, 9, v[4]);
-                }
-                return 0;
-            }
+    PyObject *t[4];
+    for (int k = 0; k < 4; k++) {
+        t[k] = PyUnicode_CheckExact(wait[k]) ? Py_NewRef(wait[k]) : PyObject_Str(wait[k]);
+        if (t[k] == NULL) {
+            while (--k >= 0)
+                Py_DECREF(t[k]);
+            return -1;
         }
     }
-    if (n == w_max_runs) { /* full: a run goes as this one comes */
-        int done = waitlog_recycle(log, runs, start, end, waited, wait);
-        if (done != 0)
-            return done < 0 ? -1 : 0;
+    Py_XSETREF(r->what, t[0]);
+    Py_XSETREF(r->kind, t[1]);
+    Py_XSETREF(r->where, t[2]);
+    Py_XSETREF(r->caller, t[3]);
+    return 0;
+}
+
+/* The closed runs (all but the last) into a new heap: the first time the
+ * log is full. 0, or -1 with an exception. */
+static int
+waitlog_heap(WaitLog *log)
+{
+    wait_heap_entry *h = PyMem_Malloc((size_t)(w_max_runs > log->n ? w_max_runs : log->n) * sizeof *h);
+    if (h == NULL) {
+        PyErr_NoMemory();
+        return -1;
     }
-    PyObject *run = PyList_New(10);
-    if (run == NULL)
-        return -1;
-    if (run_values(((PyListObject *)run)->ob_item, start, end, waited, wait) < 0) {
-        Py_DECREF(run);
-        return -1;
+    Py_ssize_t m = log->n - 1;
+    for (Py_ssize_t k = 0; k < m; k++) {
+        WaitRun *r = &log->slots[log->order[k]];
+        h[k].longest = r->longest;
+        h[k].arrival = r->arrival;
     }
-    /* Ints and strings only, now and after every merge: off the cyclic
-     * GC's lists (a keep-alive connection's task holds 64 of them for as
-     * long as it lives, traversed by every full collection). */
-    PyObject_GC_UnTrack(run);
-    int rc = PyList_Append(runs, run);
-    Py_DECREF(run);
-    if (rc < 0)
-        return -1;
-    return PyList_GET_SIZE(runs) > w_max_runs ? waitlog_drop(log, runs) : 0;
+    for (Py_ssize_t k = m / 2 - 1; k >= 0; k--)
+        wait_heap_down(h, m, k);
+    log->heap = h;
+    return 0;
+}
+
+/* WaitLog.add(start, end, wait) in C, the wait as its four values (what,
+ * kind, where, caller). 0, or -1 with an exception (the log as it was). */
+static int
+waitlog_add(WaitLog *log, uint64_t start, uint64_t end, PyObject *const *wait)
+{
+    uint64_t waited = end >= start ? end - start : 0;
+    if (log->n > 0) {
+        WaitRun *last = &log->slots[log->order[log->n - 1]];
+        int same = same_text(last->what, wait[0]);
+        if (same > 0)
+            same = same_text(last->where, wait[2]);
+        if (same < 0)
+            return -1;
+        if (same) {
+            last->end = end;
+            last->count++;
+            last->total += waited;
+            if (waited > last->longest) {
+                last->longest = waited;
+                last->longest_end = end;
+            }
+            return 0;
+        }
+    }
+    WaitRun *r;
+    if (log->n >= w_max_runs && log->n >= 2) {
+        /* Full: the run just closed joins the heap, and the closed run whose
+         * longest wait is shortest (the first of equals) goes; the new run
+         * takes its slot, at the end. */
+        if (log->heap == NULL && waitlog_heap(log) < 0)
+            return -1;
+        Py_ssize_t m = log->n - 1; /* closed runs in the heap */
+        WaitRun *closing = &log->slots[log->order[m]];
+        wait_heap_entry c = {closing->longest, closing->arrival}, gone;
+        if (m == 0 || whe_less(&c, &log->heap[0]))
+            gone = c;
+        else {
+            gone = log->heap[0];
+            log->heap[0] = c;
+            wait_heap_down(log->heap, m, 0);
+        }
+        Py_ssize_t lo = 0, hi = log->n; /* the gone run's place: arrivals rise along order */
+        while (lo < hi) {
+            Py_ssize_t mid = (lo + hi) / 2;
+            if (log->slots[log->order[mid]].arrival < gone.arrival)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        if (lo >= log->n || log->slots[log->order[lo]].arrival != gone.arrival) {
+            PyErr_SetString(PyExc_SystemError, "aprof: a wait log's runs and heap disagree");
+            return -1;
+        }
+        int32_t slot = log->order[lo];
+        if (run_texts(&log->slots[slot], wait) < 0) {
+            /* (the heap changed: rebuilt at the next full add) */
+            PyMem_Free(log->heap);
+            log->heap = NULL;
+            return -1;
+        }
+        memmove(log->order + lo, log->order + lo + 1, (size_t)(log->n - 1 - lo) * sizeof(int32_t));
+        log->order[log->n - 1] = slot;
+        r = &log->slots[slot];
+    }
+    else {
+        if (log->n == log->cap) {
+            Py_ssize_t cap = log->cap < 4 ? 4 : log->cap * 2;
+            if (cap > w_max_runs && w_max_runs >= log->n + 1)
+                cap = w_max_runs;
+            WaitRun *slots = PyMem_Realloc(log->slots, (size_t)cap * sizeof(WaitRun));
+            if (slots == NULL) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            log->slots = slots;
+            int32_t *order = PyMem_Realloc(log->order, (size_t)cap * sizeof(int32_t));
+            if (order == NULL) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            log->order = order;
+            for (Py_ssize_t k = log->cap; k < cap; k++)
+                log->slots[k].what = log->slots[k].kind = log->slots[k].where = log->slots[k].caller = NULL;
+            log->cap = cap;
+        }
+        r = &log->slots[log->n];
+        if (run_texts(r, wait) < 0)
+            return -1;
+        log->order[log->n] = (int32_t)log->n;
+        log->n++;
+        PyMem_Free(log->heap); /* (only a shrunk max_runs leaves one: rebuilt when full) */
+        log->heap = NULL;
+    }
+    r->start = start;
+    r->end = end;
+    r->count = 1;
+    r->total = r->longest = waited;
+    r->longest_end = end;
+    r->arrival = log->next_arrival++;
+    return 0;
+}
+
+/* [start, end, count, total, longest, what, kind, where, caller,
+ * longest_end]: a run as the twin holds it (new reference). */
+static PyObject *
+run_list(const WaitRun *r)
+{
+    PyObject *v[10] = {PyLong_FromUnsignedLongLong(r->start), PyLong_FromUnsignedLongLong(r->end),
+                       PyLong_FromUnsignedLongLong(r->count), PyLong_FromUnsignedLongLong(r->total),
+                       PyLong_FromUnsignedLongLong(r->longest), Py_NewRef(r->what), Py_NewRef(r->kind),
+                       Py_NewRef(r->where), Py_NewRef(r->caller), PyLong_FromUnsignedLongLong(r->longest_end)};
+    PyObject *lst = PyList_New(10);
+    for (int k = 0; k < 10; k++) {
+        if (lst != NULL && v[k] != NULL)
+            PyList_SET_ITEM(lst, k, v[k]);
+        else
+            Py_XDECREF(v[k]);
+    }
+    if (lst != NULL)
+        for (int k = 0; k < 10; k++)
+            if (v[k] == NULL) {
+                Py_DECREF(lst); /* (a NULL item: list_dealloc skips it) */
+                return NULL;
+            }
+    return lst;
+}
+
+static PyObject *
+WaitLog_get_runs(WaitLog *self, void *closure)
+{
+    PyObject *out = PyList_New(self->n);
+    for (Py_ssize_t k = 0; out != NULL && k < self->n; k++) {
+        PyObject *run = run_list(&self->slots[self->order[k]]);
+        if (run == NULL)
+            Py_CLEAR(out);
+        else
+            PyList_SET_ITEM(out, k, run);
+    }
+    return out;
+}
+
+static PyObject *
+WaitLog_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    if (PyTuple_GET_SIZE(args) > 0 || (kwds != NULL && PyDict_GET_SIZE(kwds) > 0)) {
+        PyErr_SetString(PyExc_TypeError, "WaitLog() takes no arguments");
+        return NULL;
+    }
+    WaitLog *log = PyObject_New(WaitLog, type);
+    if (log == NULL)
+        return NULL;
+    log->slots = NULL;
+    log->order = NULL;
+    log->heap = NULL;
+    log->n = log->cap = 0;
+    log->next_arrival = 0;
+    return (PyObject *)log;
+}
+
+static void
+WaitLog_dealloc(WaitLog *self)
+{
+    for (Py_ssize_t k = 0; k < self->cap; k++) {
+        WaitRun *r = &self->slots[k];
+        Py_XDECREF(r->what);
+        Py_XDECREF(r->kind);
+        Py_XDECREF(r->where);
+        Py_XDECREF(r->caller);
+    }
+    PyMem_Free(self->slots);
+    PyMem_Free(self->order);
+    PyMem_Free(self->heap);
+    PyObject_Free(self);
+}
+
+/* add(start_ns, end_ns, wait): WaitLog.add, wait a (what, kind, where,
+ * caller) tuple. */
+static PyObject *
+WaitLog_add(WaitLog *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    unsigned long long start, end;
+    if (nargs != 3 || !PyTuple_Check(args[2]) || PyTuple_GET_SIZE(args[2]) != 4) {
+        PyErr_SetString(PyExc_TypeError, "WaitLog.add(start_ns: int, end_ns: int, wait: (what, kind, where, caller))");
+        return NULL;
+    }
+    if ((start = PyLong_AsUnsignedLongLong(args[0])) == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    if ((end = PyLong_AsUnsignedLongLong(args[1])) == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    if (waitlog_add(self, start, end, &PyTuple_GET_ITEM(args[2], 0)) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+WaitLog_sizeof(WaitLog *self, PyObject *Py_UNUSED(ignored))
+{
+    size_t n = sizeof(WaitLog) + (size_t)self->cap * (sizeof(WaitRun) + sizeof(int32_t));
+    if (self->heap != NULL)
+        n += (size_t)(w_max_runs > self->n ? w_max_runs : self->n) * sizeof(wait_heap_entry);
+    return PyLong_FromSize_t(n);
+}
+
+static Py_ssize_t
+WaitLog_len(WaitLog *self)
+{
+    return self->n;
+}
+
+static PyObject *
+WaitLog_iter(WaitLog *self)
+{
+    PyObject *runs = WaitLog_get_runs(self, NULL);
+    if (runs == NULL)
+        return NULL;
+    PyObject *it = PyObject_GetIter(runs);
+    Py_DECREF(runs);
+    return it;
+}
+
+static PyObject *
+WaitLog_repr(WaitLog *self)
+{
+    return PyUnicode_FromFormat("<WaitLog of %zd runs>", self->n);
+}
+
+static PyMethodDef WaitLog_methods[] = {
+    {"add", (PyCFunction)(void (*)(void))WaitLog_add, METH_FASTCALL,
+     "add(start_ns, end_ns, wait): a long wait, from start_ns to end_ns, on wait (what, kind, where, caller)."},
+    {"__sizeof__", (PyCFunction)WaitLog_sizeof, METH_NOARGS, "Its size in memory, its runs' room included."},
+    {NULL},
+};
+
+static PyGetSetDef WaitLog_getset[] = {
+    {"runs", (getter)WaitLog_get_runs, NULL,
+     "The runs, oldest first: [start, end, count, total, longest, what, kind, where, caller, longest_end] "
+     "each (new lists: the extra[\"waits\"] form).",
+     NULL},
+    {NULL},
+};
+
+static PySequenceMethods WaitLog_as_sequence = {
+    .sq_length = (lenfunc)WaitLog_len,
+};
+
+static PyObject *empty_args; /* () */
+
+static PyTypeObject WaitLogType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "aprof._ctracer.WaitLog",
+    .tp_basicsize = sizeof(WaitLog),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "WaitLog()\n--\n\nA task's long waits, as runs of consecutive waits on the same thing "
+              "(aprof._integrations._await_chain.WaitLog in C; no GC container).",
+    .tp_new = WaitLog_new,
+    .tp_dealloc = (destructor)WaitLog_dealloc,
+    .tp_repr = (reprfunc)WaitLog_repr,
+    .tp_iter = (getiterfunc)WaitLog_iter,
+    .tp_methods = WaitLog_methods,
+    .tp_getset = WaitLog_getset,
+    .tp_as_sequence = &WaitLog_as_sequence,
+};
+
+/* log.add(start, end, (what, kind, where, caller)), the method (a log of
+ * another type: the twin's): 0, or -1 with an exception. */
+static int
+call_log_add(PyObject *log, uint64_t start, uint64_t end, PyObject *const *wait)
+{
+    PyObject *s = PyLong_FromUnsignedLongLong(start), *e = s != NULL ? PyLong_FromUnsignedLongLong(end) : NULL;
+    PyObject *t = e != NULL ? PyTuple_Pack(4, wait[0], wait[1], wait[2], wait[3]) : NULL;
+    PyObject *r = t != NULL ? PyObject_CallMethodObjArgs(log, str_add, s, e, t, NULL) : NULL;
+    Py_XDECREF(s);
+    Py_XDECREF(e);
+    Py_XDECREF(t);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
 }
 
 /* The call sites of the last chains seen, by their walk: _sites[key]
@@ -2566,7 +3007,7 @@ note_wait_c(PyObject *tt, PyObject *task, uint64_t start, uint64_t end)
         !Py_IS_TYPE(task, (PyTypeObject *)c_task_type) ||
         !Py_IS_TYPE(tt, task_thread_type))
         return 0;
-    PyObject *coro = PyObject_Vectorcall(c_task_get_coro, &task, 1, NULL);
+    PyObject *coro = task_get_coro(task);
     if (coro == NULL)
         return -1;
     if (!PyCoro_CheckExact(coro)) {
@@ -2586,23 +3027,25 @@ note_wait_c(PyObject *tt, PyObject *task, uint64_t start, uint64_t end)
         Py_DECREF(leaf);
         return site == NULL ? -1 : 0; /* a site seen for the first time: the twin's */
     }
-    PyObject *wait = wait_at_c(site, task, leaf);
+    PyObject *wait[4];
+    int described = wait_at_c(site, task, leaf, wait);
     Py_DECREF(site);
     Py_DECREF(leaf);
-    if (wait == NULL)
+    if (described < 0)
         return -1;
     PyObject *log = slot_at(tt, off_tt[TT_WAITS]);
     if (log == NULL || log == Py_None) {
-        log = PyObject_CallNoArgs((PyObject *)w_log_type);
-        if (log == NULL) {
-            Py_DECREF(wait);
-            return -1;
+        log = WaitLogType.tp_new(&WaitLogType, empty_args, NULL);
+        if (log != NULL) {
+            set_slot(tt, off_tt[TT_WAITS], log);
+            Py_DECREF(log);
         }
-        set_slot(tt, off_tt[TT_WAITS], log);
-        Py_DECREF(log);
     }
-    int rc = Py_IS_TYPE(log, w_log_type) ? waitlog_add(log, start, end, wait) : call_log_add(log, start, end, wait);
-    Py_DECREF(wait);
+    int rc = log == NULL                         ? -1
+             : Py_IS_TYPE(log, &WaitLogType) ? waitlog_add((WaitLog *)log, start, end, wait)
+                                             : call_log_add(log, start, end, wait);
+    for (int k = 0; k < 4; k++)
+        Py_DECREF(wait[k]);
     return rc < 0 ? -1 : 1;
 }
 
@@ -2630,9 +3073,7 @@ waits_setup(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
                                          "or _waits_setup(None)");
         return NULL;
     }
-    if (member_offsets(args[0], wl_slots, WL_COUNT, off_wl) < 0)
-        return NULL;
-    PyObject *max_runs = PyObject_GetAttrString(args[0], "max_runs");
+    PyObject *max_runs = PyObject_GetAttrString(args[0], "max_runs"); /* the twin's: the C log keeps as many */
     w_max_runs = max_runs != NULL ? PyLong_AsSsize_t(max_runs) : -1;
     Py_XDECREF(max_runs);
     if (w_max_runs < 1) {
@@ -2640,7 +3081,6 @@ waits_setup(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
             PyErr_SetString(PyExc_ValueError, "_waits_setup: WaitLog.max_runs must be positive");
         return NULL;
     }
-    Py_XSETREF(w_log_type, (PyTypeObject *)Py_NewRef(args[0]));
     Py_XSETREF(w_sites, Py_NewRef(args[1]));
     Py_XSETREF(w_wait_at, Py_NewRef(args[2]));
     Py_XSETREF(w_future_type, Py_NewRef(args[3]));
@@ -2666,23 +3106,6 @@ note_wait_py(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t narg
     if (r < 0)
         return NULL;
     return PyBool_FromLong(r);
-}
-
-/* _waitlog_add(log, start_ns, end_ns, wait): WaitLog.add in C, alone. */
-static PyObject *
-waitlog_add_py(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
-{
-    unsigned long long start, end;
-    if (nargs != 4 || !waits_ready || !Py_IS_TYPE(args[0], w_log_type) ||
-        (start = PyLong_AsUnsignedLongLong(args[1])) == (unsigned long long)-1 ||
-        (end = PyLong_AsUnsignedLongLong(args[2])) == (unsigned long long)-1) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_TypeError, "_waitlog_add(WaitLog, start_ns, end_ns, wait) after _waits_setup");
-        return NULL;
-    }
-    if (waitlog_add(args[0], start, end, args[3]) < 0)
-        return NULL;
-    Py_RETURN_NONE;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -2764,7 +3187,9 @@ static PyMethodDef tasks_functions[] = {
      "Describe the long waits of C Tasks in C (WaitLog, sites, wait_at, Future), or in Python (None)."},
     {"_note_wait", (PyCFunction)(void (*)(void))note_wait_py, METH_FASTCALL,
      "A long wait described by the C path alone: True, or False when it is the Python twin's."},
-    {"_waitlog_add", (PyCFunction)(void (*)(void))waitlog_add_py, METH_FASTCALL, "WaitLog.add, in C."},
+    {"_task_layout", task_layout_view, METH_NOARGS,
+     "What the C paths learnt of the C Task's fields: (coroutine's offset or 0, name checks left, waiter checks "
+     "left, whether one disagreed)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -2814,7 +3239,6 @@ aprof_tasks_init(PyObject *module)
     str_children = PyUnicode_InternFromString("_children");
     str_callbacks = PyUnicode_InternFromString("_callbacks");
     str_chain_future = PyUnicode_InternFromString("_chain_future");
-    str_drop = PyUnicode_InternFromString("_drop");
     str_add = PyUnicode_InternFromString("add");
     str_kind_task = PyUnicode_InternFromString("task");
     str_kind_executor = PyUnicode_InternFromString("executor");
@@ -2829,17 +3253,22 @@ aprof_tasks_init(PyObject *module)
     if (str_task_open == NULL || str_paren_open == NULL || str_paren_close == NULL || str_empty == NULL)
         return -1;
     if (str_fut_waiter == NULL || str_children == NULL || str_callbacks == NULL || str_chain_future == NULL ||
-        str_drop == NULL || str_add == NULL || str_kind_task == NULL || str_kind_executor == NULL ||
+        str_add == NULL || str_kind_task == NULL || str_kind_executor == NULL ||
         str_kind_future == NULL || str_a_future == NULL || str_executor_job == NULL || str_unnamed == NULL)
         return -1;
     leaf_types = PySet_New(NULL);
     if (str_cr_await == NULL || str_cr_code == NULL || str_cr_frame == NULL || str_gi_yieldfrom == NULL ||
         str_gi_code == NULL || str_gi_frame == NULL || str_ag_code == NULL || leaf_types == NULL)
         return -1;
-    if (PyType_Ready(&StepLogType) < 0 || PyType_Ready(&StepCallType) < 0 || PyType_Ready(&CallSoonHookType) < 0 ||
+    if ((empty_args = PyTuple_New(0)) == NULL)
+        return -1;
+    if (PyType_Ready(&StepLogType) < 0 || PyType_Ready(&TaskRecordType) < 0 || PyType_Ready(&WaitLogType) < 0 ||
+        PyType_Ready(&StepCallType) < 0 || PyType_Ready(&CallSoonHookType) < 0 ||
         PyType_Ready(&AddHookType) < 0)
         return -1;
     if (PyModule_AddObjectRef(module, "StepLog", (PyObject *)&StepLogType) < 0 ||
+        PyModule_AddObjectRef(module, "TaskRecord", (PyObject *)&TaskRecordType) < 0 ||
+        PyModule_AddObjectRef(module, "WaitLog", (PyObject *)&WaitLogType) < 0 ||
         PyModule_AddObjectRef(module, "StepCall", (PyObject *)&StepCallType) < 0 ||
         PyModule_AddObjectRef(module, "CallSoonHook", (PyObject *)&CallSoonHookType) < 0 ||
         PyModule_AddObjectRef(module, "AddHook", (PyObject *)&AddHookType) < 0)

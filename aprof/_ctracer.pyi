@@ -20,7 +20,7 @@ twin ``aprof._core._tracer_py``. Both write the same packed format, which
   one).
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from types import CodeType
 from typing import Any, Final
@@ -184,6 +184,19 @@ class RangeBlock:
         """The range at ``index`` ends (a second end is ignored)."""
     def rows(self) -> list[tuple[str, str, int, str | None, int | None, int, str | None]]:
         """``(name, scope, start, args, end or None, end_thread_id, exc)`` per range."""
+    def own(self, owner: int, name: str, kind: str, os_thread_id: int, /) -> None:
+        """Make it a block of ``TASK_BLOCKS``: the ranges of task ``owner``
+        (its logical thread's id), named, kind and OS thread as given."""
+    @property
+    def owner(self) -> int:
+        """The id of the task whose ranges these are (a block of
+        ``TASK_BLOCKS``), else 0."""
+    @property
+    def owner_name(self) -> str | None: ...
+    @property
+    def owner_kind(self) -> str | None: ...
+    @property
+    def owner_os_tid(self) -> int | None: ...
     def __len__(self) -> int: ...
 
 class Budget:
@@ -328,6 +341,18 @@ class StepLog:
     def __len__(self) -> int: ...
     def __getitem__(self, i: int, /) -> int: ...
 
+class TaskRecord:
+    """A finished task's record: the fields of ``TASK_RECORD_FIELDS``
+    (``aprof/_integrations/_tasks.py``), read by index or unpacking, equal
+    to the tuple of them. In a tuple's layout but no GC container: it holds
+    plain data, and a record per request does not count towards the
+    collector's next collection."""
+
+    def __init__(self, *fields: Any) -> None: ...
+    def __len__(self) -> int: ...
+    def __getitem__(self, i: int, /) -> Any: ...
+    def __iter__(self) -> Iterator[Any]: ...
+
 class StepCall:
     """A recorded task's step or wakeup, timed: calling it stamps the step
     in the task's ``StepLog`` and publishes the task as stepping on this
@@ -406,17 +431,39 @@ def _states_in(context: Any, /) -> Any:
 
 def _waits_setup(*args: Any) -> None:
     """``(WaitLog, sites, wait_at, Future)``: describe a C Task's long wait
-    at a call site already described (``_await_chain._sites``) in C: the
-    common paths of ``_tasks.note_wait``, ``_await_chain.wait_at`` and
-    ``WaitLog.add``, whose twins do the rest; ``(None)``: all in Python.
-    After ``_tasks_setup``."""
+    at a call site already described (``_await_chain._sites``) in C, into
+    the C ``WaitLog`` (keeping the twin ``WaitLog``'s ``max_runs``): the
+    common paths of ``_tasks.note_wait`` and ``_await_chain.wait_at``,
+    whose twins do the rest; ``(None)``: all in Python. After
+    ``_tasks_setup``."""
 
 def _note_wait(tt: Any, task: Any, start_ns: int, end_ns: int, /) -> bool:
     """The C path of a long wait alone: True if it logged the wait, False
     if it left it to the twin (``_tasks.note_wait``), changing nothing."""
 
-def _waitlog_add(log: Any, start_ns: int, end_ns: int, wait: tuple[str, str, str, str], /) -> None:
-    """``WaitLog.add`` in C (after ``_waits_setup``)."""
+class WaitLog:
+    """A task's long waits, as runs (``_await_chain.WaitLog``, its twin, has
+    the contract): the runs as C structs, no GC container. ``runs`` and
+    iteration give them as the twin's lists."""
+
+    def __init__(self) -> None: ...
+    def add(self, start_ns: int, end_ns: int, wait: tuple[str, str, str, str], /) -> None: ...
+    @property
+    def runs(self) -> list[list[Any]]: ...
+    def __len__(self) -> int: ...
+    def __iter__(self) -> Iterator[list[Any]]: ...
+    def __sizeof__(self) -> int: ...
+
+def _task_layout() -> tuple[int, int, int, bool]:
+    """What the C paths learnt of where a C Task keeps its waiter,
+    coroutine, name and context: (the coroutine's offset, or 0 before the
+    first task; name checks left; waiter checks left; whether a check
+    disagreed, which leaves them to the methods for good)."""
+
+def _task_blocks_setup(key: Any, /) -> None:
+    """Put tasks' plain ranges in the raw list under ``key``
+    (``TASK_BLOCKS``), in blocks naming their task; ``None``: in each
+    task's own list."""
 
 # Consolidation and Chrome export (aprof/_cevents.c); the contract is the
 # pure-Python twins in aprof/_post/_events.py and aprof/_export/_chrome.py.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import threading
 from typing import Any
 
@@ -307,25 +308,21 @@ def test_not_a_coroutine_is_no_wait() -> None:
 
 
 @pytest.fixture(params=["twin", "C"])
-def log_add(request: pytest.FixtureRequest) -> Any:
-    """WaitLog.add, then its C path (what a C Task's long wait runs)."""
+def new_log(request: pytest.FixtureRequest) -> Any:
+    """A wait log: the pure-Python twin, then the extension's (what a task's
+    long waits go to with the extension)."""
     if request.param == "twin":
-        return WaitLog.add
-    ext = require_c_extension()
-    require_c_paths()
-    import aprof._integrations._asyncio  # noqa: F401  (sets the C path up)
-
-    return ext._waitlog_add
+        return WaitLog
+    return require_c_extension().WaitLog
 
 
-
-def test_the_wait_log_merges_consecutive_waits_on_the_same_call(log_add: Any) -> None:
+def test_the_wait_log_merges_consecutive_waits_on_the_same_call(new_log: Any) -> None:
     # The N+1 pattern stays one run however many times it repeats.
-    log = WaitLog()
+    log = new_log()
     fetch = ("asyncio.sleep", "sleep", "db.py:9 Database.fetch", "orders.py:4 recent_orders")
     for i in range(360):
-        log_add(log, i * 10, i * 10 + (6 if i == 100 else 4), fetch)  # the 101st is the longest
-    log_add(log, 4000, 4100, ("asyncio.Lock.acquire", "lock", "orders.py:9 save", ""))
+        log.add(i * 10, i * 10 + (6 if i == 100 else 4), fetch)  # the 101st is the longest
+    log.add(4000, 4100, ("asyncio.Lock.acquire", "lock", "orders.py:9 save", ""))
     assert [r[2] for r in log.runs] == [360, 1]
     first = log.runs[0]
     assert first[:5] == [0, 3594, 360, 359 * 4 + 6, 6]
@@ -333,7 +330,7 @@ def test_the_wait_log_merges_consecutive_waits_on_the_same_call(log_add: Any) ->
     assert first[9] == 1006  # when the longest wait ended: the summary's window for it
 
 
-def test_the_wait_log_keeps_the_longest_runs_of_a_long_lived_task(log_add: Any) -> None:
+def test_the_wait_log_keeps_the_longest_runs_of_a_long_lived_task(new_log: Any) -> None:
     # A keep-alive connection's task waits thousands of times on alternating
     # calls: the log keeps max_runs runs, dropping the one whose longest wait
     # is shortest (the first of equals), never the open run, which may still grow.
@@ -366,59 +363,73 @@ def test_the_wait_log_keeps_the_longest_runs_of_a_long_lived_task(log_add: Any) 
         waited = rng.choice([1, 2, 2, 3, 5, 8, 8, 13]) * 1_000_000  # many ties
         waits.append((t, t + waited, rng.choice(calls)))
         t += waited + 10
-    log = WaitLog()
+    log = new_log()
     for start, end, wait in waits:
-        log_add(log, start, end, wait)
+        log.add(start, end, wait)
     want = reference(waits)
     assert len(log.runs) == WaitLog.max_runs
     assert log.runs == want
     # The open run is kept though its wait is the shortest of all; once
     # closed, it is the first to go.
     tail = [(t, t + 1, ("asyncio.Event.wait", "event", "app.py:99 tail", ""))]
-    log_add(log, *tail[0])
+    log.add(*tail[0])
     assert log.runs[-1][5] == "asyncio.Event.wait"
     assert log.runs == reference(waits + tail)
     tail.append((t + 5, t + 6, ("asyncio.Lock.acquire", "lock", "app.py:98 tail", "")))
-    log_add(log, *tail[1])
+    log.add(*tail[1])
     assert "asyncio.Event.wait" not in [r[5] for r in log.runs]
     assert log.runs == reference(waits + tail)
 
 
-def test_a_full_wait_log_fed_by_the_c_path_and_the_twin_in_turns_drops_as_either_alone() -> None:
-    # Issue 19: once full, the C path keeps the log's heap and arrival
-    # numbers as uint64s in bytearrays, the twin as ints in lists; a log
-    # whose waits go now to one, now to the other (the first wait at a new
-    # call site is the twin's) must drop exactly the runs either would.
+def test_the_c_wait_log_keeps_the_runs_the_twin_keeps() -> None:
+    # Issue 19: the C log keeps its runs as structs (no int, no list made
+    # per wait); fed the same waits as the twin, at random lengths with
+    # many ties, it keeps exactly the same runs at every step, a run read
+    # earlier is a copy that never changes, and iterating the log gives its
+    # runs (a finished task's record holds the log itself).
     import random
+    import sys
 
     ext = require_c_extension()
-    require_c_paths()
-    import aprof._integrations._asyncio  # noqa: F401  (sets the C path up)
-
     rng = random.Random(1919)
     calls = [(f"call#{k}", "sleep", f"app.py:{k} handler", "") for k in range(3)]
-    twin, mixed = WaitLog(), WaitLog()
+    twin, c = WaitLog(), ext.WaitLog()
+    assert not c  # empty
     t = 0
-    forms = set()
-    held: list[tuple[list[Any], list[Any]]] = []  # runs someone else holds (a dump copying them): never reused
+    held: list[tuple[list[Any], list[Any]]] = []
     for i in range(2000):
         waited = rng.choice([1, 2, 3, 5, 8, 1000, rng.randint(1, 10**6)])
         wait = rng.choice(calls)
-        WaitLog.add(twin, t, t + waited, wait)
-        if rng.random() < 0.2:  # the twin's turn
-            WaitLog.add(mixed, t, t + waited, wait)
-        else:
-            ext._waitlog_add(mixed, t, t + waited, wait)
-        forms.add(type(mixed._closed).__name__)
+        twin.add(t, t + waited, wait)
+        c.add(t, t + waited, wait)
         t += 10**7
-        assert mixed.runs == twin.runs, i
-        if rng.random() < 0.05 and len(mixed.runs) > 1:
-            run = rng.choice(mixed.runs[:-1])  # a closed run: it never changes
+        assert c.runs == twin.runs, i
+        if rng.random() < 0.05 and len(c) > 1:
+            run = rng.choice(c.runs[:-1])
             held.append((run, run[:]))
     assert held
-    assert all(run == was for run, was in held)  # a full log writes a new run over a dropped one only if it alone holds it
-    assert len(twin.runs) == WaitLog.max_runs
-    assert forms == {"NoneType", "list", "bytearray"}, forms  # each form met the other
+    assert all(run == was for run, was in held)
+    assert len(c) == len(twin) == WaitLog.max_runs
+    assert list(c) == list(twin) == twin.runs
+    assert not gc.is_tracked(c)
+    assert sys.getsizeof(c) >= 64 * WaitLog.max_runs  # its runs' room is counted
+    assert repr(c) == f"<WaitLog of {WaitLog.max_runs} runs>"
+
+
+def test_the_c_wait_log_takes_a_wait_of_four_texts() -> None:
+    ext = require_c_extension()
+    log = ext.WaitLog()
+    with pytest.raises(TypeError, match="what, kind, where, caller"):
+        log.add(0, 1, ("a", "b", "c"))
+    with pytest.raises(TypeError, match="what, kind, where, caller"):
+        log.add(0, 1, ["a", "b", "c", "d"])
+    with pytest.raises(OverflowError):
+        log.add(-1, 1, ("a", "b", "c", "d"))
+    with pytest.raises(TypeError, match="no arguments"):
+        ext.WaitLog(1)
+    assert log.runs == []  # nothing kept from a refused wait
+    log.add(0, 5, ("a", 1, "c", None))  # texts as str() says them: the log holds plain data
+    assert log.runs == [[0, 5, 1, 5, 5, "a", "1", "c", "None", 5]]
 
 
 def test_describe_task_takes_the_task_itself(backend) -> None:

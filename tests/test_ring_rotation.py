@@ -231,7 +231,7 @@ def test_sealed_generations_stay_out_of_the_cyclic_gcs_walks(backend: Backend) -
             # (a task that finished after its generation was measured is
             # left to the collector, which untracks its record itself)
             seen["records"] = [
-                r for g in measured for i, r in enumerate(g.task_records) if type(r) is tuple and i not in g._running
+                r for g in measured for i, r in enumerate(g.task_records) if type(r) in _native.TASK_RECORD_TYPES and i not in g._running
             ]
         seen["kept"] = sum(e.name == "c" for e in prof.events())
 
@@ -260,7 +260,7 @@ def test_a_finished_tasks_steps_are_held_at_their_size_and_measured_so(backend: 
             async with backend.group() as g:
                 for _ in range(5):
                     g.start_soon(child)
-            seen.extend(r for r in prof._state.task_records if type(r) is tuple)
+            seen.extend(r for r in prof._state.task_records if type(r) in _native.TASK_RECORD_TYPES)
 
     backend.run(main)
     assert len(seen) >= 5

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import os
 from types import ModuleType
-from typing import Final
+from typing import Any, Final
 
-__all__ = ["FORCED_PURE", "UNRECOGNISED_SWITCH", "extension", "parse_switch"]
+__all__ = ["FORCED_PURE", "TASK_RECORD_TYPES", "UNRECOGNISED_SWITCH", "extension", "new_task_record", "parse_switch"]
 
 _ON: Final = frozenset(("1", "true", "yes", "on"))
 _OFF: Final = frozenset(("", "0", "false", "no", "off"))
@@ -62,3 +62,14 @@ def _load() -> ModuleType | None:
 
 #: The extension module, or None (not built, or ``APROF_PURE_PYTHON=1``).
 extension: Final = _load()
+
+#: Makes a finished task's record from its fields
+#: (``aprof._integrations._tasks.TASK_RECORD_FIELDS``): the extension's
+#: ``TaskRecord``, a sequence of them that is no GC container (a record per
+#: request would otherwise bring the collector's young collections several
+#: times as often), else a tuple of them.
+new_task_record: Final[Any] = extension.TaskRecord if extension is not None else (lambda *fields: fields)
+
+#: The types a finished task's record can have (a running task's is its
+#: ``TaskThread``): the extension's ``TaskRecord``, or the twin's tuple.
+TASK_RECORD_TYPES: Final = frozenset((tuple,) if extension is None else (tuple, extension.TaskRecord))

@@ -38,7 +38,7 @@ from ._callbacks import (
     sampled,
 )
 from ._debug_info import enter_guard, exit_guard
-from ._recorder import ASYNC_SAME_THREAD, ProfilerState, Recorder, capture_stack, index_of
+from ._recorder import ASYNC_SAME_THREAD, TASK_BLOCKS, ProfilerState, Recorder, capture_stack, index_of
 from ._threads import LogicalThread, current_logical_thread, stepping
 
 __all__ = [
@@ -638,6 +638,7 @@ else:
             _threads._hint if _threads._HINTS else None,
             (_callbacks.RFState, Recorder, ProfilerState, LogicalThread),  # their slots are read in C
         )
+        _native.extension._task_blocks_setup(TASK_BLOCKS)
 
 #: Whether record_function's enter/exit run in C (the extension is built and
 #: ``APROF_PURE_PYTHON`` is not set).

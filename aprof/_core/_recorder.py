@@ -149,6 +149,21 @@ def index_of(lst: list[Any], record: tuple[Any, ...], hint: int) -> int:
     raise AssertionError("aprof: a start record vanished from its list")  # pragma: no cover
 
 
+def _task_blocks_key() -> LogicalThread:
+    lt = LogicalThread.__new__(LogicalThread)
+    lt.id, lt.kind, lt.name, lt.os_thread_id, lt._task_ref = 0, "tasks", "tasks' ranges", 0, None
+    return lt
+
+
+#: The key of a generation's one list of tasks' plain ranges (the C range
+#: path's, aprof/_cranges.c): RangeBlocks, each naming its task
+#: (``RangeBlock.owner``, a logical thread id), which consolidation hands
+#: back to their tasks (``aprof._post._events.owned_blocks``). A task per
+#: request then leaves no list of its own nor its logical thread as a key.
+#: Its id, 0, is no logical thread's (they count from 1).
+TASK_BLOCKS: Final = _task_blocks_key()
+
+
 class ProfilerState:
     """A running profile's recorded data: one raw event list per logical thread."""
 
@@ -173,6 +188,8 @@ class ProfilerState:
         self, *, record_inputs: bool, with_stack: bool, node_id: int, start_lt: LogicalThread, tasks: bool = False
     ) -> None:
         self.tasks = tasks
+        # The raw lists by logical thread, and the tasks' plain ranges in
+        # one list under TASK_BLOCKS.
         self.lists: dict[LogicalThread, list[tuple[Any, ...]]] = {}
         # The TASK ranges: the task's record while it runs, its finished tuple
         # after (aprof._integrations._tasks); read at stop with ``lists``.

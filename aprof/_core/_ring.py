@@ -61,6 +61,8 @@ if TYPE_CHECKING:
 
 __all__ = ["KEEP", "KIND_NAMES", "Budget", "Ring", "buffer_limit", "check_budget"]
 
+#: A finished task's record's types (a running task's is its object).
+_RECORDS: Final = _native.TASK_RECORD_TYPES
 KEEP: Final = ("first", "latest")
 #: The budget's kinds, in the order of ``Budget.take``'s ``kind`` and of
 #: ``session.dropped_by_kind``'s keys (the tracer's events and the sampler's
@@ -176,7 +178,7 @@ def _seal_sealed(lists: list[list[Any]]) -> int:
 def _task_bytes(records: list[Any]) -> int:
     total = 0
     for rec in list(records):
-        steps = rec[11] if type(rec) is tuple else rec.steps
+        steps = rec[11] if type(rec) in _RECORDS else rec.steps
         total += sys.getsizeof(rec) + sys.getsizeof(steps)
     return total
 
@@ -191,7 +193,7 @@ def _measure_records(records: list[Any]) -> tuple[int, int, list[int]]:
     nbytes = steps = 0
     running = []
     for k, rec in enumerate(records):
-        if type(rec) is tuple:
+        if type(rec) in _RECORDS:
             s = rec[11]
             steps += (len(s) + 1) // 2
         else:
@@ -219,7 +221,7 @@ def _counts(lists: dict[LogicalThread, list[Any]], records: list[Any]) -> tuple[
                 ranges += 1
     running = []
     for rec in list(records):
-        if type(rec) is tuple:
+        if type(rec) in _RECORDS:
             s = rec[11]
         else:
             s = rec.steps

@@ -41,6 +41,7 @@ from __future__ import annotations
 import gc
 import os
 from bisect import bisect_left
+from collections.abc import Callable, Iterator
 from heapq import heapify, heappop, heappush
 from types import CoroutineType, GeneratorType
 from typing import Any, Final
@@ -48,7 +49,7 @@ from typing import Any, Final
 from .._core import _native
 from .._frames import is_library_cached, short_path
 
-__all__ = ["Wait", "WaitLog", "describe_task", "describe_wait"]
+__all__ = ["Wait", "WaitLog", "describe_task", "describe_wait", "new_wait_log"]
 
 _MAX_DEPTH: Final = 64
 _KINDS: Final = (
@@ -340,7 +341,8 @@ class WaitLog:
     A loop that awaits the same call 360 times is one run of count 360 (the
     N+1 pattern), so the log stays small however long the task lives.
     :meth:`add` is called when a step starts after a wait of at least
-    ``min_ns``; ``runs`` is the ``extra["waits"]`` list.
+    ``min_ns``; ``runs`` is the ``extra["waits"]`` list; iterating the log
+    gives its runs too (a finished task's record holds the log itself).
 
     Past ``max_runs``, each new run drops the closed run whose longest wait
     is shortest (the first of equals; never the open run, which may still
@@ -349,9 +351,11 @@ class WaitLog:
     runs, each as one int, ``longest << 64 | arrival`` (ordered as the pair,
     compared as cheaply as an int), and each run's arrival number, beside
     ``runs``: a drop is a heap pop and a bisection, not a scan of the runs.
-    A closed run never changes (only the open one, the last, grows). The
-    C path keeps the same heap and numbers as plain uint64s in bytearrays;
-    either side rebuilds its own form from ``runs`` when it finds the other.
+    A closed run never changes (only the open one, the last, grows).
+
+    This class is the pure-Python twin: with the extension, tasks keep the C
+    ``WaitLog`` (:data:`new_wait_log`), the same runs as structs, with no
+    int or list made per wait and no GC container.
     """
 
     __slots__ = ("runs", "_closed", "_arrivals")
@@ -364,9 +368,15 @@ class WaitLog:
     def __init__(self) -> None:
         self.runs: list[list[Any]] = []
         #: Once the log is full: a heap of the closed runs' longest << 64 | arrival.
-        self._closed: list[int] | bytearray | None = None
+        self._closed: list[int] | None = None
         #: Once the log is full: each run's arrival number, in runs' order.
-        self._arrivals: list[int] | bytearray | None = None
+        self._arrivals: list[int] | None = None
+
+    def __len__(self) -> int:
+        return len(self.runs)
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        return iter(self.runs)
 
     def add(self, start_ns: int, end_ns: int, wait: Wait) -> None:
         what, kind, where, caller = wait
@@ -392,10 +402,9 @@ class WaitLog:
         runs = self.runs
         closed = self._closed
         arrivals = self._arrivals
-        if closed is None or arrivals is None or type(closed) is not list:
-            # The first drop, or the C path's form (bytearrays: see
-            # waitlog_drop in _ctasks.c): every run but the new one is
-            # closed, numbered in order (the numbers only order them).
+        if closed is None or arrivals is None:
+            # The first drop: every run but the new one is closed, numbered
+            # in order (the numbers only order them).
             arrivals = self._arrivals = list(range(len(runs)))
             closed = self._closed = [run[4] << 64 | k for k, run in enumerate(runs[:-1])]
             heapify(closed)
@@ -409,6 +418,9 @@ class WaitLog:
 
 #: The arrival number's bits in a WaitLog's heap entries.
 _ARRIVAL: Final = (1 << 64) - 1
+
+#: Makes a task's wait log: the extension's (runs as C structs), else the twin.
+new_wait_log: Final[Callable[[], Any]] = getattr(_native.extension, "WaitLog", None) or WaitLog
 
 
 #: The chain's key: the C walk when the extension is on, else the twin.

@@ -48,7 +48,7 @@ from collections.abc import Callable
 from time import perf_counter_ns
 from typing import Any, Final
 
-from .._core import _flight
+from .._core import _flight, _native
 from .._core._callbacks import start_unrecorded_thread
 from .._core._recorder import KIND_RANGE, ProfilerState
 from .._core._threads import LogicalThread
@@ -557,10 +557,10 @@ def _assign_samples(blocks: list[_Block], samples: list[_Sample]) -> None:
 
 def _task_info(rec: Any) -> tuple[int, str, str, int, list[int]] | None:
     """(track id, name, coroutine, OS thread, flat steps) of a task record:
-    a finished task's tuple or a running task's object
+    a finished task's record or a running task's object
     (``aprof._integrations._tasks``)."""
     try:
-        if type(rec) is tuple:
+        if type(rec) in _native.TASK_RECORD_TYPES:
             return rec[0], rec[1], rec[4], rec[3], list(rec[11])
         return rec.id, rec.current_name(), rec.coro_name, rec.os_thread_id, list(rec.steps)
     except Exception:  # a record of another shape: no steps to read

@@ -11,11 +11,14 @@ track.
 
 Each profile recording the task keeps it in one list per profile
 (``ProfilerState.task_records``): the running task's object while it runs,
-replaced when it finishes by one flat tuple of ints and strings and the step
-log (the ``array``, copied to its size, or the C ``StepLog`` itself, fitted:
-no new object, and none the cyclic GC tracks). A finished task so keeps no
-object of its own and no logical thread (unless ranges were recorded on its
-track), and the cyclic GC sees one object per running task, not a handful.
+replaced when it finishes by one flat record of ints and strings and the
+step log (the ``array``, copied to its size, or the C ``StepLog`` itself,
+fitted: no new object, and none the cyclic GC tracks). The record is the
+extension's ``TaskRecord``, a sequence that is no GC container, else a
+tuple (``aprof._core._native.new_task_record``). A finished task so keeps
+no object of its own and no logical thread (unless ranges were recorded on
+its track), and the cyclic GC sees one object per running task, not a
+handful, nor counts one per finished task towards its next collection.
 
 Finished record: ``(id, name, kind, os_thread_id, coro, spawn_ns, seq, fwd,
 end_ns, outcome, exception_name, steps, waits, spawn_site)`` (see
@@ -50,7 +53,7 @@ from .._core._callbacks import EMPTY_RF_STATE, RF_STATE, AprofWarning, RFState
 from .._core._recorder import ProfilerState, Recorder, first_start
 from .._core._threads import LogicalThread, current_logical_thread, stepping
 from .._frames import Frame, _library_cache, is_library_cached, user_site
-from ._await_chain import Wait, WaitLog, describe_task, describe_wait
+from ._await_chain import Wait, describe_task, describe_wait, new_wait_log
 
 __all__ = ["TASK_RECORD_FIELDS", "TaskThread", "global_task_recorders", "note_wait", "states_for", "states_in"]
 
@@ -78,6 +81,7 @@ new_steps: Callable[[], Any] = (
 )
 
 _ids = _threads._ids
+_new_record = _native.new_task_record
 _sequence_numbers = _record_function._sequence_numbers  # next() on it is next_sequence_nr()
 _get_rf_state = RF_STATE.get
 
@@ -133,7 +137,7 @@ class TaskThread(LogicalThread):
     spawn_site: Frame | None  # the user's frame that spawned it
     ready_ns: int  # (trio) when it was last made runnable: its wait ended
     steps: Any  # a StepLog (C) or array(STEPS_TYPECODE), or DISCARD_STEPS once no running profile records the task
-    waits: WaitLog | None  # its long waits, once it had one
+    waits: Any  # its long waits (a WaitLog: the C one, or the twin), once it had one
 
     def __init__(
         self,
@@ -199,9 +203,9 @@ class TaskThread(LogicalThread):
         elif type(steps) is not deque:
             steps = steps.fit()  # the C StepLog: held as it is, its room cut to its times
         waits = self.waits
-        rec = (
+        rec = _new_record(
             self.id, self.name, self.kind, self.os_thread_id, self.coro_name, self.spawn_ns, self.seq, self.fwd,
-            end_ns, outcome, exc_name, steps, waits.runs if waits is not None else None, self.spawn_site,
+            end_ns, outcome, exc_name, steps, waits, self.spawn_site,
         )  # fmt: skip
         _put(self._records, self._idx, self, rec)
         more = self._more
@@ -283,7 +287,7 @@ def note_wait(tt: TaskThread, task: Any, start_ns: int, end_ns: int) -> None:
             return
         log = tt.waits
         if log is None:
-            log = tt.waits = WaitLog()
+            log = tt.waits = new_wait_log()
         log.add(start_ns, end_ns, wait)
     except Exception as exc:  # aprof's bug: reported, the step runs on
         report("await chain", exc)
@@ -307,7 +311,7 @@ def report(where: str, exc: BaseException) -> None:
 _NO_RECORDS: Final[list[Any]] = []
 
 
-def _put(lst: list[Any], idx: int, task: TaskThread, rec: tuple[Any, ...]) -> None:
+def _put(lst: list[Any], idx: int, task: TaskThread, rec: Any) -> None:
     # After stop nobody reads the list, and a bounded profile empties the
     # list of a generation it lets go: the late end is dropped.
     if idx < len(lst) and lst[idx] is task:

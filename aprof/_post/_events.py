@@ -43,6 +43,7 @@ from .._core._recorder import (
     R_SEQ,
     R_STACK,
     R_START,
+    TASK_BLOCKS,
 )
 from .._core._threads import LogicalThread
 from . import _table
@@ -393,6 +394,7 @@ def consolidate(
     raw stacks recorded at range starts are named here (:func:`name_stacks`).
     """
     stack_names: dict[Any, Any] | None = {} if with_stack else None
+    lists = owned_blocks(lists)
     task_tracks, task_recs = _task_events(task_records or (), stop_ns)
     # Unless raw stacks need naming, the extension pairs, orders and nests a
     # track in one pass (consolidate_raw), with no record per range.
@@ -620,12 +622,51 @@ _TASK: Final = RecordScope.TASK
 _EXECUTOR: Final = RecordScope.EXECUTOR
 
 
+def owned_blocks(
+    lists: Mapping[LogicalThread, list[Any] | tuple[list[Any], ...]],
+) -> Mapping[LogicalThread, list[Any] | tuple[list[Any], ...]]:
+    """``lists`` with the tasks' blocks under ``TASK_BLOCKS`` handed back to
+    their tasks: each task's blocks, in order, one more chunk of its logical
+    thread's raw records (its own list holds what else it recorded: ranges
+    with a stack, instants). A task with no list of its own gets a logical
+    thread made from its blocks (its name, kind and OS thread then), for the
+    track of a task whose TASK record was let go (a ring's older
+    generation) or never made."""
+    shared = lists.get(TASK_BLOCKS)
+    if shared is None:
+        return lists
+    out = {lt: raw for lt, raw in lists.items() if lt is not TASK_BLOCKS}
+    by_id = {lt.id: lt for lt in out}
+    groups: dict[int, list[Any]] = {}
+    chunks: tuple[list[Any], ...] = shared if type(shared) is tuple else (shared,)  # type: ignore[assignment]
+    for chunk in chunks:
+        for b in chunk:
+            group = groups.get(b.owner)
+            if group is None:
+                groups[b.owner] = [b]
+            else:
+                group.append(b)
+    for owner, blocks in groups.items():
+        lt = by_id.get(owner)
+        if lt is None:
+            first = blocks[0]
+            lt = LogicalThread.__new__(LogicalThread)
+            lt.id, lt.kind, lt.name, lt.os_thread_id, lt._task_ref = (
+                owner, first.owner_kind, first.owner_name, first.owner_os_tid, None
+            )
+            out[lt] = blocks
+        else:
+            have = out[lt]
+            out[lt] = (*(have if type(have) is tuple else (have,)), blocks)
+    return out
+
+
 def _task_events(task_records: Iterable[Any], stop_ns: int) -> tuple[dict[int, Track], dict[int, list[Any]]]:
     """The track and the consolidated TASK record of each recorded task, by
     track id (two dicts: no tuple per task).
 
-    A finished task's record is a tuple (``aprof._integrations._tasks``); a
-    running one is its ``TaskThread``, read as it is now and closed at the
+    A finished task's record is a ``TaskRecord`` or the twin's tuple
+    (``aprof._integrations._tasks``); a running one is its ``TaskThread``, read as it is now and closed at the
     stop time (its steps after stop are no longer kept, unless another
     running profile records it).
     """
@@ -637,13 +678,13 @@ def _task_events(task_records: Iterable[Any], stop_ns: int) -> tuple[dict[int, T
     ext = _native.extension
     untrack = ext.untrack_acyclic if ext is not None else None
     records = list(task_records)  # a snapshot
-    # The finished tasks' records (tuples: most of them) go through the
+    # The finished tasks' records (most of them) go through the
     # extension's twin of this loop, in order, a run at a time.
     todo = range(len(records)) if ext is None else _c_task_runs(ext, records, stop_ns, tracks, recs)
     for k in todo:
         t = records[k]
         waiting_on = None
-        if type(t) is tuple:
+        if type(t) in _native.TASK_RECORD_TYPES:
             tid, name, kind, os_tid, coro, spawn_ns, seq, fwd, end_ns, outcome, exc, steps, waits, site = t
             flat = list(steps)
         else:
