@@ -47,15 +47,21 @@ machine). Each variant is a fresh server process that gets the same
 requests: ``--server-warmup`` (1,000) unprofiled, the profile's start (the
 control socket; uncounted), ``--server-profiled-warmup`` (5,000: the 1 MB
 ring fills, so it lets events go in both windows), then two counted
-windows of N/2 and N requests. The server switches into and out of each
+windows of N/2 (``--server-callgrind-first K``: K) and N requests. The
+server's string hashes are seeded (``PYTHONHASHSEED=0``, unless set):
+they decide the layouts of dicts and sets, whose probes are
+instructions. The server switches into and out of each
 window on a ``GET /__switch``: a window runs its loop inside
 ``sys.call_tracing()``, which nothing else calls, and callgrind counts
 only inside it (``--toggle-collect=sys_call_tracing``, the loop's thread
 alone) and dumps its count at each exit (``--dump-after``). Instructions
 per request: the cyclic GC's collections apart, since a full collection
 is millions of instructions in one window or the other: ``(window N -
-window N/2) / (N/2)`` for the rest, plus the collections averaged over
-both windows. Variants: plain, always-on with the 50 MB ring (it never
+window K) / (N - K)`` for the rest, plus the collections averaged over
+both windows. Each window also holds what does not come per request (its
+32 connections opened and closed, the switches): the difference takes it
+out, if the two windows hold the same; what they hold differently is
+left divided by N - K, so a larger N - K gives steadier counts. Variants: plain, always-on with the 50 MB ring (it never
 fills here: no rotation), always-on with a 1 MB ring (rotating and letting
 events go), each with and without the handler's range; the ratio to plain
 is the throughput target in instructions (always-on at most 1.05x plain).
@@ -430,16 +436,23 @@ def server_callgrind_run(
     concurrency: int,
     python: str = sys.executable,
     keep: Path | None = None,
+    first: int | None = None,
 ) -> dict[str, Any]:
     """One server process under callgrind. Its loop's thread is counted in
-    two windows, of ``n // 2`` and ``n`` requests; the same requests reach
+    two windows, of ``first`` (``n // 2`` by default) and ``n`` requests;
+    the server's string hashes are seeded (``PYTHONHASHSEED=0`` unless the
+    caller set one: they decide dict and set layouts, whose probes are
+    instructions, and moved plain's count by ~1% from run to run); the same requests reach
     every variant: ``warmup`` before the profile starts, ``profiled_warmup``
     after (profiled or not), then the two windows. The profile starts
     before the first window and stops after the second, both uncounted.
     Returns the two windows' counts and what the profile recorded."""
     import aiohttp
 
-    half = n // 2
+    half = n // 2 if first is None else first
+    if not 0 < half < n:
+        raise ValueError(f"the first window ({half}) must be smaller than the second ({n})")
+    env = {**os.environ, "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", "0")}
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "server_cg.py"
         script.write_text(SERVER_CG)
@@ -458,7 +471,7 @@ def server_callgrind_run(
         ]
         log = Path(tmp) / "valgrind.log"
         with log.open("w") as err:
-            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True)
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
         reply: dict[str, Any] = {}
         try:
             assert proc.stdout is not None
@@ -515,17 +528,24 @@ def server_callgrind_run(
 
 
 def server_callgrind_report(
-    n: int, warmup: int, profiled_warmup: int, concurrency: int, only: str | None = None, keep: Path | None = None
+    n: int,
+    warmup: int,
+    profiled_warmup: int,
+    concurrency: int,
+    only: str | None = None,
+    keep: Path | None = None,
+    first: int | None = None,
+    handlers: tuple[bool, ...] = (True, False),
 ) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    for with_range in (True, False):
+    for with_range in handlers:
         for name, opts in SERVER_CG_VARIANTS:
             if only and only not in name:
                 continue
             where = None
             if keep is not None:
                 where = keep / f"{name.replace(' ', '').replace(',', '-')}-{'range' if with_range else 'norange'}"
-            r = server_callgrind_run(opts, with_range, n, warmup, profiled_warmup, concurrency, keep=where)
+            r = server_callgrind_run(opts, with_range, n, warmup, profiled_warmup, concurrency, keep=where, first=first)
             r.update(name=name, range=with_range)
             rows.append(r)
             print(
@@ -561,9 +581,10 @@ def format_server_callgrind(rows: list[dict[str, Any]], n: int) -> list[str]:
                 f"{r['name']:<24} {'range' if with_range else 'no range':<9} {per:14,.0f} {ratio} {extra} "
                 f"{r['gc_per_request']:8,.0f} {excl:9,.0f} {ratio_excl} {ev} {dr}{ok}"
             )
+    first = rows[0]["windows"][0] if rows else n // 2
     lines.append(
-        f"instructions per request on the server's loop thread: (count of {n:,} requests - count of {n // 2:,}) / "
-        f"{n - n // 2:,} outside the cyclic GC, plus the GC's collections averaged over both windows (they come in "
+        f"instructions per request on the server's loop thread: (count of {n:,} requests - count of {first:,}) / "
+        f"{n - first:,} outside the cyclic GC, plus the GC's collections averaged over both windows (they come in "
         f"lumps); target: always-on <= {TARGET_INSTR}x plain (the throughput target, >= {TARGET_RPS}x, in instructions)"
     )
     return lines
@@ -696,6 +717,19 @@ def main() -> None:
     ap.add_argument("--server-callgrind-only", metavar="WORD", help="--server-callgrind: only the variants whose name holds WORD")
     ap.add_argument("--server-callgrind-keep", metavar="DIR", help="--server-callgrind: keep each run's two dumps in DIR")
     ap.add_argument(
+        "--server-callgrind-first",
+        type=int,
+        metavar="K",
+        help="--server-callgrind: the first window's requests (N/2 by default); the count per request is over the N - K "
+        "requests between the windows, so a smaller K leaves less of the windows' own noise in it",
+    )
+    ap.add_argument(
+        "--server-callgrind-handler",
+        choices=("both", "range", "none"),
+        default="both",
+        help="--server-callgrind: the handler variants to run (with the range, without it, or both)",
+    )
+    ap.add_argument(
         "--pin",
         action="store_true",
         help="(b) with the server pinned to CPU 0 (taskset) and the load generator to CPU 1: a second opinion by the clock",
@@ -711,11 +745,15 @@ def main() -> None:
             args.concurrency,
             args.server_callgrind_only,
             Path(args.server_callgrind_keep) if args.server_callgrind_keep else None,
+            args.server_callgrind_first,
+            {"both": (True, False), "range": (True,), "none": (False,)}[args.server_callgrind_handler],
         )
+        first = args.server_callgrind_first or args.server_callgrind // 2
         print(
             f"(b') aiohttp server under callgrind: {args.server_warmup:,} requests, the profile's start, "
-            f"{args.server_profiled_warmup:,} requests, then counted windows of {args.server_callgrind // 2:,} and "
-            f"{args.server_callgrind:,} requests ({args.concurrency} concurrent clients, outside valgrind)"
+            f"{args.server_profiled_warmup:,} requests, then counted windows of {first:,} and "
+            f"{args.server_callgrind:,} requests ({args.concurrency} concurrent clients, outside valgrind; "
+            f"PYTHONHASHSEED={os.environ.get('PYTHONHASHSEED', '0')} in the server)"
         )
         print("\n".join(format_server_callgrind(rows, args.server_callgrind)))
         print(f"load average at the end: {load_average()}")
