@@ -99,11 +99,18 @@ int aprof_sampler_init(PyObject *module);
  * when it is not suspended (then ask cr_code and cr_frame). In
  * _csampler.c, which reads CPython's frames. */
 int aprof_gen_site(PyObject *gen, PyObject **code, int *lasti);
+/* A coroutine's or generator's code in any state (borrowed; NULL: ask
+ * cr_code), as cr_code reads it. In _csampler.c. */
+PyObject *aprof_gen_code(PyObject *gen);
 /* The user_site(cache, is_library) builtin's work (a new reference, None,
  * or NULL with an exception), and whether fn is that builtin: _ctasks.c
  * calls it directly for a new task's spawn site. */
 PyObject *aprof_user_site(PyObject *cache, PyObject *is_library);
 int aprof_is_user_site(PyObject *fn);
+/* Whether contexts a and b hold the same variables, as one is a copy of
+ * the other that neither has changed since (the same mapping: CPython's
+ * contexts share it until one sets a variable). In _csampler.c. */
+int aprof_same_context_vars(PyObject *a, PyObject *b);
 
 /* _cblocks.c: a run of plain ranges of one scope, packed; see that file. */
 typedef struct {

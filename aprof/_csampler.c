@@ -67,6 +67,13 @@ typedef struct {
     PyObject *ctx_vars;
 } SContextHead;
 
+int
+aprof_same_context_vars(PyObject *a, PyObject *b)
+{
+    return a != NULL && b != NULL && PyContext_CheckExact(a) && PyContext_CheckExact(b) &&
+           ((SContextHead *)a)->ctx_vars == ((SContextHead *)b)->ctx_vars;
+}
+
 /* ------------------------------------------------------------------------ */
 /* 2. Per-sampler data                                                       */
 /* ------------------------------------------------------------------------ */
@@ -1241,6 +1248,20 @@ aprof_gen_site(PyObject *gen, PyObject **code, int *lasti)
     *code = (PyObject *)co;
     *lasti = l < 0 ? -1 : l * (int)sizeof(_Py_CODEUNIT); /* PyFrame_GetLasti */
     return 1;
+}
+
+/* A coroutine's or generator's code (borrowed), in any state: its frame
+ * keeps its code until the generator is freed (what cr_code reads). */
+PyObject *
+aprof_gen_code(PyObject *gen)
+{
+    struct _PyInterpreterFrame *f = (struct _PyInterpreterFrame *)((PyGenObject *)gen)->gi_iframe;
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *c = f->f_executable;
+    return c != NULL && PyCode_Check(c) ? c : NULL;
+#else
+    return (PyObject *)f->f_code;
+#endif
 }
 
 /* user_site(cache, is_library) -> (file, line, function) | None

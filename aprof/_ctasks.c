@@ -162,8 +162,11 @@ steplog_push(StepLog *s, uint64_t t)
         return -1;
     }
     if (s->n == s->cap) {
-        /* Most tasks take a handful of steps: room for 8 at once. */
-        Py_ssize_t cap = s->cap < 16 ? 16 : s->cap * 2;
+        /* Most tasks take a step or two (a request's: its first, and one
+         * after a wait): room for 2, then twice as much each time. A
+         * finished task's log is cut to its times (steplog_fit), which
+         * then most often has nothing to cut. */
+        Py_ssize_t cap = s->cap < 4 ? 4 : s->cap * 2;
         uint64_t *v = PyMem_Realloc(s->v, (size_t)cap * sizeof(uint64_t));
         if (v == NULL) {
             PyErr_NoMemory();
@@ -662,11 +665,12 @@ static int task_checks_left = TASK_LAYOUT_CHECKS, task_waiter_checks_left = TASK
 static int task_layout_bad;               /* a check disagreed: the methods, for good */
 static PyObject *str_fut_waiter;          /* "_fut_waiter" (interned in _tasks_setup) */
 
+static int task_fields_ok; /* learnt, checked, and no check disagreed */
+
 static inline int
 task_layout_trusted(PyObject *task)
 {
-    return task_off_coro > 0 && task_checks_left == 0 && !task_layout_bad &&
-           Py_IS_TYPE(task, (PyTypeObject *)c_task_type);
+    return task_fields_ok && Py_IS_TYPE(task, (PyTypeObject *)c_task_type);
 }
 
 static inline PyObject *
@@ -781,8 +785,10 @@ task_fut_waiter(PyObject *task, PyObject **out)
         PyObject *w = task_field(task, -1);
         if ((w != NULL ? w : Py_None) == *out)
             task_waiter_checks_left--;
-        else
+        else {
             task_layout_bad = 1;
+            task_fields_ok = 0;
+        }
     }
     return r;
 }
@@ -857,6 +863,7 @@ task_layout_see(PyObject *task, PyObject *coro, PyObject *name)
         task_checks_left--;
     else
         task_layout_bad = 1;
+    task_fields_ok = task_checks_left == 0 && !task_layout_bad;
     if (PyErr_Occurred())
         PyErr_Clear();
     Py_XDECREF(mine);
@@ -914,7 +921,6 @@ untrack_finished(PyObject *tt, PyObject *state, PyObject *exact, PyObject *runs)
         untrack_plain(runs);
     }
     untrack_plain(slot_at(tt, off_tt[TT_SITE]));
-    untrack_tt(tt);
     PyObject *lists = states_ready && Py_IS_TYPE(state, (PyTypeObject *)cr_state_type)
                           ? Py_XNewRef(slot_at(state, off_si[SI_LISTS]))
                           : PyObject_GetAttr(state, str_lists);
@@ -923,9 +929,14 @@ untrack_finished(PyObject *tt, PyObject *state, PyObject *exact, PyObject *runs)
         return;
     }
     if (PyDict_CheckExact(lists)) {
+        /* A raw list of its own (ranges with a stack, instants: its plain
+         * ranges are in TASK_BLOCKS) keeps the TaskThread as its key, past
+         * its task; else the TaskThread dies with its task. */
         PyObject *lst = PyDict_GetItemWithError(lists, tt); /* borrowed */
-        if (lst != NULL && PyList_CheckExact(lst))
+        if (lst != NULL && PyList_CheckExact(lst)) {
             untrack_plain(lst);
+            untrack_tt(tt);
+        }
         else if (lst == NULL)
             PyErr_Clear();
     }
@@ -1379,8 +1390,17 @@ states_in_c(PyObject *ctx)
 {
     if (!states_ready || !PyContext_CheckExact(ctx) || !PyList_CheckExact(si_globals))
         return CREATE_FALLBACK;
-    PyObject *args[3] = {ctx, si_var, si_empty};
-    PyObject *st = PyObject_VectorcallMethod(str_get, args, 3, NULL);
+    PyObject *st;
+    if (aprof_same_context_vars(ctx, PyThreadState_Get()->context)) {
+        /* a new task's context, copied from the running one: the variable
+         * as it reads here (cached by the variable), not ctx.get() */
+        if (PyContextVar_Get(si_var, si_empty, &st) < 0)
+            return NULL;
+    }
+    else {
+        PyObject *args[3] = {ctx, si_var, si_empty};
+        st = PyObject_VectorcallMethod(str_get, args, 3, NULL);
+    }
     if (st == NULL)
         return NULL;
     PyObject *result = CREATE_FALLBACK;
@@ -2397,9 +2417,8 @@ describe_future_c(PyObject *fut, PyObject **what_out, PyObject **kind_out)
             Py_DECREF(coro);
             return 0;
         }
-        PyObject *code;
-        int lasti;
-        if (aprof_gen_site(coro, &code, &lasti)) /* suspended (awaited): its frame's code, in place */
+        PyObject *code = aprof_gen_code(coro); /* its frame's, in place (the task may be done) */
+        if (code != NULL)
             Py_INCREF(code);
         else
             code = PyObject_GetAttr(coro, str_cr_code);

@@ -279,9 +279,10 @@ def test_a_finished_tasks_steps_are_held_at_their_size_and_measured_so(backend: 
 
 
 def test_a_step_log_fits_its_room_to_its_times_unless_a_buffer_is_out() -> None:
-    # Issue 19: StepLog.fit cuts its room (sixteen times at first) to its
-    # times and returns it; __sizeof__ counts the room. A buffer handed out
-    # pins the room: fit leaves it as it is.
+    # Issue 19: StepLog.fit cuts its room (four times at first, then twice
+    # as much at each growth: eight for five times) to its times and returns
+    # it; __sizeof__ counts the room. A buffer handed out pins the room:
+    # fit leaves it as it is.
     import sys
 
     if not C:
@@ -291,10 +292,10 @@ def test_a_step_log_fits_its_room_to_its_times_unless_a_buffer_is_out() -> None:
     log = step_log()
     for t in range(5):
         log.append(t)
-    assert sys.getsizeof(log) == empty + 16 * 8
+    assert sys.getsizeof(log) == empty + 8 * 8
     view = memoryview(log)
     assert log.fit() is log
-    assert sys.getsizeof(log) == empty + 16 * 8  # the buffer is out
+    assert sys.getsizeof(log) == empty + 8 * 8  # the buffer is out
     view.release()
     assert log.fit() is log
     assert sys.getsizeof(log) == empty + 5 * 8
