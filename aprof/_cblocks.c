@@ -47,6 +47,7 @@ aprof_block_new(PyObject *scope)
     b->slots = NULL;
     b->owner = 0;
     b->owner_name = b->owner_kind = b->owner_os_tid = NULL;
+    b->at = -1;
     return b;
 }
 
@@ -817,7 +818,73 @@ fail:
     return NULL;
 }
 
+/* group_owned(chunks) -> {owner: [blocks]}: the blocks of TASK_BLOCKS
+ * (one list, or a tuple of a ring's generations' lists, oldest first) by
+ * the task they name, each task's in order (_events.owned_blocks: a dump
+ * of a server's ring hands back tens of thousands of them). Anything but
+ * an owned block is skipped (none is expected there). */
+static PyObject *
+group_owned(PyObject *module, PyObject *chunks)
+{
+    PyObject *one[1] = {chunks}, **items;
+    Py_ssize_t n;
+    if (PyTuple_CheckExact(chunks)) {
+        items = &PyTuple_GET_ITEM(chunks, 0);
+        n = PyTuple_GET_SIZE(chunks);
+    }
+    else {
+        items = one;
+        n = 1;
+    }
+    PyObject *out = PyDict_New();
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t c = 0; c < n; c++) {
+        PyObject *lst = items[c];
+        if (!PyList_CheckExact(lst)) {
+            PyErr_SetString(PyExc_TypeError, "group_owned(chunks: list | tuple[list, ...])");
+            goto fail;
+        }
+        /* nothing here runs Python code: the list is read in place */
+        int64_t last_owner = -1;
+        PyObject *group = NULL; /* borrowed: last_owner's */
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(lst); i++) {
+            PyObject *t = PyList_GET_ITEM(lst, i);
+            if (!RangeBlock_Check(t) || ((RangeBlock *)t)->owner <= 0)
+                continue;
+            int64_t owner = ((RangeBlock *)t)->owner;
+            if (owner != last_owner) {
+                PyObject *key = PyLong_FromLongLong(owner);
+                if (key == NULL)
+                    goto fail;
+                group = PyDict_GetItemWithError(out, key);
+                if (group == NULL) {
+                    if (PyErr_Occurred() || (group = PyList_New(0)) == NULL) {
+                        Py_DECREF(key);
+                        goto fail;
+                    }
+                    int rc = PyDict_SetItem(out, key, group);
+                    Py_DECREF(group); /* the dict holds it */
+                    if (rc < 0) {
+                        Py_DECREF(key);
+                        goto fail;
+                    }
+                }
+                Py_DECREF(key);
+                last_owner = owner;
+            }
+            if (PyList_Append(group, t) < 0)
+                goto fail;
+        }
+    }
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
 static PyMethodDef block_functions[] = {
+    {"group_owned", group_owned, METH_O, "group_owned(chunks) -> {owner: [blocks]}: TASK_BLOCKS by task."},
     {"raw_snapshot", raw_snapshot, METH_O, "raw_snapshot(lists) -> copies of the raw lists, blocks copied."},
     {"raw_seal", raw_seal, METH_O, "raw_seal(lst) -> bytes the raw records hold (blocks trimmed to size)."},
     {"raw_counts", raw_counts, METH_O, "raw_counts(lst) -> (ranges, instants) a raw list records."},

@@ -78,9 +78,12 @@ hash_ptr(const void *p, size_t mask)
 }
 
 /* _ctasks.c: whether logical thread `lt` is a task's (an exact TaskThread
- * with its fields set): 1 with its id, and its name, kind and OS thread id
- * (borrowed); else 0. No exception either way. */
-int aprof_task_owner(PyObject *lt, int64_t *id, PyObject **name, PyObject **kind, PyObject **os_tid);
+ * with its fields set): 1 with its id, its name, kind and OS thread id
+ * (borrowed), and the address of its `_block` slot (the block of
+ * TASK_BLOCKS its ranges go to: a strong reference, or NULL or None);
+ * else 0. No exception either way. */
+int aprof_task_owner(PyObject *lt, int64_t *id, PyObject **name, PyObject **kind, PyObject **os_tid,
+                     PyObject ***block);
 
 /* _ctasks.c: add StepLog, StepCall, CallSoonHook and the task hooks' set-up
  * functions to the module. Returns -1 with an exception set on failure. */
@@ -133,6 +136,7 @@ typedef struct {
      * NULL in a logical thread's own list. */
     int64_t owner;
     PyObject *owner_name, *owner_kind, *owner_os_tid;
+    Py_ssize_t at; /* an owned block's index in its list (where its task finds it again) */
 } RangeBlock;
 
 #define BLOCK_OPEN INT64_MIN

@@ -790,9 +790,9 @@ fast_start(RangeCore *self, PyObject *recorder)
      * leaves no list of its own, nor its logical thread as the key of one,
      * for the collector to count (see the top of the file). */
     int64_t owner = 0;
-    PyObject *o_name = NULL, *o_kind = NULL, *o_os_tid = NULL, *key = lt;
+    PyObject *o_name = NULL, *o_kind = NULL, *o_os_tid = NULL, *key = lt, **o_block = NULL;
     if (blocked && task_blocks_key != NULL && PyDict_CheckExact(lists) &&
-        aprof_task_owner(lt, &owner, &o_name, &o_kind, &o_os_tid))
+        aprof_task_owner(lt, &owner, &o_name, &o_kind, &o_os_tid, &o_block))
         key = task_blocks_key;
     if (PyDict_CheckExact(lists)) {
         lst = PyDict_GetItemWithError(lists, key);
@@ -826,20 +826,29 @@ fast_start(RangeCore *self, PyObject *recorder)
     else {
         if (blocked) {
             Py_ssize_t len = PyList_GET_SIZE(lst);
-            PyObject *tail = len > 0 ? PyList_GET_ITEM(lst, len - 1) : NULL;
+            /* The block to take a slot of: a thread's, the one at its list's
+             * tail; a task's, the one it took last if it is still in this
+             * list (this generation's), wherever other tasks' blocks put it. */
+            PyObject *tail = owner == 0 ? (len > 0 ? PyList_GET_ITEM(lst, len - 1) : NULL)
+                                        : (o_block != NULL ? *o_block : NULL);
             RangeBlock *b;
             if (tail != NULL && RangeBlock_Check(tail) && ((RangeBlock *)tail)->scope == str_user_scope &&
-                ((RangeBlock *)tail)->owner == owner)
+                ((RangeBlock *)tail)->owner == owner &&
+                (owner == 0 || (((RangeBlock *)tail)->at < len && PyList_GET_ITEM(lst, ((RangeBlock *)tail)->at) == tail)))
                 b = (RangeBlock *)Py_NewRef(tail);
             else if ((b = aprof_block_new(str_user_scope)) == NULL)
                 goto done;
             else {
-                if (owner != 0)
+                if (owner != 0) {
                     aprof_block_own(b, owner, o_name, o_kind, o_os_tid);
+                    b->at = len;
+                }
                 if (PyList_Append(lst, (PyObject *)b) < 0) {
                     Py_DECREF(b);
                     goto done;
                 }
+                if (owner != 0 && o_block != NULL)
+                    Py_XSETREF(*o_block, Py_NewRef((PyObject *)b));
             }
             Py_ssize_t slot = aprof_block_open(b, name, a);
             if (slot < 0) {

@@ -40,12 +40,12 @@ static PyTypeObject *task_thread_type; /* aprof._integrations._tasks.TaskThread 
  * found by name in _tasks_setup (all or none). */
 enum {
     TT_ID, TT_NAME, TT_KIND, TT_OS_TID, TT_CORO, TT_SPAWN_NS, TT_SEQ, TT_FWD, TT_WAITS, TT_SITE, TT_MORE, TT_RECORDS,
-    TT_IDX, TT_TASK_REF, TT_STEPS, TT_READY, TT_STATE, TT_COUNT
+    TT_IDX, TT_TASK_REF, TT_STEPS, TT_READY, TT_STATE, TT_BLOCK, TT_COUNT
 };
 static const char *const tt_slots[TT_COUNT] = {"id",         "name",     "kind",      "os_thread_id", "coro_name",
                                                "spawn_ns",   "seq",      "fwd",       "waits",        "spawn_site",
                                                "_more",      "_records", "_idx",      "_task_ref",    "steps",
-                                               "ready_ns",   "_state"};
+                                               "ready_ns",   "_state",   "_block"};
 static Py_ssize_t off_tt[TT_COUNT];
 static PyObject *py_task_type;         /* asyncio.tasks._PyTask, or None */
 static PyObject *py_step_fn, *py_wakeup_fn; /* its __step and __wakeup functions, or None */
@@ -510,10 +510,11 @@ slot_at(PyObject *obj, Py_ssize_t offset)
 }
 
 int
-aprof_task_owner(PyObject *lt, int64_t *id, PyObject **name, PyObject **kind, PyObject **os_tid)
+aprof_task_owner(PyObject *lt, int64_t *id, PyObject **name, PyObject **kind, PyObject **os_tid, PyObject ***block)
 {
     if (task_thread_type == NULL || !Py_IS_TYPE(lt, task_thread_type))
         return 0;
+    *block = (PyObject **)((char *)lt + off_tt[TT_BLOCK]);
     PyObject *i = slot_at(lt, off_tt[TT_ID]);
     *name = slot_at(lt, off_tt[TT_NAME]);
     *kind = slot_at(lt, off_tt[TT_KIND]);
@@ -690,21 +691,31 @@ counter_name(PyObject *n)
         PyErr_Clear();
         return NULL;
     }
+    static const char pairs[201] = "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+                                   "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+                                   "8081828384858687888990919293949596979899";
     char digits[24];
-    int k = 0;
-    do {
-        digits[k++] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v > 0);
-    PyObject *r = PyUnicode_New(5 + k, 127);
+    int k = 24; /* written from the end */
+    while (v >= 100) {
+        int two = (int)(v % 100);
+        v /= 100;
+        digits[--k] = pairs[2 * two + 1];
+        digits[--k] = pairs[2 * two];
+    }
+    if (v >= 10) {
+        digits[--k] = pairs[2 * v + 1];
+        digits[--k] = pairs[2 * v];
+    }
+    else
+        digits[--k] = (char)('0' + v);
+    PyObject *r = PyUnicode_New(5 + (24 - k), 127);
     if (r == NULL) {
         PyErr_Clear();
         return NULL;
     }
     Py_UCS1 *d = PyUnicode_1BYTE_DATA(r);
     memcpy(d, "Task-", 5);
-    for (int i = 0; i < k; i++)
-        d[5 + i] = (Py_UCS1)digits[k - 1 - i];
+    memcpy(d + 5, digits + k, (size_t)(24 - k));
     return r;
 }
 
@@ -1034,6 +1045,8 @@ finish_in_c(PyObject *tt, PyObject *task)
     set_slot(tt, off_tt[TT_STEPS], discard_steps);
     set_slot(tt, off_tt[TT_WAITS], Py_None);
     set_slot(tt, off_tt[TT_TASK_REF], Py_None); /* named for good */
+    if (slot_at(tt, off_tt[TT_BLOCK]) != NULL)
+        set_slot(tt, off_tt[TT_BLOCK], Py_None);
     untrack_finished(tt, state, exact, runs);
     Py_DECREF(state);
     Py_DECREF(name);
@@ -1447,6 +1460,17 @@ out:
     return result == CREATE_FALLBACK ? result : Py_NewRef(result);
 }
 
+/* next(it) of an iterator that never ends (itertools.count: the ids and
+ * sequence numbers), new reference; NULL with an exception. */
+static inline PyObject *
+counter_next(PyObject *it)
+{
+    PyObject *v = Py_TYPE(it)->tp_iternext != NULL ? Py_TYPE(it)->tp_iternext(it) : NULL;
+    if (v == NULL && !PyErr_Occurred())
+        PyErr_SetString(PyExc_RuntimeError, "aprof: an id counter ended");
+    return v;
+}
+
 /* A new C Task's TaskThread (new reference), Py_None (not recorded: the
  * task is marked seen), or CREATE_FALLBACK (borrowed: the Python twin
  * decides, nothing changed), or NULL with an exception. */
@@ -1542,7 +1566,7 @@ create_in_c(PyObject *task, PyObject *ctx)
         Py_DECREF(records);
         goto error;
     }
-    PyObject *id = PyIter_Next(cr_ids), *seq = id != NULL ? PyIter_Next(cr_seqs) : NULL;
+    PyObject *id = counter_next(cr_ids), *seq = id != NULL ? counter_next(cr_seqs) : NULL;
     PyObject *steps = seq != NULL ? StepLogType.tp_alloc(&StepLogType, 0) : NULL;
     PyObject *site = steps == NULL ? NULL
                      : cr_site_in_c ? aprof_user_site(cr_site_cache, cr_is_library)
@@ -1587,6 +1611,7 @@ create_in_c(PyObject *task, PyObject *ctx)
     set_slot(tt, off_tt[TT_SITE], site);
     set_slot(tt, off_tt[TT_MORE], Py_None);
     set_slot(tt, off_tt[TT_SPAWN_NS], spawn_ns);
+    set_slot(tt, off_tt[TT_BLOCK], Py_None);
     if (admitted) {
         /* another thread may append at the same moment: find our slot from
          * the end (nothing is ever removed, so it stays put) */
@@ -2135,8 +2160,10 @@ eager_watcher(PyDict_WatchEvent event, PyObject *dict, PyObject *key, PyObject *
 {
     if (event != PyDict_EVENT_MODIFIED || dict != watched_dict || new_value == NULL)
         return 0;
-    saved_exc exc;
-    SAVE_EXC(exc);
+    saved_exc exc = {0};
+    int had_exc = PyErr_Occurred() != NULL;
+    if (had_exc)
+        SAVE_EXC(exc);
     PyObject *old = PyDict_GetItemWithError(dict, key); /* borrowed */
     if (old == NULL) {
         PyErr_Clear();
@@ -2151,7 +2178,8 @@ eager_watcher(PyDict_WatchEvent event, PyObject *dict, PyObject *key, PyObject *
     else if (new_value != Py_None) {
         eager_swap_in(new_value, old);
     }
-    RESTORE_EXC(exc);
+    if (had_exc)
+        RESTORE_EXC(exc);
     return 0;
 }
 #endif
@@ -2726,7 +2754,9 @@ waitlog_add(WaitLog *log, uint64_t start, uint64_t end, PyObject *const *wait)
             log->heap[0] = c;
             wait_heap_down(log->heap, m, 0);
         }
-        Py_ssize_t lo = 0, hi = log->n; /* the gone run's place: arrivals rise along order */
+        Py_ssize_t lo = gone.arrival == c.arrival ? m : 0, hi = lo == m ? lo : log->n;
+        /* the gone run's place (the one just closed: the last but the new
+         * one's, most often; else sought: arrivals rise along order) */
         while (lo < hi) {
             Py_ssize_t mid = (lo + hi) / 2;
             if (log->slots[log->order[mid]].arrival < gone.arrival)

@@ -460,6 +460,10 @@ def _task_layout() -> tuple[int, int, int, bool]:
     first task; name checks left; waiter checks left; whether a check
     disagreed, which leaves them to the methods for good)."""
 
+def group_owned(chunks: list[Any] | tuple[list[Any], ...], /) -> dict[int, list[RangeBlock]]:
+    """The blocks of ``TASK_BLOCKS`` (a list, or a tuple of generations'
+    lists, oldest first) by the task they name, each task's in order."""
+
 def _task_blocks_setup(key: Any, /) -> None:
     """Put tasks' plain ranges in the raw list under ``key``
     (``TASK_BLOCKS``), in blocks naming their task; ``None``: in each

@@ -200,30 +200,62 @@ def test_a_finished_task_with_ranges_leaves_no_list_nor_logical_thread(backend: 
             assert e.thread_id == tasks[f"kid-{e.name.split('-')[1]}"].thread_id
 
 
+def test_a_tasks_ranges_over_its_steps_share_one_block(backend: Backend) -> None:
+    # Issue 19: tasks interleave their steps, so the shared list's tail is
+    # most often another task's block; a task takes its own block again
+    # (while it is in the current generation's list): one block of a few
+    # ranges per task, not one per step.
+    require_c_paths()
+    from aprof._core._recorder import TASK_BLOCKS
+
+    async def child(i: int) -> None:
+        with aprof.record_function("handle"):
+            for _ in range(5):
+                with aprof.record_function("step"):
+                    await backend.checkpoint()
+
+    async def main() -> list[Any]:
+        async with aprof.profile() as prof:
+            async with backend.group() as g:
+                for i in range(20):
+                    g.start_soon(child, i)
+            return list(prof._state.lists[TASK_BLOCKS])
+
+    blocks = backend.run(main)
+    assert len(blocks) == 20
+    assert sorted(len(b) for b in blocks) == [6] * 20
+    assert len({b.owner for b in blocks}) == 20
+
+
 def test_a_tasks_blocks_come_back_to_its_track_beside_its_own_list() -> None:
     # owned_blocks: a task's blocks are one more chunk of its logical
-    # thread's records; a task with no list of its own (nor TASK record)
-    # gets a track named from its blocks.
+    # thread's records where it has a list of its own; those of a task with
+    # a TASK record kept go to its track; a task with neither gets a list
+    # under a logical thread named from its blocks.
     ext = require_c_extension()
+    require_c_paths()
     from aprof._core._recorder import TASK_BLOCKS, LogicalThread
     from aprof._post._events import owned_blocks
 
     user = aprof.RecordScope.USER_SCOPE.value
     mine = LogicalThread("asyncio", "kid")
     own = [("instant", user, 5, None)]
-    a, b, c = ext.RangeBlock(user), ext.RangeBlock(user), ext.RangeBlock(user)
+    a, b, c, d = (ext.RangeBlock(user) for _ in range(4))
     a.own(mine.id, "kid", "asyncio", 1)
     b.own(mine.id + 1000, "orphan", "trio", 2)
     c.own(mine.id, "kid", "asyncio", 1)
-    lists = {mine: own, TASK_BLOCKS: ([a, b], [c])}
-    out = owned_blocks(lists)
+    d.own(mine.id + 2000, "recorded", "asyncio", 1)
+    lists = {mine: own, TASK_BLOCKS: ([a, b, d], [c])}
+    out, owned = owned_blocks(lists, {mine.id + 2000: "its track"})
     assert TASK_BLOCKS not in out
     assert out[mine] == (own, [a, c])
+    assert owned == {mine.id + 2000: [d]}
     (orphan,) = [lt for lt in out if lt is not mine]
     assert (orphan.id, orphan.name, orphan.kind, orphan.os_thread_id) == (mine.id + 1000, "orphan", "trio", 2)
     assert orphan.current_name() == "orphan"
     assert out[orphan] == [b]
-    assert owned_blocks({mine: own}) == {mine: own}
+    assert owned_blocks({mine: own}, {}) == ({mine: own}, {})
+    assert ext.group_owned([a, b, c, d]) == {mine.id: [a, c], mine.id + 1000: [b], mine.id + 2000: [d]}
 
 
 # -- A C Task's fields, read in place ---------------------------------------------

@@ -128,7 +128,10 @@ class TaskThread(LogicalThread):
     :meth:`finished` once; after that the object holds no profile.
     """
 
-    __slots__ = ("_idx", "_more", "_records", "_state", "coro_name", "fwd", "ready_ns", "seq", "spawn_ns", "spawn_site", "steps", "waits")
+    __slots__ = (
+        "_block", "_idx", "_more", "_records", "_state", "coro_name", "fwd", "ready_ns", "seq", "spawn_ns", "spawn_site",
+        "steps", "waits",
+    )  # fmt: skip
 
     coro_name: str
     fwd: int
@@ -169,6 +172,8 @@ class TaskThread(LogicalThread):
         # task records with each generation (aprof._core._ring).
         self._records: list[Any] = _NO_RECORDS
         self._idx = 0
+        # The block of TASK_BLOCKS its plain ranges go to (the C range path's).
+        self._block: Any = None
         self.spawn_ns = perf_counter_ns()
         # Complete before it is published: another thread may stop a profile
         # (and read this object) as soon as it is in a list.

@@ -394,12 +394,15 @@ def consolidate(
     raw stacks recorded at range starts are named here (:func:`name_stacks`).
     """
     stack_names: dict[Any, Any] | None = {} if with_stack else None
-    lists = owned_blocks(lists)
     task_tracks, task_recs = _task_events(task_records or (), stop_ns)
+    # The tasks' blocks (TASK_BLOCKS): those of a task with a TASK record
+    # kept go with it below, the rest become lists of their own.
+    lists, owned = owned_blocks(lists, task_tracks)
     # Unless raw stacks need naming, the extension pairs, orders and nests a
     # track in one pass (consolidate_raw), with no record per range.
     ext = _native.extension
     one_pass = ext.consolidate_raw if ext is not None and stack_names is None else None
+    one_pass_first = ext.raw_first_start if one_pass is not None and ext is not None else None
     # Per track, in parallel lists (no tuple per track: a task per request
     # makes tens of thousands, and every container made here is one more
     # for the cyclic GC to walk while the program runs): its first start,
@@ -455,11 +458,27 @@ def consolidate(
             leads.append(records)
     for tid, track in task_tracks.items():
         rec = task_recs[tid]
-        firsts.append(rec[R_START])
-        row_tracks.append(track)
-        raws.append(None)
-        leads.append(rec if one_pass is not None else [rec])
-    del task_tracks, task_recs
+        blocks = owned.get(tid)
+        if blocks is None:
+            firsts.append(rec[R_START])
+            row_tracks.append(track)
+            raws.append(None)
+            leads.append(rec if one_pass is not None else [rec])
+        elif one_pass_first is not None:
+            first = one_pass_first(blocks)
+            firsts.append(rec[R_START] if first is None or rec[R_START] < first else first)
+            row_tracks.append(track)
+            raws.append(blocks)
+            leads.append(rec)
+        else:
+            records = records_of(unpack_blocks(blocks), tid)
+            records.insert(0, rec)
+            sort_by_start(records)
+            firsts.append(records[0][R_START])
+            row_tracks.append(track)
+            raws.append(None)
+            leads.append(records)
+    del task_tracks, task_recs, owned
     # Tracks in the order their first event started (a track's list is made
     # when its first range starts, so this is the order they were made):
     # a stable sort of the indexes, so equal starts keep that order.
@@ -623,42 +642,37 @@ _EXECUTOR: Final = RecordScope.EXECUTOR
 
 
 def owned_blocks(
-    lists: Mapping[LogicalThread, list[Any] | tuple[list[Any], ...]],
-) -> Mapping[LogicalThread, list[Any] | tuple[list[Any], ...]]:
-    """``lists`` with the tasks' blocks under ``TASK_BLOCKS`` handed back to
-    their tasks: each task's blocks, in order, one more chunk of its logical
-    thread's raw records (its own list holds what else it recorded: ranges
-    with a stack, instants). A task with no list of its own gets a logical
-    thread made from its blocks (its name, kind and OS thread then), for the
-    track of a task whose TASK record was let go (a ring's older
-    generation) or never made."""
+    lists: Mapping[LogicalThread, list[Any] | tuple[list[Any], ...]], task_tracks: Mapping[int, Any]
+) -> tuple[Mapping[LogicalThread, list[Any] | tuple[list[Any], ...]], dict[int, list[Any]]]:
+    """Hand the tasks' blocks under ``TASK_BLOCKS`` back to their tasks:
+    ``(lists, owned)``, ``lists`` without that key and ``owned`` the blocks
+    of the tasks in ``task_tracks`` (their TASK records kept: the caller
+    puts them on those tracks), each task's in order. A task's blocks are
+    one more chunk of its logical thread's raw records where it has a list
+    of its own (ranges with a stack, instants); a task with neither that
+    nor a kept TASK record (a ring's older generation let it go) gets a
+    list of its own under a logical thread made from its blocks (its name,
+    kind and OS thread then)."""
     shared = lists.get(TASK_BLOCKS)
-    if shared is None:
-        return lists
-    out = {lt: raw for lt, raw in lists.items() if lt is not TASK_BLOCKS}
-    by_id = {lt.id: lt for lt in out}
-    groups: dict[int, list[Any]] = {}
-    chunks: tuple[list[Any], ...] = shared if type(shared) is tuple else (shared,)  # type: ignore[assignment]
-    for chunk in chunks:
-        for b in chunk:
-            group = groups.get(b.owner)
-            if group is None:
-                groups[b.owner] = [b]
-            else:
-                group.append(b)
-    for owner, blocks in groups.items():
-        lt = by_id.get(owner)
-        if lt is None:
-            first = blocks[0]
-            lt = LogicalThread.__new__(LogicalThread)
-            lt.id, lt.kind, lt.name, lt.os_thread_id, lt._task_ref = (
-                owner, first.owner_kind, first.owner_name, first.owner_os_tid, None
-            )
-            out[lt] = blocks
-        else:
-            have = out[lt]
-            out[lt] = (*(have if type(have) is tuple else (have,)), blocks)
-    return out
+    ext = _native.extension  # (blocks exist only with it)
+    if shared is None or ext is None:
+        return lists, {}
+    owned: dict[int, list[Any]] = ext.group_owned(shared)
+    out: dict[LogicalThread, list[Any] | tuple[list[Any], ...]] = {}
+    for lt, raw in lists.items():  # threads, and tasks with lists of their own: a few
+        if lt is TASK_BLOCKS:
+            continue
+        blocks = owned.pop(lt.id, None)
+        out[lt] = raw if blocks is None else (*(raw if type(raw) is tuple else (raw,)), blocks)
+    for owner in [o for o in owned if o not in task_tracks]:
+        blocks = owned.pop(owner)
+        first = blocks[0]
+        lt = LogicalThread.__new__(LogicalThread)
+        lt.id, lt.kind, lt.name, lt.os_thread_id, lt._task_ref = (
+            owner, first.owner_kind, first.owner_name, first.owner_os_tid, None
+        )
+        out[lt] = blocks
+    return out, owned
 
 
 def _task_events(task_records: Iterable[Any], stop_ns: int) -> tuple[dict[int, Track], dict[int, list[Any]]]:
