@@ -593,11 +593,41 @@ member_offsets(PyObject *cls, const char *const *names, int n, Py_ssize_t *out)
  * once (a subclass may override done(): asked by name). */
 static PyObject *c_task_done;
 
+/* descr(self) for the method descriptor of a C method that takes no
+ * argument (the C Task's done(), cancelled()): its C function called
+ * directly, as the descriptor's vectorcall does after its checks (self
+ * is of its class: the callers check), else through the call. */
+static inline PyObject *
+call_noargs(PyObject *descr, PyObject *self)
+{
+    if (APROF_LIKELY(Py_IS_TYPE(descr, &PyMethodDescr_Type))) {
+        PyMethodDef *def = ((PyMethodDescrObject *)descr)->d_method;
+        if ((def->ml_flags & ~(METH_COEXIST)) == METH_NOARGS)
+            return def->ml_meth(self, NULL);
+    }
+    return PyObject_Vectorcall(descr, &self, 1, NULL);
+}
+
+/* obj.<name> for the getset descriptor `descr` of obj's class (the C
+ * Future's `_exception`, `_callbacks`): its C getter called directly (obj
+ * is of its class: the callers check), else through getattr. New
+ * reference, or NULL with an exception. */
+static inline PyObject *
+getset_get(PyObject *descr, PyObject *obj, PyObject *name)
+{
+    if (APROF_LIKELY(descr != NULL && Py_IS_TYPE(descr, &PyGetSetDescr_Type))) {
+        PyGetSetDef *gs = ((PyGetSetDescrObject *)descr)->d_getset;
+        if (gs->get != NULL)
+            return gs->get(obj, gs->closure);
+    }
+    return PyObject_GetAttr(obj, name);
+}
+
 static inline PyObject *
 task_done(PyObject *task)
 {
     if (APROF_LIKELY(Py_TYPE(task) == (PyTypeObject *)c_task_type) && c_task_done != NULL)
-        return PyObject_Vectorcall(c_task_done, &task, 1, NULL);
+        return call_noargs(c_task_done, task);
     return PyObject_VectorcallMethod(str_done, &task, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
 }
 
@@ -609,6 +639,8 @@ task_done(PyObject *task)
 static int finish_ready = 0;
 static PyObject *no_records, *discard_steps;
 static PyObject *c_task_get_name, *c_task_cancelled, *c_task_get_coro;
+static PyObject *c_task_exception; /* the C Task's `_exception` getset descriptor (or NULL) */
+static PyObject *c_future_callbacks; /* the C Future's `_callbacks` (or NULL) */
 #if PY_VERSION_HEX >= 0x030C0000
 static PyObject *c_task_get_loop, *c_task_get_context; /* (eager first steps) */
 #endif
@@ -975,7 +1007,7 @@ finish_in_c(PyObject *tt, PyObject *task)
         return 0;
     PyObject *waits = slot_at(tt, off_tt[TT_WAITS]);
     PyObject *name = finish_name(task), *outcome = NULL, *exc_name = NULL, *runs = NULL, *exact = NULL, *rec = NULL;
-    PyObject *cancelled = PyObject_Vectorcall(c_task_cancelled, &task, 1, NULL);
+    PyObject *cancelled = call_noargs(c_task_cancelled, task);
     if (cancelled == NULL)
         goto error;
     if (cancelled == Py_True) {
@@ -983,7 +1015,8 @@ finish_in_c(PyObject *tt, PyObject *task)
         exc_name = Py_NewRef(str_cancelled_error);
     }
     else {
-        PyObject *exc = PyObject_GetAttr(task, str_exception); /* not exception(): that marks it retrieved */
+        /* not exception(): that marks it retrieved */
+        PyObject *exc = getset_get(c_task_exception, task, str_exception);
         if (exc == NULL)
             goto error;
         if (exc == Py_None) {
@@ -1106,6 +1139,8 @@ task_finish_setup(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     Py_XSETREF(c_task_get_name, PyObject_GetAttrString(c_task_type, "get_name"));
     Py_XSETREF(c_task_cancelled, PyObject_GetAttrString(c_task_type, "cancelled"));
+    Py_XSETREF(c_task_exception, _PyType_Lookup((PyTypeObject *)c_task_type, str_exception));
+    Py_XINCREF(c_task_exception);
     if (c_task_get_name == NULL || c_task_cancelled == NULL)
         return NULL;
     Py_XSETREF(no_records, Py_NewRef(args[0]));
@@ -2491,7 +2526,12 @@ describe_future_c(PyObject *fut, PyObject **what_out, PyObject **kind_out)
             return 0;
     }
     PyObject *callbacks = NULL;
-    if (optional_attr(fut, str_callbacks, &callbacks) < 0)
+    if (c_future_callbacks != NULL) { /* (a getset: a plain future has no other) */
+        callbacks = getset_get(c_future_callbacks, fut, str_callbacks);
+        if (callbacks == NULL)
+            return -1;
+    }
+    else if (optional_attr(fut, str_callbacks, &callbacks) < 0)
         return -1;
     PyObject *kind = str_kind_future, *what = str_a_future;
     if (callbacks != NULL && PyList_CheckExact(callbacks)) {
@@ -3133,6 +3173,8 @@ waits_setup(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
     Py_XSETREF(w_sites, Py_NewRef(args[1]));
     Py_XSETREF(w_wait_at, Py_NewRef(args[2]));
     Py_XSETREF(w_future_type, Py_NewRef(args[3]));
+    PyObject *cbs = _PyType_Lookup((PyTypeObject *)args[3], str_callbacks); /* borrowed */
+    Py_XSETREF(c_future_callbacks, cbs != NULL && Py_IS_TYPE(cbs, &PyGetSetDescr_Type) ? Py_NewRef(cbs) : NULL);
     site_memo_clear(); /* another _sites */
     waits_ready = 1;
     Py_RETURN_NONE;
