@@ -2845,8 +2845,10 @@ waitlog_add(WaitLog *log, uint64_t start, uint64_t end, PyObject *const *wait)
             return -1;
         log->order[log->n] = (int32_t)log->n;
         log->n++;
-        PyMem_Free(log->heap); /* (only a shrunk max_runs leaves one: rebuilt when full) */
-        log->heap = NULL;
+        if (log->heap != NULL) { /* (only a raised max_runs leaves one: rebuilt when full) */
+            PyMem_Free(log->heap);
+            log->heap = NULL;
+        }
     }
     r->start = start;
     r->end = end;
