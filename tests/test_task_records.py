@@ -283,7 +283,7 @@ def test_a_c_tasks_fields_are_read_in_place_once_checked(runner: str) -> None:
 
     async def parent() -> list[str]:
         names: list[str] = []
-        for i in range(12):
+        for i in range(24):  # past the 8 checks of each kind, wherever an earlier test left them
             ev = asyncio.Event()
             t = asyncio.get_running_loop().call_later(0.002, ev.set)
             if i % 4 == 0:
