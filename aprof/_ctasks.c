@@ -2265,6 +2265,7 @@ watch_eager(PyObject *module, PyObject *table)
 #define AWAIT_MAX_DEPTH 64 /* _await_chain._MAX_DEPTH */
 static PyObject *str_cr_await, *str_cr_code, *str_cr_frame, *str_gi_yieldfrom, *str_gi_code, *str_gi_frame;
 static PyObject *str_ag_code;
+static PyObject *coro_await_descr, *gen_yf_descr; /* the getsets of cr_await and gi_yieldfrom (or NULL) */
 static PyObject *leaf_types; /* types seen at the bottom of a chain with no cr_code/gi_code/ag_code */
 static PyTypeObject *last_leaf_type; /* the last of them seen (a one-entry cache of the set; held) */
 
@@ -2337,7 +2338,8 @@ await_walk(PyObject *coro, void **codes, int *lastis, Py_ssize_t *n, PyObject **
             Py_DECREF(frame);
         }
         codes[(*n)++] = code;
-        PyObject *next = PyObject_GetAttr(obj, is_coro ? str_cr_await : str_gi_yieldfrom);
+        PyObject *next = is_coro ? getset_get(coro_await_descr, obj, str_cr_await)
+                                 : getset_get(gen_yf_descr, obj, str_gi_yieldfrom);
         if (next == NULL)
             goto error;
         if (next == Py_None) {
@@ -3324,6 +3326,10 @@ aprof_tasks_init(PyObject *module)
     str_gi_code = PyUnicode_InternFromString("gi_code");
     str_gi_frame = PyUnicode_InternFromString("gi_frame");
     str_ag_code = PyUnicode_InternFromString("ag_code");
+    if (str_cr_await == NULL || str_gi_yieldfrom == NULL)
+        return -1;
+    coro_await_descr = Py_XNewRef(_PyType_Lookup(&PyCoro_Type, str_cr_await));
+    gen_yf_descr = Py_XNewRef(_PyType_Lookup(&PyGen_Type, str_gi_yieldfrom));
     str_get = PyUnicode_InternFromString("get");
     str_call_soon = PyUnicode_InternFromString("call_soon");
     if (str_get == NULL || str_call_soon == NULL)
