@@ -206,6 +206,23 @@ def test_rows_of_scope_and_take_keep_what_they_say(backend: Backend) -> None:
         assert part[j].args == tab[i].args
 
 
+def test_drop_is_take_of_the_other_rows(backend: Backend) -> None:
+    # EventTable.drop (a flight recorder's dump without its open events) as
+    # take() of every row it does not drop: columns, parents, rare rows.
+    tab = spawn_session(backend)._table
+    n = len(tab)
+    assert tab.rare
+    for rows in ([], [0], [n - 1], sorted(tab.rare)[:3], list(range(1, n, 4)), list(range(n))):
+        got = tab.drop(rows)
+        want = tab.take([i for i in range(n) if i not in set(rows)])
+        assert got.columns() == want.columns(), rows
+        assert list(got.rare.items()) == list(want.rare.items()), rows
+        assert [t.id for t in got.tracks] == [t.id for t in tab.tracks]
+    for bad in ([1, 0], [n], [-1], [2, 2]):
+        with pytest.raises(ValueError, match="rows must ascend"):
+            tab.drop(bad)
+
+
 def _damaged(how: str) -> EventTable:
     """A small valid table, then damaged one way."""
     with aprof.profile() as prof:

@@ -74,6 +74,34 @@ def test_every_format_by_suffix_opens(tmp_path: Path) -> None:
     assert read_profile(paths[3]).events()
 
 
+def test_a_dump_of_the_whole_ring_leaves_out_only_the_events_still_open() -> None:
+    # SPEC 15.2: a window longer than the ring keeps every ended event and
+    # drops the open ones (EventTable.drop); a child of an open range loses
+    # its parent, an ended range keeps its args, the metadata counts all.
+    with aprof.flight_recorder(window=3600.0, max_bytes=4_000_000, signal=None) as rec:
+        with aprof.record_function("before", args="b=1"):
+            pass
+        with aprof.record_function("open"):  # still open at the dump
+            with aprof.record_function("inner", args="i=2"):
+                pass
+            with aprof.record_function("open too"):
+                snap = rec.snapshot()
+                with aprof.record_function("inside"):
+                    pass
+        with aprof.record_function("after", args="a=3"):
+            pass
+        second = rec.snapshot()
+    events = {e.name: e for e in snap.events()}
+    assert set(_user(snap)) == {"before", "inner"}
+    assert not [e for e in snap.events() if e.unfinished]
+    assert events["before"].args == "b=1"
+    assert events["inner"].args == "i=2"
+    assert events["inner"].parent is None  # its parent was open: not in the dump
+    assert snap.metadata["flight_recorder"]["events_in_ring"] == len(snap._table) + 2
+    assert set(_user(second)) == {"before", "open", "inner", "open too", "inside", "after"}
+    assert {e.name: e.args for e in second.events() if e.args} == {"before": "b=1", "inner": "i=2", "after": "a=3"}
+
+
 def test_on_every_backend_a_dump_shows_tasks_on_their_tracks(backend: Backend, tmp_path: Path) -> None:
     # SPEC 15.2
     async def child(i: int) -> None:

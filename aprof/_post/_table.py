@@ -272,6 +272,42 @@ class EventTable(Sequence["FunctionEvent"]):
     def take(self, keep: Sequence[int]) -> EventTable:
         """A table of the rows ``keep`` (ascending indexes), sharing names
         and tracks; a parent that is not kept becomes -1."""
+        out = self._take_columns(keep)
+        # The rare rows (far fewer than the kept ones) found among the kept,
+        # in ascending order as before.
+        rare = self.rare
+        n_keep = len(keep)
+        for i in sorted(rare):
+            j = bisect_left(keep, i)
+            if j < n_keep and keep[j] == i:
+                out.rare[j] = rare[i]
+        return out
+
+    def drop(self, rows: Sequence[int]) -> EventTable:
+        """``take`` of every row but ``rows`` (ascending indexes, a few of
+        many: a flight recorder's dump leaves out the events still open).
+        The kept indexes are cut from one ``array`` of them all, and a rare
+        row's new index is found among the few dropped, not the many kept."""
+        n = len(self)
+        every = array("i", range(n))
+        keep = array("i")
+        at = 0
+        for r in rows:
+            if not at <= r < n:
+                raise ValueError(f"EventTable.drop: rows must ascend within 0..{n - 1}, got {r} after {at - 1}")
+            keep += every[at:r]
+            at = r + 1
+        keep += every[at:]
+        out = self._take_columns(keep)
+        gone = set(rows)
+        rare = self.rare
+        for i in sorted(rare):
+            if i not in gone:
+                out.rare[i - bisect_left(rows, i)] = rare[i]
+        return out
+
+    def _take_columns(self, keep: Sequence[int]) -> EventTable:
+        """The columns of ``take(keep)``, its names and tracks; no rare rows yet."""
         out = EventTable()
         ext = _native.extension
         if ext is not None:  # take_columns in aprof/_cevents.c (ValueError unless keep ascends)
@@ -288,17 +324,9 @@ class EventTable(Sequence["FunctionEvent"]):
             out.parent = array("i", [-1 if p < 0 else new[p] for p in out.parent])
         out.names = self.names
         out._name_ids = self._name_ids
-        for t in self.tracks:
-            out.add_track(t)
-        # The rare rows (far fewer than the kept ones) found among the kept,
-        # in ascending order as before.
-        rare = self.rare
-        n_keep = len(keep)
+        out.tracks = list(self.tracks)  # what add_track gives them in order, copied in C
+        out._track_ids = dict(self._track_ids)
         out.rare = {}
-        for i in sorted(rare):
-            j = bisect_left(keep, i)
-            if j < n_keep and keep[j] == i:
-                out.rare[j] = rare[i]
         return out
 
     def children_of(self, i: int) -> list[FunctionEvent]:
