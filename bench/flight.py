@@ -2,8 +2,8 @@
 in the ring, RSS over a run ten times the ring, and the time to dump a full
 ring.
 
-    python bench/flight.py [--ring-mb 50] [--ranges-only] [--json out.json]
-    python bench/flight.py --callgrind [--ring-mb 50]
+    python bench/flight.py [--ring-mb 50] [--ranges-only] [--open N] [--json out.json]
+    python bench/flight.py --callgrind [--ring-mb 50] [--open N]
 
 A server-like load runs through ``aprof.flight_recorder(max_bytes=ring)``:
 requests as tasks (``asyncio.gather`` of 1,000 at a time), each with a
@@ -18,6 +18,10 @@ same number of ranges in one thread, no tasks). Reported:
   one and to a session (``.aprof``), each the median of three (the target
   for the Chrome trace: at most 1 s), with the system time and the minor
   page faults of each (the process's, all threads).
+
+``--open N``: N tasks (a server's keep-alive connections) wait inside a
+``connection`` range while the ring is dumped, so the dump leaves out
+their open events, as a server's does; by default every task has ended.
 
 ``--callgrind``: the instructions of one Chrome dump of the full ring
 (a ring filled about 1.25 times, then ``rec.dump(path)`` run inside
@@ -52,7 +56,21 @@ async def _request() -> None:
                 pass
 
 
-def _one_dump(ring_mb: int) -> None:
+async def _connection(done: asyncio.Event) -> None:
+    """A keep-alive connection's task: inside its range until ``done``."""
+    import aprof
+
+    with aprof.record_function("connection"):
+        await done.wait()
+
+
+def _open(n: int) -> tuple[asyncio.Event, list[asyncio.Task[None]]]:
+    """``n`` connection tasks, started (their first step run by the caller's next await)."""
+    done = asyncio.Event()
+    return done, [asyncio.ensure_future(_connection(done)) for _ in range(n)]
+
+
+def _one_dump(ring_mb: int, n_open: int) -> None:
     """(under valgrind) Fill a ring about 1.25 times, then dump it once inside eval()."""
     import aprof
 
@@ -64,10 +82,14 @@ def _one_dump(ring_mb: int) -> None:
         rec.start()
         for _ in range(batches):
             await asyncio.gather(*(_request() for _ in range(1_000)))
+        done, conns = _open(n_open)
+        await asyncio.sleep(0)
         gc.collect()
         with tempfile.TemporaryDirectory() as tmp:
             eval("rec.dump(path)", {"rec": rec, "path": Path(tmp) / "d.json"})
             print(f"{len(rec.snapshot().events())} events")
+        done.set()
+        await asyncio.gather(*conns)
         rec.stop()
 
     asyncio.run(run())
@@ -77,17 +99,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ring-mb", type=int, default=50)
     parser.add_argument("--ranges-only", action="store_true", help="plain ranges in one thread, no tasks")
+    parser.add_argument("--open", type=int, default=0, metavar="N", help="tasks still running (in a range) at the dumps")
     parser.add_argument("--json")
     parser.add_argument("--callgrind", action="store_true", help="instructions of one Chrome dump, under valgrind")
     parser.add_argument("--one-dump", action="store_true", help=argparse.SUPPRESS)  # the run under valgrind
     args = parser.parse_args()
     if args.one_dump:
-        _one_dump(args.ring_mb)
+        _one_dump(args.ring_mb, args.open)
         return
     if args.callgrind:
         print(header())
-        count, out = callgrind([sys.executable, __file__, "--one-dump", "--ring-mb", str(args.ring_mb)])
-        print(f"one Chrome dump of a full {args.ring_mb} MB ring ({out.strip()}): {count:,} instructions")
+        argv = [sys.executable, __file__, "--one-dump", "--ring-mb", str(args.ring_mb), "--open", str(args.open)]
+        count, out = callgrind(argv)
+        open_tasks = f", {args.open} tasks open" if args.open else ""
+        print(f"one Chrome dump of a full {args.ring_mb} MB ring ({out.strip()}{open_tasks}): {count:,} instructions")
         return
     import aprof
 
@@ -120,6 +145,8 @@ def main() -> None:
         ring = rec.profile._state.ring
         held, events = ring._held_bytes, ring._held_events
         print(f"ring: {ring.held_bytes() / 1e6:.1f} MB held, sealed generations {held / max(events, 1):.1f} bytes/event")
+        done, conns = _open(args.open)
+        await asyncio.sleep(0)
         with tempfile.TemporaryDirectory() as tmp:
             for _ in range(3):
                 for name, suffix in (("chrome .json", "json"), ("chrome .json.gz", "json.gz"), ("session .aprof", "aprof")):
@@ -130,7 +157,10 @@ def main() -> None:
                     kernel[name].append((r1.ru_stime - r0.ru_stime, r1.ru_minflt - r0.ru_minflt))
                     size = out.stat().st_size
             snap = rec.snapshot()
-            print(f"a dump holds {len(snap.events()):,} events (last file {size / 1e6:.1f} MB)")
+            open_tasks = f"; {args.open} tasks open, their events left out" if args.open else ""
+            print(f"a dump holds {len(snap.events()):,} events (last file {size / 1e6:.1f} MB{open_tasks})")
+        done.set()
+        await asyncio.gather(*conns)
         rec.stop()
         return rec
 
