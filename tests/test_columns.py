@@ -219,7 +219,7 @@ def test_drop_is_take_of_the_other_rows(backend: Backend) -> None:
         assert list(got.rare.items()) == list(want.rare.items()), rows
         assert [t.id for t in got.tracks] == [t.id for t in tab.tracks]
     for bad in ([1, 0], [n], [-1], [2, 2]):
-        with pytest.raises(ValueError, match="rows must ascend"):
+        with pytest.raises(ValueError, match="rows must be ascending indexes below"):
             tab.drop(bad)
 
 

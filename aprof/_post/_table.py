@@ -294,7 +294,8 @@ class EventTable(Sequence["FunctionEvent"]):
         at = 0
         for r in rows:
             if not at <= r < n:
-                raise ValueError(f"EventTable.drop: rows must ascend within 0..{n - 1}, got {r} after {at - 1}")
+                after = f" after {at - 1}" if at else ""
+                raise ValueError(f"EventTable.drop: rows must be ascending indexes below {n}, got {r}{after}")
             keep += every[at:r]
             at = r + 1
         keep += every[at:]
