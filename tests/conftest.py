@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import signal
 import sys
 import sysconfig
 import threading
@@ -227,6 +228,14 @@ def require_c_paths() -> None:
 
     if _native.extension is None:
         pytest.skip("APROF_PURE_PYTHON=1: the C path is not set up (the twin alone runs)")
+
+
+def sigint_as_from_a_terminal() -> None:
+    """``preexec_fn`` of a child that a test interrupts with SIGINT: the
+    signal at its default, so Python turns it into KeyboardInterrupt, as
+    for a program run from a terminal. A shell without job control starts
+    its background jobs with SIGINT ignored, and a child inherits that."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def twin(fn: Any, *args: Any) -> Any:

@@ -12,6 +12,7 @@ import pytest
 
 import aprof
 
+from .conftest import sigint_as_from_a_terminal
 from .tracecheck import validate_trace
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -129,6 +130,7 @@ def test_ctrl_c_still_writes_the_trace(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "aprof", "run", "--no-summary", "-o", "t.json", str(script)],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=sigint_as_from_a_terminal,
     )  # fmt: skip
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "ready"

@@ -27,6 +27,7 @@ import pytest
 
 import aprof
 
+from .conftest import sigint_as_from_a_terminal
 from .tracecheck import validate_trace
 
 USER = aprof.RecordScope.USER_SCOPE
@@ -700,8 +701,9 @@ def test_sigint_during_run_stops_the_profile(kind: str, tmp_path: Path) -> None:
     script = tmp_path / "sigint.py"
     script.write_text(textwrap.dedent(SIGINT_SCRIPT))
     proc = subprocess.run(
-        [sys.executable, str(script), kind], cwd=tmp_path, capture_output=True, text=True, timeout=30, check=False
-    )
+        [sys.executable, str(script), kind],
+        cwd=tmp_path, capture_output=True, text=True, timeout=30, check=False, preexec_fn=sigint_as_from_a_terminal,
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     first, report = proc.stdout.strip().splitlines()
     assert first == "KeyboardInterrupt"
