@@ -609,9 +609,10 @@ call_noargs(PyObject *descr, PyObject *self)
 }
 
 /* obj.<name> for the getset descriptor `descr` of obj's class (the C
- * Future's `_exception`, `_callbacks`): its C getter called directly (obj
- * is of its class: the callers check), else through getattr. New
- * reference, or NULL with an exception. */
+ * Future's `_exception`, `_callbacks`; a coroutine's `cr_await`, a
+ * generator's `gi_yieldfrom`): its C getter called directly (obj is of its
+ * class: the callers check), else through getattr. New reference, or NULL
+ * with an exception. */
 static inline PyObject *
 getset_get(PyObject *descr, PyObject *obj, PyObject *name)
 {

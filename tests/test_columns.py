@@ -207,8 +207,9 @@ def test_rows_of_scope_and_take_keep_what_they_say(backend: Backend) -> None:
 
 
 def test_drop_is_take_of_the_other_rows(backend: Backend) -> None:
-    # EventTable.drop (a flight recorder's dump without its open events) as
-    # take() of every row it does not drop: columns, parents, rare rows.
+    # SPEC 15.2: EventTable.drop (a flight recorder's dump without its open
+    # events) as take() of every row it does not drop: columns, parents,
+    # rare rows.
     tab = spawn_session(backend)._table
     n = len(tab)
     assert tab.rare
